@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs everything the project needs on a fresh Debian machine: the Fashion-MNIST package
+# (default dataset) and a virtual environment in .venv/ with the locked dependencies.
+# Safe to rerun: each step is skipped when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  echo "Installing Debian package dataset-fashion-mnist"
+  $sudo apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist
+fi
+
+python=$(command -v python3.11 || command -v python3)
+if [ ! -x .venv/bin/python ]; then
+  echo "Creating .venv with $($python --version)"
+  "$python" -m venv .venv
+fi
+
+stamp=.venv/.installed
+if [ ! -f "$stamp" ] || [ requirements.lock -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "Installing locked dependencies into .venv (mindspore is an 800 MB wheel: minutes on first run)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -r requirements.lock
+  .venv/bin/python -m pip install -q --no-deps -e .
+  touch "$stamp"
+fi

@@ -1,0 +1,77 @@
+"""Nodes every training pipeline shares: build the network, evaluate a checkpoint."""
+
+from __future__ import annotations
+
+import logging
+
+import pandas as pd
+
+from ..lib.checkpoint import Checkpoint, check_compatible
+from ..lib.data import create_dataset
+from ..lib.evaluation import evaluate
+from ..lib.resnet import count_parameters, create_resnet
+from ..lib.runtime import configure_mindspore
+from ..lib.tracking import log_metrics
+from ..lib.training import capture_state, restore_state
+
+logger = logging.getLogger(__name__)
+
+
+def num_classes(model: dict, class_index: dict[str, int]) -> int:
+    """``model.num_classes`` when set (ImageNet recipes use 1001), else the data's class count."""
+    configured = model.get("num_classes")
+    if configured is None:
+        return len(class_index)
+    if configured < len(class_index):
+        raise ValueError(f"model.num_classes is {configured} but the data has {len(class_index)} classes")
+    return configured
+
+
+def create_network(model: dict, class_index: dict[str, int]):
+    return create_resnet(
+        model["name"], num_classes(model, class_index),
+        conv_init=model["conv_init"], dense_init=model["dense_init"],
+        zero_init_last_bn_gamma=model["zero_init_last_bn_gamma"],
+    )
+
+
+def network_from_checkpoint(model: dict, class_index: dict[str, int], checkpoint: Checkpoint, source: str):
+    """The configured network with ``checkpoint``'s weights; a mismatch names ``source``."""
+    net = create_network(model, class_index)
+    check_compatible({p.name: tuple(p.shape) for p in net.get_parameters()}, checkpoint, source)
+    restore_state(net, checkpoint)
+    return net
+
+
+def build_network(model: dict, class_index: dict[str, int], runtime: dict) -> Checkpoint:
+    """Initial weights of the configured ResNet, seeded by ``runtime.seed``."""
+    configure_mindspore(runtime["device_target"], runtime["mode"], runtime["seed"])
+    net = create_network(model, class_index)
+    logger.info("Built %s: %d trainable parameters", model["name"], count_parameters(net))
+    return capture_state(net, None, {"network": model["name"], "epoch": 0})
+
+
+def evaluate_checkpoint(
+    checkpoint: Checkpoint, manifest: pd.DataFrame, class_index: dict[str, int],
+    model: dict, data: dict, runtime: dict, metric_prefix: str,
+) -> dict:
+    """Top-1/top-5 of ``checkpoint`` on the val split; logged to MLflow as ``<prefix>_top1`` etc."""
+    configure_mindspore(runtime["device_target"], runtime["mode"], runtime["seed"])
+    net = network_from_checkpoint(model, class_index, checkpoint, f"of {metric_prefix}")
+    dataset = create_dataset(
+        manifest, "val", data["image_size"], data["eval_batch_size"], training=False,
+        eval_resize_ratio=data["eval_resize_ratio"], num_workers=data["num_workers"],
+    )
+    accuracy = evaluate(net, dataset)
+    log_metrics({f"{metric_prefix}_top1": accuracy["top1"], f"{metric_prefix}_top5": accuracy["top5"]})
+    logger.info(
+        "%s: top-1 %.2f%%, top-5 %.2f%% on %d val images",
+        metric_prefix, 100 * accuracy["top1"], 100 * accuracy["top5"], accuracy["images"],
+    )
+    return {
+        "network": model["name"],
+        "epoch": int(checkpoint.metadata.get("epoch", 0)),
+        "top1": accuracy["top1"],
+        "top5": accuracy["top5"],
+        "val_images": int(accuracy["images"]),
+    }

@@ -1,0 +1,38 @@
+"""Nodes of the ``data`` pipeline: image tree -> manifest, class index, counts, bad files."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pandas as pd
+
+from ..lib import fashion_mnist
+from ..lib.data import scan_image_tree, subset_manifest
+
+logger = logging.getLogger(__name__)
+
+SOURCES = ("fashion_mnist", "folder")
+
+
+def locate_image_tree(data: dict) -> str:
+    """Root of the image tree; for ``source: fashion_mnist`` it is written out on first use."""
+    root = Path(data["root"])
+    if data["source"] == "fashion_mnist":
+        fashion_mnist.materialise(root)
+    elif data["source"] != "folder":
+        raise ValueError(f"data.source must be one of {SOURCES}, got {data['source']!r}")
+    return str(root.resolve())
+
+
+def build_manifest(image_root: str, data: dict) -> tuple[pd.DataFrame, dict, pd.DataFrame, pd.DataFrame]:
+    """Scan the tree and keep at most ``data.max_per_class`` images per class and split."""
+    scan = scan_image_tree(image_root, data["split_dirs"], data["verify"], data["on_bad_file"])
+    manifest = subset_manifest(scan.manifest, data.get("max_per_class") or {}, data["subset_seed"])
+    counts = manifest.groupby(["class_name", "split"]).size().unstack("split", fill_value=0)
+    class_counts = scan.class_counts.merge(counts.add_suffix("_used"), left_on="class_name", right_index=True)
+    logger.info(
+        "Manifest: %d classes, %s", len(scan.class_index),
+        ", ".join(f"{split} {n}" for split, n in manifest["split"].value_counts().sort_index().items()),
+    )
+    return manifest, scan.class_index, class_counts, scan.bad_files

@@ -1,0 +1,38 @@
+"""Project hooks: fail fast on a missing device; tag the MLflow run."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from kedro.framework.hooks import hook_impl
+
+from .lib.runtime import require_device
+from .lib.tracking import set_tags
+
+
+def _git_commit(project_path: Path) -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=project_path, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+class ProjectHooks:
+    @hook_impl
+    def after_context_created(self, context) -> None:
+        self._device_target = context.params["runtime"]["device_target"]
+        self._env = context.env
+        require_device(self._device_target, context.env)
+
+    @hook_impl(trylast=True)  # after kedro-mlflow's hook has started the run
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        names = run_params.get("pipeline_names") or [run_params.get("pipeline_name") or "__default__"]
+        set_tags({
+            "pipeline": "+".join(names),
+            "env": run_params.get("env") or self._env or "local",
+            "device_target": self._device_target,
+            "git_commit": _git_commit(Path(run_params["project_path"])),
+        })

@@ -1,0 +1,96 @@
+"""Checkpoints on disk: MindSpore ``.ckpt`` files written atomically, loaded with clear errors.
+
+A ``Checkpoint`` is plain data (name -> numpy array, plus metadata), so it can travel between
+Kedro nodes as a catalog dataset and be inspected without building a network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+METADATA_TYPES = (int, float, bool, str)
+# Metadata travels as one JSON string: MindSpore would turn numeric extras into parameters.
+METADATA_KEY = "__metadata__"
+OPTIMIZER_PREFIX = "optimizer."
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, truncated, corrupt or does not fit the network."""
+
+
+@dataclass
+class Checkpoint:
+    params: dict[str, np.ndarray]
+    metadata: dict[str, int | float | bool | str] = field(default_factory=dict)
+
+    def network_params(self) -> dict[str, np.ndarray]:
+        """The network's own parameters (optimizer state left out)."""
+        return {k: v for k, v in self.params.items() if not k.startswith(OPTIMIZER_PREFIX)}
+
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        """Optimizer state (moments, step, lr), under the optimizer's own parameter names."""
+        return {k.removeprefix(OPTIMIZER_PREFIX): v for k, v in self.params.items() if k.startswith(OPTIMIZER_PREFIX)}
+
+
+def atomic_path(path: Path) -> Path:
+    """Temporary sibling of ``path``; write there, then ``os.replace`` onto ``path``."""
+    return path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+
+
+def save_checkpoint(checkpoint: Checkpoint, path: str | Path) -> None:
+    """Write ``checkpoint`` to ``path`` so that readers see either the old file or the whole new one."""
+    import mindspore as ms
+
+    path = Path(path)
+    if path.suffix != ".ckpt":
+        raise CheckpointError(f"checkpoint path {path} must end in .ckpt")
+    bad_meta = {k: type(v).__name__ for k, v in checkpoint.metadata.items() if not isinstance(v, METADATA_TYPES)}
+    if bad_meta:
+        raise CheckpointError(f"checkpoint metadata must be int/float/bool/str, got {bad_meta}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = atomic_path(path)
+    entries = [{"name": name, "data": ms.Tensor(np.ascontiguousarray(value))} for name, value in checkpoint.params.items()]
+    try:
+        ms.save_checkpoint(entries, str(tmp), append_dict={METADATA_KEY: json.dumps(checkpoint.metadata)})
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Read a ``.ckpt`` file; a missing, truncated or corrupt file raises ``CheckpointError`` naming it."""
+    import mindspore as ms
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        loaded = ms.load_checkpoint(str(path))
+    except Exception as error:  # MindSpore raises ValueError/RuntimeError/DecodeError alike
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {error}") from error
+    if not loaded:
+        raise CheckpointError(f"checkpoint {path} holds no parameters")
+    metadata = json.loads(loaded.pop(METADATA_KEY, "{}"))
+    return Checkpoint({name: value.asnumpy() for name, value in loaded.items()}, metadata)
+
+
+def check_compatible(expected: dict[str, tuple[int, ...]], checkpoint: Checkpoint, source: str) -> None:
+    """Raise ``CheckpointError`` naming ``source`` if the network parameters differ in names or shapes."""
+    found = {name: tuple(v.shape) for name, v in checkpoint.network_params().items()}
+    missing = sorted(set(expected) - set(found))
+    extra = sorted(set(found) - set(expected))
+    reshaped = sorted(n for n in set(expected) & set(found) if expected[n] != found[n])
+    problems = []
+    if missing:
+        problems.append(f"missing {missing[:5]}")
+    if extra:
+        problems.append(f"unexpected {extra[:5]}")
+    if reshaped:
+        problems.append(", ".join(f"{n} has shape {found[n]} instead of {expected[n]}" for n in reshaped[:5]))
+    if problems:
+        raise CheckpointError(f"checkpoint {source} does not match the network: {'; '.join(problems)}")

@@ -1,0 +1,65 @@
+"""Per-step learning-rate schedules of the ResNet recipes (``../shared/RECIPES.md`` formulas).
+
+Every schedule returns a float32 numpy array with one value per training step, which is what
+MindSpore optimizers take as a dynamic learning rate.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+LR_SCHEDULES = ("linear", "cosine", "poly", "steps", "constant")
+
+
+def _warmup(step: int, warmup_steps: int, lr_init: float, lr_max: float) -> float:
+    return lr_init + (lr_max - lr_init) * step / warmup_steps
+
+
+def momentum_lr(
+    schedule: str,
+    lr_init: float,
+    lr_max: float,
+    lr_end: float,
+    warmup_epochs: float,
+    total_epochs: int,
+    steps_per_epoch: int,
+    milestones: tuple[int, ...] = (30, 60, 80),
+    step_gamma: float = 0.1,
+) -> np.ndarray:
+    """Learning rate for each of ``total_epochs * steps_per_epoch`` steps.
+
+    linear: warmup then ``lr_max - (lr_max-lr_end)(i-W)/(T-W)``;
+    cosine: ``lr_max [(T-i)/(T-W) * 0.5 (1 + cos(2 pi 0.47 i/(T-W))) + 1e-5]``;
+    poly: ``lr_max (1-(i-W)/(T-W))^2``;
+    steps: ``lr_max * step_gamma^(number of milestones epochs passed)``.
+    """
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"unknown lr schedule {schedule!r}; choose one of {LR_SCHEDULES}")
+    total = total_epochs * steps_per_epoch
+    warmup = int(round(warmup_epochs * steps_per_epoch))
+    lrs = np.empty(total, dtype=np.float64)
+    for i in range(total):
+        if i < warmup:
+            lrs[i] = _warmup(i, warmup, lr_init, lr_max)
+            continue
+        progress = (i - warmup) / max(total - warmup, 1)
+        if schedule == "linear":
+            lrs[i] = lr_max - (lr_max - lr_end) * progress
+        elif schedule == "cosine":
+            decayed = (total - i) / (total - warmup) * 0.5 * (1 + math.cos(math.pi * 2 * 0.47 * i / (total - warmup)))
+            lrs[i] = lr_max * (decayed + 1e-5)
+        elif schedule == "poly":
+            lrs[i] = lr_max * (1.0 - progress) ** 2
+        elif schedule == "steps":
+            passed = sum(1 for m in milestones if i >= m * steps_per_epoch)
+            lrs[i] = lr_max * step_gamma**passed
+        else:
+            lrs[i] = lr_max
+    return lrs.astype(np.float32)
+
+
+def scaled_lr_max(lr_max: float, device_num: int, reference_devices: int = 8) -> float:
+    """Linear scaling of the recipe's lr_max with the device count (recipe: ``device_num / 8``)."""
+    return lr_max * device_num / reference_devices

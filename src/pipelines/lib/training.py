@@ -1,0 +1,157 @@
+"""The training loop shared by every pipeline: ``fit`` -> ``train_one_epoch`` -> callbacks.
+
+A training step is any callable ``(images, labels) -> loss tensor`` (a compiled MindSpore
+cell); the loop owns epochs, timing, the non-finite-loss check and the callbacks
+(progress, MLflow metrics, periodic checkpoints), so every optimizer reuses it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import OPTIMIZER_PREFIX, Checkpoint, save_checkpoint
+from .tracking import log_metrics
+
+logger = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or Inf."""
+
+
+class Callback:
+    """Hooks called by ``fit``; subclasses override what they need."""
+
+    def on_train_begin(self, total_epochs: int, steps_per_epoch: int, start_epoch: int) -> None: ...
+    def on_epoch_begin(self, epoch: int) -> None: ...
+    def on_step_end(self, epoch: int, step: int, loss: float) -> None: ...
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None: ...
+    def on_train_end(self) -> None: ...
+
+
+class MlflowMetrics(Callback):
+    """Logs each epoch's metrics to the active MLflow run, with the epoch number as step."""
+
+    NOT_LOGGED = ("epoch", "images")  # the step already is the epoch; the image count never changes
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        log_metrics({k: v for k, v in metrics.items() if k not in self.NOT_LOGGED}, step=epoch + 1)
+
+
+class PeriodicCheckpoint(Callback):
+    """Writes the full training state every ``every_epochs`` epochs, keeping the newest ``keep_last``."""
+
+    def __init__(self, capture: Callable[[int], Checkpoint], directory: str | Path, every_epochs: int = 1,
+                 keep_last: int = 2, prefix: str = "epoch"):
+        self.capture = capture
+        self.directory = Path(directory)
+        self.every_epochs = every_epochs
+        self.keep_last = keep_last
+        self.prefix = prefix
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        if (epoch + 1) % self.every_epochs:
+            return
+        save_checkpoint(self.capture(epoch + 1), self.directory / f"{self.prefix}_{epoch + 1:04d}.ckpt")
+        for old in sorted(self.directory.glob(f"{self.prefix}_*.ckpt"))[: -self.keep_last]:
+            old.unlink()
+
+
+def capture_state(net, optimizer, metadata: dict) -> Checkpoint:
+    """Network parameters (BatchNorm statistics included), optimizer state and ``metadata``."""
+    params = {p.name: p.asnumpy() for p in net.get_parameters()}
+    if optimizer is not None:
+        params.update({OPTIMIZER_PREFIX + p.name: p.asnumpy() for p in optimizer.get_parameters()
+                       if p.name not in params})
+    return Checkpoint(params, dict(metadata))
+
+
+def restore_state(net, checkpoint: Checkpoint, optimizer=None) -> None:
+    """Load ``checkpoint`` into ``net`` (and ``optimizer``'s state, when given); names must match."""
+    import mindspore as ms
+
+    def as_params(arrays: dict[str, np.ndarray]) -> dict:
+        return {name: ms.Parameter(ms.Tensor(value), name=name) for name, value in arrays.items()}
+
+    not_loaded, _ = ms.load_param_into_net(net, as_params(checkpoint.network_params()), strict_load=True)
+    if not_loaded:
+        raise ValueError(f"checkpoint lacks network parameters {not_loaded[:5]}")
+    if optimizer is not None:
+        optimizer_state = checkpoint.optimizer_state()
+        own = {p.name for p in optimizer.get_parameters()} - {p.name for p in net.get_parameters()}
+        missing = sorted(own - set(optimizer_state))
+        if missing:
+            raise ValueError(f"checkpoint lacks optimizer state {missing[:5]}")
+        ms.load_param_into_net(optimizer, as_params(optimizer_state), strict_load=True)
+
+
+def train_one_epoch(train_step, iterator, epoch: int, steps_per_epoch: int, callbacks: Sequence[Callback]) -> float:
+    """Run one epoch of ``train_step`` over ``iterator``; returns the mean loss."""
+    total = 0.0
+    step = -1
+    for step, (images, labels) in enumerate(iterator):
+        loss = float(train_step(images, labels).asnumpy())
+        if not math.isfinite(loss):
+            raise NonFiniteLossError(
+                f"training loss became {loss} at epoch {epoch + 1}, step {step + 1}/{steps_per_epoch}; "
+                "the last good checkpoint is kept. Lower the learning rate or the loss scale."
+            )
+        total += loss
+        for callback in callbacks:
+            callback.on_step_end(epoch, step, loss)
+    return total / max(step + 1, 1)
+
+
+def fit(
+    train_step,
+    dataset,
+    epochs: int,
+    lr_per_step: np.ndarray,
+    images_per_step: int,
+    callbacks: Sequence[Callback] = (),
+    start_epoch: int = 0,
+    evaluate: Callable[[], dict[str, float]] | None = None,
+    eval_interval: int = 0,
+) -> list[dict[str, float]]:
+    """Train from ``start_epoch`` to ``epochs``; returns one metrics row per epoch.
+
+    Each row holds epoch, loss (mean over the epoch), lr (at the epoch's last step),
+    epoch_time_s, images_per_s (all ranks), and top1/top5 when ``evaluate`` ran that epoch
+    (every ``eval_interval`` epochs and after the last one).
+    """
+    steps_per_epoch = dataset.get_dataset_size()
+    if steps_per_epoch == 0:
+        raise ValueError("the training dataset yields no full batch")
+    iterator = dataset.create_tuple_iterator(num_epochs=epochs - start_epoch)
+    history = []
+    for callback in callbacks:
+        callback.on_train_begin(epochs, steps_per_epoch, start_epoch)
+    try:
+        for epoch in range(start_epoch, epochs):
+            for callback in callbacks:
+                callback.on_epoch_begin(epoch)
+            started = time.perf_counter()
+            mean_loss = train_one_epoch(train_step, iterator, epoch, steps_per_epoch, callbacks)
+            elapsed = time.perf_counter() - started
+            metrics = {
+                "epoch": float(epoch + 1),
+                "loss": mean_loss,
+                "lr": float(lr_per_step[min((epoch + 1) * steps_per_epoch, len(lr_per_step)) - 1]),
+                "epoch_time_s": elapsed,
+                "images_per_s": steps_per_epoch * images_per_step / elapsed,
+            }
+            if evaluate is not None and (epoch + 1 == epochs or (eval_interval and (epoch + 1) % eval_interval == 0)):
+                metrics.update(evaluate())
+            history.append(metrics)
+            for callback in callbacks:
+                callback.on_epoch_end(epoch, metrics)
+    finally:
+        for callback in callbacks:
+            callback.on_train_end()
+    return history

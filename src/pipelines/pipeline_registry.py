@@ -1,0 +1,12 @@
+"""Project pipelines."""
+
+from kedro.pipeline import Pipeline
+
+from .baseline.pipeline import create_pipeline as create_baseline
+from .data_ingest.pipeline import create_pipeline as create_data
+
+
+def register_pipelines() -> dict[str, Pipeline]:
+    data = create_data()
+    baseline = create_baseline()
+    return {"data": data, "baseline": data + baseline, "__default__": data + baseline}

@@ -1,0 +1,16 @@
+"""Kedro project settings."""
+
+from kedro.config import OmegaConfigLoader
+
+from .hooks import ProjectHooks
+
+HOOKS = (ProjectHooks(),)
+
+CONFIG_LOADER_CLASS = OmegaConfigLoader
+# Environments override base key by key: conf/ascend/parameters.yml may set only
+# runtime.device_target and keep every other runtime key from conf/base/.
+CONFIG_LOADER_ARGS = {
+    "base_env": "base",
+    "default_run_env": "local",
+    "merge_strategy": {"parameters": "soft", "catalog": "soft", "mlflow": "soft"},
+}
