@@ -5,9 +5,10 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import click
 from kedro.framework.hooks import hook_impl
 
-from .lib.runtime import require_device
+from .lib.runtime import DeviceUnavailableError, require_device
 from .lib.tracking import set_tags
 
 
@@ -25,7 +26,11 @@ class ProjectHooks:
     def after_context_created(self, context) -> None:
         self._device_target = context.params["runtime"]["device_target"]
         self._env = context.env
-        require_device(self._device_target, context.env)
+        try:
+            require_device(self._device_target, context.env)
+        except DeviceUnavailableError as error:
+            # click prints a ClickException as one "Error: ..." line instead of a traceback
+            raise click.ClickException(str(error)) from error
 
     @hook_impl(trylast=True)  # after kedro-mlflow's hook has started the run
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:

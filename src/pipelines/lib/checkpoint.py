@@ -54,7 +54,9 @@ def save_checkpoint(checkpoint: Checkpoint, path: str | Path) -> None:
         raise CheckpointError(f"checkpoint metadata must be int/float/bool/str, got {bad_meta}")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = atomic_path(path)
-    entries = [{"name": name, "data": ms.Tensor(np.ascontiguousarray(value))} for name, value in checkpoint.params.items()]
+    entries = [
+        {"name": name, "data": ms.Tensor(np.ascontiguousarray(value))} for name, value in checkpoint.params.items()
+    ]
     try:
         ms.save_checkpoint(entries, str(tmp), append_dict={METADATA_KEY: json.dumps(checkpoint.metadata)})
         os.replace(tmp, path)

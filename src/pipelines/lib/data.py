@@ -150,8 +150,9 @@ def subset_manifest(manifest: pd.DataFrame, max_per_class: dict[str, int | None]
     for (split, _), group in manifest.groupby(["split", "label"], sort=True):
         limit = max_per_class.get(split)
         if limit is not None and len(group) > limit:
-            group = group.sample(n=limit, random_state=seed).sort_values("path")
-        parts.append(group)
+            parts.append(group.sample(n=limit, random_state=seed).sort_values("path"))
+        else:
+            parts.append(group)
     return pd.concat(parts, ignore_index=True) if parts else manifest.iloc[:0]
 
 
@@ -191,7 +192,7 @@ def create_dataset(
     CenterCrop(image_size), normalise, HWC->CHW (every image kept).
     """
     import mindspore.dataset as ds
-    import mindspore.dataset.vision as vision
+    from mindspore.dataset import vision
     from mindspore import dtype as mstype
     from mindspore.dataset.transforms import TypeCast
 

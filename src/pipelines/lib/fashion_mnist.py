@@ -71,7 +71,7 @@ def materialise(root: str | Path, source: str | Path = DEBIAN_SOURCE) -> Path:
         for name in CLASS_NAMES:
             (staging / split / name).mkdir(parents=True, exist_ok=True)
         logger.info("Writing %d Fashion-MNIST %s images under %s", len(images), split, root)
-        for index, (pixels, label) in enumerate(zip(images, labels)):
+        for index, (pixels, label) in enumerate(zip(images, labels, strict=True)):
             Image.fromarray(pixels, mode="L").save(staging / split / CLASS_NAMES[label] / f"{index:05d}.png")
     (staging / COMPLETE_MARKER).write_text("fashion-mnist complete\n")
     if root.exists():

@@ -47,7 +47,9 @@ class ProgressReporter:
                 console=self.console, transient=True,
             )
             self._progress.start()
-            self._run_task = self._progress.add_task("run", total=total_epochs, completed=start_epoch, rate=0.0, loss=0.0)
+            self._run_task = self._progress.add_task(
+                "run", total=total_epochs, completed=start_epoch, rate=0.0, loss=0.0
+            )
 
     def on_epoch_begin(self, epoch: int) -> None:
         self.epoch = epoch

@@ -1,0 +1,91 @@
+"""Configuration environments: soft merge over base, and the device check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kedro.config import OmegaConfigLoader
+
+from pipelines import settings
+from pipelines.lib.runtime import DeviceUnavailableError, device_available, require_device
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def load_params(env: str) -> dict:
+    loader = OmegaConfigLoader(conf_source=str(CONF), env=env, **{
+        k: v for k, v in settings.CONFIG_LOADER_ARGS.items() if k != "default_run_env"
+    })
+    return loader["parameters"]
+
+
+@pytest.fixture(scope="module")
+def base() -> dict:
+    return load_params("local")
+
+
+@pytest.mark.parametrize(("env", "device"), [("ascend", "Ascend"), ("gpu", "GPU")])
+def test_env_overrides_keys_and_keeps_the_rest(base, env, device):
+    params = load_params(env)
+    assert params["runtime"]["device_target"] == device
+    # keys the environment does not name come from base, inside partially overridden sections
+    assert params["runtime"]["seed"] == base["runtime"]["seed"]
+    assert params["runtime"]["mode"] == base["runtime"]["mode"]
+    assert params["data"]["split_dirs"] == base["data"]["split_dirs"]
+    assert params["data"]["eval_resize_ratio"] == base["data"]["eval_resize_ratio"]
+    assert params["baseline"]["momentum"] == base["baseline"]["momentum"]
+    assert params["baseline"]["lr"]["step_gamma"] == base["baseline"]["lr"]["step_gamma"]
+    assert params["baseline"]["checkpoint"]["dir"] == base["baseline"]["checkpoint"]["dir"]
+    # and the recipe values replace the CPU defaults
+    assert params["model"] == {**base["model"], "name": "resnet50", "num_classes": 1001}
+    assert params["data"]["max_per_class"] == {"train": None, "val": None}
+    assert params["data"]["image_size"] == 224
+    assert params["distributed"]["worker_num"] == 8
+    assert params["baseline"]["batch_size"] == 256
+    assert params["baseline"]["epochs"] == 90
+    assert params["baseline"]["loss_scale"] == 1024
+    assert params["baseline"]["lr"]["schedule"] == "linear"
+    assert params["baseline"]["lr"]["lr_max"] == 0.8
+    assert params["baseline"]["lr"]["warmup_epochs"] == 2
+    assert params["baseline"]["lr"]["reference_devices"] == 8
+
+
+def test_base_is_the_cpu_default(base):
+    assert base["runtime"]["device_target"] == "CPU"
+    assert base["data"]["source"] == "fashion_mnist"
+    assert base["model"]["name"] == "resnet_narrow"
+
+
+def test_cpu_is_always_available():
+    assert device_available("CPU")
+    require_device("CPU", "local")
+
+
+@pytest.mark.skipif(device_available("GPU"), reason="this machine has a GPU")
+def test_missing_gpu_is_named():
+    with pytest.raises(DeviceUnavailableError, match=r"GPU.*'gpu'.*no NVIDIA GPU"):
+        require_device("GPU", "gpu")
+
+
+@pytest.mark.skipif(device_available("Ascend"), reason="this machine has an Ascend NPU")
+def test_missing_ascend_is_named():
+    with pytest.raises(DeviceUnavailableError, match=r"Ascend.*no Ascend NPU"):
+        require_device("Ascend", "ascend")
+
+
+def test_unknown_device_target():
+    with pytest.raises(ValueError, match="TPU"):
+        device_available("TPU")
+
+
+def test_cpu_speed_settings_respect_the_user(monkeypatch):
+    from pipelines.lib import runtime
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
+    monkeypatch.delenv("GLOG_v", raising=False)
+    runtime.apply_cpu_defaults()
+    import os
+
+    assert os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE"
+    assert os.environ["GLOG_v"] == "3"

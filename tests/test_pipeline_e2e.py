@@ -1,0 +1,156 @@
+"""``kedro run`` of the real project on a tiny generated tree, in a temporary project folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+import pytest
+import yaml
+from helpers import write_image_tree
+
+from pipelines.lib.checkpoint import load_checkpoint
+
+PROJECT = Path(__file__).resolve().parents[1]
+EPOCHS = 2
+TINY_PARAMS = {
+    "data": {
+        "source": "folder",
+        "max_per_class": {"train": None, "val": None},
+        "image_size": 16,
+        "crop_scale": [0.5, 1.0],
+        "eval_batch_size": 8,
+        "num_workers": 1,
+    },
+    "baseline": {
+        "epochs": EPOCHS,
+        "batch_size": 4,
+        "lr": {"lr_max": 0.05, "warmup_epochs": 0},
+        "checkpoint": {"every_epochs": 1, "keep_last": 1},
+    },
+}
+
+
+def make_project(root: Path, params: dict) -> Path:
+    """A copy of this project's configuration in ``root``, with ``params`` as conf/local overrides."""
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copy(PROJECT / "pyproject.toml", root)
+    shutil.copy(PROJECT / ".telemetry", root)
+    (root / "src").mkdir()  # the package itself is imported from the installed project
+    shutil.copytree(PROJECT / "conf", root / "conf", ignore=shutil.ignore_patterns("local"))
+    (root / "conf" / "local").mkdir()
+    (root / "conf" / "local" / "parameters.yml").write_text(yaml.safe_dump(params))
+    return root
+
+
+def kedro(project: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kedro", *args], check=False, cwd=project, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def runs(project: Path) -> list:
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("resnet-recipes")
+    return client, client.search_runs([experiment.experiment_id]) if experiment else []
+
+
+@pytest.fixture(scope="module")
+def baseline_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("project")
+    tree = write_image_tree(root / "tree", classes=("cat", "dog", "fox"), per_class={"train": 8, "val": 3})
+    params = {**TINY_PARAMS, "data": {**TINY_PARAMS["data"], "root": str(tree)}}
+    project = make_project(root / "project", params)
+    result = kedro(project, "run", "--pipelines=baseline")
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    return project, result
+
+
+def test_outputs_are_written(baseline_run):
+    project, _ = baseline_run
+    manifest = pd.read_csv(project / "data/02_intermediate/manifest.csv")
+    assert len(manifest) == 3 * (8 + 3)
+    assert json.loads((project / "data/02_intermediate/class_index.json").read_text()) == {"cat": 0, "dog": 1, "fox": 2}
+    report = json.loads((project / "data/08_reporting/baseline_eval.json").read_text())
+    assert report["val_images"] == 9 and report["epoch"] == EPOCHS
+    assert 0.0 <= report["top1"] <= report["top5"] <= 1.0
+    final = load_checkpoint(project / "data/06_models/baseline/final.ckpt")
+    assert final.metadata == {"network": "resnet_narrow", "epoch": EPOCHS}
+    assert any(name.startswith("optimizer.moments.") for name in final.params)
+    history = pd.read_csv(project / "data/08_reporting/baseline_history.csv")
+    assert list(history["epoch"]) == list(range(1, EPOCHS + 1))
+    # only the newest periodic checkpoint is kept, and no temporary file is left behind
+    assert [p.name for p in (project / "data/06_models/baseline/epochs").iterdir()] == [f"epoch_{EPOCHS:04d}.ckpt"]
+
+
+def test_training_changed_the_weights(baseline_run):
+    project, _ = baseline_run
+    initial = load_checkpoint(project / "data/06_models/baseline/initial.ckpt").params
+    final = load_checkpoint(project / "data/06_models/baseline/final.ckpt").network_params()
+    assert set(initial) == set(final)
+    assert any(not (initial[name] == final[name]).all() for name in initial)
+
+
+def test_mlflow_run_holds_params_metrics_artifacts_tags(baseline_run):
+    project, _ = baseline_run
+    client, found = runs(project)
+    assert len(found) == 1
+    run = found[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.params["baseline.epochs"] == str(EPOCHS)
+    assert run.data.params["model.name"] == "resnet_narrow"
+    assert run.data.params["runtime.device_target"] == "CPU"
+    for metric in ("loss", "lr", "epoch_time_s", "images_per_s", "top1", "top5"):
+        history = client.get_metric_history(run.info.run_id, metric)
+        assert sorted(m.step for m in history) == list(range(1, EPOCHS + 1)), metric
+    assert "baseline_top1" in run.data.metrics
+    tags = run.data.tags
+    assert tags["pipeline"] == "baseline" and tags["env"] == "local" and tags["device_target"] == "CPU"
+    assert tags["git_commit"]
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")}
+    artifacts |= {a.path for a in client.list_artifacts(run.info.run_id, "reports")}
+    assert {"checkpoints/final.ckpt", "reports/baseline_eval.json", "reports/baseline_history.csv"} <= artifacts
+
+
+def test_progress_is_logged(baseline_run):
+    _, result = baseline_run
+    output = result.stdout + result.stderr
+    assert "epoch 1/2 step" in output and "img/s" in output and "ETA" in output
+    assert "baseline: top-1" in output
+
+
+def test_failed_run_ends_failed_and_names_the_folder(tmp_path):
+    missing = tmp_path / "no_such_tree"
+    project = make_project(tmp_path / "project", {"data": {"source": "folder", "root": str(missing)}})
+    result = kedro(project, "run", "--pipelines=baseline")
+    assert result.returncode != 0
+    assert str(missing) in result.stdout + result.stderr
+    _, found = runs(project)
+    assert [r.info.status for r in found] == ["FAILED"]
+
+
+def test_missing_device_fails_before_any_work(tmp_path):
+    from pipelines.lib.runtime import device_available
+
+    if device_available("GPU"):
+        pytest.skip("this machine has a GPU")
+    project = make_project(tmp_path / "project", {})
+    result = kedro(project, "run", "--env=gpu", timeout=120)
+    assert result.returncode != 0
+    assert "Error: runtime.device_target is GPU" in result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert not (project / "data").exists()
+
+
+def test_registry_lists_the_pipelines():
+    result = kedro(PROJECT, "registry", "list", timeout=120)
+    assert result.returncode == 0, result.stderr
+    listed = {line.strip("- ").strip() for line in result.stdout.splitlines()}
+    assert {"data", "baseline", "__default__"} <= listed
