@@ -51,7 +51,12 @@ def make_project(root: Path, params: dict) -> Path:
 
 def kedro(project: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "kedro", *args], check=False, cwd=project, capture_output=True, text=True, timeout=timeout,
+        [sys.executable, "-m", "kedro", *args],
+        check=False,
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**os.environ, "COLUMNS": "200"},
     )
 
@@ -154,3 +159,31 @@ def test_registry_lists_the_pipelines():
     assert result.returncode == 0, result.stderr
     listed = {line.strip("- ").strip() for line in result.stdout.splitlines()}
     assert {"data", "baseline", "__default__"} <= listed
+
+
+def test_viz_shows_nodes_and_datasets(tmp_path):
+    project = make_project(tmp_path / "project", {})
+    result = kedro(project, "viz", "build", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    graph = json.loads((project / "build" / "api" / "main").read_text())
+    names = {n["name"]: n["type"] for n in graph["nodes"]}
+    for task in (
+        "locate_image_tree",
+        "build_manifest",
+        "build_baseline_network",
+        "train_momentum",
+        "evaluate_baseline",
+    ):
+        assert names[task] == "task"
+    for dataset in (
+        "manifest",
+        "class_index",
+        "baseline_initial_weights",
+        "baseline_final_checkpoint",
+        "baseline_eval_report",
+    ):
+        assert names[dataset] == "data"
+    edges = {(e["source"], e["target"]) for e in graph["edges"]}
+    ids = {n["name"]: n["id"] for n in graph["nodes"]}
+    assert (ids["train_momentum"], ids["baseline_final_checkpoint"]) in edges
+    assert (ids["baseline_final_checkpoint"], ids["evaluate_baseline"]) in edges

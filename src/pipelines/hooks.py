@@ -35,9 +35,11 @@ class ProjectHooks:
     @hook_impl(trylast=True)  # after kedro-mlflow's hook has started the run
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
         names = run_params.get("pipeline_names") or [run_params.get("pipeline_name") or "__default__"]
-        set_tags({
-            "pipeline": "+".join(names),
-            "env": run_params.get("env") or self._env or "local",
-            "device_target": self._device_target,
-            "git_commit": _git_commit(Path(run_params["project_path"])),
-        })
+        set_tags(
+            {
+                "pipeline": "+".join(names),
+                "env": run_params.get("env") or self._env or "local",
+                "device_target": self._device_target,
+                "git_commit": _git_commit(Path(run_params["project_path"])),
+            }
+        )

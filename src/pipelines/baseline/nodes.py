@@ -29,8 +29,14 @@ def require_single_process(distributed: dict) -> None:
 
 
 def train_momentum(
-    initial_weights: Checkpoint, manifest: pd.DataFrame, class_index: dict[str, int],
-    model: dict, data: dict, runtime: dict, distributed: dict, train: dict,
+    initial_weights: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: dict,
+    data: dict,
+    runtime: dict,
+    distributed: dict,
+    train: dict,
 ) -> tuple[Checkpoint, pd.DataFrame]:
     """Momentum training with the recipe's schedule, label smoothing and fixed loss scale.
 
@@ -43,16 +49,27 @@ def train_momentum(
     configure_mindspore(runtime["device_target"], runtime["mode"], runtime["seed"])
     net = network_from_checkpoint(model, class_index, initial_weights, "initial weights")
     dataset = create_dataset(
-        manifest, "train", data["image_size"], train["batch_size"], training=True,
-        crop_scale=data["crop_scale"], num_workers=data["num_workers"], seed=runtime["seed"],
+        manifest,
+        "train",
+        data["image_size"],
+        train["batch_size"],
+        training=True,
+        crop_scale=data["crop_scale"],
+        num_workers=data["num_workers"],
+        seed=runtime["seed"],
     )
     steps_per_epoch = dataset.get_dataset_size()
     schedule = train["lr"]
     lr_per_step = momentum_lr(
-        schedule["schedule"], schedule["lr_init"],
+        schedule["schedule"],
+        schedule["lr_init"],
         scaled_lr_max(schedule["lr_max"], distributed["worker_num"], schedule["reference_devices"]),
-        schedule["lr_end"], schedule["warmup_epochs"], train["epochs"], steps_per_epoch,
-        tuple(schedule["milestones"]), schedule["step_gamma"],
+        schedule["lr_end"],
+        schedule["warmup_epochs"],
+        train["epochs"],
+        steps_per_epoch,
+        tuple(schedule["milestones"]),
+        schedule["step_gamma"],
     )
     optimizer = create_momentum(net, lr_per_step, train["momentum"], train["weight_decay"], train["loss_scale"])
     loss_fn = CrossEntropySmooth(num_classes(model, class_index), train["label_smoothing"])
@@ -60,8 +77,13 @@ def train_momentum(
     train_step.set_train(True)
 
     val_dataset = create_dataset(
-        manifest, "val", data["image_size"], data["eval_batch_size"], training=False,
-        eval_resize_ratio=data["eval_resize_ratio"], num_workers=data["num_workers"],
+        manifest,
+        "val",
+        data["image_size"],
+        data["eval_batch_size"],
+        training=False,
+        eval_resize_ratio=data["eval_resize_ratio"],
+        num_workers=data["num_workers"],
     )
     checkpoints = train["checkpoint"]
 
@@ -75,11 +97,22 @@ def train_momentum(
     ]
     logger.info(
         "Training %s for %d epochs, %d steps/epoch, batch %d, lr %s max %.4g, loss scale %g",
-        model["name"], train["epochs"], steps_per_epoch, train["batch_size"], schedule["schedule"],
-        lr_per_step.max(), train["loss_scale"],
+        model["name"],
+        train["epochs"],
+        steps_per_epoch,
+        train["batch_size"],
+        schedule["schedule"],
+        lr_per_step.max(),
+        train["loss_scale"],
     )
     history = fit(
-        train_step, dataset, train["epochs"], lr_per_step, train["batch_size"] * distributed["worker_num"],
-        callbacks, evaluate=lambda: evaluate(net, val_dataset), eval_interval=train["eval_interval"],
+        train_step,
+        dataset,
+        train["epochs"],
+        lr_per_step,
+        train["batch_size"] * distributed["worker_num"],
+        callbacks,
+        evaluate=lambda: evaluate(net, val_dataset),
+        eval_interval=train["eval_interval"],
     )
     return state(train["epochs"]), pd.DataFrame(history)

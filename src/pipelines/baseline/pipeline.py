@@ -8,15 +8,25 @@ from .nodes import train_momentum
 
 def create_pipeline(**kwargs) -> Pipeline:
     return (
-        build_network_pipeline("baseline_initial_weights")
-        + pipeline([
-            node(
-                train_momentum,
-                ["baseline_initial_weights", "manifest", "class_index", "params:model", "params:data",
-                 "params:runtime", "params:distributed", "params:baseline"],
-                ["baseline_final_checkpoint", "baseline_history"],
-                name="train_momentum",
-            ),
-        ])
+        build_network_pipeline("baseline_initial_weights", name="build_baseline_network")
+        + pipeline(
+            [
+                node(
+                    train_momentum,
+                    [
+                        "baseline_initial_weights",
+                        "manifest",
+                        "class_index",
+                        "params:model",
+                        "params:data",
+                        "params:runtime",
+                        "params:distributed",
+                        "params:baseline",
+                    ],
+                    ["baseline_final_checkpoint", "baseline_history"],
+                    name="train_momentum",
+                ),
+            ]
+        )
         + evaluation_pipeline("baseline_final_checkpoint", "baseline_eval_report", "baseline")
     )

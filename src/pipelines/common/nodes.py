@@ -29,8 +29,10 @@ def num_classes(model: dict, class_index: dict[str, int]) -> int:
 
 def create_network(model: dict, class_index: dict[str, int]):
     return create_resnet(
-        model["name"], num_classes(model, class_index),
-        conv_init=model["conv_init"], dense_init=model["dense_init"],
+        model["name"],
+        num_classes(model, class_index),
+        conv_init=model["conv_init"],
+        dense_init=model["dense_init"],
         zero_init_last_bn_gamma=model["zero_init_last_bn_gamma"],
     )
 
@@ -52,21 +54,34 @@ def build_network(model: dict, class_index: dict[str, int], runtime: dict) -> Ch
 
 
 def evaluate_checkpoint(
-    checkpoint: Checkpoint, manifest: pd.DataFrame, class_index: dict[str, int],
-    model: dict, data: dict, runtime: dict, metric_prefix: str,
+    checkpoint: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: dict,
+    data: dict,
+    runtime: dict,
+    metric_prefix: str,
 ) -> dict:
     """Top-1/top-5 of ``checkpoint`` on the val split; logged to MLflow as ``<prefix>_top1`` etc."""
     configure_mindspore(runtime["device_target"], runtime["mode"], runtime["seed"])
     net = network_from_checkpoint(model, class_index, checkpoint, f"of {metric_prefix}")
     dataset = create_dataset(
-        manifest, "val", data["image_size"], data["eval_batch_size"], training=False,
-        eval_resize_ratio=data["eval_resize_ratio"], num_workers=data["num_workers"],
+        manifest,
+        "val",
+        data["image_size"],
+        data["eval_batch_size"],
+        training=False,
+        eval_resize_ratio=data["eval_resize_ratio"],
+        num_workers=data["num_workers"],
     )
     accuracy = evaluate(net, dataset)
     log_metrics({f"{metric_prefix}_top1": accuracy["top1"], f"{metric_prefix}_top5": accuracy["top5"]})
     logger.info(
         "%s: top-1 %.2f%%, top-5 %.2f%% on %d val images",
-        metric_prefix, 100 * accuracy["top1"], 100 * accuracy["top5"], accuracy["images"],
+        metric_prefix,
+        100 * accuracy["top1"],
+        100 * accuracy["top5"],
+        accuracy["images"],
     )
     return {
         "network": model["name"],

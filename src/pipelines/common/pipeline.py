@@ -1,25 +1,26 @@
 """Pipeline pieces reused by every training pipeline."""
 
-from functools import partial
+from functools import partial, update_wrapper
 
 from kedro.pipeline import Pipeline, node, pipeline
 
 from .nodes import build_network, evaluate_checkpoint
 
 
-def build_network_pipeline(output: str) -> Pipeline:
-    return pipeline([
-        node(build_network, ["params:model", "class_index", "params:runtime"], output,
-             name=f"build_network_{output}"),
-    ])
+def build_network_pipeline(output: str, name: str) -> Pipeline:
+    """Initial weights of the configured network into the catalog checkpoint ``output``."""
+    return pipeline([node(build_network, ["params:model", "class_index", "params:runtime"], output, name=name)])
 
 
 def evaluation_pipeline(checkpoint: str, report: str, metric_prefix: str) -> Pipeline:
     """Evaluate the catalog checkpoint ``checkpoint`` on val into the catalog report ``report``."""
-    return pipeline([
-        node(
-            partial(evaluate_checkpoint, metric_prefix=metric_prefix),
-            [checkpoint, "manifest", "class_index", "params:model", "params:data", "params:runtime"],
-            report, name=f"evaluate_{metric_prefix}",
-        ),
-    ])
+    return pipeline(
+        [
+            node(
+                update_wrapper(partial(evaluate_checkpoint, metric_prefix=metric_prefix), evaluate_checkpoint),
+                [checkpoint, "manifest", "class_index", "params:model", "params:data", "params:runtime"],
+                report,
+                name=f"evaluate_{metric_prefix}",
+            ),
+        ]
+    )

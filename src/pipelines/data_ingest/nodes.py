@@ -32,7 +32,8 @@ def build_manifest(image_root: str, data: dict) -> tuple[pd.DataFrame, dict, pd.
     counts = manifest.groupby(["class_name", "split"]).size().unstack("split", fill_value=0)
     class_counts = scan.class_counts.merge(counts.add_suffix("_used"), left_on="class_name", right_index=True)
     logger.info(
-        "Manifest: %d classes, %s", len(scan.class_index),
+        "Manifest: %d classes, %s",
+        len(scan.class_index),
         ", ".join(f"{split} {n}" for split, n in manifest["split"].value_counts().sort_index().items()),
     )
     return manifest, scan.class_index, class_counts, scan.bad_files

@@ -192,8 +192,8 @@ def create_dataset(
     CenterCrop(image_size), normalise, HWC->CHW (every image kept).
     """
     import mindspore.dataset as ds
-    from mindspore.dataset import vision
     from mindspore import dtype as mstype
+    from mindspore.dataset import vision
     from mindspore.dataset.transforms import TypeCast
 
     rows = manifest[manifest["split"] == split]
@@ -208,9 +208,13 @@ def create_dataset(
     ds.config.set_seed(seed)
     source = _EncodedImages(rows["path"].tolist(), rows["label"].astype(int).tolist())
     dataset = ds.GeneratorDataset(
-        source, column_names=["image", "label"], shuffle=training,
-        num_shards=rank_size if rank_size > 1 else None, shard_id=rank if rank_size > 1 else None,
-        num_parallel_workers=1, python_multiprocessing=False,
+        source,
+        column_names=["image", "label"],
+        shuffle=training,
+        num_shards=rank_size if rank_size > 1 else None,
+        shard_id=rank if rank_size > 1 else None,
+        num_parallel_workers=1,
+        python_multiprocessing=False,
     )
     if training:
         image_ops = [

@@ -19,8 +19,16 @@ logger = logging.getLogger(__name__)
 
 DEBIAN_SOURCE = Path("/usr/share/datasets/fashion-mnist")
 CLASS_NAMES = (
-    "tshirt_top", "trouser", "pullover", "dress", "coat",
-    "sandal", "shirt", "sneaker", "bag", "ankle_boot",
+    "tshirt_top",
+    "trouser",
+    "pullover",
+    "dress",
+    "coat",
+    "sandal",
+    "shirt",
+    "sneaker",
+    "bag",
+    "ankle_boot",
 )
 SPLIT_FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),

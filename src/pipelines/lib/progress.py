@@ -41,10 +41,15 @@ class ProgressReporter:
         self.steps_left_in_run = (total_epochs - start_epoch) * steps_per_epoch
         if self.live:
             self._progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
                 TextColumn("{task.fields[rate]:>8.1f} img/s  loss {task.fields[loss]:.4f}"),
-                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                console=self.console, transient=True,
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=True,
             )
             self._progress.start()
             self._run_task = self._progress.add_task(
@@ -73,15 +78,25 @@ class ProgressReporter:
             eta = run_elapsed / self.steps_done_in_run * (self.steps_left_in_run - self.steps_done_in_run)
             logger.info(
                 "epoch %d/%d step %d/%d loss %.4f %.1f img/s ETA epoch %s run %s",
-                epoch + 1, self.total_epochs, step + 1, self.steps_per_epoch, loss, rate,
-                _format_seconds(elapsed / (step + 1) * (self.steps_per_epoch - step - 1)), _format_seconds(eta),
+                epoch + 1,
+                self.total_epochs,
+                step + 1,
+                self.steps_per_epoch,
+                loss,
+                rate,
+                _format_seconds(elapsed / (step + 1) * (self.steps_per_epoch - step - 1)),
+                _format_seconds(eta),
             )
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
         if self._progress:
             self._progress.remove_task(self._epoch_task)
-            self._progress.update(self._run_task, completed=epoch + 1, rate=metrics.get("images_per_s", 0.0),
-                                  loss=metrics.get("loss", 0.0))
+            self._progress.update(
+                self._run_task,
+                completed=epoch + 1,
+                rate=metrics.get("images_per_s", 0.0),
+                loss=metrics.get("loss", 0.0),
+            )
         shown = " ".join(f"{k} {v:.4g}" for k, v in metrics.items())
         logger.info("epoch %d/%d done: %s", epoch + 1, self.total_epochs, shown)
 

@@ -52,8 +52,14 @@ def _weight_init(kind: str, shape: tuple[int, ...]) -> ms.Tensor:
 def _conv(in_ch: int, out_ch: int, kernel: int, stride: int, conv_init: str) -> nn.Conv2d:
     weight = _weight_init(conv_init, (out_ch, in_ch, kernel, kernel))
     return nn.Conv2d(
-        in_ch, out_ch, kernel, stride=stride, pad_mode="pad", padding=kernel // 2,
-        has_bias=False, weight_init=weight,
+        in_ch,
+        out_ch,
+        kernel,
+        stride=stride,
+        pad_mode="pad",
+        padding=kernel // 2,
+        has_bias=False,
+        weight_init=weight,
     )
 
 
@@ -126,10 +132,14 @@ class ResNet(nn.Cell):
         if layout.small_input_stem:
             self.stem = nn.SequentialCell([_conv(in_channels, width, 3, 1, conv_init), _bn(width), nn.ReLU()])
         else:
-            self.stem = nn.SequentialCell([
-                _conv(in_channels, width, 7, 2, conv_init), _bn(width), nn.ReLU(),
-                nn.MaxPool2d(kernel_size=3, stride=2, pad_mode="same"),
-            ])
+            self.stem = nn.SequentialCell(
+                [
+                    _conv(in_channels, width, 7, 2, conv_init),
+                    _bn(width),
+                    nn.ReLU(),
+                    nn.MaxPool2d(kernel_size=3, stride=2, pad_mode="same"),
+                ]
+            )
         stages = []
         in_ch = width
         for stage_index, n_blocks in enumerate(layout.blocks_per_stage):
@@ -143,7 +153,8 @@ class ResNet(nn.Cell):
         self.flatten = nn.Flatten()
         bound = 1.0 / math.sqrt(in_ch)
         self.fc = nn.Dense(
-            in_ch, num_classes,
+            in_ch,
+            num_classes,
             weight_init=_weight_init(dense_init, (num_classes, in_ch)),
             bias_init=init.initializer(init.Uniform(bound), (num_classes,), ms.float32),
         )

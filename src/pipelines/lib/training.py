@@ -47,8 +47,14 @@ class MlflowMetrics(Callback):
 class PeriodicCheckpoint(Callback):
     """Writes the full training state every ``every_epochs`` epochs, keeping the newest ``keep_last``."""
 
-    def __init__(self, capture: Callable[[int], Checkpoint], directory: str | Path, every_epochs: int = 1,
-                 keep_last: int = 2, prefix: str = "epoch"):
+    def __init__(
+        self,
+        capture: Callable[[int], Checkpoint],
+        directory: str | Path,
+        every_epochs: int = 1,
+        keep_last: int = 2,
+        prefix: str = "epoch",
+    ):
         self.capture = capture
         self.directory = Path(directory)
         self.every_epochs = every_epochs
@@ -67,8 +73,9 @@ def capture_state(net, optimizer, metadata: dict) -> Checkpoint:
     """Network parameters (BatchNorm statistics included), optimizer state and ``metadata``."""
     params = {p.name: p.asnumpy() for p in net.get_parameters()}
     if optimizer is not None:
-        params.update({OPTIMIZER_PREFIX + p.name: p.asnumpy() for p in optimizer.get_parameters()
-                       if p.name not in params})
+        params.update(
+            {OPTIMIZER_PREFIX + p.name: p.asnumpy() for p in optimizer.get_parameters() if p.name not in params}
+        )
     return Checkpoint(params, dict(metadata))
 
 
