@@ -34,7 +34,6 @@ def main() -> None:
     parser.add_argument("--data-root", default="data/01_raw/fashion_mnist")
     args = parser.parse_args()
 
-    import mindspore as ms
     import mlflow
     from mindspore import nn
     from mindspore.train import FixedLossScaleManager, Model

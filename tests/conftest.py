@@ -6,8 +6,10 @@
 
 from __future__ import annotations
 
-import pipelines  # noqa: F401  (must come before any mindspore import)
+# isort: off
+import pipelines  # noqa: F401  (sets ONEDNN_MAX_CPU_ISA: must come before any mindspore import)
 
+# isort: on
 import pytest
 from helpers import write_image_tree
 

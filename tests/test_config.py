@@ -14,9 +14,11 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def load_params(env: str) -> dict:
-    loader = OmegaConfigLoader(conf_source=str(CONF), env=env, **{
-        k: v for k, v in settings.CONFIG_LOADER_ARGS.items() if k != "default_run_env"
-    })
+    loader = OmegaConfigLoader(
+        conf_source=str(CONF),
+        env=env,
+        **{k: v for k, v in settings.CONFIG_LOADER_ARGS.items() if k != "default_run_env"},
+    )
     return loader["parameters"]
 
 

@@ -38,9 +38,7 @@ def expected_lr(schedule: str, i: int, warmup: int = W, total: int = T) -> float
 
 
 def lrs(schedule: str, warmup_epochs: float = WARMUP_EPOCHS) -> np.ndarray:
-    return momentum_lr(
-        schedule, LR_INIT, LR_MAX, LR_END, warmup_epochs, EPOCHS, STEPS_PER_EPOCH, MILESTONES, GAMMA
-    )
+    return momentum_lr(schedule, LR_INIT, LR_MAX, LR_END, warmup_epochs, EPOCHS, STEPS_PER_EPOCH, MILESTONES, GAMMA)
 
 
 # first warmup step, mid warmup, last warmup step, first post-warmup step, middle, last

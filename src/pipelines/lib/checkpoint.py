@@ -16,6 +16,8 @@ import numpy as np
 METADATA_TYPES = (int, float, bool, str)
 # Metadata travels as one JSON string: MindSpore would turn numeric extras into parameters.
 METADATA_KEY = "__metadata__"
+# MindSpore stores 0-d arrays as shape (1,); their names are kept to restore the shape on load.
+SCALARS_KEY = "__scalars__"
 OPTIMIZER_PREFIX = "optimizer."
 
 
@@ -54,11 +56,12 @@ def save_checkpoint(checkpoint: Checkpoint, path: str | Path) -> None:
         raise CheckpointError(f"checkpoint metadata must be int/float/bool/str, got {bad_meta}")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = atomic_path(path)
+    metadata = {**checkpoint.metadata, SCALARS_KEY: sorted(k for k, v in checkpoint.params.items() if np.ndim(v) == 0)}
     entries = [
         {"name": name, "data": ms.Tensor(np.ascontiguousarray(value))} for name, value in checkpoint.params.items()
     ]
     try:
-        ms.save_checkpoint(entries, str(tmp), append_dict={METADATA_KEY: json.dumps(checkpoint.metadata)})
+        ms.save_checkpoint(entries, str(tmp), append_dict={METADATA_KEY: json.dumps(metadata)})
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -75,10 +78,12 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         loaded = ms.load_checkpoint(str(path))
     except Exception as error:  # MindSpore raises ValueError/RuntimeError/DecodeError alike
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {error}") from error
+    metadata = json.loads(loaded.pop(METADATA_KEY, "{}"))
     if not loaded:
         raise CheckpointError(f"checkpoint {path} holds no parameters")
-    metadata = json.loads(loaded.pop(METADATA_KEY, "{}"))
-    return Checkpoint({name: value.asnumpy() for name, value in loaded.items()}, metadata)
+    scalars = set(metadata.pop(SCALARS_KEY, []))
+    params = {name: value.asnumpy() for name, value in loaded.items()}
+    return Checkpoint({k: v.reshape(()) if k in scalars else v for k, v in params.items()}, metadata)
 
 
 def check_compatible(expected: dict[str, tuple[int, ...]], checkpoint: Checkpoint, source: str) -> None:

@@ -72,15 +72,19 @@ def materialise(root: str | Path, source: str | Path = DEBIAN_SOURCE) -> Path:
         )
     staging = root.with_name(root.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
-    for split, (images_file, labels_file) in SPLIT_FILES.items():
-        images, labels = _read_idx(source / images_file), _read_idx(source / labels_file)
-        if len(images) != len(labels):
-            raise ValueError(f"{source / images_file} and {source / labels_file} differ in length")
-        for name in CLASS_NAMES:
-            (staging / split / name).mkdir(parents=True, exist_ok=True)
-        logger.info("Writing %d Fashion-MNIST %s images under %s", len(images), split, root)
-        for index, (pixels, label) in enumerate(zip(images, labels, strict=True)):
-            Image.fromarray(pixels, mode="L").save(staging / split / CLASS_NAMES[label] / f"{index:05d}.png")
+    try:
+        for split, (images_file, labels_file) in SPLIT_FILES.items():
+            images, labels = _read_idx(source / images_file), _read_idx(source / labels_file)
+            if len(images) != len(labels):
+                raise ValueError(f"{source / images_file} and {source / labels_file} differ in length")
+            for name in CLASS_NAMES:
+                (staging / split / name).mkdir(parents=True, exist_ok=True)
+            logger.info("Writing %d Fashion-MNIST %s images under %s", len(images), split, root)
+            for index, (pixels, label) in enumerate(zip(images, labels, strict=True)):
+                Image.fromarray(pixels, mode="L").save(staging / split / CLASS_NAMES[label] / f"{index:05d}.png")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     (staging / COMPLETE_MARKER).write_text("fashion-mnist complete\n")
     if root.exists():
         shutil.rmtree(root)

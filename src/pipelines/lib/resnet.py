@@ -42,8 +42,11 @@ def _weight_init(kind: str, shape: tuple[int, ...]) -> ms.Tensor:
     elif kind == "xavier_uniform":
         initializer = init.XavierUniform()
     elif kind == "truncated_normal":
-        # Variance-scaling truncated normal as in the models repo: std = sqrt(1/fan_in) / .8796
-        initializer = init.TruncatedNormal(sigma=math.sqrt(1.0 / fan_in) / 0.87962566103423978)
+        # Variance-scaling truncated normal as in the models repo: N(0, sigma) cut at +-2 sigma, where
+        # sigma = sqrt(1/fan_in) / .8796 makes the truncated distribution's std sqrt(1/fan_in).
+        # MindSpore's bounds a, b are absolute values, not multiples of sigma.
+        sigma = math.sqrt(1.0 / fan_in) / 0.87962566103423978
+        initializer = init.TruncatedNormal(sigma=sigma, a=-2 * sigma, b=2 * sigma)
     else:
         raise ValueError(f"unknown initialiser {kind!r}; choose one of {CONV_INITS}")
     return init.initializer(initializer, shape, ms.float32)

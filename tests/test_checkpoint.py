@@ -1,0 +1,190 @@
+"""Checkpoint files: round trip, atomic writes, clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipelines.lib.checkpoint import (
+    METADATA_KEY,
+    Checkpoint,
+    CheckpointError,
+    atomic_path,
+    check_compatible,
+    load_checkpoint,
+    save_checkpoint,
+)
+
+
+@pytest.fixture
+def checkpoint() -> Checkpoint:
+    rng = np.random.default_rng(0)
+    return Checkpoint(
+        params={
+            "stem.0.weight": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+            "stem.1.gamma": np.ones(4, np.float32),
+            "fc.bias": rng.standard_normal(5).astype(np.float32),
+            "optimizer.moments.fc.bias": rng.standard_normal(5).astype(np.float32),
+            "optimizer.global_step": np.array([12], np.int32),
+        },
+        metadata={"network": "resnet_narrow", "epoch": 3, "lr": 0.125, "final": False},
+    )
+
+
+def shapes(params: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(value.shape) for name, value in params.items()}
+
+
+def test_round_trip_keeps_params_and_metadata(tmp_path, checkpoint):
+    path = tmp_path / "model.ckpt"
+    save_checkpoint(checkpoint, path)
+    loaded = load_checkpoint(path)
+    assert loaded.params.keys() == checkpoint.params.keys()
+    for name, value in checkpoint.params.items():
+        assert loaded.params[name].dtype == value.dtype, name
+        np.testing.assert_array_equal(loaded.params[name], value, err_msg=name)
+    assert loaded.metadata == checkpoint.metadata
+    assert type(loaded.metadata["epoch"]) is int and type(loaded.metadata["final"]) is bool
+    assert METADATA_KEY not in loaded.params
+
+
+def test_network_params_and_optimizer_state_split_on_the_prefix(tmp_path, checkpoint):
+    save_checkpoint(checkpoint, tmp_path / "model.ckpt")
+    loaded = load_checkpoint(tmp_path / "model.ckpt")
+    assert set(loaded.network_params()) == {"stem.0.weight", "stem.1.gamma", "fc.bias"}
+    assert set(loaded.optimizer_state()) == {"moments.fc.bias", "global_step"}
+    np.testing.assert_array_equal(
+        loaded.optimizer_state()["moments.fc.bias"], checkpoint.params["optimizer.moments.fc.bias"]
+    )
+
+
+def test_round_trip_keeps_zero_dimensional_arrays(tmp_path):
+    save_checkpoint(Checkpoint({"momentum": np.array(0.9, np.float32)}), tmp_path / "s.ckpt")
+    assert load_checkpoint(tmp_path / "s.ckpt").params["momentum"].shape == ()
+
+
+def test_save_creates_parent_folders_and_leaves_no_temporary_file(tmp_path, checkpoint):
+    folder = tmp_path / "deep" / "er"
+    save_checkpoint(checkpoint, folder / "model.ckpt")
+    assert sorted(p.name for p in folder.iterdir()) == ["model.ckpt"]
+    assert not atomic_path(folder / "model.ckpt").exists()
+
+
+def test_save_overwrites_an_existing_checkpoint(tmp_path, checkpoint):
+    path = tmp_path / "model.ckpt"
+    save_checkpoint(checkpoint, path)
+    newer = Checkpoint({"w": np.full((2, 2), 7.0, np.float32)}, {"epoch": 4})
+    save_checkpoint(newer, path)
+    loaded = load_checkpoint(path)
+    assert set(loaded.params) == {"w"}
+    assert loaded.metadata == {"epoch": 4}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.ckpt"]
+
+
+def test_path_must_end_in_ckpt(tmp_path, checkpoint):
+    with pytest.raises(CheckpointError, match=r"must end in \.ckpt"):
+        save_checkpoint(checkpoint, tmp_path / "model.pt")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_truncated_file_raises_checkpoint_error_naming_the_path(tmp_path, checkpoint):
+    path = tmp_path / "model.ckpt"
+    save_checkpoint(checkpoint, path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="truncated or corrupt") as error:
+        load_checkpoint(path)
+    assert str(path) in str(error.value)
+
+
+@pytest.mark.parametrize("content", [b"", b"not a checkpoint at all" * 10], ids=["empty", "garbage"])
+def test_corrupt_file_raises_checkpoint_error_naming_the_path(tmp_path, content):
+    path = tmp_path / "bad.ckpt"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(path)
+    assert str(path) in str(error.value)
+
+
+def test_missing_file_raises_checkpoint_error_naming_the_path(tmp_path):
+    path = tmp_path / "nowhere" / "model.ckpt"
+    with pytest.raises(CheckpointError, match="does not exist") as error:
+        load_checkpoint(path)
+    assert str(path) in str(error.value)
+
+
+def test_checkpoint_error_is_a_value_error():
+    assert issubclass(CheckpointError, ValueError)
+
+
+def test_check_compatible_accepts_matching_shapes(checkpoint):
+    check_compatible(shapes(checkpoint.network_params()), checkpoint, "initial weights")  # no error
+
+
+def test_check_compatible_ignores_optimizer_state(checkpoint):
+    expected = shapes(checkpoint.network_params())
+    assert not any(name.startswith("optimizer.") for name in expected)
+    check_compatible(expected, checkpoint, "resume")  # the optimizer entries are not "unexpected"
+
+
+def test_check_compatible_names_source_and_missing_params(checkpoint):
+    expected = shapes(checkpoint.network_params()) | {"fc.weight": (5, 4)}
+    with pytest.raises(CheckpointError, match="missing") as error:
+        check_compatible(expected, checkpoint, "data/06_models/initial.ckpt")
+    message = str(error.value)
+    assert "data/06_models/initial.ckpt" in message
+    assert "fc.weight" in message
+
+
+def test_check_compatible_names_source_and_unexpected_params(checkpoint):
+    expected = shapes(checkpoint.network_params())
+    del expected["fc.bias"]
+    with pytest.raises(CheckpointError, match="unexpected") as error:
+        check_compatible(expected, checkpoint, "pretrained weights")
+    assert "pretrained weights" in str(error.value)
+    assert "fc.bias" in str(error.value)
+
+
+def test_check_compatible_names_source_and_reshaped_params(checkpoint):
+    expected = shapes(checkpoint.network_params()) | {"fc.bias": (10,)}
+    with pytest.raises(CheckpointError) as error:
+        check_compatible(expected, checkpoint, "resume checkpoint")
+    message = str(error.value)
+    assert "resume checkpoint" in message
+    assert "fc.bias has shape (5,) instead of (10,)" in message
+    assert "missing" not in message and "unexpected" not in message
+
+
+def test_check_compatible_reports_every_kind_of_problem_at_once(checkpoint):
+    expected = {"stem.0.weight": (8, 3, 3, 3), "stem.1.gamma": (4,), "fc.weight": (5, 4)}
+    with pytest.raises(CheckpointError) as error:
+        check_compatible(expected, checkpoint, "src")
+    message = str(error.value)
+    assert "missing ['fc.weight']" in message
+    assert "unexpected ['fc.bias']" in message
+    assert "stem.0.weight has shape (4, 3, 3, 3) instead of (8, 3, 3, 3)" in message
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        Checkpoint({"w": np.zeros(2, np.float32)}, {"milestones": [30, 60]}),  # metadata JSON could hold it: refused
+        Checkpoint({"w": np.zeros(2, np.float32)}, {"shape": (1, 2)}),
+        Checkpoint({"w": np.array([object(), object()], dtype=object)}, {}),  # not a tensor at all
+    ],
+    ids=["list-metadata", "tuple-metadata", "object-array"],
+)
+def test_failed_save_leaves_the_existing_checkpoint_untouched(tmp_path, checkpoint, bad):
+    path = tmp_path / "model.ckpt"
+    save_checkpoint(checkpoint, path)
+    before = path.read_bytes()
+    with pytest.raises((CheckpointError, TypeError, ValueError, RuntimeError)):
+        save_checkpoint(bad, path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.ckpt"]
+    assert load_checkpoint(path).metadata == checkpoint.metadata
+
+
+def test_non_scalar_metadata_error_names_the_offending_key(tmp_path):
+    with pytest.raises(CheckpointError, match="milestones"):
+        save_checkpoint(Checkpoint({"w": np.zeros(1, np.float32)}, {"milestones": [1]}), tmp_path / "m.ckpt")

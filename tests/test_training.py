@@ -1,0 +1,293 @@
+"""The shared training loop: fit, the non-finite-loss check, periodic checkpoints, full-state capture."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pipelines.lib.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
+from pipelines.lib.data import create_dataset, scan_image_tree
+from pipelines.lib.evaluation import evaluate
+from pipelines.lib.loss import CrossEntropySmooth
+from pipelines.lib.optim import create_momentum
+from pipelines.lib.resnet import create_resnet
+from pipelines.lib.schedules import momentum_lr
+from pipelines.lib.training import (
+    Callback,
+    NonFiniteLossError,
+    PeriodicCheckpoint,
+    capture_state,
+    fit,
+    restore_state,
+)
+
+BATCH, EPOCHS, IMAGE_SIZE, CLASSES = 4, 2, 12, 3
+STEPS_PER_EPOCH = (CLASSES * 6) // BATCH  # 18 train images -> 4 full batches
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory):
+    from helpers import write_image_tree
+
+    root = write_image_tree(tmp_path_factory.mktemp("tree"), classes=("a", "b", "c"), per_class={"train": 6, "val": 2})
+    return scan_image_tree(root, {"train": "train", "val": "val"}).manifest
+
+
+@pytest.fixture
+def train_data(manifest):
+    return create_dataset(manifest, "train", IMAGE_SIZE, BATCH, training=True, num_workers=1)
+
+
+@pytest.fixture
+def val_data(manifest):
+    return create_dataset(manifest, "val", IMAGE_SIZE, BATCH, training=False, num_workers=1)
+
+
+def build(seed: int, lr_per_step: np.ndarray, loss_scale: float = 8.0):
+    """resnet_narrow, Momentum with group params and a fixed loss scale, as the baseline pipeline wires them."""
+    import mindspore as ms
+    from mindspore import nn
+
+    ms.set_seed(seed)
+    net = create_resnet("resnet_narrow", CLASSES)
+    optimizer = create_momentum(net, lr_per_step, 0.9, 1e-4, loss_scale)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, CrossEntropySmooth(CLASSES, 0.1)), optimizer, sens=loss_scale)
+    step.set_train(True)
+    return net, optimizer, step
+
+
+def lr_schedule() -> np.ndarray:
+    return momentum_lr("linear", 0.01, 0.1, 0.0, 1, EPOCHS, STEPS_PER_EPOCH)
+
+
+class Recorder(Callback):
+    def __init__(self):
+        self.events = []
+        self.step_losses: dict[int, list[float]] = {}
+
+    def on_train_begin(self, total_epochs, steps_per_epoch, start_epoch):
+        self.events.append(("train_begin", total_epochs, steps_per_epoch, start_epoch))
+
+    def on_epoch_begin(self, epoch):
+        self.events.append(("epoch_begin", epoch))
+
+    def on_step_end(self, epoch, step, loss):
+        self.step_losses.setdefault(epoch, []).append(loss)
+        self.events.append(("step", epoch, step))
+
+    def on_epoch_end(self, epoch, metrics):
+        self.events.append(("epoch_end", epoch, dict(metrics)))
+
+    def on_train_end(self):
+        self.events.append(("train_end",))
+
+
+def constant_step(value: float = 1.0, nan_at: tuple[int, int] | None = None, bad: float = math.nan):
+    """A train step (any callable ``(images, labels) -> tensor``) with a scripted loss."""
+    import mindspore as ms
+
+    calls = {"n": 0}
+
+    def step(images, labels):
+        epoch, index = divmod(calls["n"], STEPS_PER_EPOCH)
+        calls["n"] += 1
+        loss = bad if nan_at == (epoch + 1, index + 1) else value
+        return ms.Tensor(np.float32(loss))
+
+    return step
+
+
+def test_fit_trains_and_reports_one_row_per_epoch(train_data, val_data):
+    lr_per_step = lr_schedule()
+    net, _, step = build(0, lr_per_step)
+    before = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
+    recorder = Recorder()
+
+    history = fit(step, train_data, EPOCHS, lr_per_step, BATCH, [recorder], evaluate=lambda: evaluate(net, val_data))
+
+    assert [row["epoch"] for row in history] == [1.0, 2.0]
+    for epoch, row in enumerate(history):
+        assert {"loss", "lr", "epoch_time_s", "images_per_s"} <= row.keys()
+        assert math.isfinite(row["loss"]) and row["loss"] > 0
+        assert row["lr"] == pytest.approx(float(lr_per_step[(epoch + 1) * STEPS_PER_EPOCH - 1]))
+        assert row["epoch_time_s"] > 0
+        assert row["images_per_s"] == pytest.approx(STEPS_PER_EPOCH * BATCH / row["epoch_time_s"])
+        # the epoch loss is the mean of that epoch's step losses
+        assert row["loss"] == pytest.approx(np.mean(recorder.step_losses[epoch]), rel=1e-6)
+    # evaluation ran after the last epoch only (eval_interval 0)
+    assert "top1" not in history[0]
+    assert 0.0 <= history[1]["top1"] <= 1.0
+    assert history[1]["images"] == 6.0  # every val image
+    assert history[1]["top5"] == 1.0  # 3 classes: the true class is always in the top 5
+
+    # callbacks saw the whole run, in order
+    assert recorder.events[0] == ("train_begin", EPOCHS, STEPS_PER_EPOCH, 0)
+    assert recorder.events[-1] == ("train_end",)
+    steps = [event[1:] for event in recorder.events if event[0] == "step"]
+    assert steps == [(e, s) for e in range(EPOCHS) for s in range(STEPS_PER_EPOCH)]
+    assert [event[2] for event in recorder.events if event[0] == "epoch_end"] == history
+
+    # the weights moved
+    after = {p.name: p.asnumpy() for p in net.trainable_params()}
+    assert any(not np.array_equal(before[name], after[name]) for name in before)
+
+
+def test_fit_evaluates_every_eval_interval_and_after_the_last_epoch(train_data):
+    calls = []
+
+    def fake_eval():
+        calls.append(1)
+        return {"top1": 0.5, "top5": 1.0}
+
+    history = fit(
+        constant_step(),
+        train_data,
+        5,
+        np.ones(5 * STEPS_PER_EPOCH, np.float32),
+        BATCH,
+        evaluate=fake_eval,
+        eval_interval=2,
+    )
+    assert ["top1" in row for row in history] == [False, True, False, True, True]
+    assert len(calls) == 3
+
+
+def test_fit_resumes_from_start_epoch(train_data):
+    recorder = Recorder()
+    history = fit(constant_step(2.0), train_data, 3, np.arange(12, dtype=np.float32), BATCH, [recorder], start_epoch=1)
+    assert [row["epoch"] for row in history] == [2.0, 3.0]
+    assert [row["lr"] for row in history] == [7.0, 11.0]
+    assert [row["loss"] for row in history] == [2.0, 2.0]
+    assert recorder.events[0] == ("train_begin", 3, STEPS_PER_EPOCH, 1)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_loss_stops_training_naming_epoch_and_step(tmp_path, train_data, bad):
+    recorder = Recorder()
+    saver = PeriodicCheckpoint(
+        lambda epoch: Checkpoint({"w": np.full(2, epoch, np.float32)}, {"epoch": epoch}), tmp_path, keep_last=5
+    )
+    step = constant_step(nan_at=(2, 3), bad=bad)
+    with pytest.raises(NonFiniteLossError) as error:
+        fit(step, train_data, 3, np.ones(3 * STEPS_PER_EPOCH, np.float32), BATCH, [recorder, saver])
+    message = str(error.value)
+    assert f"epoch 2, step 3/{STEPS_PER_EPOCH}" in message
+    assert str(bad) in message
+    assert isinstance(error.value, FloatingPointError)
+    # the steps before the bad one ran, the rest did not; callbacks were closed
+    assert len(recorder.step_losses[1]) == 2
+    assert recorder.events[-1] == ("train_end",)
+    # the last good checkpoint (end of epoch 1) is on disk
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_0001.ckpt"]
+    assert load_checkpoint(tmp_path / "epoch_0001.ckpt").metadata == {"epoch": 1}
+
+
+def test_non_finite_loss_of_a_real_network_is_caught(train_data):
+    lr_per_step = np.full(EPOCHS * STEPS_PER_EPOCH, 1e30, np.float32)  # blows the weights up at once
+    _, _, step = build(0, lr_per_step, loss_scale=1.0)
+    with pytest.raises(NonFiniteLossError, match=r"at epoch 1, step \d+/4"):
+        fit(step, train_data, EPOCHS, lr_per_step, BATCH)
+
+
+def test_periodic_checkpoint_keeps_only_the_newest(tmp_path, train_data):
+    def capture(epoch: int) -> Checkpoint:
+        return Checkpoint({"w": np.full(3, epoch, np.float32)}, {"epoch": epoch})
+
+    saver = PeriodicCheckpoint(capture, tmp_path / "ckpt", every_epochs=1, keep_last=2)
+    fit(constant_step(), train_data, 5, np.ones(5 * STEPS_PER_EPOCH, np.float32), BATCH, [saver])
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["epoch_0004.ckpt", "epoch_0005.ckpt"]
+    newest = load_checkpoint(tmp_path / "ckpt" / "epoch_0005.ckpt")
+    assert newest.metadata == {"epoch": 5}
+    np.testing.assert_array_equal(newest.params["w"], 5.0)
+
+
+def test_periodic_checkpoint_every_n_epochs_with_prefix(tmp_path):
+    saved = []
+
+    def capture(epoch: int) -> Checkpoint:
+        saved.append(epoch)
+        return Checkpoint({"w": np.zeros(1, np.float32)}, {"epoch": epoch})
+
+    saver = PeriodicCheckpoint(capture, tmp_path, every_epochs=2, keep_last=3, prefix="stage1")
+    (tmp_path / "other_0001.ckpt").write_bytes(b"not ours")  # another prefix is left alone
+    for epoch in range(9):
+        saver.on_epoch_end(epoch, {})
+    assert saved == [2, 4, 6, 8]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "other_0001.ckpt",
+        "stage1_0004.ckpt",
+        "stage1_0006.ckpt",
+        "stage1_0008.ckpt",
+    ]
+
+
+def all_params(cell) -> dict[str, np.ndarray]:
+    return {p.name: p.asnumpy().copy() for p in cell.get_parameters()}
+
+
+def test_capture_and_restore_state_round_trip(mindspore_cpu, tmp_path):
+    ms = mindspore_cpu
+    rng = np.random.default_rng(0)
+    images = ms.Tensor(rng.standard_normal((BATCH, 3, IMAGE_SIZE, IMAGE_SIZE)).astype(np.float32))
+    labels = ms.Tensor(np.array([0, 1, 2, 0], np.int32))
+    lr_per_step = lr_schedule()
+
+    net, optimizer, step = build(1, lr_per_step)
+    for _ in range(3):
+        step(images, labels)
+    state = capture_state(net, optimizer, {"network": "resnet_narrow", "epoch": 1})
+    assert state.metadata == {"network": "resnet_narrow", "epoch": 1}
+    # network params (BatchNorm statistics included) under their own names, optimizer state prefixed
+    assert set(state.network_params()) == set(all_params(net))
+    assert any(name.endswith("moving_mean") for name in state.network_params())
+    assert {"moments.fc.weight", "global_step", "learning_rate", "momentum"} <= set(state.optimizer_state())
+    assert not any(name.startswith(OPTIMIZER_PREFIX + "fc.") for name in state.params)  # no duplicates
+    assert int(state.optimizer_state()["global_step"].reshape(-1)[0]) == 3
+    assert np.abs(state.optimizer_state()["moments.fc.weight"]).max() > 0
+
+    fresh_net, fresh_optimizer, fresh_step = build(2, lr_per_step)
+    assert not np.array_equal(all_params(fresh_net)["fc.weight"], state.params["fc.weight"])
+    restore_state(fresh_net, state, fresh_optimizer)
+    restored_net, restored_optimizer = all_params(fresh_net), all_params(fresh_optimizer)
+    for name, value in all_params(net).items():
+        np.testing.assert_array_equal(restored_net[name], value, err_msg=name)
+    for name, value in all_params(optimizer).items():
+        np.testing.assert_array_equal(restored_optimizer[name].reshape(value.shape), value, err_msg=name)
+
+    # the restored pair continues exactly like the original, also after a trip through a file
+    save_checkpoint(state, tmp_path / "state.ckpt")
+    disk_net, disk_optimizer, disk_step = build(3, lr_per_step)
+    restore_state(disk_net, load_checkpoint(tmp_path / "state.ckpt"), disk_optimizer)
+    expected = float(step(images, labels).asnumpy())
+    assert float(fresh_step(images, labels).asnumpy()) == expected
+    assert float(disk_step(images, labels).asnumpy()) == expected
+    np.testing.assert_array_equal(all_params(fresh_net)["fc.weight"], all_params(net)["fc.weight"])
+    np.testing.assert_array_equal(all_params(disk_net)["fc.weight"], all_params(net)["fc.weight"])
+
+
+def test_capture_without_optimizer_holds_only_network_params():
+    net = create_resnet("resnet_narrow", CLASSES)
+    state = capture_state(net, None, {"epoch": 0})
+    assert state.optimizer_state() == {}
+    assert set(state.params) == set(all_params(net))
+
+
+def test_restore_state_needs_optimizer_state_when_given_an_optimizer():
+    lr_per_step = lr_schedule()
+    net, optimizer, _ = build(0, lr_per_step)
+    weights_only = capture_state(net, None, {})
+    other_net, other_optimizer, _ = build(1, lr_per_step)
+    with pytest.raises(ValueError, match="lacks optimizer state"):
+        restore_state(other_net, weights_only, other_optimizer)
+    restore_state(other_net, weights_only)  # the network alone is fine
+    np.testing.assert_array_equal(all_params(other_net)["fc.weight"], all_params(net)["fc.weight"])
+
+
+def test_restore_state_rejects_a_checkpoint_missing_network_params():
+    net = create_resnet("resnet_narrow", CLASSES)
+    state = capture_state(net, None, {})
+    del state.params["fc.bias"]
+    with pytest.raises(ValueError, match="fc.bias"):
+        restore_state(create_resnet("resnet_narrow", CLASSES), state)
