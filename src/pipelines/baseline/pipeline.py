@@ -3,7 +3,7 @@
 from kedro.pipeline import Pipeline, node, pipeline
 
 from ..common.pipeline import build_network_pipeline, evaluation_pipeline
-from .nodes import train_momentum
+from .nodes import train_baseline
 
 
 def create_pipeline(**kwargs) -> Pipeline:
@@ -12,7 +12,7 @@ def create_pipeline(**kwargs) -> Pipeline:
         + pipeline(
             [
                 node(
-                    train_momentum,
+                    train_baseline,
                     [
                         "baseline_initial_weights",
                         "manifest",

@@ -36,12 +36,19 @@ class Callback:
 
 
 class MlflowMetrics(Callback):
-    """Logs each epoch's metrics to the active MLflow run, with the epoch number as step."""
+    """Logs each epoch's metrics to the active MLflow run, with the epoch number as step.
+
+    ``prefix`` keeps apart the metrics of several trainings in one run (``stage1_loss``).
+    """
 
     NOT_LOGGED = ("epoch", "images")  # the step already is the epoch; the image count never changes
 
+    def __init__(self, prefix: str = ""):
+        self.prefix = prefix
+
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
-        log_metrics({k: v for k, v in metrics.items() if k not in self.NOT_LOGGED}, step=epoch + 1)
+        logged = {self.prefix + k: v for k, v in metrics.items() if k not in self.NOT_LOGGED}
+        log_metrics(logged, step=epoch + 1)
 
 
 class PeriodicCheckpoint(Callback):

@@ -1,0 +1,147 @@
+"""Momentum training from a checkpoint, shared by the baseline, dim_reduce and control nodes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import pandas as pd
+
+from ..lib.checkpoint import Checkpoint
+from ..lib.data import create_dataset
+from ..lib.evaluation import evaluate
+from ..lib.loss import CrossEntropySmooth
+from ..lib.optim import create_momentum
+from ..lib.progress import ProgressReporter
+from ..lib.runtime import configure_mindspore
+from ..lib.schedules import momentum_lr, scaled_lr_max
+from ..lib.training import Callback, MlflowMetrics, PeriodicCheckpoint, capture_state, fit, restore_state
+from .nodes import network_from_checkpoint, num_classes
+
+logger = logging.getLogger(__name__)
+
+
+def require_single_process(distributed: dict) -> None:
+    if distributed["worker_num"] != 1:
+        raise NotImplementedError(
+            f"distributed.worker_num is {distributed['worker_num']}, but launching several workers "
+            "through msrun is not implemented yet; set distributed.worker_num: 1 to train on one device"
+        )
+
+
+def train_data(manifest: pd.DataFrame, data: dict, batch_size: int, seed: int):
+    return create_dataset(
+        manifest,
+        "train",
+        data["image_size"],
+        batch_size,
+        training=True,
+        crop_scale=data["crop_scale"],
+        num_workers=data["num_workers"],
+        seed=seed,
+    )
+
+
+def val_data(manifest: pd.DataFrame, data: dict):
+    return create_dataset(
+        manifest,
+        "val",
+        data["image_size"],
+        data["eval_batch_size"],
+        training=False,
+        eval_resize_ratio=data["eval_resize_ratio"],
+        num_workers=data["num_workers"],
+    )
+
+
+def train_momentum(
+    start: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: dict,
+    data: dict,
+    runtime: dict,
+    distributed: dict,
+    train: dict,
+    stop_epoch: int,
+    schedule_epochs: int,
+    resume_optimizer: bool = False,
+    extra_callbacks: Callable[[object, object], Sequence[Callback]] = lambda net, optimizer: (),
+    metric_prefix: str = "",
+) -> tuple[Checkpoint, pd.DataFrame]:
+    """Momentum with the recipe's schedule, label smoothing and fixed loss scale, up to ``stop_epoch``.
+
+    The lr schedule spans ``schedule_epochs`` (a recipe may stop before its schedule ends, as
+    dim_reduce stage 1 does at 70 of 90). With ``resume_optimizer`` the momentum and step are
+    restored from ``start`` and training continues at ``start.metadata["epoch"]``; otherwise
+    only the weights are taken and training starts at epoch 0. Returns the final full
+    checkpoint (weights, BatchNorm statistics, optimizer state, epoch) and the per-epoch
+    history; per-epoch metrics go to MLflow as training runs (names prefixed by ``metric_prefix``).
+    """
+    from mindspore import nn
+
+    require_single_process(distributed)
+    configure_mindspore(runtime["device_target"], runtime["mode"], runtime["seed"])
+    net = network_from_checkpoint(model, class_index, start, "start checkpoint")
+    start_epoch = int(start.metadata.get("epoch", 0)) if resume_optimizer else 0
+    if not start_epoch <= stop_epoch <= schedule_epochs:
+        raise ValueError(
+            f"epochs must satisfy start {start_epoch} <= stop {stop_epoch} <= schedule length {schedule_epochs}"
+        )
+    dataset = train_data(manifest, data, train["batch_size"], runtime["seed"] + start_epoch)
+    steps_per_epoch = dataset.get_dataset_size()
+    schedule = train["lr"]
+    lr_per_step = momentum_lr(
+        schedule["schedule"],
+        schedule["lr_init"],
+        scaled_lr_max(schedule["lr_max"], distributed["worker_num"], schedule["reference_devices"]),
+        schedule["lr_end"],
+        schedule["warmup_epochs"],
+        schedule_epochs,
+        steps_per_epoch,
+        tuple(schedule["milestones"]),
+        schedule["step_gamma"],
+    )
+    optimizer = create_momentum(net, lr_per_step, train["momentum"], train["weight_decay"], train["loss_scale"])
+    if resume_optimizer:
+        restore_state(net, start, optimizer)
+    loss_fn = CrossEntropySmooth(num_classes(model, class_index), train["label_smoothing"])
+    train_step = nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), optimizer, sens=float(train["loss_scale"]))
+    train_step.set_train(True)
+    validation = val_data(manifest, data)
+    checkpoints = train["checkpoint"]
+
+    def state(epoch: int) -> Checkpoint:
+        return capture_state(net, optimizer, {"network": model["name"], "epoch": epoch})
+
+    callbacks = [
+        ProgressReporter(train["batch_size"]),
+        MlflowMetrics(metric_prefix),
+        PeriodicCheckpoint(state, checkpoints["dir"], checkpoints["every_epochs"], checkpoints["keep_last"]),
+        *extra_callbacks(net, optimizer),
+    ]
+    logger.info(
+        "Momentum training of %s, epochs %d-%d of a %d-epoch %s schedule, %d steps/epoch, batch %d, "
+        "lr max %.4g, loss scale %g",
+        model["name"],
+        start_epoch + 1,
+        stop_epoch,
+        schedule_epochs,
+        schedule["schedule"],
+        steps_per_epoch,
+        train["batch_size"],
+        lr_per_step.max(),
+        train["loss_scale"],
+    )
+    history = fit(
+        train_step,
+        dataset,
+        stop_epoch,
+        lr_per_step,
+        train["batch_size"] * distributed["worker_num"],
+        callbacks,
+        start_epoch=start_epoch,
+        evaluate=lambda: evaluate(net, validation),
+        eval_interval=train["eval_interval"],
+    )
+    return state(stop_epoch), pd.DataFrame(history)
