@@ -4,9 +4,15 @@ from kedro.pipeline import Pipeline
 
 from .baseline.pipeline import create_pipeline as create_baseline
 from .data_ingest.pipeline import create_pipeline as create_data
+from .dim_reduce.pipeline import create_pipeline as create_dim_reduce
 
 
 def register_pipelines() -> dict[str, Pipeline]:
     data = create_data()
     baseline = create_baseline()
-    return {"data": data, "baseline": data + baseline, "__default__": data + baseline}
+    return {
+        "data": data,
+        "baseline": data + baseline,
+        "dim_reduce": data + create_dim_reduce(),
+        "__default__": data + baseline,
+    }

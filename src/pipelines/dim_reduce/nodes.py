@@ -1,0 +1,268 @@
+"""Nodes of the ``dim_reduce`` pipeline: stage 1 with a weight trajectory, PCA, P-BFGS stage 2."""
+
+from __future__ import annotations
+
+import logging
+
+import matplotlib
+import numpy as np
+import pandas as pd
+
+from ..common.nodes import create_network, network_from_checkpoint, num_classes
+from ..common.training import require_single_process, train_data, train_momentum
+from ..lib.checkpoint import OPTIMIZER_PREFIX, Checkpoint
+from ..lib.loss import CrossEntropySmooth
+from ..lib.pbfgs import PBFGS, PBFGSConfig
+from ..lib.pca import explained_variance_table, fit_trajectory_pca
+from ..lib.progress import ProgressReporter
+from ..lib.runtime import configure_mindspore
+from ..lib.tracking import log_metrics
+from ..lib.training import Callback, MlflowMetrics, capture_state, fit
+from ..lib.trajectory import TrajectoryRecorder, select_trajectory, verify_trajectory
+
+matplotlib.use("Agg")
+logger = logging.getLogger(__name__)
+
+
+def train_stage1(
+    initial_weights: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: dict,
+    data: dict,
+    runtime: dict,
+    distributed: dict,
+    dim_reduce: dict,
+) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
+    """Momentum training to ``stage1.epochs`` of a ``stage1.schedule_epochs`` schedule, recording the trajectory.
+
+    Returns the full checkpoint of the last step, the per-epoch history and the trajectory index.
+    """
+    stage1 = dim_reduce["stage1"]
+    trajectory = stage1["trajectory"]
+    recorders: list[TrajectoryRecorder] = []
+
+    def record(net, optimizer):
+        recorders.append(
+            TrajectoryRecorder(
+                net,
+                trajectory["dir"],
+                trajectory["start_epoch"],
+                trajectory["every_steps"],
+                trajectory["every_epochs"],
+            )
+        )
+        return recorders
+
+    checkpoint, history = train_momentum(
+        initial_weights,
+        manifest,
+        class_index,
+        model,
+        data,
+        runtime,
+        distributed,
+        stage1,
+        stop_epoch=stage1["epochs"],
+        schedule_epochs=stage1["schedule_epochs"],
+        extra_callbacks=record,
+        metric_prefix="stage1_",
+    )
+    index = recorders[0].index
+    log_metrics({"trajectory_files": len(index)})
+    logger.info("Stage 1 recorded %d trajectory files in %s", len(index), trajectory["dir"])
+    return checkpoint, history, index
+
+
+def collect_trajectory(
+    trajectory_index: pd.DataFrame,
+    class_index: dict[str, int],
+    model: dict,
+    dim_reduce: dict,
+) -> pd.DataFrame:
+    """The last ``collect.n_files`` trajectory files, checked against the network's parameters."""
+    chosen = select_trajectory(trajectory_index, dim_reduce["collect"]["n_files"], dim_reduce["pca"]["n_components"])
+    net = create_network(model, class_index)
+    verify_trajectory(chosen["path"].tolist(), {p.name: tuple(p.shape) for p in net.trainable_params()})
+    log_metrics({"trajectory_length": len(chosen)})
+    return chosen
+
+
+def fit_pca(
+    selected_trajectory: pd.DataFrame,
+    class_index: dict[str, int],
+    model: dict,
+    dim_reduce: dict,
+) -> tuple[np.ndarray, pd.DataFrame, matplotlib.figure.Figure]:
+    """k x n projection of the centred trajectory, its explained-variance table and plot."""
+    names = [p.name for p in create_network(model, class_index).trainable_params()]
+    pca = dim_reduce["pca"]
+    result = fit_trajectory_pca(selected_trajectory["path"].tolist(), names, pca["n_components"])
+    table = explained_variance_table(result)
+    log_metrics(
+        {
+            "pca_explained_variance_ratio": float(table["explained_variance_ratio"].sum()),
+            "pca_first_component_ratio": float(table["explained_variance_ratio"].iloc[0]),
+            "pca_parameters": float(result.components.shape[1]),
+        }
+    )
+    logger.info(
+        "PCA: %d components of %d parameters explain %.1f%% of the trajectory's variance",
+        *result.components.shape,
+        100 * table["explained_variance_ratio"].sum(),
+    )
+    return result.components, table, _variance_figure(table)
+
+
+def _variance_figure(table: pd.DataFrame):
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(6, 3.5), tight_layout=True)
+    axes = figure.add_subplot()
+    axes.bar(table["component"], table["explained_variance_ratio"], label="component")
+    axes.plot(table["component"], table["cumulative_ratio"], color="black", marker=".", label="cumulative")
+    axes.set_xlabel("principal component")
+    axes.set_ylabel("explained variance ratio")
+    axes.set_ylim(0, 1)
+    axes.legend()
+    return figure
+
+
+class _StepMetrics(Callback):
+    """Logs each P-BFGS step's loss, accepted step size and trial count to MLflow and keeps them."""
+
+    def __init__(self, trainer: PBFGS):
+        self.trainer = trainer
+        self.rows: list[dict] = []
+
+    def on_train_begin(self, total_epochs: int, steps_per_epoch: int, start_epoch: int) -> None:
+        self.steps_per_epoch = steps_per_epoch
+
+    def on_step_end(self, epoch: int, step: int, loss: float) -> None:
+        result = self.trainer.last_result
+        row = {
+            "epoch": epoch + 1,
+            "step": epoch * self.steps_per_epoch + step + 1,
+            "loss": result.loss,
+            "step_size": result.step_size,
+            "trials": result.trials,
+        }
+        self.rows.append(row)
+        log_metrics(
+            {"stage2_step_loss": row["loss"], "stage2_step_size": row["step_size"], "stage2_trials": row["trials"]},
+            step=row["step"],
+        )
+
+
+def train_stage2(
+    stage1_checkpoint: Checkpoint,
+    pca_matrix: np.ndarray,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: dict,
+    data: dict,
+    runtime: dict,
+    distributed: dict,
+    dim_reduce: dict,
+) -> tuple[Checkpoint, pd.DataFrame]:
+    """P-BFGS in the PCA subspace for ``stage2.epochs`` epochs, from the stage-1 weights."""
+    import mindspore as ms
+
+    require_single_process(distributed)
+    stage2 = dim_reduce["stage2"]
+    if stage2["implementation"] != "own":
+        raise NotImplementedError(
+            f"dim_reduce.stage2.implementation {stage2['implementation']!r} is not available; use 'own'"
+        )
+    configure_mindspore(runtime["device_target"], runtime["mode"], runtime["seed"])
+    net = network_from_checkpoint(model, class_index, stage1_checkpoint, "of stage 1")
+    config = PBFGSConfig(
+        rho=stage2["rho"],
+        max_trials=stage2["max_trials"],
+        sigma=stage2["sigma"],
+        gamma=stage2["gamma"],
+        alpha=stage2["alpha"],
+        loss_scale=stage2["loss_scale"],
+    )
+    trainer = PBFGS(
+        net,
+        CrossEntropySmooth(num_classes(model, class_index), stage2["label_smoothing"]),
+        pca_matrix,
+        config,
+        rank_size=distributed["worker_num"],
+    )
+
+    def step(images, labels):
+        return ms.Tensor(trainer.step(images, labels).loss)
+
+    start_epoch = int(stage1_checkpoint.metadata.get("epoch", 0))
+    dataset = train_data(manifest, data, stage2["batch_size"], runtime["seed"] + start_epoch)
+    step_metrics = _StepMetrics(trainer)
+    stop = start_epoch + stage2["epochs"]
+    fit(
+        step,
+        dataset,
+        stop,
+        np.ones(stop * dataset.get_dataset_size(), np.float32),
+        stage2["batch_size"] * distributed["worker_num"],
+        [ProgressReporter(stage2["batch_size"]), MlflowMetrics("stage2_"), step_metrics],
+        start_epoch=start_epoch,
+    )
+    state = capture_state(net, None, {"network": model["name"], "epoch": stop})
+    state.params.update({OPTIMIZER_PREFIX + name: value for name, value in trainer.state().items()})
+    history = pd.DataFrame(step_metrics.rows)
+    logger.info(
+        "Stage 2: %d steps, %.0f%% accepted a step, mean trials %.2f",
+        len(history),
+        100 * (history["step_size"] > 0).mean(),
+        history["trials"].mean(),
+    )
+    return state, history
+
+
+def train_control(
+    stage1_checkpoint: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: dict,
+    data: dict,
+    runtime: dict,
+    distributed: dict,
+    dim_reduce: dict,
+) -> tuple[Checkpoint, pd.DataFrame]:
+    """Momentum continued from the stage-1 checkpoint for as many epochs as stage 2 trains."""
+    stage1 = dim_reduce["stage1"]
+    control = {**stage1, "checkpoint": dim_reduce["control"]["checkpoint"]}
+    return train_momentum(
+        stage1_checkpoint,
+        manifest,
+        class_index,
+        model,
+        data,
+        runtime,
+        distributed,
+        control,
+        stop_epoch=stage1["epochs"] + dim_reduce["stage2"]["epochs"],
+        schedule_epochs=stage1["schedule_epochs"],
+        resume_optimizer=True,
+        metric_prefix="control_",
+    )
+
+
+def compare_runs(stage1_report: dict, stage2_report: dict, control_report: dict) -> pd.DataFrame:
+    """One row per model: top-1/top-5 and the gain over the Momentum control."""
+    rows = []
+    for name, report in (("stage1", stage1_report), ("stage2", stage2_report), ("control", control_report)):
+        rows.append({"model": name, "epoch": report["epoch"], "top1": report["top1"], "top5": report["top5"]})
+    table = pd.DataFrame(rows)
+    table["top1_minus_control"] = table["top1"] - control_report["top1"]
+    gain = stage2_report["top1"] - control_report["top1"]
+    log_metrics({"stage2_minus_control_top1": gain})
+    logger.info(
+        "dim_reduce: stage 1 top-1 %.2f%%, stage 2 %.2f%%, control %.2f%% (stage 2 - control: %+.2f points)",
+        100 * stage1_report["top1"],
+        100 * stage2_report["top1"],
+        100 * control_report["top1"],
+        100 * gain,
+    )
+    return table

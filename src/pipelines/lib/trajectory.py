@@ -1,0 +1,90 @@
+"""Weight trajectory of stage-1 training: recorded during training, selected and checked for PCA."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from .checkpoint import Checkpoint, CheckpointError, check_compatible, load_checkpoint, save_checkpoint
+from .training import Callback
+
+INDEX_COLUMNS = ["path", "epoch", "step", "global_step"]
+
+
+class TrajectoryRecorder(Callback):
+    """Saves the trainable weights (only) every ``every_steps`` steps or ``every_epochs`` epochs.
+
+    Recording starts at epoch ``start_epoch`` (1-based), as the DLDR tutorial drops early
+    weights. Files are ``<directory>/traj_<global step>.ckpt``, written atomically; ``index``
+    lists them in order. Files of an earlier run in ``directory`` are removed at the start.
+    """
+
+    def __init__(
+        self,
+        net,
+        directory: str | Path,
+        start_epoch: int,
+        every_steps: int | None = None,
+        every_epochs: int | None = None,
+    ):
+        if (every_steps is None) == (every_epochs is None):
+            raise ValueError("set exactly one of trajectory.every_steps and trajectory.every_epochs")
+        self.net = net
+        self.directory = Path(directory)
+        self.start_epoch = start_epoch
+        self.every_steps = every_steps
+        self.every_epochs = every_epochs
+        self.rows: list[tuple[str, int, int, int]] = []
+
+    def on_train_begin(self, total_epochs: int, steps_per_epoch: int, start_epoch: int) -> None:
+        self.steps_per_epoch = steps_per_epoch
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for stale in self.directory.glob("traj_*.ckpt"):
+            stale.unlink()
+
+    def _record(self, epoch: int, step: int) -> None:
+        global_step = epoch * self.steps_per_epoch + step + 1
+        path = self.directory / f"traj_{global_step:08d}.ckpt"
+        params = {p.name: p.asnumpy() for p in self.net.trainable_params()}
+        save_checkpoint(Checkpoint(params, {"epoch": epoch + 1, "step": step + 1}), path)
+        self.rows.append((str(path), epoch + 1, step + 1, global_step))
+
+    def on_step_end(self, epoch: int, step: int, loss: float) -> None:
+        if self.every_steps and epoch + 1 >= self.start_epoch:
+            if (epoch * self.steps_per_epoch + step + 1) % self.every_steps == 0:
+                self._record(epoch, step)
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        if self.every_epochs and epoch + 1 >= self.start_epoch and (epoch + 1) % self.every_epochs == 0:
+            self._record(epoch, self.steps_per_epoch - 1)
+
+    @property
+    def index(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=INDEX_COLUMNS)
+
+
+def select_trajectory(index: pd.DataFrame, n_files: int | None, n_components: int) -> pd.DataFrame:
+    """The last ``n_files`` trajectory files (all when None); more than ``n_components`` are needed."""
+    chosen = index.sort_values("global_step")
+    if n_files is not None:
+        chosen = chosen.tail(n_files)
+    if len(chosen) <= n_components:
+        raise ValueError(
+            f"PCA needs more trajectory files than n_components={n_components}, but "
+            f"{len(chosen)} were selected (of {len(index)} recorded). Record more often "
+            "(trajectory.every_steps), start earlier (trajectory.start_epoch), raise collect.n_files, "
+            "or lower pca.n_components."
+        )
+    return chosen.reset_index(drop=True)
+
+
+def verify_trajectory(paths: list[str], expected: dict[str, tuple[int, ...]]) -> None:
+    """Every file must hold exactly the network's trainable parameter names and shapes.
+
+    Raises ``CheckpointError`` naming the first offending (or unreadable) file.
+    """
+    for path in paths:
+        if not Path(path).is_file():
+            raise CheckpointError(f"trajectory file {path} does not exist")
+        check_compatible(expected, load_checkpoint(path), str(path))
