@@ -194,7 +194,10 @@ class PBFGS:
             )
         self.n_components = pca.shape[0]
         offsets = np.cumsum([0, *sizes])
-        blocks = [ms.Tensor(np.ascontiguousarray(pca[:, a:b]), ms.float32) for a, b in zip(offsets[:-1], offsets[1:])]
+        blocks = [
+            ms.Tensor(np.ascontiguousarray(pca[:, a:b]), ms.float32)
+            for a, b in zip(offsets[:-1], offsets[1:], strict=True)
+        ]
         net_with_loss = nn.WithLossCell(net, loss_fn)
         self._loss_and_grads = _ScaledLossAndGrads(net_with_loss, self.weights, config.loss_scale, rank_size)
         self._trial_loss = _TrialLoss(net_with_loss, rank_size)
