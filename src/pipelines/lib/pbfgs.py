@@ -235,7 +235,7 @@ class PBFGS:
         self.last_gk = gk
         dk = -self.inverse_hessian @ gk
         direction = ms.mutable(self._back_project(ms.Tensor(dk)))
-        decrease = float(gk.T @ dk)
+        decrease = (gk.T @ dk).item()
 
         accepted, trials = 0.0, 0
         for trial in range(config.max_trials):
@@ -280,7 +280,7 @@ def bfgs_inverse_update(inverse_hessian: np.ndarray, step: np.ndarray, change: n
 
     Returns ``inverse_hessian`` unchanged when the curvature ``y.s`` is not above 1e-20.
     """
-    curvature = float(change.T @ step)
+    curvature = (change.T @ step).item()
     if curvature <= CURVATURE_EPSILON:
         return inverse_hessian
     r = 1.0 / curvature

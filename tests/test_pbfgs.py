@@ -1,0 +1,211 @@
+"""P-BFGS stage 2 against a numpy computation of the same formulas, and its invariances."""
+
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import nn
+
+from pipelines.lib.loss import CrossEntropySmooth
+from pipelines.lib.pbfgs import PBFGS, PBFGSConfig, bfgs_inverse_update
+from pipelines.lib.resnet import create_resnet
+
+IN, OUT, BATCH = 6, 3, 8
+
+
+def orthonormal_rows(k: int, n: int, seed: int) -> np.ndarray:
+    q, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((n, k)))
+    return q.T.astype(np.float32)
+
+
+def dense_net(seed: int = 0) -> nn.Dense:
+    rng = np.random.default_rng(seed)
+    net = nn.Dense(IN, OUT)
+    net.weight.set_data(ms.Tensor(rng.standard_normal((OUT, IN)).astype(np.float32)))
+    net.bias.set_data(ms.Tensor(rng.standard_normal(OUT).astype(np.float32) * 0.1))
+    return net
+
+
+def batches(n: int, seed: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [
+        (rng.standard_normal((BATCH, IN)).astype(np.float32), rng.integers(0, OUT, BATCH).astype(np.int32))
+        for _ in range(n)
+    ]
+
+
+def numpy_loss_and_grad(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
+    """Softmax cross entropy of a Dense layer with flattened weights ``w = [W.ravel(), b]``."""
+    weight, bias = w[: OUT * IN].reshape(OUT, IN), w[OUT * IN :]
+    logits = x.astype(np.float64) @ weight.T + bias
+    logits -= logits.max(axis=1, keepdims=True)
+    probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    loss = -np.mean(np.log(probs[np.arange(len(y)), y]))
+    delta = probs.copy()
+    delta[np.arange(len(y)), y] -= 1
+    delta /= len(y)
+    return float(loss), np.concatenate([(delta.T @ x).ravel(), delta.sum(axis=0)])
+
+
+class NumpyPBFGS:
+    """The formulas of ``../shared/RECIPES.md`` (Dimension reduce), in float64 numpy."""
+
+    def __init__(self, w: np.ndarray, pca: np.ndarray, config: PBFGSConfig):
+        self.w, self.p, self.c = w.astype(np.float64), pca.astype(np.float64), config
+        k = pca.shape[0]
+        self.b = np.eye(k)
+        self.s = np.zeros((k, 1))
+        self.gk_prev = None
+        self.m = np.zeros_like(self.w)
+
+    def step(self, x, y) -> tuple[float, float, int]:
+        c = self.c
+        loss, g = numpy_loss_and_grad(self.w, x, y)
+        gk = self.p @ g[:, None]
+        saved = (self.b.copy(), self.gk_prev)
+        if self.gk_prev is not None:
+            change = gk - self.gk_prev
+            curvature = (change.T @ self.s).item()
+            if curvature > 1e-20:
+                r = 1.0 / curvature
+                left = np.eye(len(gk)) - r * self.s @ change.T
+                self.b = left @ self.b @ left.T + r * self.s @ self.s.T
+        self.gk_prev = gk
+        dk = -self.b @ gk
+        dn = (self.p.T @ dk).ravel()
+        accepted, trials = 0.0, 0
+        for i in range(c.max_trials):
+            rho = c.rho**i
+            trials += 1
+            trial_loss, _ = numpy_loss_and_grad(self.w + rho * dn, x, y)
+            if trial_loss < loss + c.sigma * rho * (gk.T @ dk).item():
+                accepted = rho
+                self.s = rho * dk
+                break
+        if accepted == 0.0:
+            self.b, self.gk_prev = saved
+        self.m = c.gamma * self.m + (g - (self.p.T @ gk).ravel())
+        self.w = self.w + accepted * dn - c.alpha * self.m
+        return loss, accepted, trials
+
+
+def flat_weights(net) -> np.ndarray:
+    return np.concatenate([p.asnumpy().ravel() for p in net.trainable_params()])
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        PBFGSConfig(rho=0.55, max_trials=2, sigma=0.4, gamma=0.9, alpha=0.001, loss_scale=1.0),
+        PBFGSConfig(rho=0.5, max_trials=3, sigma=0.9, gamma=0.5, alpha=0.05, loss_scale=1024.0),
+    ],
+    ids=["recipe", "strict-armijo"],
+)
+def test_steps_match_numpy_formulas(config):
+    net = dense_net()
+    pca = orthonormal_rows(4, OUT * IN + OUT, seed=3)
+    reference = NumpyPBFGS(flat_weights(net), pca, config)
+    trainer = PBFGS(net, CrossEntropySmooth(OUT, 0.0), pca, config)
+    outcomes = []
+    for x, y in batches(6):
+        expected_loss, expected_rho, expected_trials = reference.step(x, y)
+        result = trainer.step(ms.Tensor(x), ms.Tensor(y))
+        assert result.loss == pytest.approx(expected_loss, rel=1e-5)
+        assert (result.step_size, result.trials) == (pytest.approx(expected_rho), expected_trials)
+        np.testing.assert_allclose(flat_weights(net), reference.w, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(trainer.inverse_hessian, reference.b, rtol=1e-3, atol=1e-5)
+        outcomes.append(result.step_size)
+    # the BFGS update, the backtracking and (with the strict constant) a rejected step are all exercised
+    assert np.abs(reference.b - np.eye(4)).max() > 1e-3
+    if config.sigma > 0.5:
+        assert 0.0 in outcomes or any(0 < s < 1 for s in outcomes)
+
+
+def test_bfgs_update_satisfies_the_secant_equation():
+    rng = np.random.default_rng(0)
+    step, change = rng.standard_normal((5, 1)).astype(np.float32), rng.standard_normal((5, 1)).astype(np.float32)
+    if (change.T @ step).item() <= 0:
+        change = -change
+    updated = bfgs_inverse_update(np.eye(5, dtype=np.float32), step, change)
+    np.testing.assert_allclose(updated @ change, step, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(updated, updated.T, atol=1e-6)
+    # no update without positive curvature
+    assert np.array_equal(bfgs_inverse_update(np.eye(5, dtype=np.float32), step, -change), np.eye(5))
+
+
+def small_resnet(seed: int):
+    ms.set_seed(seed)
+    return create_resnet("resnet_narrow", 4)
+
+
+def resnet_batch(seed: int = 5):
+    rng = np.random.default_rng(seed)
+    return (
+        ms.Tensor(rng.standard_normal((4, 3, 16, 16)).astype(np.float32)),
+        ms.Tensor(rng.integers(0, 4, 4).astype(np.int32)),
+    )
+
+
+def test_update_does_not_depend_on_the_loss_scale():
+    weights = {}
+    for loss_scale in (1.0, 1024.0):
+        net = small_resnet(seed=11)
+        n = sum(int(np.prod(p.shape)) for p in net.trainable_params())
+        trainer = PBFGS(net, CrossEntropySmooth(4, 0.1), orthonormal_rows(5, n, 2), PBFGSConfig(loss_scale=loss_scale))
+        x, y = resnet_batch()
+        for _ in range(3):
+            trainer.step(x, y)
+        weights[loss_scale] = flat_weights(net)
+        moved = np.abs(weights[loss_scale] - flat_weights(small_resnet(seed=11))).max()
+        assert moved > 1e-4
+    # loss scales are powers of two: scaling and unscaling are exact in float32
+    np.testing.assert_allclose(weights[1.0], weights[1024.0], rtol=1e-6, atol=1e-7)
+
+
+def test_line_search_leaves_batchnorm_statistics_alone():
+    x, y = resnet_batch()
+    net = small_resnet(seed=7)
+    n = sum(int(np.prod(p.shape)) for p in net.trainable_params())
+    pca = orthonormal_rows(5, n, 4)
+    trainer = PBFGS(net, CrossEntropySmooth(4, 0.1), pca, PBFGSConfig(max_trials=3, sigma=0.99))
+    result = trainer.step(x, y)
+    assert result.trials >= 1  # each trial is a training-mode forward pass after the gradient's
+    after_step = {p.name: p.asnumpy() for p in net.get_parameters() if "moving" in p.name}
+
+    once = small_resnet(seed=7)
+    one_forward = PBFGS(once, CrossEntropySmooth(4, 0.1), pca, PBFGSConfig())
+    one_forward._loss_and_grads(x, y)  # the gradient's forward pass alone
+    expected = {p.name: p.asnumpy() for p in once.get_parameters() if "moving" in p.name}
+    assert after_step.keys() == expected.keys() and after_step
+    for name, value in expected.items():
+        np.testing.assert_allclose(after_step[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+    initial = {p.name: p.asnumpy() for p in small_resnet(seed=7).get_parameters() if "moving" in p.name}
+    assert any(not np.allclose(initial[k], v) for k, v in expected.items())
+
+
+def test_state_round_trip_continues_identically():
+    config = PBFGSConfig(max_trials=2)
+    pca = orthonormal_rows(4, OUT * IN + OUT, seed=3)
+    data = batches(4)
+    straight = PBFGS(dense_net(), CrossEntropySmooth(OUT, 0.0), pca, config)
+    for x, y in data:
+        straight.step(ms.Tensor(x), ms.Tensor(y))
+
+    first = dense_net()
+    trainer = PBFGS(first, CrossEntropySmooth(OUT, 0.0), pca, config)
+    for x, y in data[:2]:
+        trainer.step(ms.Tensor(x), ms.Tensor(y))
+    resumed_net = dense_net()
+    for target, source in zip(resumed_net.trainable_params(), first.trainable_params(), strict=True):
+        target.set_data(ms.Tensor(source.asnumpy()))
+    resumed = PBFGS(resumed_net, CrossEntropySmooth(OUT, 0.0), pca, config)
+    resumed.load_state(trainer.state())
+    for x, y in data[2:]:
+        resumed.step(ms.Tensor(x), ms.Tensor(y))
+    np.testing.assert_allclose(flat_weights(resumed_net), flat_weights(straight.net), rtol=1e-6, atol=1e-7)
+
+
+def test_wrong_pca_shape_is_rejected():
+    with pytest.raises(ValueError, match="n_components x n"):
+        PBFGS(dense_net(), CrossEntropySmooth(OUT, 0.0), np.zeros((3, 5), np.float32), PBFGSConfig())
