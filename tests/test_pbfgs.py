@@ -209,3 +209,54 @@ def test_state_round_trip_continues_identically():
 def test_wrong_pca_shape_is_rejected():
     with pytest.raises(ValueError, match="n_components x n"):
         PBFGS(dense_net(), CrossEntropySmooth(OUT, 0.0), np.zeros((3, 5), np.float32), PBFGSConfig())
+
+
+BOOST_SCRIPT = """
+import sys
+import numpy as np
+import pipelines
+import mindspore as ms
+import mindspore.dataset as ds
+from mindspore import nn
+from pipelines.lib.boost_stage2 import boost_config, boost_model
+from pipelines.lib.loss import CrossEntropySmooth
+from pipelines.lib.runtime import configure_mindspore
+
+work = sys.argv[1]
+configure_mindspore("CPU", "graph", 0)
+arrays = np.load(f"{work}/start.npz")
+net = nn.Dense(arrays["x"].shape[1], arrays["weight"].shape[0])
+net.weight.set_data(ms.Tensor(arrays["weight"]))
+net.bias.set_data(ms.Tensor(arrays["bias"]))
+data = ds.NumpySlicesDataset({"x": arrays["x"], "y": arrays["y"]}, shuffle=False).batch(len(arrays["y"]))
+config = boost_config(f"{work}/pca.npy", int(sys.argv[2]), 0.55, 0.9, 0.001, 0.4)
+boost_model(net, CrossEntropySmooth(arrays["weight"].shape[0], 0.0), config, None).train(
+    1, data, dataset_sink_mode=False)
+np.savez(f"{work}/after.npz", weight=net.weight.asnumpy(), bias=net.bias.asnumpy())
+"""
+
+
+def test_first_update_matches_mindspore_boost(tmp_path):
+    import subprocess
+    import sys
+
+    net = dense_net()
+    pca = orthonormal_rows(4, OUT * IN + OUT, seed=3)
+    x, y = batches(1)[0]
+    np.save(tmp_path / "pca.npy", pca)
+    np.savez(tmp_path / "start.npz", weight=net.weight.asnumpy(), bias=net.bias.asnumpy(), x=x, y=y)
+    result = subprocess.run(
+        [sys.executable, "-c", BOOST_SCRIPT, str(tmp_path), "4"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    boost = np.load(tmp_path / "after.npz")
+
+    PBFGS(net, CrossEntropySmooth(OUT, 0.0), pca, PBFGSConfig(loss_scale=1.0)).step(ms.Tensor(x), ms.Tensor(y))
+    moved = np.abs(net.weight.asnumpy() - np.load(tmp_path / "start.npz")["weight"]).max()
+    assert moved > 1e-3
+    np.testing.assert_allclose(net.weight.asnumpy(), boost["weight"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(net.bias.asnumpy(), boost["bias"], rtol=1e-5, atol=1e-6)

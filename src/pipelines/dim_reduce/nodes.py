@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import matplotlib
 import numpy as np
@@ -10,7 +15,7 @@ import pandas as pd
 
 from ..common.nodes import create_network, network_from_checkpoint, num_classes
 from ..common.training import require_single_process, train_data, train_momentum
-from ..lib.checkpoint import OPTIMIZER_PREFIX, Checkpoint
+from ..lib.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
 from ..lib.loss import CrossEntropySmooth
 from ..lib.pbfgs import PBFGS, PBFGSConfig
 from ..lib.pca import explained_variance_table, fit_trajectory_pca
@@ -170,9 +175,13 @@ def train_stage2(
 
     require_single_process(distributed)
     stage2 = dim_reduce["stage2"]
+    if stage2["implementation"] == "mindspore_boost":
+        return _train_stage2_with_boost(
+            stage1_checkpoint, pca_matrix, manifest, class_index, model, data, runtime, dim_reduce
+        )
     if stage2["implementation"] != "own":
-        raise NotImplementedError(
-            f"dim_reduce.stage2.implementation {stage2['implementation']!r} is not available; use 'own'"
+        raise ValueError(
+            f"dim_reduce.stage2.implementation is {stage2['implementation']!r}; choose own or mindspore_boost"
         )
     configure_mindspore(runtime["device_target"], runtime["mode"], runtime["seed"])
     net = network_from_checkpoint(model, class_index, stage1_checkpoint, "of stage 1")
@@ -218,6 +227,55 @@ def train_stage2(
         history["trials"].mean(),
     )
     return state, history
+
+
+def _train_stage2_with_boost(
+    stage1_checkpoint: Checkpoint,
+    pca_matrix: np.ndarray,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: dict,
+    data: dict,
+    runtime: dict,
+    dim_reduce: dict,
+) -> tuple[Checkpoint, pd.DataFrame]:
+    """Stage 2 through ``mindspore.boost`` in a process of its own (its configuration is a singleton)."""
+    stage2 = dim_reduce["stage2"]
+    start_epoch = int(stage1_checkpoint.metadata.get("epoch", 0))
+    with tempfile.TemporaryDirectory(prefix="boost_stage2_") as work_dir:
+        work = Path(work_dir)
+        save_checkpoint(stage1_checkpoint, work / "start.ckpt")
+        manifest.to_csv(work / "manifest.csv", index=False)
+        np.save(work / "pca.npy", pca_matrix)  # boost writes its per-rank copies beside this file
+        job = {
+            "device_target": runtime["device_target"],
+            "mode": runtime["mode"],
+            "seed": runtime["seed"],
+            "model": model,
+            "num_classes": num_classes(model, class_index),
+            "data": data,
+            "manifest": str(work / "manifest.csv"),
+            "start_checkpoint": str(work / "start.ckpt"),
+            "pca_path": str(work / "pca.npy"),
+            "batch_size": stage2["batch_size"],
+            "epochs": stage2["epochs"],
+            "end_epoch": start_epoch + stage2["epochs"],
+            "stage2": stage2,
+            "output": str(work / "stage2.ckpt"),
+            "history": str(work / "history.csv"),
+        }
+        (work / "job.json").write_text(json.dumps(job))
+        logger.info("Stage 2 with mindspore.boost dim_reduce in a separate process")
+        result = subprocess.run(
+            [sys.executable, "-m", "pipelines.lib.boost_stage2", str(work / "job.json")],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"mindspore.boost stage 2 failed:\n{result.stderr[-5000:]}")
+        history = pd.read_csv(work / "history.csv")
+        return load_checkpoint(work / "stage2.ckpt"), history
 
 
 def train_control(
