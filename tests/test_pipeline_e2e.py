@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import mlflow
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -187,3 +188,84 @@ def test_viz_shows_nodes_and_datasets(tmp_path):
     ids = {n["name"]: n["id"] for n in graph["nodes"]}
     assert (ids["train_momentum"], ids["baseline_final_checkpoint"]) in edges
     assert (ids["baseline_final_checkpoint"], ids["evaluate_baseline"]) in edges
+
+
+DIM_REDUCE_PARAMS = {
+    "dim_reduce": {
+        "stage1": {
+            "epochs": 2,
+            "schedule_epochs": 3,
+            "batch_size": 4,
+            "lr": {"lr_max": 0.05, "warmup_epochs": 0},
+            "eval_interval": 0,
+            "trajectory": {"start_epoch": 1, "every_steps": 1},
+        },
+        "collect": {"n_files": 5},
+        "pca": {"n_components": 4},
+        "stage2": {"batch_size": 4},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def dim_reduce_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dim_reduce")
+    tree = write_image_tree(root / "tree", classes=("cat", "dog", "fox"), per_class={"train": 4, "val": 2})
+    params = {**TINY_PARAMS, **DIM_REDUCE_PARAMS, "data": {**TINY_PARAMS["data"], "root": str(tree)}}
+    project = make_project(root / "project", params)
+    result = kedro(project, "run", "--pipelines=dim_reduce")
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    return project, result
+
+
+def test_dim_reduce_reports_stage1_stage2_and_control(dim_reduce_run):
+    project, result = dim_reduce_run
+    report = pd.read_csv(project / "data/08_reporting/dim_reduce/report.csv")
+    assert list(report["model"]) == ["stage1", "stage2", "control"]
+    assert list(report["epoch"]) == [2, 3, 3]
+    assert report.loc[report["model"] == "control", "top1_minus_control"].item() == 0.0
+    pca = np.load(project / "data/06_models/dim_reduce/pca_matrix.npy")
+    assert pca.shape[0] == 4 and pca.dtype == np.float32
+    np.testing.assert_allclose(pca @ pca.T, np.eye(4), atol=1e-4)
+    selected = pd.read_csv(project / "data/06_models/dim_reduce/selected_trajectory.csv")
+    assert len(selected) == 5
+    steps = pd.read_csv(project / "data/08_reporting/dim_reduce/stage2_steps.csv")
+    assert len(steps) == 3 and set(steps.columns) >= {"loss", "step_size", "trials"}
+    assert "stage 2 - control" in result.stdout + result.stderr
+
+
+def test_dim_reduce_mlflow_run(dim_reduce_run):
+    project, _ = dim_reduce_run
+    client, found = runs(project)
+    run = found[0]
+    assert run.info.status == "FINISHED" and run.data.tags["pipeline"] == "dim_reduce"
+    for metric in (
+        "trajectory_length",
+        "pca_explained_variance_ratio",
+        "stage2_minus_control_top1",
+        "stage1_top1",
+        "stage2_top1",
+        "control_top1",
+    ):
+        assert metric in run.data.metrics, metric
+    assert len(client.get_metric_history(run.info.run_id, "stage2_step_size")) == 3
+    assert len(client.get_metric_history(run.info.run_id, "stage1_loss")) == 2
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "pca")}
+    assert {"pca/pca_matrix.npy", "pca/pca_explained_variance.csv", "pca/pca_explained_variance.png"} <= artifacts
+
+
+def test_stage2_reruns_alone_with_mindspore_boost(dim_reduce_run):
+    project, _ = dim_reduce_run
+    before = (project / "data/06_models/dim_reduce/stage1.ckpt").stat().st_mtime_ns
+    result = kedro(
+        project,
+        "run",
+        "--pipelines=dim_reduce",
+        "--nodes=train_stage2",
+        "--params=dim_reduce.stage2.implementation=mindspore_boost",
+    )
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    assert (project / "data/06_models/dim_reduce/stage1.ckpt").stat().st_mtime_ns == before
+    steps = pd.read_csv(project / "data/08_reporting/dim_reduce/stage2_steps.csv")
+    assert list(steps.columns) == ["epoch", "step", "loss"] and len(steps) == 3
+    assert not list((project / "data/06_models/dim_reduce").glob("*rank*"))
