@@ -91,3 +91,23 @@ def test_cpu_speed_settings_respect_the_user(monkeypatch):
 
     assert os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE"
     assert os.environ["GLOG_v"] == "3"
+
+
+@pytest.mark.parametrize("env", ["ascend", "gpu"])
+def test_dim_reduce_recipe(base, env):
+    recipe = load_params(env)["dim_reduce"]
+    stage1 = recipe["stage1"]
+    assert (stage1["epochs"], stage1["schedule_epochs"]) == (70, 90)
+    assert stage1["lr"]["warmup_epochs"] == 5 and stage1["lr"]["lr_max"] == 0.8
+    # the last 40 epoch weights: one file per epoch from epoch 31 to 70
+    assert stage1["trajectory"] == {
+        **base["dim_reduce"]["stage1"]["trajectory"],
+        "start_epoch": 31,
+        "every_steps": None,
+        "every_epochs": 1,
+    }
+    assert stage1["epochs"] - stage1["trajectory"]["start_epoch"] + 1 == recipe["collect"]["n_files"] == 40
+    assert recipe["pca"]["n_components"] == 32
+    assert recipe["stage2"]["epochs"] == 2
+    assert recipe["stage2"]["rho"] == base["dim_reduce"]["stage2"]["rho"]
+    assert stage1["momentum"] == base["dim_reduce"]["stage1"]["momentum"]
