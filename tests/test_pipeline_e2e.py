@@ -269,3 +269,15 @@ def test_stage2_reruns_alone_with_mindspore_boost(dim_reduce_run):
     steps = pd.read_csv(project / "data/08_reporting/dim_reduce/stage2_steps.csv")
     assert list(steps.columns) == ["epoch", "step", "loss"] and len(steps) == 3
     assert not list((project / "data/06_models/dim_reduce").glob("*rank*"))
+
+
+def test_bad_parameter_fails_before_any_work(tmp_path):
+    project = make_project(tmp_path / "project", {"baseline": {"lr": {"lr_max": -1.0}}})
+    result = kedro(project, "run", "--pipelines=baseline", "--params=baseline.epochz=3", timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "baseline.epochz is not a known parameter (typo?) (--params)" in output
+    assert f"baseline.lr.lr_max is -1.0 but must be > 0 ({project / 'conf' / 'local' / 'parameters.yml'})" in output
+    assert "Traceback" not in output
+    assert not (project / "data").exists()
+    assert runs(project)[1] == []  # no MLflow run was started

@@ -6,8 +6,10 @@ import subprocess
 from pathlib import Path
 
 import click
+import yaml
 from kedro.framework.hooks import hook_impl
 
+from .config_validation import ParameterError, parameter_sources, validate_parameters
 from .lib.runtime import DeviceUnavailableError, require_device
 from .lib.tracking import set_tags
 
@@ -24,13 +26,21 @@ def _git_commit(project_path: Path) -> str:
 class ProjectHooks:
     @hook_impl
     def after_context_created(self, context) -> None:
-        self._device_target = context.params["runtime"]["device_target"]
-        self._env = context.env
+        conf_source = Path(context.config_loader.conf_source)
+        base = {}
+        for path in sorted((conf_source / "base").glob("parameters*.yml")):
+            base.update(yaml.safe_load(path.read_text()) or {})
+        env = context.env or "local"
+        runtime_params = getattr(context, "_runtime_params", None)
+        params = context.params
         try:
-            require_device(self._device_target, context.env)
-        except DeviceUnavailableError as error:
+            validate_parameters(params, base, parameter_sources(conf_source, env, runtime_params))
+            require_device(params["runtime"]["device_target"], env)
+        except (ParameterError, DeviceUnavailableError) as error:
             # click prints a ClickException as one "Error: ..." line instead of a traceback
             raise click.ClickException(str(error)) from error
+        self._device_target = params["runtime"]["device_target"]
+        self._env = env
 
     @hook_impl(trylast=True)  # after kedro-mlflow's hook has started the run
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:

@@ -43,8 +43,9 @@ if TYPE_CHECKING:
 
 Loader = Callable[[int], np.ndarray]
 
-# Columns per float64 work chunk: N x chunk float64 stays in cache, which BLAS needs to run at speed.
-DEFAULT_CHUNK_SIZE = 1 << 15
+# Columns per float64 work chunk: small enough for N x chunk float64 to stay in cache between the cast, the
+# centring and the BLAS call; large enough for BLAS to run at speed.
+DEFAULT_CHUNK_SIZE = 1 << 14
 # In memory, storage blocks above glibc's largest mmap threshold (32 MiB) are separate mappings, so each one
 # goes back to the OS as soon as it is projected; that is how P can reuse the trajectory's memory.
 IN_MEMORY_BLOCK_BYTES = 64 << 20
