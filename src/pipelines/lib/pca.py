@@ -20,11 +20,11 @@ Two modes, chosen with ``in_memory``:
   mean (2/N x) and one loaded checkpoint (1/N x), whatever k is.
 - ``in_memory=False``: for trajectories that do not fit. Pass 1 computes the mean (N loads); then the Gram
   matrix and the projection each gather column ranges of ``block_bytes`` from every checkpoint
-  (N loads per range, ``ceil(N * n * 4 / block_bytes)`` ranges each). Memory is ``P`` (k x n float32) plus
-  one block plus one loaded checkpoint. Loads that return a memory map (``np.load(path, mmap_mode="r")``)
-  read only the slice needed, so all passes together read the trajectory about three times; loads that
-  decode a whole file (``.ckpt``) cost a full read per range, so prefer a large ``block_bytes`` there, or
-  convert the checkpoints to ``.npy`` first.
+  (N loads per range, about ``N * n * 4 / block_bytes`` ranges each). Memory is ``P`` (k x n float32), one
+  block, the float64 mean (2/N x) and one loaded checkpoint. Loads that return a memory map
+  (``np.load(path, mmap_mode="r")``) read only the slice needed, so all passes together read the trajectory
+  about three times; loads that decode a whole file (``.ckpt``) cost a full read per range, so prefer a large
+  ``block_bytes`` there, or convert the checkpoints to ``.npy`` first.
 """
 
 from __future__ import annotations
@@ -129,7 +129,8 @@ def fit_pca(
         labels: names of the checkpoints for error messages (e.g. file paths); default "trajectory source i".
         in_memory: hold the float32 trajectory (about 1.05x its size at peak, including ``components``) and load
             each checkpoint once; ``False`` holds only ``components`` plus one block and loads each checkpoint
-            ``1 + 2 * ceil(N * n * 4 / block_bytes)`` times (see the module docstring).
+            ``1 + 2 * ceil(n / block_columns)`` times, ``block_columns`` being about ``block_bytes / (4 * N)``
+            (see the module docstring).
         chunk_size: columns (weights) per float64 work chunk: memory ``N * chunk_size * 8`` bytes.
         block_bytes: bytes of float32 gathered per column block; default 64 MiB in memory (storage blocks), 1 GiB
             for ``in_memory=False`` (one block per pass over the checkpoints).
