@@ -90,3 +90,9 @@ def test_nullable_keys_accept_null(base):
         changed(load_params("local"), "data.max_per_class.train", None), "dim_reduce.collect.n_files", None
     )
     validate_parameters(params, base, {})
+
+
+def test_zero_warmup_is_allowed_but_zero_epochs_is_not(base):
+    validate_parameters(changed(load_params("local"), "baseline.lr.warmup_epochs", 0), base, {})
+    with pytest.raises(ParameterError, match="baseline.epochs is 0"):
+        validate_parameters(changed(load_params("local"), "baseline.epochs", 0), base, {})

@@ -119,3 +119,13 @@ def test_recorded_weights_follow_training(tmp_path):
     drive(recorder, epochs=1, steps=3)
     values = [load_checkpoint(p).params["bias"] for p in recorder.index["path"]]
     assert np.allclose(values[1] - values[0], 1.0) and np.allclose(values[2] - values[1], 1.0)
+
+
+def test_resumed_recording_keeps_the_files_before_the_resume_epoch(tmp_path):
+    recorder = TrajectoryRecorder(nn.Dense(3, 2), tmp_path, start_epoch=1, every_steps=2)
+    drive(recorder, epochs=3, steps=4)  # global steps 2, 4, ..., 12
+    resumed = TrajectoryRecorder(recorder.net, tmp_path, start_epoch=1, every_steps=2)
+    resumed.on_train_begin(3, 4, 1)  # resuming after epoch 1: steps 2 and 4 stay, the rest goes
+    assert list(resumed.index["global_step"]) == [2, 4]
+    assert list(resumed.index["epoch"]) == [1, 1] and list(resumed.index["step"]) == [2, 4]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["traj_00000002.ckpt", "traj_00000004.ckpt"]

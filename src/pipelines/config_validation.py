@@ -55,7 +55,8 @@ def _fraction(v) -> bool:
 
 RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "*batch_size": (_positive, "must be > 0"),
-    "*epochs": (_positive, "must be > 0"),
+    "*.epochs": (_positive, "must be > 0"),
+    "*.schedule_epochs": (_positive, "must be > 0"),
     "*.lr.lr_max": (_positive, "must be > 0"),
     "*.lr.lr_init": (_non_negative, "must be >= 0"),
     "*.lr.lr_end": (_non_negative, "must be >= 0"),

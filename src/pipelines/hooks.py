@@ -1,13 +1,18 @@
-"""Project hooks: fail fast on a missing device; tag the MLflow run."""
+"""Project hooks: validate parameters and fail fast on a missing device; tag the MLflow run,
+and end KILLED the runs of earlier processes that were killed outright."""
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 from pathlib import Path
 
 import click
+import mlflow
 import yaml
 from kedro.framework.hooks import hook_impl
+from mlflow.entities import RunStatus
 
 from .config_validation import ParameterError, parameter_sources, validate_parameters
 from .lib.runtime import DeviceUnavailableError, require_device
@@ -51,5 +56,33 @@ class ProjectHooks:
                 "env": run_params.get("env") or self._env or "local",
                 "device_target": self._device_target,
                 "git_commit": _git_commit(Path(run_params["project_path"])),
+                "pid": str(os.getpid()),
+                "host": socket.gethostname(),
             }
         )
+        mark_orphaned_runs_killed()
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def mark_orphaned_runs_killed() -> None:
+    """Runs left RUNNING by a process of this host that no longer exists (kill -9) end KILLED."""
+    active = mlflow.active_run()
+    if active is None:
+        return
+    client = mlflow.MlflowClient()
+    host = socket.gethostname()
+    for run in client.search_runs([active.info.experiment_id], "attributes.status = 'RUNNING'"):
+        pid = run.data.tags.get("pid")
+        if run.info.run_id == active.info.run_id or run.data.tags.get("host") != host or not (pid or "").isdigit():
+            continue
+        if not _process_alive(int(pid)):
+            client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.KILLED))

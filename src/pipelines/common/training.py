@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 import pandas as pd
 
-from ..lib.checkpoint import Checkpoint
+from ..lib.checkpoint import Checkpoint, load_checkpoint
 from ..lib.data import create_dataset
 from ..lib.evaluation import evaluate
 from ..lib.loss import CrossEntropySmooth
@@ -15,10 +15,21 @@ from ..lib.optim import create_momentum
 from ..lib.progress import ProgressReporter
 from ..lib.runtime import configure_mindspore
 from ..lib.schedules import momentum_lr, scaled_lr_max
-from ..lib.training import Callback, MlflowMetrics, PeriodicCheckpoint, capture_state, fit, restore_state
+from ..lib.tracking import set_tags
+from ..lib.training import (
+    Callback,
+    MlflowMetrics,
+    PeriodicCheckpoint,
+    capture_state,
+    find_resume_checkpoint,
+    fingerprint,
+    fit,
+    restore_state,
+)
 from .nodes import network_from_checkpoint, num_classes
 
 logger = logging.getLogger(__name__)
+CHECKPOINT_PREFIX = "epoch"
 
 
 def require_single_process(distributed: dict) -> None:
@@ -82,13 +93,30 @@ def train_momentum(
 
     require_single_process(distributed)
     configure_mindspore(runtime["device_target"], runtime["mode"], runtime["seed"])
+    checkpoints = train["checkpoint"]
+    run_id = fingerprint(
+        model,
+        data,
+        {k: v for k, v in train.items() if k not in ("checkpoint", "eval_interval")},
+        runtime["seed"],
+        distributed["worker_num"],
+        stop_epoch,
+        schedule_epochs,
+        resume_optimizer,
+        start,
+    )
+    resume_from = find_resume_checkpoint(checkpoints["dir"], CHECKPOINT_PREFIX, run_id)
+    if resume_from is not None:
+        start, resume_optimizer = load_checkpoint(resume_from), True
+        logger.info("Resuming from %s (epoch %d of %d)", resume_from, start.metadata["epoch"], stop_epoch)
+        set_tags({f"{metric_prefix}resumed_from": str(resume_from)})
     net = network_from_checkpoint(model, class_index, start, "start checkpoint")
     start_epoch = int(start.metadata.get("epoch", 0)) if resume_optimizer else 0
     if not start_epoch <= stop_epoch <= schedule_epochs:
         raise ValueError(
             f"epochs must satisfy start {start_epoch} <= stop {stop_epoch} <= schedule length {schedule_epochs}"
         )
-    dataset = train_data(manifest, data, train["batch_size"], runtime["seed"] + start_epoch)
+    dataset = train_data(manifest, data, train["batch_size"], runtime["seed"])
     steps_per_epoch = dataset.get_dataset_size()
     schedule = train["lr"]
     lr_per_step = momentum_lr(
@@ -109,15 +137,16 @@ def train_momentum(
     train_step = nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), optimizer, sens=float(train["loss_scale"]))
     train_step.set_train(True)
     validation = val_data(manifest, data)
-    checkpoints = train["checkpoint"]
 
     def state(epoch: int) -> Checkpoint:
-        return capture_state(net, optimizer, {"network": model["name"], "epoch": epoch})
+        return capture_state(net, optimizer, {"network": model["name"], "epoch": epoch, "fingerprint": run_id})
 
     callbacks = [
         ProgressReporter(train["batch_size"]),
         MlflowMetrics(metric_prefix),
-        PeriodicCheckpoint(state, checkpoints["dir"], checkpoints["every_epochs"], checkpoints["keep_last"]),
+        PeriodicCheckpoint(
+            state, checkpoints["dir"], checkpoints["every_epochs"], checkpoints["keep_last"], CHECKPOINT_PREFIX
+        ),
         *extra_callbacks(net, optimizer),
     ]
     logger.info(
@@ -143,5 +172,6 @@ def train_momentum(
         start_epoch=start_epoch,
         evaluate=lambda: evaluate(net, validation),
         eval_interval=train["eval_interval"],
+        data_seed=runtime["seed"],
     )
     return state(stop_epoch), pd.DataFrame(history)

@@ -12,6 +12,7 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
 
 from ..common.nodes import create_network, network_from_checkpoint, num_classes
 from ..common.training import require_single_process, train_data, train_momentum
@@ -98,7 +99,7 @@ def fit_pca(
     class_index: dict[str, int],
     model: dict,
     dim_reduce: dict,
-) -> tuple[np.ndarray, pd.DataFrame, matplotlib.figure.Figure]:
+) -> tuple[np.ndarray, pd.DataFrame, Figure]:
     """k x n projection of the centred trajectory, its explained-variance table and plot."""
     names = [p.name for p in create_network(model, class_index).trainable_params()]
     pca = dim_reduce["pca"]
@@ -119,9 +120,7 @@ def fit_pca(
     return result.components, table, _variance_figure(table)
 
 
-def _variance_figure(table: pd.DataFrame):
-    from matplotlib.figure import Figure
-
+def _variance_figure(table: pd.DataFrame) -> Figure:
     figure = Figure(figsize=(6, 3.5), tight_layout=True)
     axes = figure.add_subplot()
     axes.bar(table["component"], table["explained_variance_ratio"], label="component")

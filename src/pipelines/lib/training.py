@@ -7,6 +7,8 @@ cell); the loop owns epochs, timing, the non-finite-loss check and the callbacks
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import time
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import OPTIMIZER_PREFIX, Checkpoint, save_checkpoint
+from .checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
 from .tracking import log_metrics
 
 logger = logging.getLogger(__name__)
@@ -76,6 +78,43 @@ class PeriodicCheckpoint(Callback):
             old.unlink()
 
 
+def fingerprint(*parts) -> str:
+    """Short hash of a training's configuration and start weights, stored in its checkpoints.
+
+    A checkpoint is resumed only by the training that wrote it: same parameters, same start.
+    """
+    digest = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, Checkpoint):
+            for name in sorted(part.params):
+                digest.update(name.encode())
+                digest.update(np.ascontiguousarray(part.params[name]).tobytes())
+        else:
+            digest.update(json.dumps(part, sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:16]
+
+
+def find_resume_checkpoint(directory: str | Path, prefix: str, expected_fingerprint: str) -> Path | None:
+    """The newest ``<prefix>_*.ckpt`` in ``directory`` written by the same training, if any.
+
+    Checkpoints of a different configuration are moved to ``<directory>/stale-<time>/``
+    rather than deleted or overwritten; an unreadable one raises ``CheckpointError`` naming it.
+    """
+    directory = Path(directory)
+    found = sorted(directory.glob(f"{prefix}_*.ckpt"))
+    if not found:
+        return None
+    newest = found[-1]
+    if load_checkpoint(newest).metadata.get("fingerprint") == expected_fingerprint:
+        return newest
+    stale = directory / time.strftime("stale-%Y%m%d-%H%M%S")
+    stale.mkdir()
+    for path in found:
+        path.rename(stale / path.name)
+    logger.warning("Checkpoints in %s come from another configuration; moved them to %s", directory, stale)
+    return None
+
+
 def capture_state(net, optimizer, metadata: dict) -> Checkpoint:
     """Network parameters (BatchNorm statistics included), optimizer state and ``metadata``."""
     params = {p.name: p.asnumpy() for p in net.get_parameters()}
@@ -132,17 +171,21 @@ def fit(
     start_epoch: int = 0,
     evaluate: Callable[[], dict[str, float]] | None = None,
     eval_interval: int = 0,
+    data_seed: int | None = None,
 ) -> list[dict[str, float]]:
     """Train from ``start_epoch`` to ``epochs``; returns one metrics row per epoch.
 
     Each row holds epoch, loss (mean over the epoch), lr (at the epoch's last step),
     epoch_time_s, images_per_s (all ranks), and top1/top5 when ``evaluate`` ran that epoch
-    (every ``eval_interval`` epochs and after the last one).
+    (every ``eval_interval`` epochs and after the last one). With ``data_seed`` each epoch's
+    shuffle and augmentation are seeded by ``data_seed + epoch``, so a run resumed at an epoch
+    boundary sees the same data as an uninterrupted one.
     """
+    import mindspore.dataset as ds
+
     steps_per_epoch = dataset.get_dataset_size()
     if steps_per_epoch == 0:
         raise ValueError("the training dataset yields no full batch")
-    iterator = dataset.create_tuple_iterator(num_epochs=epochs - start_epoch)
     history = []
     for callback in callbacks:
         callback.on_train_begin(epochs, steps_per_epoch, start_epoch)
@@ -150,6 +193,9 @@ def fit(
         for epoch in range(start_epoch, epochs):
             for callback in callbacks:
                 callback.on_epoch_begin(epoch)
+            if data_seed is not None:
+                ds.config.set_seed(data_seed + epoch)  # read when the iterator starts its pipeline
+            iterator = dataset.create_tuple_iterator(num_epochs=1)
             started = time.perf_counter()
             mean_loss = train_one_epoch(train_step, iterator, epoch, steps_per_epoch, callbacks)
             elapsed = time.perf_counter() - started

@@ -17,7 +17,8 @@ class TrajectoryRecorder(Callback):
 
     Recording starts at epoch ``start_epoch`` (1-based), as the DLDR tutorial drops early
     weights. Files are ``<directory>/traj_<global step>.ckpt``, written atomically; ``index``
-    lists them in order. Files of an earlier run in ``directory`` are removed at the start.
+    lists them in order. At the start, files of an earlier run in ``directory`` are removed,
+    except, when training resumes at an epoch, the ones recorded before that epoch.
     """
 
     def __init__(
@@ -40,8 +41,13 @@ class TrajectoryRecorder(Callback):
     def on_train_begin(self, total_epochs: int, steps_per_epoch: int, start_epoch: int) -> None:
         self.steps_per_epoch = steps_per_epoch
         self.directory.mkdir(parents=True, exist_ok=True)
-        for stale in self.directory.glob("traj_*.ckpt"):
-            stale.unlink()
+        for path in sorted(self.directory.glob("traj_*.ckpt")):
+            global_step = int(path.stem.removeprefix("traj_"))
+            if global_step <= start_epoch * steps_per_epoch:
+                epoch, step = divmod(global_step - 1, steps_per_epoch)
+                self.rows.append((str(path), epoch + 1, step + 1, global_step))
+            else:
+                path.unlink()
 
     def _record(self, epoch: int, step: int) -> None:
         global_step = epoch * self.steps_per_epoch + step + 1

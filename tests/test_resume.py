@@ -1,0 +1,84 @@
+"""Fault injection: a training run killed with SIGKILL mid-epoch resumes from its last checkpoint."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from helpers import write_image_tree
+from test_pipeline_e2e import TINY_PARAMS, kedro, make_project, runs
+
+from pipelines.lib.checkpoint import load_checkpoint
+
+EPOCHS = 6
+CHECKPOINTS = "data/06_models/baseline/epochs"
+
+
+def resume_params(tree) -> dict:
+    return {
+        **TINY_PARAMS,
+        "data": {**TINY_PARAMS["data"], "root": str(tree)},
+        "baseline": {
+            **TINY_PARAMS["baseline"],
+            "epochs": EPOCHS,
+            "eval_interval": 0,
+            "checkpoint": {"every_epochs": 1, "keep_last": 2},
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    root = tmp_path_factory.mktemp("resume")
+    return write_image_tree(root / "tree", classes=("a", "b", "c"), per_class={"train": 40, "val": 4}, size=16)
+
+
+def test_killed_run_resumes_and_matches_an_uninterrupted_one(tmp_path, tree):
+    killed = make_project(tmp_path / "killed", resume_params(tree))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kedro", "run", "--pipelines=baseline"],
+        cwd=killed,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.time() + 300
+    while not (killed / CHECKPOINTS / "epoch_0002.ckpt").exists():
+        assert process.poll() is None, "training ended before it could be interrupted"
+        assert time.time() < deadline, "no checkpoint of epoch 2 within 5 minutes"
+        time.sleep(0.05)
+    time.sleep(0.3)  # into epoch 3
+    assert process.poll() is None, "training ended before it could be interrupted"
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (killed / "data/06_models/baseline/final.ckpt").exists()
+    saved = sorted(p.name for p in (killed / CHECKPOINTS).iterdir())
+    assert all(not name.startswith(".") for name in saved), saved  # no half-written temporary file counts
+
+    rerun = kedro(killed, "run", "--pipelines=baseline")
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    output = rerun.stdout + rerun.stderr
+    resumed_epoch = int(saved[-1][len("epoch_") : -len(".ckpt")])
+    assert f"Resuming from {killed / CHECKPOINTS / saved[-1]}" in output.replace("\n", "") or "Resuming from" in output
+    assert f"(epoch {resumed_epoch} of {EPOCHS})" in output
+    assert f"epoch {resumed_epoch + 1}/{EPOCHS} step" in output and "epoch 1/6 step" not in output
+
+    straight = make_project(tmp_path / "straight", resume_params(tree))
+    result = kedro(straight, "run", "--pipelines=baseline")
+    assert result.returncode == 0, result.stderr[-3000:]
+    resumed = load_checkpoint(killed / "data/06_models/baseline/final.ckpt").network_params()
+    reference = load_checkpoint(straight / "data/06_models/baseline/final.ckpt").network_params()
+    assert resumed.keys() == reference.keys()
+    for name, value in reference.items():
+        np.testing.assert_allclose(resumed[name], value, rtol=1e-3, atol=1e-4, err_msg=name)
+
+    client, found = runs(killed)
+    statuses = sorted(r.info.status for r in found)
+    assert statuses == ["FINISHED", "KILLED"]  # the killed attempt no longer shows RUNNING
+    finished = next(r for r in found if r.info.status == "FINISHED")
+    assert finished.data.tags["resumed_from"].endswith(saved[-1])
