@@ -88,7 +88,8 @@ def test_outputs_are_written(baseline_run):
     assert report["val_images"] == 9 and report["epoch"] == EPOCHS
     assert 0.0 <= report["top1"] <= report["top5"] <= 1.0
     final = load_checkpoint(project / "data/06_models/baseline/final.ckpt")
-    assert final.metadata == {"network": "resnet_narrow", "epoch": EPOCHS}
+    assert final.metadata["network"] == "resnet_narrow" and final.metadata["epoch"] == EPOCHS
+    assert len(final.metadata["fingerprint"]) == 16
     assert any(name.startswith("optimizer.moments.") for name in final.params)
     history = pd.read_csv(project / "data/08_reporting/baseline_history.csv")
     assert list(history["epoch"]) == list(range(1, EPOCHS + 1))
