@@ -9,7 +9,7 @@ import pandas as pd
 from ..lib.checkpoint import Checkpoint, check_compatible
 from ..lib.data import create_dataset
 from ..lib.evaluation import evaluate
-from ..lib.resnet import count_parameters, create_resnet
+from ..lib.resnet import count_parameters, create_resnet_from_config
 from ..lib.runtime import configure_mindspore
 from ..lib.tracking import log_metrics
 from ..lib.training import capture_state, restore_state
@@ -28,13 +28,7 @@ def num_classes(model: dict, class_index: dict[str, int]) -> int:
 
 
 def create_network(model: dict, class_index: dict[str, int]):
-    return create_resnet(
-        model["name"],
-        num_classes(model, class_index),
-        conv_init=model["conv_init"],
-        dense_init=model["dense_init"],
-        zero_init_last_bn_gamma=model["zero_init_last_bn_gamma"],
-    )
+    return create_resnet_from_config(model, num_classes(model, class_index))
 
 
 def network_from_checkpoint(model: dict, class_index: dict[str, int], checkpoint: Checkpoint, source: str):
@@ -43,6 +37,31 @@ def network_from_checkpoint(model: dict, class_index: dict[str, int], checkpoint
     check_compatible({p.name: tuple(p.shape) for p in net.get_parameters()}, checkpoint, source)
     restore_state(net, checkpoint)
     return net
+
+
+def train_data(manifest: pd.DataFrame, data: dict, batch_size: int, seed: int):
+    return create_dataset(
+        manifest,
+        "train",
+        data["image_size"],
+        batch_size,
+        training=True,
+        crop_scale=data["crop_scale"],
+        num_workers=data["num_workers"],
+        seed=seed,
+    )
+
+
+def val_data(manifest: pd.DataFrame, data: dict):
+    return create_dataset(
+        manifest,
+        "val",
+        data["image_size"],
+        data["eval_batch_size"],
+        training=False,
+        eval_resize_ratio=data["eval_resize_ratio"],
+        num_workers=data["num_workers"],
+    )
 
 
 def build_network(model: dict, class_index: dict[str, int], runtime: dict) -> Checkpoint:
@@ -65,15 +84,7 @@ def evaluate_checkpoint(
     """Top-1/top-5 of ``checkpoint`` on the val split; logged to MLflow as ``<prefix>_top1`` etc."""
     configure_mindspore(runtime["device_target"], runtime["mode"], runtime["seed"])
     net = network_from_checkpoint(model, class_index, checkpoint, f"of {metric_prefix}")
-    dataset = create_dataset(
-        manifest,
-        "val",
-        data["image_size"],
-        data["eval_batch_size"],
-        training=False,
-        eval_resize_ratio=data["eval_resize_ratio"],
-        num_workers=data["num_workers"],
-    )
+    dataset = val_data(manifest, data)
     accuracy = evaluate(net, dataset)
     log_metrics({f"{metric_prefix}_top1": accuracy["top1"], f"{metric_prefix}_top5": accuracy["top5"]})
     logger.info(

@@ -8,7 +8,6 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 
 from ..lib.checkpoint import Checkpoint, load_checkpoint
-from ..lib.data import create_dataset
 from ..lib.evaluation import evaluate
 from ..lib.loss import CrossEntropySmooth
 from ..lib.optim import create_momentum
@@ -26,7 +25,7 @@ from ..lib.training import (
     fit,
     restore_state,
 )
-from .nodes import network_from_checkpoint, num_classes
+from .nodes import network_from_checkpoint, num_classes, train_data, val_data
 
 logger = logging.getLogger(__name__)
 CHECKPOINT_PREFIX = "epoch"
@@ -38,31 +37,6 @@ def require_single_process(distributed: dict) -> None:
             f"distributed.worker_num is {distributed['worker_num']}, but launching several workers "
             "through msrun is not implemented yet; set distributed.worker_num: 1 to train on one device"
         )
-
-
-def train_data(manifest: pd.DataFrame, data: dict, batch_size: int, seed: int):
-    return create_dataset(
-        manifest,
-        "train",
-        data["image_size"],
-        batch_size,
-        training=True,
-        crop_scale=data["crop_scale"],
-        num_workers=data["num_workers"],
-        seed=seed,
-    )
-
-
-def val_data(manifest: pd.DataFrame, data: dict):
-    return create_dataset(
-        manifest,
-        "val",
-        data["image_size"],
-        data["eval_batch_size"],
-        training=False,
-        eval_resize_ratio=data["eval_resize_ratio"],
-        num_workers=data["num_workers"],
-    )
 
 
 def train_momentum(

@@ -89,19 +89,13 @@ def run_job(job: dict) -> None:
     from .checkpoint import load_checkpoint, save_checkpoint
     from .data import create_dataset
     from .loss import CrossEntropySmooth
-    from .resnet import create_resnet
+    from .resnet import create_resnet_from_config
     from .runtime import configure_mindspore
     from .training import capture_state, restore_state
 
     configure_mindspore(job["device_target"], job["mode"], job["seed"])
     model = job["model"]
-    net = create_resnet(
-        model["name"],
-        job["num_classes"],
-        conv_init=model["conv_init"],
-        dense_init=model["dense_init"],
-        zero_init_last_bn_gamma=model["zero_init_last_bn_gamma"],
-    )
+    net = create_resnet_from_config(model, job["num_classes"])
     restore_state(net, load_checkpoint(job["start_checkpoint"]))
     data = job["data"]
     dataset = create_dataset(
