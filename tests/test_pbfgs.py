@@ -260,3 +260,15 @@ def test_first_update_matches_mindspore_boost(tmp_path):
     assert moved > 1e-3
     np.testing.assert_allclose(net.weight.asnumpy(), boost["weight"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(net.bias.asnumpy(), boost["bias"], rtol=1e-5, atol=1e-6)
+
+
+def test_state_is_a_snapshot():
+    trainer = PBFGS(dense_net(), CrossEntropySmooth(OUT, 0.0), orthonormal_rows(4, OUT * IN + OUT, 3), PBFGSConfig())
+    data = batches(2)
+    trainer.step(ms.Tensor(data[0][0]), ms.Tensor(data[0][1]))
+    state = trainer.state()
+    frozen = {k: v.copy() for k, v in state.items()}
+    trainer.step(ms.Tensor(data[1][0]), ms.Tensor(data[1][1]))
+    for name, value in frozen.items():
+        np.testing.assert_array_equal(state[name], value, err_msg=name)
+    assert any(not np.array_equal(trainer.state()[k], v) for k, v in frozen.items())

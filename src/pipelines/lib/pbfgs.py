@@ -259,12 +259,13 @@ class PBFGS:
     def state(self) -> dict[str, np.ndarray]:
         """Optimizer state for a checkpoint: B, the last accepted step, the last gk, the momenta."""
         state = {
-            STATE_PREFIX + "inverse_hessian": self.inverse_hessian,
-            STATE_PREFIX + "last_step": self.last_step,
+            STATE_PREFIX + "inverse_hessian": self.inverse_hessian.copy(),
+            STATE_PREFIX + "last_step": self.last_step.copy(),
         }
         if self.last_gk is not None:
-            state[STATE_PREFIX + "last_gk"] = self.last_gk
-        state.update({STATE_PREFIX + p.name: p.asnumpy() for p in self.momenta})
+            state[STATE_PREFIX + "last_gk"] = self.last_gk.copy()
+        # asnumpy() shares memory with the parameter on CPU: copy so later steps do not change the state
+        state.update({STATE_PREFIX + p.name: p.asnumpy().copy() for p in self.momenta})
         return state
 
     def load_state(self, state: dict[str, np.ndarray]) -> None:

@@ -63,3 +63,29 @@ def momentum_lr(
 def scaled_lr_max(lr_max: float, device_num: int, reference_devices: int = 8) -> float:
     """Linear scaling of the recipe's lr_max with the device count (recipe: ``device_num / 8``)."""
     return lr_max * device_num / reference_devices
+
+
+def thor_lr(
+    lr_init: float,
+    lr_decay: float,
+    lr_end_epoch: float,
+    total_epochs: int,
+    steps_per_epoch: int,
+    decay_epoch: int = 39,
+) -> np.ndarray:
+    """THOR learning rate per step: ``lr_init (1 - e/lr_end_epoch)^lr_decay``, ``e = (i+1)/steps_per_epoch``.
+
+    Halved once ``e >= decay_epoch`` (39) and halved again once ``e >= decay_epoch + 1``. The base
+    is clamped at 0 past ``lr_end_epoch`` (the models repo ends its schedule there).
+    """
+    epochs = np.arange(1, total_epochs * steps_per_epoch + 1, dtype=np.float64) / steps_per_epoch
+    lrs = lr_init * np.maximum(1.0 - epochs / lr_end_epoch, 0.0) ** lr_decay
+    lrs = np.where(epochs >= decay_epoch, lrs * 0.5, lrs)
+    lrs = np.where(epochs >= decay_epoch + 1, lrs * 0.5, lrs)
+    return lrs.astype(np.float32)
+
+
+def thor_damping(damping_init: float, damping_decay: float, total_epochs: int, steps_per_epoch: int) -> np.ndarray:
+    """THOR damping per step: ``damping_init * damping_decay^(e/10)``, ``e = (i+1)/steps_per_epoch``."""
+    epochs = np.arange(1, total_epochs * steps_per_epoch + 1, dtype=np.float64) / steps_per_epoch
+    return (damping_init * damping_decay ** (epochs / 10.0)).astype(np.float32)

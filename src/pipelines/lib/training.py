@@ -117,10 +117,11 @@ def find_resume_checkpoint(directory: str | Path, prefix: str, expected_fingerpr
 
 def capture_state(net, optimizer, metadata: dict) -> Checkpoint:
     """Network parameters (BatchNorm statistics included), optimizer state and ``metadata``."""
-    params = {p.name: p.asnumpy() for p in net.get_parameters()}
+    # asnumpy() shares memory with the parameter on CPU: copy so later steps do not change the state
+    params = {p.name: p.asnumpy().copy() for p in net.get_parameters()}
     if optimizer is not None:
         params.update(
-            {OPTIMIZER_PREFIX + p.name: p.asnumpy() for p in optimizer.get_parameters() if p.name not in params}
+            {OPTIMIZER_PREFIX + p.name: p.asnumpy().copy() for p in optimizer.get_parameters() if p.name not in params}
         )
     return Checkpoint(params, dict(metadata))
 
