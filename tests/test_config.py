@@ -111,3 +111,17 @@ def test_dim_reduce_recipe(base, env):
     assert recipe["stage2"]["epochs"] == 2
     assert recipe["stage2"]["rho"] == base["dim_reduce"]["stage2"]["rho"]
     assert stage1["momentum"] == base["dim_reduce"]["stage1"]["momentum"]
+
+
+@pytest.mark.parametrize(
+    ("env", "epochs", "lr", "damping"),
+    [("ascend", 45, (0.05803, 4.0839, 53), (0.03, 0.50036)), ("gpu", 40, (0.05672, 4.9687, 50), (0.02345, 0.5467))],
+)
+def test_thor_recipe(base, env, epochs, lr, damping):
+    thor = load_params(env)["thor"]
+    assert thor["epochs"] == epochs and thor["batch_size"] == 32 and thor["frequency"] == 834
+    assert thor["loss_scale"] == 128 and thor["zero_init_last_bn_gamma"] is True
+    assert (thor["lr"]["lr_init"], thor["lr"]["lr_decay"], thor["lr"]["lr_end_epoch"]) == lr
+    assert (thor["damping"]["damping_init"], thor["damping"]["damping_decay"]) == damping
+    assert thor["lr"]["decay_epoch"] == base["thor"]["lr"]["decay_epoch"] == 39
+    assert thor["weight_decay"] == 0.0005 and thor["momentum"] == 0.9

@@ -96,3 +96,11 @@ def test_zero_warmup_is_allowed_but_zero_epochs_is_not(base):
     validate_parameters(changed(load_params("local"), "baseline.lr.warmup_epochs", 0), base, {})
     with pytest.raises(ParameterError, match="baseline.epochs is 0"):
         validate_parameters(changed(load_params("local"), "baseline.epochs", 0), base, {})
+
+
+def test_thor_trace_rule_and_frequency(base):
+    validate_parameters(changed(load_params("local"), "thor.trace_rule", [0.01, 0.001]), base, {})
+    with pytest.raises(ParameterError, match="thor.trace_rule must be null or a list of two numbers"):
+        validate_parameters(changed(load_params("local"), "thor.trace_rule", 0.01), base, {})
+    with pytest.raises(ParameterError, match="thor.frequency is 1 but must be >= 2"):
+        validate_parameters(changed(load_params("local"), "thor.frequency", 1), base, {})

@@ -21,12 +21,15 @@ from .lib.runtime import DEVICE_TARGETS
 from .lib.schedules import LR_SCHEDULES
 
 NULLABLE = (
+    "thor.block_size",
+    "thor.trace_rule",
     "data.max_per_class.*",
     "model.num_classes",
     "dim_reduce.collect.n_files",
     "dim_reduce.stage1.trajectory.every_steps",
     "dim_reduce.stage1.trajectory.every_epochs",
 )
+LIST_WHEN_SET = ("thor.trace_rule",)  # null in base, [skip, stop] when set
 CHOICES = {
     "runtime.device_target": DEVICE_TARGETS,
     "runtime.mode": ("graph", "pynative"),
@@ -38,6 +41,7 @@ CHOICES = {
     "model.dense_init": DENSE_INITS,
     "*.lr.schedule": LR_SCHEDULES,
     "dim_reduce.stage2.implementation": ("own", "mindspore_boost"),
+    "thor.implementation": ("own", "mindspore"),
 }
 
 
@@ -84,6 +88,11 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "dim_reduce.stage2.sigma": (lambda v: 0 < v < 1, "must be in (0, 1)"),
     "dim_reduce.stage2.gamma": (_fraction, "must be in [0, 1)"),
     "dim_reduce.stage2.alpha": (_non_negative, "must be >= 0"),
+    "thor.frequency": (lambda v: v >= 2, "must be >= 2 (1 would recompute the inverses every step)"),
+    "thor.block_size": (_positive, "must be > 0"),
+    "thor.lr.lr_init": (_positive, "must be > 0"),
+    "thor.lr.lr_end_epoch": (_positive, "must be > 0"),
+    "thor.damping.damping_init": (_positive, "must be > 0"),
 }
 
 
@@ -119,6 +128,9 @@ def parameter_sources(conf_source: str | Path, env: str, runtime_params: dict | 
 def _type_problem(path: str, value: Any, base: Any) -> str | None:
     if value is None:
         return None if base is None or _matches(path, NULLABLE) else "must not be null"
+    if base is None and _matches(path, LIST_WHEN_SET):
+        ok = isinstance(value, list) and len(value) == 2 and all(isinstance(v, int | float) for v in value)
+        return None if ok else f"must be null or a list of two numbers, got {value!r}"
     if base is None:
         return None if isinstance(value, int) and not isinstance(value, bool) else "must be an integer or null"
     if isinstance(base, bool):

@@ -5,6 +5,7 @@ from kedro.pipeline import Pipeline
 from .baseline.pipeline import create_pipeline as create_baseline
 from .data_ingest.pipeline import create_pipeline as create_data
 from .dim_reduce.pipeline import create_pipeline as create_dim_reduce
+from .thor.pipeline import create_pipeline as create_thor
 
 
 def register_pipelines() -> dict[str, Pipeline]:
@@ -14,5 +15,6 @@ def register_pipelines() -> dict[str, Pipeline]:
         "data": data,
         "baseline": data + baseline,
         "dim_reduce": data + create_dim_reduce(),
+        "thor": data + create_thor(),
         "__default__": data + baseline,
     }
