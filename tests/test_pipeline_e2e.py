@@ -160,7 +160,7 @@ def test_registry_lists_the_pipelines():
     result = kedro(PROJECT, "registry", "list", timeout=120)
     assert result.returncode == 0, result.stderr
     listed = {line.strip("- ").strip() for line in result.stdout.splitlines()}
-    assert {"data", "baseline", "dim_reduce", "__default__"} <= listed
+    assert {"data", "baseline", "dim_reduce", "thor", "__default__"} <= listed
 
 
 def test_viz_shows_nodes_and_datasets(tmp_path):
@@ -282,3 +282,39 @@ def test_bad_parameter_fails_before_any_work(tmp_path):
     assert "Traceback" not in output
     assert not (project / "data").exists()
     assert runs(project)[1] == []  # no MLflow run was started
+
+
+def test_thor_pipeline_trains_and_reports(tmp_path):
+    tree = write_image_tree(tmp_path / "tree", classes=("cat", "dog", "fox"), per_class={"train": 8, "val": 3})
+    params = {
+        "data": {**TINY_PARAMS["data"], "root": str(tree)},
+        "thor": {"epochs": 2, "batch_size": 4, "frequency": 4, "trace_rule": [0.01, 0.001]},
+    }
+    project = make_project(tmp_path / "project", params)
+    result = kedro(project, "run", "--pipelines=thor")
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    report = json.loads((project / "data/08_reporting/thor_eval.json").read_text())
+    assert report["epoch"] == 2 and report["val_images"] == 9
+    final = load_checkpoint(project / "data/06_models/thor/final.ckpt")
+    assert not any(name.startswith("thor_stats.") for name in final.network_params())
+    history = pd.read_csv(project / "data/08_reporting/thor_history.csv")
+    assert list(history["second_order_steps"]) == [2, 3]  # 6 steps per epoch, every 4th is second order
+    client, found = runs(project)
+    run = found[0]
+    assert run.info.status == "FINISHED" and run.data.tags["pipeline"] == "thor"
+    for metric in ("thor_loss", "thor_lr", "thor_damping", "thor_second_order_step_s", "thor_reuse_step_s"):
+        assert len(client.get_metric_history(run.info.run_id, metric)) == 2, metric
+    assert "thor_top1" in run.data.metrics
+
+
+def test_mindspore_thor_is_refused_on_cpu(tmp_path):
+    tree = write_image_tree(tmp_path / "tree", classes=("cat", "dog"), per_class={"train": 4, "val": 2})
+    params = {"data": {**TINY_PARAMS["data"], "root": str(tree)}, "thor": {"implementation": "mindspore"}}
+    project = make_project(tmp_path / "project", params)
+    result = kedro(project, "run", "--pipelines=thor")
+    assert result.returncode != 0
+    assert (
+        "kernels (ThorIm2Col, CholeskyTrsm, UpdateThorGradient) exist only on Ascend and GPU"
+        in (result.stdout + result.stderr).replace("\n", " ")
+        or "exist only on Ascend and GPU" in result.stdout + result.stderr
+    )

@@ -148,6 +148,15 @@ def _type_problem(path: str, value: Any, base: Any) -> str | None:
 
 
 def _cross_checks(params: dict) -> Iterator[tuple[str, str]]:
+    thor = params.get("thor")
+    if thor and thor["implementation"] == "mindspore" and params["runtime"]["device_target"] == "CPU":
+        yield (
+            "thor.implementation",
+            (
+                "is mindspore, whose kernels (ThorIm2Col, CholeskyTrsm, UpdateThorGradient) exist only on Ascend and "
+                "GPU; use own on CPU"
+            ),
+        )
     dim_reduce = params.get("dim_reduce")
     if not dim_reduce:
         return
