@@ -1,0 +1,165 @@
+"""THOR against Momentum on the same network and data, from one run.
+
+1. Step costs: median seconds of a Momentum step, a THOR reuse step and a THOR second-order
+   step (statistics + inverses), measured in alternation so machine noise hits all alike; the
+   amortised THOR step at frequency F is ``(second_order + (F-1) * reuse) / F``, printed as a
+   ratio to Momentum for the configured frequencies (goal <= 1.25).
+2. Time to target: both optimizers train from the same initial weights on the same
+   Fashion-MNIST subset (recipe settings of ``conf/base``), evaluating after every epoch; prints
+   the wall-clock seconds (training only) until val top-1 first reaches ``--target``, and
+   THOR / Momentum (the seeds report about 0.6; goal <= 0.6).
+
+    .venv/bin/python benchmarks/thor_vs_momentum.py [--target 0.82] [--epochs 5] [--skip-time-to-target]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import pipelines  # noqa: F401  (sets the CPU speed environment before MindSpore loads)
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def load_conf() -> dict:
+    import yaml
+
+    params = {}
+    for path in sorted((PROJECT / "conf/base").glob("parameters*.yml")):
+        params.update(yaml.safe_load(path.read_text()))
+    return params
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", type=float, default=0.82)
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=24, help="timed steps per kind")
+    parser.add_argument("--frequencies", default="50,834")
+    parser.add_argument("--skip-time-to-target", action="store_true")
+    args = parser.parse_args()
+
+    import mindspore as ms
+    from mindspore import nn
+
+    from pipelines.common.nodes import train_data, val_data
+    from pipelines.lib import fashion_mnist
+    from pipelines.lib.data import scan_image_tree, subset_manifest
+    from pipelines.lib.evaluation import evaluate
+    from pipelines.lib.loss import CrossEntropySmooth
+    from pipelines.lib.optim import create_momentum
+    from pipelines.lib.resnet import create_resnet_from_config
+    from pipelines.lib.runtime import configure_mindspore
+    from pipelines.lib.schedules import momentum_lr, thor_damping, thor_lr
+    from pipelines.lib.thor import THOR
+    from pipelines.lib.training import capture_state, restore_state
+
+    conf = load_conf()
+    data, model, baseline, thor_conf = conf["data"], conf["model"], conf["baseline"], conf["thor"]
+    configure_mindspore("CPU", "graph", 0)
+    fashion_mnist.materialise(PROJECT / data["root"])
+    scan = scan_image_tree(PROJECT / data["root"], data["split_dirs"], verify="none")
+    manifest = subset_manifest(scan.manifest, data["max_per_class"], data["subset_seed"])
+    classes = len(scan.class_index)
+    batch = baseline["batch_size"]
+    dataset = train_data(manifest, data, batch, 0)
+    steps_per_epoch = dataset.get_dataset_size()
+    initial = capture_state(create_resnet_from_config(model, classes), None, {})
+
+    def momentum_setup(epochs: int):
+        net = create_resnet_from_config(model, classes)
+        restore_state(net, initial)
+        lr = baseline["lr"]
+        lrs = momentum_lr(
+            lr["schedule"], lr["lr_init"], lr["lr_max"], lr["lr_end"], lr["warmup_epochs"], epochs, steps_per_epoch
+        )
+        optimizer = create_momentum(net, lrs, baseline["momentum"], baseline["weight_decay"], baseline["loss_scale"])
+        step = nn.TrainOneStepCell(
+            nn.WithLossCell(net, CrossEntropySmooth(classes, baseline["label_smoothing"])),
+            optimizer,
+            sens=float(baseline["loss_scale"]),
+        )
+        step.set_train(True)
+        return net, step
+
+    def thor_setup(epochs: int, frequency: int):
+        net = create_resnet_from_config(
+            {**model, "zero_init_last_bn_gamma": thor_conf["zero_init_last_bn_gamma"]}, classes
+        )
+        restore_state(net, initial)
+        lr, damping = thor_conf["lr"], thor_conf["damping"]
+        trainer = THOR(
+            net,
+            CrossEntropySmooth(classes, thor_conf["label_smoothing"]),
+            thor_lr(lr["lr_init"], lr["lr_decay"], lr["lr_end_epoch"], epochs, steps_per_epoch, lr["decay_epoch"]),
+            thor_damping(damping["damping_init"], damping["damping_decay"], epochs, steps_per_epoch),
+            momentum=thor_conf["momentum"],
+            weight_decay=thor_conf["weight_decay"],
+            loss_scale=thor_conf["loss_scale"],
+            frequency=frequency,
+            block_size=thor_conf["block_size"],
+        )
+        return net, trainer
+
+    # 1. step costs: THOR with frequency 2 alternates second-order and reuse steps
+    batches = [(x, y) for x, y in dataset.create_tuple_iterator(num_epochs=1)][: 2 * args.steps + 2]
+    _, momentum_step = momentum_setup(1)
+    _, thor = thor_setup(1, 2)
+    times = {"momentum": [], "second_order": [], "reuse": []}
+    for i, (images, labels) in enumerate(batches):
+        started = time.perf_counter()
+        momentum_step(images, labels).asnumpy()
+        momentum_time = time.perf_counter() - started
+        before = thor.second_order_steps
+        started = time.perf_counter()
+        thor.step(images, labels).asnumpy()
+        thor_time = time.perf_counter() - started
+        if i >= 2:  # the first of each kind compiles
+            times["momentum"].append(momentum_time)
+            times["second_order" if thor.second_order_steps > before else "reuse"].append(thor_time)
+    medians = {kind: statistics.median(values) for kind, values in times.items()}
+    print(f"network {model['name']}, batch {batch}, {data['image_size']}px, medians of {args.steps} steps each:")
+    for kind, value in medians.items():
+        print(f"  {kind:>13} step: {1000 * value:7.1f} ms  ({value / medians['momentum']:.2f} x Momentum)")
+    for frequency in map(int, args.frequencies.split(",")):
+        amortised = (medians["second_order"] + (frequency - 1) * medians["reuse"]) / frequency
+        print(
+            f"  amortised THOR step at frequency {frequency}: {1000 * amortised:.1f} ms = "
+            f"{amortised / medians['momentum']:.3f} x Momentum (goal <= 1.25)"
+        )
+    if args.skip_time_to_target:
+        return
+
+    # 2. time to target top-1
+    validation = val_data(manifest, data)
+
+    def time_to_target(name: str, net, step) -> tuple[float | None, list[float]]:
+        elapsed, reached, accuracies = 0.0, None, []
+        for epoch in range(args.epochs):
+            ms.dataset.config.set_seed(epoch)
+            started = time.perf_counter()
+            for images, labels in dataset.create_tuple_iterator(num_epochs=1):
+                step(images, labels).asnumpy()
+            elapsed += time.perf_counter() - started
+            accuracies.append(evaluate(net, validation)["top1"])
+            print(f"  {name} epoch {epoch + 1}: top-1 {accuracies[-1]:.4f} after {elapsed:.1f} s of training")
+            if reached is None and accuracies[-1] >= args.target:
+                reached = elapsed
+        return reached, accuracies
+
+    thor_net, thor = thor_setup(args.epochs, thor_conf["frequency"])
+    thor_seconds, _ = time_to_target("THOR", thor_net, thor.step)
+    momentum_net, momentum_step = momentum_setup(args.epochs)
+    momentum_seconds, _ = time_to_target("Momentum", momentum_net, momentum_step)
+    print(f"time to top-1 >= {args.target}: THOR {thor_seconds}, Momentum {momentum_seconds} (s)")
+    if thor_seconds and momentum_seconds:
+        print(f"THOR / Momentum: {thor_seconds / momentum_seconds:.3f} (seeds: about 0.6; goal <= 0.6)")
+    else:
+        print("THOR / Momentum: not computed, one of them never reached the target within --epochs")
+
+
+if __name__ == "__main__":
+    main()
