@@ -75,7 +75,8 @@ def train_thor(
     """THOR training from the initial weights; the final network and THOR state, and the history."""
     require_single_process(distributed)
     if thor["implementation"] == "mindspore":
-        raise_unless_device_has_mindspore_thor(runtime["device_target"])
+        # refused on CPU by parameter validation; the Ascend/GPU path is not written yet
+        raise NotImplementedError("thor.implementation: mindspore is not wired in yet; use thor.implementation: own")
     configure_mindspore(runtime["device_target"], runtime["mode"], runtime["seed"])
     net = network_from_checkpoint(thor_model(model, thor), class_index, initial_weights, "initial weights")
     dataset = train_data(manifest, data, thor["batch_size"], runtime["seed"])
@@ -129,14 +130,3 @@ def train_thor(
         trainer.trace_skips,
     )
     return Checkpoint(params, {"network": model["name"], "epoch": thor["epochs"]}), pd.DataFrame(history)
-
-
-def raise_unless_device_has_mindspore_thor(device_target: str) -> None:
-    if device_target == "CPU":
-        raise ValueError(
-            "thor.implementation: mindspore uses mindspore.nn.thor, whose kernels (ThorIm2Col, CholeskyTrsm, "
-            "UpdateThorGradient) exist only on Ascend and GPU; on CPU use thor.implementation: own"
-        )
-    raise NotImplementedError(
-        "thor.implementation: mindspore is not wired into this pipeline yet; use thor.implementation: own"
-    )
