@@ -2,7 +2,7 @@
 
 from kedro.pipeline import Pipeline, node, pipeline
 
-from ..common.pipeline import build_network_pipeline, evaluation_pipeline
+from ..common.pipeline import build_network_pipeline, evaluation_pipeline, training_inputs
 from .nodes import train_baseline
 
 
@@ -13,16 +13,7 @@ def create_pipeline(**kwargs) -> Pipeline:
             [
                 node(
                     train_baseline,
-                    [
-                        "baseline_initial_weights",
-                        "manifest",
-                        "class_index",
-                        "params:model",
-                        "params:data",
-                        "params:runtime",
-                        "params:distributed",
-                        "params:baseline",
-                    ],
+                    ["baseline_initial_weights", *training_inputs("baseline")],
                     ["baseline_final_checkpoint", "baseline_history"],
                     name="train_momentum",
                 ),

@@ -7,6 +7,19 @@ from kedro.pipeline import Pipeline, node, pipeline
 from .nodes import build_network, evaluate_checkpoint
 
 
+def training_inputs(section: str) -> list[str]:
+    """The inputs every training node takes after its start checkpoint; ``section`` its own parameters."""
+    return [
+        "manifest",
+        "class_index",
+        "params:model",
+        "params:data",
+        "params:runtime",
+        "params:distributed",
+        f"params:{section}",
+    ]
+
+
 def build_network_pipeline(output: str, name: str) -> Pipeline:
     """Initial weights of the configured network into the catalog checkpoint ``output``."""
     return pipeline([node(build_network, ["params:model", "class_index", "params:runtime"], output, name=name)])

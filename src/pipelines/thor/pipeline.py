@@ -2,7 +2,7 @@
 
 from kedro.pipeline import Pipeline, node, pipeline
 
-from ..common.pipeline import evaluation_pipeline
+from ..common.pipeline import evaluation_pipeline, training_inputs
 from .nodes import build_thor_network, train_thor
 
 
@@ -17,16 +17,7 @@ def create_pipeline(**kwargs) -> Pipeline:
             ),
             node(
                 train_thor,
-                [
-                    "thor_initial_weights",
-                    "manifest",
-                    "class_index",
-                    "params:model",
-                    "params:data",
-                    "params:runtime",
-                    "params:distributed",
-                    "params:thor",
-                ],
+                ["thor_initial_weights", *training_inputs("thor")],
                 ["thor_final_checkpoint", "thor_history"],
                 name="train_thor",
             ),
