@@ -291,3 +291,41 @@ def test_restore_state_rejects_a_checkpoint_missing_network_params():
     del state.params["fc.bias"]
     with pytest.raises(ValueError, match="fc.bias"):
         restore_state(create_resnet("resnet_narrow", CLASSES), state)
+
+
+def write_epoch(folder, epoch: int, fingerprint: str) -> None:
+    from pipelines.lib.checkpoint import Checkpoint, save_checkpoint
+
+    save_checkpoint(
+        Checkpoint({"w": np.zeros(2, np.float32)}, {"epoch": epoch, "fingerprint": fingerprint}),
+        folder / f"epoch_{epoch:04d}.ckpt",
+    )
+
+
+def test_resume_picks_the_newest_checkpoint_of_the_same_unfinished_training(tmp_path):
+    from pipelines.lib.training import find_resume_checkpoint
+
+    assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5) is None
+    write_epoch(tmp_path, 2, "abc")
+    write_epoch(tmp_path, 3, "abc")
+    assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5) == tmp_path / "epoch_0003.ckpt"
+
+
+def test_checkpoints_of_another_configuration_are_moved_aside(tmp_path):
+    from pipelines.lib.training import find_resume_checkpoint
+
+    write_epoch(tmp_path, 2, "other")
+    assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5) is None
+    stale = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert len(stale) == 1 and stale[0].name.startswith("stale-")
+    assert [p.name for p in stale[0].iterdir()] == ["epoch_0002.ckpt"]
+    assert not list(tmp_path.glob("*.ckpt"))
+
+
+def test_a_finished_training_is_not_resumed(tmp_path):
+    from pipelines.lib.training import find_resume_checkpoint
+
+    write_epoch(tmp_path, 4, "abc")
+    write_epoch(tmp_path, 5, "abc")
+    assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5) is None
+    assert not list(tmp_path.iterdir())  # a new run's epoch_0001 must not be rotated away by old files

@@ -79,7 +79,7 @@ def train_momentum(
         resume_optimizer,
         start,
     )
-    resume_from = find_resume_checkpoint(checkpoints["dir"], CHECKPOINT_PREFIX, run_id)
+    resume_from = find_resume_checkpoint(checkpoints["dir"], CHECKPOINT_PREFIX, run_id, stop_epoch)
     if resume_from is not None:
         start, resume_optimizer = load_checkpoint(resume_from), True
         logger.info("Resuming from %s (epoch %d of %d)", resume_from, start.metadata["epoch"], stop_epoch)

@@ -94,19 +94,29 @@ def fingerprint(*parts) -> str:
     return digest.hexdigest()[:16]
 
 
-def find_resume_checkpoint(directory: str | Path, prefix: str, expected_fingerprint: str) -> Path | None:
-    """The newest ``<prefix>_*.ckpt`` in ``directory`` written by the same training, if any.
+def find_resume_checkpoint(
+    directory: str | Path, prefix: str, expected_fingerprint: str, stop_epoch: int
+) -> Path | None:
+    """The newest ``<prefix>_*.ckpt`` in ``directory`` of the same, unfinished training, if any.
 
     Checkpoints of a different configuration are moved to ``<directory>/stale-<time>/``
-    rather than deleted or overwritten; an unreadable one raises ``CheckpointError`` naming it.
+    rather than deleted or overwritten; those of the same training that already reached
+    ``stop_epoch`` are removed (its result is the final checkpoint), so a rerun trains anew.
+    An unreadable checkpoint raises ``CheckpointError`` naming it.
     """
     directory = Path(directory)
     found = sorted(directory.glob(f"{prefix}_*.ckpt"))
     if not found:
         return None
     newest = found[-1]
-    if load_checkpoint(newest).metadata.get("fingerprint") == expected_fingerprint:
-        return newest
+    metadata = load_checkpoint(newest).metadata
+    if metadata.get("fingerprint") == expected_fingerprint:
+        if metadata.get("epoch", 0) < stop_epoch:
+            return newest
+        logger.info("The checkpoints in %s are of a finished training of this configuration; training anew", directory)
+        for path in found:
+            path.unlink()
+        return None
     stale = directory / time.strftime("stale-%Y%m%d-%H%M%S")
     stale.mkdir()
     for path in found:
