@@ -204,7 +204,7 @@ def train_stage2(
         return ms.Tensor(trainer.step(images, labels).loss)
 
     start_epoch = int(stage1_checkpoint.metadata.get("epoch", 0))
-    dataset = train_data(manifest, data, stage2["batch_size"], runtime["seed"] + start_epoch)
+    dataset = train_data(manifest, data, stage2["batch_size"], runtime["seed"])
     step_metrics = _StepMetrics(trainer)
     stop = start_epoch + stage2["epochs"]
     fit(
@@ -215,6 +215,7 @@ def train_stage2(
         stage2["batch_size"] * distributed["worker_num"],
         [ProgressReporter(stage2["batch_size"]), MlflowMetrics("stage2_"), step_metrics],
         start_epoch=start_epoch,
+        data_seed=runtime["seed"],
     )
     state = capture_state(net, None, {"network": model["name"], "epoch": stop})
     state.params.update({OPTIMIZER_PREFIX + name: value for name, value in trainer.state().items()})
