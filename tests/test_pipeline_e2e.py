@@ -68,15 +68,19 @@ def runs(project: Path) -> list:
     return client, client.search_runs([experiment.experiment_id]) if experiment else []
 
 
-@pytest.fixture(scope="module")
-def baseline_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("project")
-    tree = write_image_tree(root / "tree", classes=("cat", "dog", "fox"), per_class={"train": 8, "val": 3})
-    params = {**TINY_PARAMS, "data": {**TINY_PARAMS["data"], "root": str(tree)}}
+def run_on_tiny_tree(root: Path, pipeline: str, per_class: dict, params: dict | None = None):
+    """``kedro run --pipelines=<pipeline>`` in a new project under ``root`` on a generated 3-class tree."""
+    tree = write_image_tree(root / "tree", classes=("cat", "dog", "fox"), per_class=per_class)
+    params = {**TINY_PARAMS, **(params or {}), "data": {**TINY_PARAMS["data"], "root": str(tree)}}
     project = make_project(root / "project", params)
-    result = kedro(project, "run", "--pipelines=baseline")
+    result = kedro(project, "run", f"--pipelines={pipeline}")
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
     return project, result
+
+
+@pytest.fixture(scope="module")
+def baseline_run(tmp_path_factory):
+    return run_on_tiny_tree(tmp_path_factory.mktemp("project"), "baseline", {"train": 8, "val": 3})
 
 
 def test_outputs_are_written(baseline_run):
@@ -210,13 +214,9 @@ DIM_REDUCE_PARAMS = {
 
 @pytest.fixture(scope="module")
 def dim_reduce_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dim_reduce")
-    tree = write_image_tree(root / "tree", classes=("cat", "dog", "fox"), per_class={"train": 4, "val": 2})
-    params = {**TINY_PARAMS, **DIM_REDUCE_PARAMS, "data": {**TINY_PARAMS["data"], "root": str(tree)}}
-    project = make_project(root / "project", params)
-    result = kedro(project, "run", "--pipelines=dim_reduce")
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
-    return project, result
+    return run_on_tiny_tree(
+        tmp_path_factory.mktemp("dim_reduce"), "dim_reduce", {"train": 4, "val": 2}, DIM_REDUCE_PARAMS
+    )
 
 
 def test_dim_reduce_reports_stage1_stage2_and_control(dim_reduce_run):
@@ -285,14 +285,8 @@ def test_bad_parameter_fails_before_any_work(tmp_path):
 
 
 def test_thor_pipeline_trains_and_reports(tmp_path):
-    tree = write_image_tree(tmp_path / "tree", classes=("cat", "dog", "fox"), per_class={"train": 8, "val": 3})
-    params = {
-        "data": {**TINY_PARAMS["data"], "root": str(tree)},
-        "thor": {"epochs": 2, "batch_size": 4, "frequency": 4, "trace_rule": [0.01, 0.001]},
-    }
-    project = make_project(tmp_path / "project", params)
-    result = kedro(project, "run", "--pipelines=thor")
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    thor = {"thor": {"epochs": 2, "batch_size": 4, "frequency": 4, "trace_rule": [0.01, 0.001]}}
+    project, _ = run_on_tiny_tree(tmp_path, "thor", {"train": 8, "val": 3}, thor)
     report = json.loads((project / "data/08_reporting/thor_eval.json").read_text())
     assert report["epoch"] == 2 and report["val_images"] == 9
     final = load_checkpoint(project / "data/06_models/thor/final.ckpt")
