@@ -1,0 +1,54 @@
+"""Nodes of the ``report`` pipeline: read the recipes' MLflow runs, write the comparison."""
+
+from __future__ import annotations
+
+import logging
+
+import mlflow
+import pandas as pd
+from matplotlib.figure import Figure
+
+from ..lib.report import compare, figures
+
+logger = logging.getLogger(__name__)
+
+
+def compare_recipes(report: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The comparison table, the per-epoch histories and dim_reduce's explained variance.
+
+    Runs are read from the tracking URI and experiment kedro-mlflow set up from ``mlflow.yml``
+    for this run itself, so the report reads the same store the training pipelines wrote.
+    """
+    active = mlflow.active_run()
+    if active is None:
+        raise RuntimeError(
+            "the report pipeline reads the MLflow experiment of its own run, but no run is active: "
+            "is tracking disabled for it in conf/base/mlflow.yml (tracking.disable_tracking.pipelines)?"
+        )
+    experiment = mlflow.get_experiment(active.info.experiment_id).name
+    comparison = compare(
+        mlflow.get_tracking_uri(), experiment, report["recipes"], report["target_top1"], report["run_ids"]
+    )
+    for row in comparison.table.itertuples():
+        if row.run_status == "missing":
+            continue
+        logger.info(
+            "%s: top-1 %.2f%%, top-5 %.2f%%, %d epochs, %.0f s training, %.0f img/s, target %.0f%% %s",
+            row.recipe,
+            100 * row.top1,
+            100 * row.top5,
+            row.epochs,
+            row.train_time_s,
+            row.images_per_s,
+            100 * row.target_top1,
+            "not reached" if pd.isna(row.time_to_target_s) else f"after {row.time_to_target_s:.0f} s",
+        )
+    return comparison.table, comparison.histories, comparison.explained_variance
+
+
+def plot_recipes(
+    histories: pd.DataFrame, explained_variance: pd.DataFrame, report: dict
+) -> tuple[Figure, Figure, Figure, Figure]:
+    """Top-1 against epoch and training time, loss against epoch, dim_reduce's explained variance."""
+    drawn = figures(histories, explained_variance, report["target_top1"])
+    return drawn["top1_vs_epoch"], drawn["top1_vs_time"], drawn["loss"], drawn["explained_variance"]
