@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from .lib.data import BAD_FILE_POLICIES, VERIFY_MODES
+from .lib.report import RECIPES
 from .lib.resnet import CONV_INITS, DENSE_INITS, RESNET_LAYOUTS
 from .lib.runtime import DEVICE_TARGETS
 from .lib.schedules import LR_SCHEDULES
@@ -28,8 +29,10 @@ NULLABLE = (
     "dim_reduce.collect.n_files",
     "dim_reduce.stage1.trajectory.every_steps",
     "dim_reduce.stage1.trajectory.every_epochs",
+    "report.run_ids.*",
 )
 LIST_WHEN_SET = ("thor.trace_rule",)  # null in base, [skip, stop] when set
+STRING_WHEN_SET = ("report.run_ids.*",)  # null in base, an MLflow run id when set
 CHOICES = {
     "runtime.device_target": DEVICE_TARGETS,
     "runtime.mode": ("graph", "pynative"),
@@ -93,6 +96,7 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "thor.lr.lr_init": (_positive, "must be > 0"),
     "thor.lr.lr_end_epoch": (_positive, "must be > 0"),
     "thor.damping.damping_init": (_positive, "must be > 0"),
+    "report.target_top1": (lambda v: 0 < v <= 1, "must be in (0, 1] (a fraction, not a percentage)"),
 }
 
 
@@ -131,6 +135,8 @@ def _type_problem(path: str, value: Any, base: Any) -> str | None:
     if base is None and _matches(path, LIST_WHEN_SET):
         ok = isinstance(value, list) and len(value) == 2 and all(isinstance(v, int | float) for v in value)
         return None if ok else f"must be null or a list of two numbers, got {value!r}"
+    if base is None and _matches(path, STRING_WHEN_SET):
+        return None if isinstance(value, str) else f"must be null or a string, got {value!r}"
     if base is None:
         return None if isinstance(value, int) and not isinstance(value, bool) else "must be an integer or null"
     if isinstance(base, bool):
@@ -157,6 +163,11 @@ def _cross_checks(params: dict) -> Iterator[tuple[str, str]]:
                 "GPU; use own on CPU"
             ),
         )
+    report = params.get("report")
+    if report:
+        unknown = [name for name in report["recipes"] if name not in RECIPES]
+        if unknown or not report["recipes"]:
+            yield "report.recipes", f"is {report['recipes']!r}; name one or more of {', '.join(RECIPES)}"
     dim_reduce = params.get("dim_reduce")
     if not dim_reduce:
         return

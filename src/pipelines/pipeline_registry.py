@@ -5,6 +5,7 @@ from kedro.pipeline import Pipeline
 from .baseline.pipeline import create_pipeline as create_baseline
 from .data_ingest.pipeline import create_pipeline as create_data
 from .dim_reduce.pipeline import create_pipeline as create_dim_reduce
+from .report.pipeline import create_pipeline as create_report
 from .thor.pipeline import create_pipeline as create_thor
 
 
@@ -16,5 +17,6 @@ def register_pipelines() -> dict[str, Pipeline]:
         "baseline": data + baseline,
         "dim_reduce": data + create_dim_reduce(),
         "thor": data + create_thor(),
+        "report": create_report(),
         "__default__": data + baseline,
     }
