@@ -8,6 +8,7 @@ import pandas as pd
 
 from ..lib.checkpoint import Checkpoint, check_compatible
 from ..lib.data import create_dataset
+from ..lib.distributed import rank_context
 from ..lib.evaluation import evaluate
 from ..lib.resnet import count_parameters, create_resnet_from_config
 from ..lib.runtime import configure_mindspore
@@ -40,6 +41,8 @@ def network_from_checkpoint(model: dict, class_index: dict[str, int], checkpoint
 
 
 def train_data(manifest: pd.DataFrame, data: dict, batch_size: int, seed: int):
+    """This rank's shard of the train split (all of it with one worker), batched per rank."""
+    ranks = rank_context()
     return create_dataset(
         manifest,
         "train",
@@ -47,6 +50,8 @@ def train_data(manifest: pd.DataFrame, data: dict, batch_size: int, seed: int):
         batch_size,
         training=True,
         crop_scale=data["crop_scale"],
+        rank=ranks.rank,
+        rank_size=ranks.size,
         num_workers=data["num_workers"],
         seed=seed,
     )

@@ -54,7 +54,10 @@ def configure_mindspore(device_target: str = "CPU", mode: str = "graph", seed: i
     """Select the device, execution mode and global seed for this process."""
     import mindspore as ms
 
+    from .distributed import rank_context
+
     require_device(device_target)
-    ms.set_device(device_target)
+    if rank_context().size == 1:  # an msrun worker chose its device before init(); it cannot change
+        ms.set_device(device_target)
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
     ms.set_seed(seed)

@@ -1,0 +1,330 @@
+"""Data-parallel training over MindSpore's own launcher, ``msrun``.
+
+A training function runs unchanged in every worker: :func:`launch` pickles its arguments into a
+job folder and starts ``msrun ... python -m pipelines.lib.distributed <job folder>``; each worker
+initialises MindSpore's collectives (HCCL, NCCL, or the CPU ones), switches on data-parallel
+gradient averaging, calls the function, and the first worker of each node pickles the result back.
+Global rank 0 alone logs to the caller's MLflow run and writes checkpoints
+(:func:`is_main_rank`). When any worker fails, the others are stopped and :func:`launch` raises
+:class:`DistributedTrainingError` carrying the failing rank's own error text; when the caller is
+interrupted, every worker is stopped before the interruption propagates.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib
+import inspect
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+JOB_FILE = "job.pkl"
+RESULT_FILE = "result.pkl"
+POLL_S = 0.5
+STOP_GRACE_S = 10.0
+_PR_SET_PDEATHSIG = 1
+
+
+class DistributedTrainingError(RuntimeError):
+    """A worker of an msrun job failed; the message carries its rank and error text."""
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """Where this process sits in the job: global rank, ranks in all, and ranks on this node."""
+
+    rank: int = 0
+    size: int = 1
+    local_size: int = 1
+
+    @property
+    def is_node_leader(self) -> bool:
+        return self.rank % self.local_size == 0
+
+
+_context = RankContext()
+
+
+def rank_context() -> RankContext:
+    """This process's place in the job; rank 0 of 1 outside a worker."""
+    return _context
+
+
+def is_main_rank() -> bool:
+    """Whether this process writes checkpoints and logs to MLflow (global rank 0)."""
+    return _context.rank == 0
+
+
+def is_power_of_two(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+def validate_distributed(distributed: dict) -> list[tuple[str, str]]:
+    """Problems with the ``distributed`` parameters as (key, message) pairs."""
+    workers, local, node = distributed["worker_num"], distributed["local_worker_num"], distributed["node_rank"]
+    if local > workers:
+        return [("distributed.local_worker_num", f"is {local}, more than distributed.worker_num ({workers})")]
+    if workers % local:
+        return [
+            (
+                "distributed.worker_num",
+                f"is {workers}, not a multiple of distributed.local_worker_num ({local}): every node runs the "
+                "same number of workers",
+            )
+        ]
+    nodes = workers // local
+    if not 0 <= node < nodes:
+        return [("distributed.node_rank", f"is {node}; with {workers} workers, {local} per node, use 0..{nodes - 1}")]
+    return []
+
+
+def msrun_command(distributed: dict, job_dir: Path) -> list[str]:
+    """The ``msrun`` command line that starts this node's workers over ``job_dir``."""
+    return [
+        "msrun",
+        f"--worker_num={distributed['worker_num']}",
+        f"--local_worker_num={distributed['local_worker_num']}",
+        f"--master_addr={distributed['master_addr']}",
+        f"--master_port={distributed['master_port']}",
+        f"--node_rank={distributed['node_rank']}",
+        f"--log_dir={job_dir}",
+        "--join=True",
+        f"--cluster_time_out={distributed['cluster_timeout_s']}",
+        "--tail_worker_log=0" if distributed["node_rank"] == 0 else "--tail_worker_log=-1",
+        "python",
+        "-m",
+        "pipelines.lib.msrun_worker",
+        str(job_dir),
+    ]
+
+
+def _write_atomically(path: Path, payload: bytes) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_bytes(payload)
+    os.replace(partial, path)
+
+
+def _die_with_parent(sig: int) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent dies (no orphaned workers)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, sig)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+class _Job:
+    """The files of one launch: arguments, per-rank pids and errors, the result."""
+
+    def __init__(self, job_dir: Path):
+        self.dir = job_dir
+
+    def pids(self) -> dict[int, int]:
+        return {int(p.stem.split("_")[1]): int(p.read_text()) for p in self.dir.glob("rank_*.pid")}
+
+    def errors(self) -> dict[int, str]:
+        return {int(p.stem.split("_")[1]): p.read_text() for p in self.dir.glob("rank_*.error")}
+
+    def dead_ranks(self) -> list[int]:
+        """Ranks whose process is gone before writing a result or an error (killed)."""
+        finished = {int(p.stem.split("_")[1]) for p in self.dir.glob("rank_*.done")}
+        return sorted(r for r, pid in self.pids().items() if r not in finished and not _alive(pid))
+
+    def stop_workers(self) -> None:
+        for pid in self.pids().values():
+            if _alive(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def _stop(msrun: subprocess.Popen, job: _Job) -> None:
+    """msrun's own SIGINT handler kills its workers; anything left after the grace period is killed."""
+    if msrun.poll() is None:
+        msrun.send_signal(signal.SIGINT)
+        try:
+            msrun.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            msrun.kill()
+            msrun.wait()
+    job.stop_workers()
+
+
+def _failure_message(job: _Job, rc: int | None) -> str:
+    errors = job.errors()
+    if errors:
+        rank = min(errors)
+        return f"rank {rank} of the msrun job failed (logs: {job.dir}/worker_{rank}.log):\n{errors[rank].rstrip()}"
+    dead = job.dead_ranks()
+    if dead:
+        return (
+            f"rank {dead[0]} of the msrun job was killed without a Python error (e.g. by a signal or the "
+            f"out-of-memory killer); see {job.dir}/worker_{dead[0]}.log"
+        )
+    return f"msrun exited with status {rc} before its workers reported; see {job.dir}/scheduler.log and msrun.log"
+
+
+def launch(fn: Callable[..., Any], kwargs: dict[str, Any], distributed: dict, device_target: str) -> Any:
+    """Run ``fn(**kwargs)`` on every worker of this node under ``msrun`` and return its result.
+
+    The job folder (arguments, msrun's per-rank logs, errors) is kept under ``distributed.log_dir``.
+    The caller's active MLflow run, if any, is handed to global rank 0, which logs into it.
+    """
+    import mlflow
+
+    job_dir = Path(distributed["log_dir"]) / f"{fn.__name__}-{datetime.now():%Y%m%d-%H%M%S-%f}"
+    job_dir.mkdir(parents=True)
+    active = mlflow.active_run()
+    job = {
+        "module": fn.__module__,
+        "qualname": fn.__qualname__,
+        "kwargs": kwargs,
+        "device_target": device_target,
+        "local_worker_num": distributed["local_worker_num"],
+        "tracking_uri": mlflow.get_tracking_uri() if active else None,
+        "run_id": active.info.run_id if active else None,
+    }
+    _write_atomically(job_dir / JOB_FILE, pickle.dumps(job))
+    # setpriv: msrun gets SIGINT, on which it stops its workers, if this process dies (even by SIGKILL)
+    command = ["setpriv", "--pdeathsig", "INT", *msrun_command(distributed, job_dir)]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    logger.info(
+        "Launching %d of %d workers on node %d: %s",
+        distributed["local_worker_num"],
+        distributed["worker_num"],
+        distributed["node_rank"],
+        " ".join(command),
+    )
+    files = _Job(job_dir)
+    with open(job_dir / "msrun.log", "wb") as msrun_log:
+        msrun = subprocess.Popen(
+            command,
+            env=env,
+            stdout=None if distributed["node_rank"] == 0 else msrun_log,
+            stderr=msrun_log,
+        )
+        try:
+            while msrun.poll() is None:
+                if files.errors() or files.dead_ranks():
+                    time.sleep(POLL_S)  # let the failing rank finish writing before everyone is stopped
+                    _stop(msrun, files)
+                    break
+                time.sleep(POLL_S)
+        except BaseException:
+            logger.warning("Interrupted: stopping the msrun job in %s", job_dir)
+            _stop(msrun, files)
+            raise
+        rc = msrun.wait()
+    files.stop_workers()
+    result = job_dir / RESULT_FILE
+    if rc != 0 or files.errors() or not result.exists():
+        raise DistributedTrainingError(_failure_message(files, rc))
+    if active is not None:
+        # rank 0 handed the run back as RUNNING; the caller's run goes on
+        mlflow.MlflowClient().update_run(active.info.run_id, status="RUNNING")
+    with open(result, "rb") as f:
+        return pickle.load(f)
+
+
+def _init_worker(device_target: str, local_worker_num: int) -> RankContext:
+    import mindspore as ms
+    from mindspore.communication import get_group_size, get_rank, init
+
+    ms.set_device(device_target)
+    init()
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    return RankContext(get_rank(), get_group_size(), local_worker_num)
+
+
+def run_worker(job_dir: Path) -> None:
+    """Entry point of one msrun worker: init collectives, run the job's function, report back."""
+    global _context  # noqa: PLW0603 - the rank is a fact about the whole process
+    _die_with_parent(signal.SIGKILL)
+    job = pickle.loads((job_dir / JOB_FILE).read_bytes())
+    rank_id = int(os.environ.get("RANK_ID", "0"))
+    (job_dir / f"rank_{rank_id}.pid").write_text(str(os.getpid()))
+    logging.basicConfig(
+        level=logging.INFO, format=f"[rank {rank_id}] %(asctime)s %(levelname)s %(name)s: %(message)s", force=True
+    )
+    run = None
+    try:
+        _context = _init_worker(job["device_target"], job["local_worker_num"])
+        if is_main_rank() and job["run_id"]:
+            import mlflow
+
+            mlflow.set_tracking_uri(job["tracking_uri"])
+            run = mlflow.start_run(run_id=job["run_id"])
+        fn = importlib.import_module(job["module"])
+        for part in job["qualname"].split("."):
+            fn = getattr(fn, part)
+        result = fn(**job["kwargs"])
+        if _context.is_node_leader:
+            _write_atomically(job_dir / RESULT_FILE, pickle.dumps(result))
+    except BaseException:
+        _write_atomically(job_dir / f"rank_{rank_id}.error", traceback.format_exc().encode())
+        raise
+    finally:
+        if run is not None:
+            import mlflow
+
+            mlflow.end_run(status="RUNNING")
+    (job_dir / f"rank_{rank_id}.done").touch()
+
+
+def data_parallel(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Make ``fn`` run on ``distributed.worker_num`` msrun workers when that is more than one.
+
+    ``fn`` takes ``distributed`` and ``runtime`` parameter sections among its arguments; inside a
+    worker (or with one worker) it simply runs.
+    """
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        arguments = signature.bind(*args, **kwargs).arguments
+        distributed = arguments["distributed"]
+        if distributed["worker_num"] == 1 or _context.size > 1:
+            return fn(*args, **kwargs)
+        return launch(run, dict(arguments), distributed, arguments["runtime"]["device_target"])
+
+    return run
+
+
+def verify_replicas(net) -> float:
+    """Largest absolute difference between this rank's trainable weights and rank 0's (0.0 alone).
+
+    Data parallel keeps every replica identical; a difference means the ranks diverged.
+    """
+    if _context.size == 1:
+        return 0.0
+    import mindspore as ms
+    import numpy as np
+    from mindspore import Tensor, ops
+
+    broadcast = ops.Broadcast(0)
+    largest = 0.0
+    for param in net.trainable_params():
+        (reference,) = broadcast((param.value(),))
+        largest = max(largest, float(np.abs(reference.asnumpy() - param.asnumpy()).max()))
+    # CPU's AllReduce sums only: gather every rank's figure instead
+    return float(ops.AllGather()(Tensor([largest], ms.float32)).asnumpy().max())

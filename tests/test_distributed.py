@@ -1,0 +1,175 @@
+"""Data-parallel training under msrun: 2 CPU workers, one MLflow run, failures and interruptions."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import write_image_tree
+from test_pipeline_e2e import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project, runs
+
+from pipelines.lib.checkpoint import load_checkpoint
+from pipelines.lib.distributed import msrun_command, validate_distributed
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_workers() -> dict:
+    return {"worker_num": 2, "local_worker_num": 2, "master_port": free_port()}
+
+
+def tiny_project(root: Path, params: dict, per_class: dict) -> Path:
+    tree = write_image_tree(root / "tree", classes=("cat", "dog", "fox"), per_class=per_class)
+    return make_project(
+        root / "project",
+        {**TINY_PARAMS, **params, "data": {**TINY_PARAMS["data"], "root": str(tree)}, "distributed": two_workers()},
+    )
+
+
+def worker_pids(project: Path) -> list[int]:
+    return [int(p.read_text()) for p in (project / "logs/msrun").glob("*/rank_*.pid")]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def assert_no_worker_left(project: Path) -> None:
+    pids = worker_pids(project)
+    assert pids, "no worker ever started"
+    deadline = time.time() + 15
+    while any(alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in pids if alive(p)], "msrun workers outlived the run"
+
+
+@pytest.mark.parametrize(
+    ("distributed", "key"),
+    [
+        ({"worker_num": 2, "local_worker_num": 4, "node_rank": 0}, "distributed.local_worker_num"),
+        ({"worker_num": 6, "local_worker_num": 4, "node_rank": 0}, "distributed.worker_num"),
+        ({"worker_num": 16, "local_worker_num": 8, "node_rank": 2}, "distributed.node_rank"),
+    ],
+)
+def test_inconsistent_worker_counts_are_named(distributed, key):
+    problems = validate_distributed(distributed)
+    assert [k for k, _ in problems] == [key]
+
+
+def test_two_nodes_of_eight_are_valid_and_launch_their_own_workers(tmp_path):
+    distributed = {
+        "worker_num": 16,
+        "local_worker_num": 8,
+        "master_addr": "10.0.0.1",
+        "master_port": 8118,
+        "node_rank": 1,
+        "cluster_timeout_s": 600,
+    }
+    assert validate_distributed(distributed) == []
+    command = msrun_command(distributed, tmp_path)
+    assert command[0] == "msrun"
+    for flag in ("--worker_num=16", "--local_worker_num=8", "--master_addr=10.0.0.1", "--node_rank=1"):
+        assert flag in command
+    assert command[-4:] == ["python", "-m", "pipelines.lib.msrun_worker", str(tmp_path)]
+
+
+def test_baseline_on_two_workers_keeps_replicas_identical_in_one_mlflow_run(tmp_path):
+    project = tiny_project(tmp_path, {}, {"train": 8, "val": 3})
+    result = kedro(project, "run", "--pipelines=baseline")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    assert "Launching 2 of 2 workers on node 0" in output
+    client, found = runs(project)
+    assert len(found) == 1, "one MLflow run per kedro run, not one per rank"
+    run = found[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["replica_max_abs_diff"] == 0.0
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == [1, 2]
+    assert "baseline_top1" in run.data.metrics
+    final = load_checkpoint(project / "data/06_models/baseline/final.ckpt")
+    assert final.metadata["epoch"] == 2
+    assert_no_worker_left(project)
+
+
+def test_dim_reduce_on_two_workers(tmp_path):
+    project = tiny_project(tmp_path, DIM_REDUCE_PARAMS, {"train": 8, "val": 3})
+    result = kedro(project, "run", "--pipelines=dim_reduce")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    assert output.count("Launching 2 of 2 workers") == 3  # stage 1, stage 2, control
+    _, found = runs(project)
+    assert len(found) == 1
+    metrics = found[0].data.metrics
+    assert metrics["stage2_replica_max_abs_diff"] == 0.0
+    assert metrics["stage1_replica_max_abs_diff"] == 0.0
+    assert {"stage1_top1", "stage2_top1", "control_top1"} <= metrics.keys()
+    assert_no_worker_left(project)
+
+
+def start_kedro(project: Path, pipeline: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "kedro", "run", f"--pipelines={pipeline}"],
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def wait_for_training(project: Path, process: subprocess.Popen) -> dict[int, int]:
+    """Rank -> pid once both workers are in their first epoch."""
+    deadline = time.time() + 300
+    while True:
+        assert process.poll() is None, process.stdout.read()[-5000:]
+        assert time.time() < deadline, "the workers did not start training within 5 minutes"
+        logs = list((project / "logs/msrun").glob("*/worker_0.log"))
+        if logs and "epoch 1/" in logs[0].read_text(errors="replace"):
+            pids = {int(p.stem.split("_")[1]): int(p.read_text()) for p in logs[0].parent.glob("rank_*.pid")}
+            if len(pids) == 2:
+                return pids
+        time.sleep(0.2)
+
+
+LONG = {"baseline": {**TINY_PARAMS["baseline"], "epochs": 40, "eval_interval": 0}}
+
+
+def test_a_killed_rank_fails_the_node_with_its_error_and_stops_the_others(tmp_path):
+    project = tiny_project(tmp_path, LONG, {"train": 40, "val": 3})
+    process = start_kedro(project, "baseline")
+    pids = wait_for_training(project, process)
+    os.kill(pids[1], signal.SIGKILL)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode != 0
+    assert "DistributedTrainingError" in output and "rank 1 of the msrun job was killed" in output, output[-5000:]
+    assert_no_worker_left(project)
+    _, found = runs(project)
+    assert [r.info.status for r in found] == ["FAILED"]
+
+
+def test_ctrl_c_stops_every_worker(tmp_path):
+    project = tiny_project(tmp_path, LONG, {"train": 40, "val": 3})
+    process = start_kedro(project, "baseline")
+    wait_for_training(project, process)
+    process.send_signal(signal.SIGINT)
+    process.communicate(timeout=120)
+    assert process.returncode != 0
+    assert_no_worker_left(project)
+    _, found = runs(project)
+    assert [r.info.status for r in found] != ["RUNNING"]
