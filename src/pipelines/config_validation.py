@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from .lib.boost_options import FREEZE_TYPES, GRAD_CENTRALIZATION_MODES, boost_problems
 from .lib.data import BAD_FILE_POLICIES, VERIFY_MODES
 from .lib.report import RECIPES
 from .lib.resnet import CONV_INITS, DENSE_INITS, RESNET_LAYOUTS
@@ -45,6 +46,8 @@ CHOICES = {
     "*.lr.schedule": LR_SCHEDULES,
     "dim_reduce.stage2.implementation": ("own", "mindspore_boost"),
     "thor.implementation": ("own", "mindspore"),
+    "boost.grad_centralization": GRAD_CENTRALIZATION_MODES,
+    "boost.freeze_type": FREEZE_TYPES,
 }
 
 
@@ -96,6 +99,9 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "thor.lr.lr_init": (_positive, "must be > 0"),
     "thor.lr.lr_end_epoch": (_positive, "must be > 0"),
     "thor.damping.damping_init": (_positive, "must be > 0"),
+    "boost.freeze_param_groups": (lambda v: v >= 2, "must be >= 2 (a single group freezes nothing)"),
+    "boost.freeze_p": (_fraction, "must be in [0, 1)"),
+    "boost.grad_accumulation_steps": (_positive, "must be >= 1 (1: no accumulation)"),
     "report.target_top1": (lambda v: 0 < v <= 1, "must be in (0, 1] (a fraction, not a percentage)"),
 }
 
@@ -154,6 +160,9 @@ def _type_problem(path: str, value: Any, base: Any) -> str | None:
 
 
 def _cross_checks(params: dict) -> Iterator[tuple[str, str]]:
+    boost = params.get("boost")
+    if boost:
+        yield from boost_problems(boost, params["runtime"]["device_target"], params["runtime"]["mode"])
     thor = params.get("thor")
     if thor and thor["implementation"] == "mindspore" and params["runtime"]["device_target"] == "CPU":
         yield (

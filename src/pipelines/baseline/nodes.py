@@ -17,6 +17,7 @@ def train_baseline(
     runtime: dict,
     distributed: dict,
     baseline: dict,
+    boost: dict,
 ) -> tuple[Checkpoint, pd.DataFrame]:
     """The whole Momentum schedule from the initial weights: final checkpoint and per-epoch history."""
     return train_momentum(
@@ -30,4 +31,5 @@ def train_baseline(
         baseline,
         stop_epoch=baseline["epochs"],
         schedule_epochs=baseline["epochs"],
+        boost=boost,
     )

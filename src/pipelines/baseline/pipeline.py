@@ -13,7 +13,7 @@ def create_pipeline(**kwargs) -> Pipeline:
             [
                 node(
                     train_baseline,
-                    ["baseline_initial_weights", *training_inputs("baseline")],
+                    ["baseline_initial_weights", *training_inputs("baseline"), "params:boost"],
                     ["baseline_final_checkpoint", "baseline_history"],
                     name="train_momentum",
                 ),

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 import pandas as pd
 
+from ..lib.boost_options import boost_enabled, build_train_step
 from ..lib.checkpoint import Checkpoint, load_checkpoint
 from ..lib.evaluation import evaluate
 from ..lib.loss import CrossEntropySmooth
@@ -53,6 +54,7 @@ def train_momentum(
     resume_optimizer: bool = False,
     extra_callbacks: Callable[[object, object], Sequence[Callback]] = lambda net, optimizer: (),
     metric_prefix: str = "",
+    boost: dict | None = None,
 ) -> tuple[Checkpoint, pd.DataFrame]:
     """Momentum with the recipe's schedule, label smoothing and fixed loss scale, up to ``stop_epoch``.
 
@@ -62,6 +64,8 @@ def train_momentum(
     only the weights are taken and training starts at epoch 0. Returns the final full
     checkpoint (weights, BatchNorm statistics, optimizer state, epoch) and the per-epoch
     history; per-epoch metrics go to MLflow as training runs (names prefixed by ``metric_prefix``).
+    ``boost`` (the ``boost`` parameters) switches on mindspore.boost's LessBN, gradient freeze or
+    gradient accumulation in the training step (``lib.boost_options``).
     """
     from mindspore import nn
 
@@ -78,6 +82,7 @@ def train_momentum(
         schedule_epochs,
         resume_optimizer,
         start,
+        *([boost] if boost_enabled(boost) else []),  # all off: the fingerprint of a plain run
     )
     resume_from = find_resume_checkpoint(checkpoints["dir"], CHECKPOINT_PREFIX, run_id, stop_epoch)
     if resume_from is not None:
@@ -108,7 +113,9 @@ def train_momentum(
     if resume_optimizer:
         restore_state(net, start, optimizer)
     loss_fn = CrossEntropySmooth(num_classes(model, class_index), train["label_smoothing"])
-    train_step = nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), optimizer, sens=float(train["loss_scale"]))
+    train_step = build_train_step(
+        nn.WithLossCell(net, loss_fn), optimizer, train["loss_scale"], boost, runtime["device_target"]
+    )
     train_step.set_train(True)
     validation = val_data(manifest, data)
 

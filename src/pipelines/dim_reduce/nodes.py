@@ -39,6 +39,7 @@ def train_stage1(
     runtime: dict,
     distributed: dict,
     dim_reduce: dict,
+    boost: dict,
 ) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
     """Momentum training to ``stage1.epochs`` of a ``stage1.schedule_epochs`` schedule, recording the trajectory.
 
@@ -73,6 +74,7 @@ def train_stage1(
         schedule_epochs=stage1["schedule_epochs"],
         extra_callbacks=record,
         metric_prefix="stage1_",
+        boost=boost,
     )
     index = recorders[0].index
     log_metrics({"trajectory_files": len(index)})
@@ -287,6 +289,7 @@ def train_control(
     runtime: dict,
     distributed: dict,
     dim_reduce: dict,
+    boost: dict,
 ) -> tuple[Checkpoint, pd.DataFrame]:
     """Momentum continued from the stage-1 checkpoint for as many epochs as stage 2 trains."""
     stage1 = dim_reduce["stage1"]
@@ -304,6 +307,7 @@ def train_control(
         schedule_epochs=stage1["schedule_epochs"],
         resume_optimizer=True,
         metric_prefix="control_",
+        boost=boost,
     )
 
 

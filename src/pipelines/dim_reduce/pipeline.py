@@ -15,7 +15,7 @@ def create_pipeline(**kwargs) -> Pipeline:
             [
                 node(
                     train_stage1,
-                    ["dim_reduce_initial_weights", *TRAINING_INPUTS],
+                    ["dim_reduce_initial_weights", *TRAINING_INPUTS, "params:boost"],
                     ["stage1_checkpoint", "stage1_history", "trajectory_index"],
                     name="train_stage1",
                 ),
@@ -39,7 +39,7 @@ def create_pipeline(**kwargs) -> Pipeline:
                 ),
                 node(
                     train_control,
-                    ["stage1_checkpoint", *TRAINING_INPUTS],
+                    ["stage1_checkpoint", *TRAINING_INPUTS, "params:boost"],
                     ["control_checkpoint", "control_history"],
                     name="train_control",
                 ),
