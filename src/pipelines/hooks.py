@@ -1,9 +1,11 @@
-"""Project hooks: validate parameters and fail fast on a missing device; tag the MLflow run,
-and end KILLED the runs of earlier processes that were killed outright."""
+"""Project hooks: validate parameters and fail fast on a missing device; tag the MLflow run;
+turn SIGINT/SIGTERM into an orderly stop whose MLflow run ends KILLED, and end KILLED the runs
+of earlier processes that were killed outright."""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 from pathlib import Path
@@ -17,6 +19,28 @@ from mlflow.entities import RunStatus
 from .config_validation import ParameterError, parameter_sources, validate_parameters
 from .lib.runtime import DeviceUnavailableError, require_device
 from .lib.tracking import set_tags
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(click.ClickException):
+    """The run received SIGINT or SIGTERM; it stops like a failing node, and exits 128 + the signal number.
+
+    MindSpore's graph runtime installs a SIGINT handler of its own each time it compiles a graph,
+    which raises SIGTERM instead, so Ctrl-C during training arrives here as SIGTERM.
+    """
+
+    def __init__(self, signum: int):
+        name = signal.Signals(signum).name
+        super().__init__(f"interrupted ({name}); rerun the same command to resume from the last full checkpoint")
+        self.exit_code = 128 + signum
+
+
+def _raise_interrupted(signum: int, frame) -> None:
+    # a second signal while the run winds down stops the process at once
+    for stop_signal in STOP_SIGNALS:
+        signal.signal(stop_signal, signal.SIG_DFL)
+    raise Interrupted(signum)
 
 
 def _git_commit(project_path: Path) -> str:
@@ -61,6 +85,27 @@ class ProjectHooks:
             }
         )
         mark_orphaned_runs_killed()
+        active = mlflow.active_run()
+        self._run_id = active.info.run_id if active is not None else None
+        # Installed here, after MindSpore has loaded, so that no handler of its own replaces ours.
+        # The exception ends the node like any error: kedro-mlflow closes the run, and
+        # on_pipeline_error marks it KILLED; files are written by rename, so none is half-written.
+        self._previous_handlers = {s: signal.signal(s, _raise_interrupted) for s in STOP_SIGNALS}
+
+    @hook_impl
+    def after_pipeline_run(self, run_params: dict, run_result, pipeline, catalog) -> None:
+        self._restore_handlers()
+
+    @hook_impl(trylast=True)  # after kedro-mlflow's hook has ended the run FAILED
+    def on_pipeline_error(self, error: Exception, run_params: dict, pipeline, catalog) -> None:
+        self._restore_handlers()
+        if isinstance(error, Interrupted) and self._run_id is not None:
+            mlflow.MlflowClient().set_terminated(self._run_id, RunStatus.to_string(RunStatus.KILLED))
+
+    def _restore_handlers(self) -> None:
+        for stop_signal, handler in getattr(self, "_previous_handlers", {}).items():
+            signal.signal(stop_signal, handler)
+        self._previous_handlers = {}
 
 
 def _process_alive(pid: int) -> bool:
