@@ -561,10 +561,23 @@ class THOR:
         }
 
     def _state_params(self):
-        return [*self.momenta, *self.a_inv, *self.g_inv, *self.trace_ref, *self.stopped]
+        return [
+            *self.momenta,
+            *self.a_stats,
+            *self.g_stats,
+            *self.positions,
+            *self.a_inv,
+            *self.g_inv,
+            *self.trace_ref,
+            *self.stopped,
+        ]
 
     def state(self) -> dict[str, np.ndarray]:
-        """Optimizer state for a checkpoint (numpy): momenta, inverses, trace rule, counters."""
+        """Optimizer state for a checkpoint (numpy): momenta, last statistics, inverses, trace rule, counters.
+
+        The step counter is the position in ``lr_per_step`` / ``damping_per_step`` and in the
+        ``frequency`` cycle, so a trainer given this state by ``load_state`` continues the run.
+        """
         # asnumpy() can share memory with the parameter on CPU: copy, so later steps do not change it
         state = {STATE_PREFIX + p.name: p.asnumpy().copy() for p in self._state_params()}
         for counter in ("steps", "second_order_steps", "reuse_steps", "trace_skips"):

@@ -2,25 +2,38 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import statistics
 import time
+from collections.abc import Callable
 
+import mindspore.dataset as ds
 import pandas as pd
 
 from ..common.nodes import build_network, network_from_checkpoint, num_classes, train_data, val_data
-from ..common.training import require_single_process
-from ..lib.checkpoint import OPTIMIZER_PREFIX, Checkpoint
+from ..lib.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint
+from ..lib.distributed import data_parallel
 from ..lib.evaluation import evaluate
 from ..lib.loss import CrossEntropySmooth
 from ..lib.progress import ProgressReporter
 from ..lib.runtime import configure_mindspore
 from ..lib.schedules import thor_damping, thor_lr
 from ..lib.thor import THOR
-from ..lib.training import Callback, MlflowMetrics, fit
+from ..lib.thor_mindspore import EpochCallbacks, capture_thor_state, create_thor_model, restore_thor_state
+from ..lib.tracking import set_tags
+from ..lib.training import (
+    Callback,
+    MlflowMetrics,
+    PeriodicCheckpoint,
+    find_resume_checkpoint,
+    fingerprint,
+    fit,
+)
 
 logger = logging.getLogger(__name__)
 THOR_STATISTICS = "thor_stats."  # buffers THOR adds to the wrapped layers; not part of the network
+CHECKPOINT_PREFIX = "epoch"
 
 
 def thor_model(model: dict, thor: dict) -> dict:
@@ -62,6 +75,17 @@ class StepKindTimer(Callback):
                 metrics[f"{kind}_step_s"] = statistics.median(times)
 
 
+class EpochHistory(Callback):
+    """Every epoch's metrics row, those of the earlier attempts of a resumed training first."""
+
+    def __init__(self, rows: list[dict[str, float]]):
+        self.rows = list(rows)
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        self.rows.append(dict(metrics))
+
+
+@data_parallel
 def train_thor(
     initial_weights: Checkpoint,
     manifest: pd.DataFrame,
@@ -72,13 +96,28 @@ def train_thor(
     distributed: dict,
     thor: dict,
 ) -> tuple[Checkpoint, pd.DataFrame]:
-    """THOR training from the initial weights; the final network and THOR state, and the history."""
-    require_single_process(distributed)
-    if thor["implementation"] == "mindspore":
-        # refused on CPU by parameter validation; the Ascend/GPU path is not written yet
-        raise NotImplementedError("thor.implementation: mindspore is not wired in yet; use thor.implementation: own")
+    """THOR training from the initial weights; the final network and THOR state, and the per-epoch history.
+
+    ``thor.implementation`` own: this project's THOR (``lib.thor``); mindspore: ``nn.thor`` with ``ModelThor``
+    (Ascend/GPU). Every ``thor.checkpoint.every_epochs`` epochs the full state (weights, BatchNorm statistics,
+    momenta, A/G statistics, inverses, step counters, the history so far) is written to ``thor.checkpoint.dir``;
+    rerun with the same configuration and initial weights, training resumes from the newest of them.
+    """
     configure_mindspore(runtime["device_target"], runtime["mode"], runtime["seed"])
-    net = network_from_checkpoint(thor_model(model, thor), class_index, initial_weights, "initial weights")
+    network = thor_model(model, thor)
+    checkpoints = thor["checkpoint"]
+    recipe = {k: v for k, v in thor.items() if k not in ("checkpoint", "eval_interval")}
+    if thor["implementation"] == "own":
+        recipe.pop("mindspore")
+    run_id = fingerprint(network, data, recipe, runtime["seed"], distributed["worker_num"], initial_weights)
+    start, start_epoch, earlier = initial_weights, 0, []
+    resume_from = find_resume_checkpoint(checkpoints["dir"], CHECKPOINT_PREFIX, run_id, thor["epochs"])
+    if resume_from is not None:
+        start = load_checkpoint(resume_from)
+        start_epoch, earlier = int(start.metadata["epoch"]), json.loads(start.metadata["history"])
+        logger.info("Resuming from %s (epoch %d of %d)", resume_from, start_epoch, thor["epochs"])
+        set_tags({"thor_resumed_from": str(resume_from)})
+    net = network_from_checkpoint(network, class_index, start, str(resume_from or "initial weights"))
     dataset = train_data(manifest, data, thor["batch_size"], runtime["seed"])
     steps_per_epoch = dataset.get_dataset_size()
     lr, damping = thor["lr"], thor["damping"]
@@ -86,9 +125,83 @@ def train_thor(
         lr["lr_init"], lr["lr_decay"], lr["lr_end_epoch"], thor["epochs"], steps_per_epoch, lr["decay_epoch"]
     )
     damping_per_step = thor_damping(damping["damping_init"], damping["damping_decay"], thor["epochs"], steps_per_epoch)
+    loss_fn = CrossEntropySmooth(num_classes(model, class_index), thor["label_smoothing"])
+    validation = val_data(manifest, data)
+    history = EpochHistory(earlier)
+
+    def metadata(epoch: int) -> dict:
+        return {"network": model["name"], "epoch": epoch, "fingerprint": run_id, "history": json.dumps(history.rows)}
+
+    def callbacks(state: Callable[[int], Checkpoint], *extra: Callback) -> list[Callback]:
+        periodic = PeriodicCheckpoint(
+            state, checkpoints["dir"], checkpoints["every_epochs"], checkpoints["keep_last"], CHECKPOINT_PREFIX
+        )
+        return [ProgressReporter(thor["batch_size"]), *extra, MlflowMetrics("thor_"), history, periodic]
+
+    logger.info(
+        "THOR (%s) training of %s, epochs %d-%d, %d steps/epoch, batch %d, frequency %d, lr %.4g -> %.4g",
+        thor["implementation"],
+        model["name"],
+        start_epoch + 1,
+        thor["epochs"],
+        steps_per_epoch,
+        thor["batch_size"],
+        thor["frequency"],
+        lr_per_step[0],
+        lr_per_step[-1],
+    )
+    if thor["implementation"] == "mindspore":
+        model_thor, optimizer = create_thor_model(
+            net,
+            loss_fn,
+            lr_per_step,
+            damping_per_step,
+            momentum=thor["momentum"],
+            weight_decay=thor["weight_decay"],
+            loss_scale=thor["loss_scale"],
+            batch_size=thor["batch_size"],
+            frequency=thor["frequency"],
+            split_indices=thor["mindspore"]["split_indices"],
+            amp_level=thor["mindspore"]["amp_level"],
+            keep_batchnorm_fp32=thor["mindspore"]["keep_batchnorm_fp32"],
+        )
+        if resume_from is not None:
+            restore_thor_state(net, optimizer, start)
+
+        def state(epoch: int) -> Checkpoint:
+            return capture_thor_state(net, optimizer, metadata(epoch))
+
+        def evaluate_now() -> dict[str, float]:  # on a plain float32 copy: the trained net is converted and cast
+            return evaluate(network_from_checkpoint(network, class_index, state(0), "the THOR network"), validation)
+
+        driver = EpochCallbacks(
+            callbacks(state),
+            thor["epochs"],
+            start_epoch,
+            steps_per_epoch,
+            lr_per_step,
+            thor["batch_size"] * distributed["worker_num"],
+            evaluate=evaluate_now,
+            eval_interval=thor["eval_interval"],
+            extra_metrics=lambda step: {"damping": float(damping_per_step[step])},
+        )
+        ds.config.set_seed(runtime["seed"] + start_epoch)  # one shuffle stream for all epochs of model.train
+        try:
+            model_thor.train(
+                thor["epochs"],
+                dataset,
+                callbacks=[driver],
+                sink_size=steps_per_epoch,
+                dataset_sink_mode=thor["mindspore"]["dataset_sink_mode"],
+                initial_epoch=start_epoch,
+            )
+        finally:
+            driver.close()
+        return state(thor["epochs"]), pd.DataFrame(history.rows)
+
     trainer = THOR(
         net,
-        CrossEntropySmooth(num_classes(model, class_index), thor["label_smoothing"]),
+        loss_fn,
         lr_per_step,
         damping_per_step,
         momentum=thor["momentum"],
@@ -99,34 +212,30 @@ def train_thor(
         trace_rule=tuple(thor["trace_rule"]) if thor["trace_rule"] else None,
         rank_size=distributed["worker_num"],
     )
-    validation = val_data(manifest, data)
-    logger.info(
-        "THOR training of %s for %d epochs, %d steps/epoch, batch %d, frequency %d, lr %.4g -> %.4g",
-        model["name"],
-        thor["epochs"],
-        steps_per_epoch,
-        thor["batch_size"],
-        thor["frequency"],
-        lr_per_step[0],
-        lr_per_step[-1],
-    )
-    history = fit(
+    if resume_from is not None:
+        trainer.load_state(start.optimizer_state())
+
+    def own_state(epoch: int) -> Checkpoint:
+        params = {p.name: p.asnumpy().copy() for p in net.get_parameters() if not p.name.startswith(THOR_STATISTICS)}
+        params.update({OPTIMIZER_PREFIX + name: value for name, value in trainer.state().items()})
+        return Checkpoint(params, metadata(epoch))
+
+    fit(
         trainer.step,
         dataset,
         thor["epochs"],
         lr_per_step,
         thor["batch_size"] * distributed["worker_num"],
-        [ProgressReporter(thor["batch_size"]), StepKindTimer(trainer), MlflowMetrics("thor_")],
+        callbacks(own_state, StepKindTimer(trainer)),
+        start_epoch=start_epoch,
         evaluate=lambda: evaluate(net, validation),
         eval_interval=thor["eval_interval"],
         data_seed=runtime["seed"],
     )
-    params = {p.name: p.asnumpy().copy() for p in net.get_parameters() if not p.name.startswith(THOR_STATISTICS)}
-    params.update({OPTIMIZER_PREFIX + name: value for name, value in trainer.state().items()})
     logger.info(
         "THOR: %d second-order steps, %d reuse steps, %d trace-rule skips",
         trainer.second_order_steps,
         trainer.reuse_steps,
         trainer.trace_skips,
     )
-    return Checkpoint(params, {"network": model["name"], "epoch": thor["epochs"]}), pd.DataFrame(history)
+    return own_state(thor["epochs"]), pd.DataFrame(history.rows)

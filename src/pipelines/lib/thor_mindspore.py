@@ -1,0 +1,225 @@
+"""MindSpore's own THOR (``nn.thor`` + ``ModelThor``), set up as the tutorial does, run with this project's callbacks.
+
+The tutorial (seeds ``000``/``003``): ``opt = nn.thor(net, Tensor(lr), Tensor(damping), momentum, weight_decay,
+loss_scale, batch_size, split_indices=..., frequency=...)``, a ``Model`` with a ``FixedLossScaleManager(loss_scale,
+drop_overflow_update=False)``, ``amp_level`` and ``keep_batchnorm_fp32``, then
+``ConvertModelUtils().convert_to_thor_model(...)`` and ``model.train(epochs, dataset, callbacks, sink_size,
+dataset_sink_mode)``. (Seed ``003``'s ``frequency=`` argument of ``convert_to_thor_model`` is an older API: in
+MindSpore 2.10 the frequency is ``nn.thor``'s.)
+
+``nn.thor`` converts the network in place: each ``Conv2d``/``Dense`` becomes a ``Conv2dThor``/``DenseThor`` with the
+same weight names plus the statistics buffers named in ``STATISTICS_NAMES``. Those buffers, the optimizer's moments,
+inverses (``matrix_a_inv_<i>``/``matrix_g_inv_<i>``) and step counters are stored in checkpoints under
+``OPTIMIZER_PREFIX``, so a checkpoint's network part loads into the plain network (evaluation) and the rest restores
+the optimizer (resume).
+
+Training runs only on Ascend and GPU: on CPU the kernels ThorIm2Col, CholeskyTrsm and UpdateThorGradient are missing
+and ``ModelThor``'s non-sink path fails (``_exec_preprocess() missing 2 required positional arguments``). Building the
+optimizer and converting the model work on CPU, which is what the tests here check.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import mindspore as ms
+import numpy as np
+from mindspore.train import Callback as MindsporeCallback
+
+from .checkpoint import OPTIMIZER_PREFIX, Checkpoint
+from .optim import NO_DECAY_MARKERS
+from .training import Callback, NonFiniteLossError
+
+# the last name part of the buffers Conv2dThor / DenseThor add to the network; optimizer state, not weights
+STATISTICS_NAMES = ("matrix_a_cov", "matrix_g_cov", "a_normalizer", "g_normalizer", "matrix_a", "matrix_g")
+
+
+def _decays(param) -> bool:
+    return not any(marker in param.name for marker in NO_DECAY_MARKERS)
+
+
+def create_thor_model(
+    net,
+    loss_fn,
+    lr_per_step: np.ndarray,
+    damping_per_step: np.ndarray,
+    *,
+    momentum: float,
+    weight_decay: float,
+    loss_scale: float,
+    batch_size: int,
+    frequency: int,
+    split_indices: Sequence[int] = (),
+    amp_level: str = "O2",
+    keep_batchnorm_fp32: bool = False,
+):
+    """``nn.thor`` for ``net`` (converted in place) and the ``ModelThor`` that trains it; returns (model, optimizer).
+
+    Weight decay skips BatchNorm gamma/beta and biases (``optim.NO_DECAY_MARKERS``), as this project's THOR does.
+    An empty ``split_indices`` is MindSpore's default (all A/G layers in one allreduce group).
+    """
+    from mindspore import amp, nn
+    from mindspore.train import Model
+    from mindspore.train.train_thor import ConvertModelUtils
+
+    optimizer = nn.thor(
+        net,
+        ms.Tensor(np.asarray(lr_per_step, np.float32)),
+        ms.Tensor(np.asarray(damping_per_step, np.float32)),
+        float(momentum),
+        float(weight_decay),
+        float(loss_scale),
+        int(batch_size),
+        decay_filter=_decays,
+        split_indices=list(split_indices) or None,
+        frequency=int(frequency),
+    )
+    loss_scale_manager = amp.FixedLossScaleManager(float(loss_scale), drop_overflow_update=False)
+    model = Model(
+        net,
+        loss_fn=loss_fn,
+        optimizer=optimizer,
+        loss_scale_manager=loss_scale_manager,
+        metrics={"acc"},
+        amp_level=amp_level,
+        keep_batchnorm_fp32=keep_batchnorm_fp32,
+    )
+    model = ConvertModelUtils().convert_to_thor_model(
+        model=model,
+        network=net,
+        loss_fn=loss_fn,
+        optimizer=optimizer,
+        loss_scale_manager=loss_scale_manager,
+        metrics={"acc"},
+        amp_level=amp_level,
+        keep_batchnorm_fp32=keep_batchnorm_fp32,
+    )
+    return model, optimizer
+
+
+def is_statistic(name: str) -> bool:
+    """Whether ``name`` is a buffer that ``nn.thor``'s layer conversion added to the network."""
+    return name.rsplit(".", 1)[-1] in STATISTICS_NAMES
+
+
+def capture_thor_state(net, optimizer, metadata: dict) -> Checkpoint:
+    """Weights and BatchNorm statistics of ``net`` as network parameters (float32); THOR buffers and optimizer state
+    (moments, inverses, ``global_step``) under ``OPTIMIZER_PREFIX``."""
+    params: dict[str, np.ndarray] = {}
+    for param in net.get_parameters():
+        value = param.asnumpy().copy()  # asnumpy() can share the parameter's memory on CPU
+        if is_statistic(param.name):
+            params[OPTIMIZER_PREFIX + param.name] = value
+        else:
+            params[param.name] = value.astype(np.float32) if np.issubdtype(value.dtype, np.floating) else value
+    for param in optimizer.get_parameters():
+        if param.name not in params:
+            params[OPTIMIZER_PREFIX + param.name] = param.asnumpy().copy()
+    return Checkpoint(params, dict(metadata))
+
+
+def restore_thor_state(net, optimizer, checkpoint: Checkpoint) -> None:
+    """Load the THOR buffers and optimizer state of ``checkpoint`` (``capture_thor_state``) into a converted ``net``
+    and its ``nn.thor`` optimizer; the weights are expected to be in ``net`` already."""
+    state = checkpoint.optimizer_state()
+    weights = {p.name for p in net.get_parameters() if not is_statistic(p.name)}
+    wanted = {p.name for p in net.get_parameters() if is_statistic(p.name)}
+    wanted |= {p.name for p in optimizer.get_parameters()} - weights
+    missing = sorted(wanted - set(state))
+    if missing:
+        raise ValueError(f"checkpoint lacks THOR state {missing[:5]}")
+    as_params = {name: ms.Parameter(ms.Tensor(state[name]), name=name) for name in wanted}
+    ms.load_param_into_net(net, {k: v for k, v in as_params.items() if is_statistic(k)})
+    ms.load_param_into_net(optimizer, {k: v for k, v in as_params.items() if not is_statistic(k)})
+
+
+class EpochCallbacks(MindsporeCallback):
+    """Runs this project's training callbacks (``training.Callback``) from ``Model.train``, one metrics row per epoch.
+
+    Each row holds what ``training.fit`` records: epoch, loss (mean of the losses MindSpore reported to callbacks that
+    epoch: ``ModelThor`` reports its second-order steps and the last of each run of reuse steps), lr and
+    ``extra_metrics(step)`` at the epoch's last step, epoch_time_s, images_per_s, and top1/top5 when ``evaluate``
+    runs (every ``eval_interval`` epochs and after the last). A NaN/Inf loss raises ``NonFiniteLossError``.
+    """
+
+    def __init__(
+        self,
+        callbacks: Sequence[Callback],
+        total_epochs: int,
+        start_epoch: int,
+        steps_per_epoch: int,
+        lr_per_step: np.ndarray,
+        images_per_step: int,
+        evaluate: Callable[[], dict[str, float]] | None = None,
+        eval_interval: int = 0,
+        extra_metrics: Callable[[int], dict[str, float]] = lambda step: {},
+    ):
+        super().__init__()
+        self.callbacks = list(callbacks)
+        self.total_epochs = total_epochs
+        self.start_epoch = start_epoch
+        self.steps_per_epoch = steps_per_epoch
+        self.lr_per_step = np.asarray(lr_per_step)
+        self.images_per_step = images_per_step
+        self.evaluate = evaluate
+        self.eval_interval = eval_interval
+        self.extra_metrics = extra_metrics
+        self.rows: list[dict[str, float]] = []
+        self.ended = False
+
+    def on_train_begin(self, run_context) -> None:
+        for callback in self.callbacks:
+            callback.on_train_begin(self.total_epochs, self.steps_per_epoch, self.start_epoch)
+
+    def on_train_epoch_begin(self, run_context) -> None:
+        params = run_context.original_args()
+        self.epoch = params.cur_epoch_num - 1
+        self.first_step = params.cur_step_num
+        self.losses: list[float] = []
+        self.started = time.perf_counter()
+        for callback in self.callbacks:
+            callback.on_epoch_begin(self.epoch)
+
+    def on_train_step_end(self, run_context) -> None:
+        params = run_context.original_args()
+        outputs = params.net_outputs
+        loss = float((outputs[0] if isinstance(outputs, tuple | list) else outputs).asnumpy())
+        step = params.cur_step_num - self.first_step - 1
+        if not math.isfinite(loss):
+            raise NonFiniteLossError(
+                f"training loss became {loss} at epoch {self.epoch + 1}, step {step + 1}/{self.steps_per_epoch}; "
+                "the last good checkpoint is kept. Lower the learning rate or the loss scale."
+            )
+        self.losses.append(loss)
+        for callback in self.callbacks:
+            callback.on_step_end(self.epoch, step, loss)
+
+    def on_train_epoch_end(self, run_context) -> None:
+        elapsed = time.perf_counter() - self.started
+        last_step = min((self.epoch + 1) * self.steps_per_epoch, len(self.lr_per_step)) - 1
+        metrics = {
+            "epoch": float(self.epoch + 1),
+            "loss": float(np.mean(self.losses)) if self.losses else float("nan"),
+            "lr": float(self.lr_per_step[last_step]),
+            "epoch_time_s": elapsed,
+            "images_per_s": self.steps_per_epoch * self.images_per_step / elapsed,
+            **self.extra_metrics(last_step),
+        }
+        last = self.epoch + 1 == self.total_epochs
+        if self.evaluate is not None and (last or (self.eval_interval and (self.epoch + 1) % self.eval_interval == 0)):
+            metrics.update(self.evaluate())
+        self.rows.append(metrics)
+        for callback in self.callbacks:
+            callback.on_epoch_end(self.epoch, metrics)
+
+    def on_train_end(self, run_context) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Ends this project's callbacks once; call it also when ``Model.train`` raised (it then skips train end)."""
+        if not self.ended:
+            self.ended = True
+            for callback in self.callbacks:
+                callback.on_train_end()
