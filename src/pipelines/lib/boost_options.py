@@ -22,6 +22,10 @@ The trainings call their step cell once per batch (``lib.training.fit``) rather 
 - ``grad_accumulation_steps`` N > 1: ``mindspore.boost.GradientAccumulation`` adds gradient / N
   every batch and runs the optimizer on the sum every N-th batch.
 
+Refused (``boost_problems``): freeze with accumulation (MindSpore's freeze cell fails when it
+accumulates) and LessBN with accumulation (the deleted BatchNorms' gamma and beta then receive
+spurious updates, measured also through ``AutoBoost`` + ``BoostTrainOneStepCell``).
+
 The learning rate keeps following the per-batch schedule in all cases: the optimizer's step
 counter still advances once per batch (the schedule and the checkpoints' step count batches), an
 accumulated update uses the lr of the batch that completes it, and a frozen step uses the lr of
@@ -70,6 +74,16 @@ def boost_problems(boost: dict, device_target: str, mode: str = "graph") -> list
                     "boost.less_bn",
                     f"needs runtime.mode graph (it is {mode}): LessBN is a graph-compiler pass and changes nothing "
                     "in pynative mode",
+                )
+            )
+        if accumulating:
+            problems.append(
+                (
+                    "boost.less_bn",
+                    f"and boost.grad_accumulation_steps ({boost['grad_accumulation_steps']}) cannot be used together: "
+                    "MindSpore then updates the gamma and beta of the BatchNorms LessBN deleted with a spurious "
+                    "gradient, so the checkpoint's network (which keeps those layers) is not the one trained; set "
+                    "boost.less_bn: false or boost.grad_accumulation_steps: 1",
                 )
             )
         if boost["grad_centralization"] == "on" and device_target not in GRAD_CENTRALIZATION_TARGETS:
