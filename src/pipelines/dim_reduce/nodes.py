@@ -22,12 +22,25 @@ from ..lib.pbfgs import PBFGS, PBFGSConfig
 from ..lib.pca import explained_variance_table, fit_trajectory_pca
 from ..lib.progress import ProgressReporter
 from ..lib.runtime import configure_mindspore
-from ..lib.tracking import log_metrics
-from ..lib.training import Callback, MlflowMetrics, capture_state, fit
+from ..lib.tracking import log_metrics, set_tags
+from ..lib.training import (
+    Callback,
+    MlflowMetrics,
+    PeriodicCheckpoint,
+    capture_state,
+    find_resume_checkpoint,
+    fingerprint,
+    fit,
+    restore_state,
+)
 from ..lib.trajectory import TrajectoryRecorder, select_trajectory, verify_trajectory
 
 matplotlib.use("Agg")
 logger = logging.getLogger(__name__)
+STAGE2_CHECKPOINT_PREFIX = "epoch"
+# The step table travels in stage 2's epoch checkpoints, so a resumed run reports every step.
+STEP_HISTORY_PREFIX = OPTIMIZER_PREFIX + "stage2_steps."
+STEP_COLUMNS = ("epoch", "step", "loss", "step_size", "trials")
 
 
 def train_stage1(
@@ -171,7 +184,13 @@ def train_stage2(
     distributed: dict,
     dim_reduce: dict,
 ) -> tuple[Checkpoint, pd.DataFrame]:
-    """P-BFGS in the PCA subspace for ``stage2.epochs`` epochs, from the stage-1 weights."""
+    """P-BFGS in the PCA subspace for ``stage2.epochs`` epochs, from the stage-1 weights.
+
+    Every ``stage2.checkpoint.every_epochs`` epochs the weights, BatchNorm statistics, P-BFGS
+    state (inverse Hessian, last step and projected gradient, residual momenta) and the step
+    table go to ``stage2.checkpoint.dir``; a rerun of the same configuration continues from the
+    newest of them.
+    """
     import mindspore as ms
 
     require_single_process(distributed)
@@ -206,29 +225,76 @@ def train_stage2(
         return ms.Tensor(trainer.step(images, labels).loss)
 
     start_epoch = int(stage1_checkpoint.metadata.get("epoch", 0))
-    dataset = train_data(manifest, data, stage2["batch_size"], runtime["seed"])
-    step_metrics = _StepMetrics(trainer)
     stop = start_epoch + stage2["epochs"]
+    checkpoints = stage2["checkpoint"]
+    run_id = fingerprint(
+        model,
+        data,
+        {k: v for k, v in stage2.items() if k != "checkpoint"},
+        runtime["seed"],
+        distributed["worker_num"],
+        stage1_checkpoint,
+        pca_matrix,
+    )
+    step_metrics = _StepMetrics(trainer)
+    resume_from = find_resume_checkpoint(checkpoints["dir"], STAGE2_CHECKPOINT_PREFIX, run_id, stop)
+    if resume_from is not None:
+        resumed = load_checkpoint(resume_from)
+        restore_state(net, resumed)
+        trainer.load_state(resumed.optimizer_state())
+        step_metrics.rows = _step_rows(resumed)
+        start_epoch = int(resumed.metadata["epoch"])
+        logger.info("Resuming from %s (epoch %d of %d)", resume_from, start_epoch, stop)
+        set_tags({"stage2_resumed_from": str(resume_from)})
+
+    def state(epoch: int, with_steps: bool = False) -> Checkpoint:
+        captured = capture_state(net, None, {"network": model["name"], "epoch": epoch, "fingerprint": run_id})
+        captured.params.update({OPTIMIZER_PREFIX + name: value for name, value in trainer.state().items()})
+        if with_steps:
+            table = pd.DataFrame(step_metrics.rows, columns=STEP_COLUMNS)
+            captured.params.update({STEP_HISTORY_PREFIX + c: table[c].to_numpy(np.float64) for c in STEP_COLUMNS})
+        return captured
+
+    dataset = train_data(manifest, data, stage2["batch_size"], runtime["seed"])
     fit(
         step,
         dataset,
         stop,
         np.ones(stop * dataset.get_dataset_size(), np.float32),
         stage2["batch_size"] * distributed["worker_num"],
-        [ProgressReporter(stage2["batch_size"]), MlflowMetrics("stage2_"), step_metrics],
+        [
+            ProgressReporter(stage2["batch_size"]),
+            MlflowMetrics("stage2_"),
+            step_metrics,
+            PeriodicCheckpoint(
+                lambda epoch: state(epoch, with_steps=True),
+                checkpoints["dir"],
+                checkpoints["every_epochs"],
+                checkpoints["keep_last"],
+                STAGE2_CHECKPOINT_PREFIX,
+            ),
+        ],
         start_epoch=start_epoch,
         data_seed=runtime["seed"],
     )
-    state = capture_state(net, None, {"network": model["name"], "epoch": stop})
-    state.params.update({OPTIMIZER_PREFIX + name: value for name, value in trainer.state().items()})
-    history = pd.DataFrame(step_metrics.rows)
+    history = pd.DataFrame(step_metrics.rows, columns=STEP_COLUMNS)
     logger.info(
         "Stage 2: %d steps, %.0f%% accepted a step, mean trials %.2f",
         len(history),
         100 * (history["step_size"] > 0).mean(),
         history["trials"].mean(),
     )
-    return state, history
+    return state(stop), history
+
+
+def _step_rows(checkpoint: Checkpoint) -> list[dict]:
+    """The step table saved in a stage-2 epoch checkpoint, as ``_StepMetrics`` rows."""
+    columns = {c: checkpoint.params[STEP_HISTORY_PREFIX + c] for c in STEP_COLUMNS}
+    integer = ("epoch", "step", "trials")
+    return [
+        {c: int(columns[c][i]) if c in integer else float(columns[c][i]) for c in STEP_COLUMNS}
+        for i in range(len(columns["step"]))
+    ]
 
 
 def _train_stage2_with_boost(

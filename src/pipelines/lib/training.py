@@ -89,6 +89,9 @@ def fingerprint(*parts) -> str:
             for name in sorted(part.params):
                 digest.update(name.encode())
                 digest.update(np.ascontiguousarray(part.params[name]).tobytes())
+        elif isinstance(part, np.ndarray):
+            digest.update(str((part.dtype, part.shape)).encode())
+            digest.update(np.ascontiguousarray(part).tobytes())
         else:
             digest.update(json.dumps(part, sort_keys=True, default=str).encode())
     return digest.hexdigest()[:16]
