@@ -19,6 +19,7 @@ import inspect
 import logging
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -144,6 +145,10 @@ class _Job:
     def errors(self) -> dict[int, str]:
         return {int(p.stem.split("_")[1]): p.read_text() for p in self.dir.glob("rank_*.error")}
 
+    def msrun_log(self) -> str:
+        path = self.dir / "msrun.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
     def dead_ranks(self) -> list[int]:
         """Ranks whose process is gone before writing a result or an error (killed)."""
         finished = {int(p.stem.split("_")[1]) for p in self.dir.glob("rank_*.done")}
@@ -170,16 +175,22 @@ def _stop(msrun: subprocess.Popen, job: _Job) -> None:
     job.stop_workers()
 
 
-def _failure_message(job: _Job, rc: int | None) -> str:
+def _failure_message(job: _Job, rc: int | None, first_dead: list[int]) -> str:
     errors = job.errors()
     if errors:
-        rank = min(errors)
+        rank = min(errors, key=lambda r: (job.dir / f"rank_{r}.error").stat().st_mtime)  # the first to fail
         return f"rank {rank} of the msrun job failed (logs: {job.dir}/worker_{rank}.log):\n{errors[rank].rstrip()}"
-    dead = job.dead_ranks()
-    if dead:
+    # msrun reports the first worker it saw exit; it kills the others itself
+    reported = re.search(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)", job.msrun_log())
+    ranks_by_pid = {pid: rank for rank, pid in job.pids().items()}
+    if reported and int(reported[1]) in ranks_by_pid:
+        rank, code = ranks_by_pid[int(reported[1])], int(reported[2])
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        return f"rank {rank} of the msrun job {how} without a Python error; see {job.dir}/worker_{rank}.log"
+    if first_dead:
         return (
-            f"rank {dead[0]} of the msrun job was killed without a Python error (e.g. by a signal or the "
-            f"out-of-memory killer); see {job.dir}/worker_{dead[0]}.log"
+            f"rank {first_dead[0]} of the msrun job was killed without a Python error (e.g. by a signal or the "
+            f"out-of-memory killer); see {job.dir}/worker_{first_dead[0]}.log"
         )
     return f"msrun exited with status {rc} before its workers reported; see {job.dir}/scheduler.log and msrun.log"
 
@@ -223,9 +234,11 @@ def launch(fn: Callable[..., Any], kwargs: dict[str, Any], distributed: dict, de
             stdout=None if distributed["node_rank"] == 0 else msrun_log,
             stderr=msrun_log,
         )
+        first_dead: list[int] = []
         try:
             while msrun.poll() is None:
-                if files.errors() or files.dead_ranks():
+                first_dead = first_dead or files.dead_ranks()
+                if files.errors() or first_dead:
                     time.sleep(POLL_S)  # let the failing rank finish writing before everyone is stopped
                     _stop(msrun, files)
                     break
@@ -238,7 +251,7 @@ def launch(fn: Callable[..., Any], kwargs: dict[str, Any], distributed: dict, de
     files.stop_workers()
     result = job_dir / RESULT_FILE
     if rc != 0 or files.errors() or not result.exists():
-        raise DistributedTrainingError(_failure_message(files, rc))
+        raise DistributedTrainingError(_failure_message(files, rc, first_dead))
     if active is not None:
         # rank 0 handed the run back as RUNNING; the caller's run goes on
         mlflow.MlflowClient().update_run(active.info.run_id, status="RUNNING")
