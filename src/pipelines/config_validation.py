@@ -17,6 +17,7 @@ import yaml
 
 from .lib.boost_options import FREEZE_TYPES, GRAD_CENTRALIZATION_MODES, boost_problems
 from .lib.data import BAD_FILE_POLICIES, VERIFY_MODES
+from .lib.distributed import validate_distributed
 from .lib.report import RECIPES
 from .lib.resnet import CONV_INITS, DENSE_INITS, RESNET_LAYOUTS
 from .lib.runtime import DEVICE_TARGETS
@@ -86,6 +87,10 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "data.max_per_class.*": (_positive, "must be > 0"),
     "data.eval_resize_ratio": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
     "distributed.worker_num": (_positive, "must be > 0"),
+    "distributed.local_worker_num": (_positive, "must be > 0"),
+    "distributed.master_port": (lambda v: 1024 <= v <= 65535, "must be a port in 1024..65535"),
+    "distributed.node_rank": (_non_negative, "must be >= 0"),
+    "distributed.cluster_timeout_s": (_positive, "must be > 0"),
     "model.num_classes": (_positive, "must be > 0"),
     "dim_reduce.pca.n_components": (_positive, "must be > 0"),
     "dim_reduce.collect.n_files": (_positive, "must be > 0"),
@@ -161,6 +166,7 @@ def _type_problem(path: str, value: Any, base: Any) -> str | None:
 
 
 def _cross_checks(params: dict) -> Iterator[tuple[str, str]]:
+    yield from validate_distributed(params["distributed"])
     boost = params.get("boost")
     if boost:
         yield from boost_problems(boost, params["runtime"]["device_target"], params["runtime"]["mode"])

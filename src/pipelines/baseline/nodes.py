@@ -6,8 +6,10 @@ import pandas as pd
 
 from ..common.training import train_momentum
 from ..lib.checkpoint import Checkpoint
+from ..lib.distributed import data_parallel
 
 
+@data_parallel
 def train_baseline(
     initial_weights: Checkpoint,
     manifest: pd.DataFrame,

@@ -9,13 +9,14 @@ import pandas as pd
 
 from ..lib.boost_options import boost_enabled, build_train_step
 from ..lib.checkpoint import Checkpoint, load_checkpoint
+from ..lib.distributed import rank_context, verify_replicas
 from ..lib.evaluation import evaluate
 from ..lib.loss import CrossEntropySmooth
 from ..lib.optim import create_momentum
 from ..lib.progress import ProgressReporter
 from ..lib.runtime import configure_mindspore
 from ..lib.schedules import momentum_lr, scaled_lr_max
-from ..lib.tracking import set_tags
+from ..lib.tracking import log_metrics, set_tags
 from ..lib.training import (
     Callback,
     MlflowMetrics,
@@ -30,14 +31,6 @@ from .nodes import network_from_checkpoint, num_classes, train_data, val_data
 
 logger = logging.getLogger(__name__)
 CHECKPOINT_PREFIX = "epoch"
-
-
-def require_single_process(distributed: dict) -> None:
-    if distributed["worker_num"] != 1:
-        raise NotImplementedError(
-            f"distributed.worker_num is {distributed['worker_num']}, but launching several workers "
-            "through msrun is not implemented yet; set distributed.worker_num: 1 to train on one device"
-        )
 
 
 def train_momentum(
@@ -69,7 +62,6 @@ def train_momentum(
     """
     from mindspore import nn
 
-    require_single_process(distributed)
     configure_mindspore(runtime["device_target"], runtime["mode"], runtime["seed"])
     checkpoints = train["checkpoint"]
     run_id = fingerprint(
@@ -122,14 +114,14 @@ def train_momentum(
     def state(epoch: int) -> Checkpoint:
         return capture_state(net, optimizer, {"network": model["name"], "epoch": epoch, "fingerprint": run_id})
 
-    callbacks = [
-        ProgressReporter(train["batch_size"]),
-        MlflowMetrics(metric_prefix),
-        PeriodicCheckpoint(
-            state, checkpoints["dir"], checkpoints["every_epochs"], checkpoints["keep_last"], CHECKPOINT_PREFIX
-        ),
-        *extra_callbacks(net, optimizer),
-    ]
+    callbacks: list[Callback] = [ProgressReporter(train["batch_size"]), MlflowMetrics(metric_prefix)]
+    if rank_context().is_node_leader:  # the other ranks hold the same weights
+        callbacks += [
+            PeriodicCheckpoint(
+                state, checkpoints["dir"], checkpoints["every_epochs"], checkpoints["keep_last"], CHECKPOINT_PREFIX
+            ),
+            *extra_callbacks(net, optimizer),
+        ]
     logger.info(
         "Momentum training of %s, epochs %d-%d of a %d-epoch %s schedule, %d steps/epoch, batch %d, "
         "lr max %.4g, loss scale %g",
@@ -155,4 +147,17 @@ def train_momentum(
         eval_interval=train["eval_interval"],
         data_seed=runtime["seed"],
     )
+    report_replica_divergence(net, metric_prefix)
     return state(stop_epoch), pd.DataFrame(history)
+
+
+def report_replica_divergence(net, metric_prefix: str = "") -> None:
+    """With several ranks, log how far this rank's weights are from rank 0's (0 when data parallel works)."""
+    if rank_context().size == 1:
+        return
+    divergence = verify_replicas(net)
+    log_metrics({f"{metric_prefix}replica_max_abs_diff": divergence})
+    if divergence > 0:
+        logger.warning("The ranks' trainable weights differ by up to %g after training", divergence)
+    else:
+        logger.info("The trainable weights are identical on all %d ranks", rank_context().size)

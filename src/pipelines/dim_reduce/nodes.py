@@ -15,8 +15,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ..common.nodes import create_network, network_from_checkpoint, num_classes
-from ..common.training import require_single_process, train_data, train_momentum
+from ..common.training import report_replica_divergence, train_data, train_momentum
 from ..lib.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
+from ..lib.distributed import data_parallel
 from ..lib.loss import CrossEntropySmooth
 from ..lib.pbfgs import PBFGS, PBFGSConfig
 from ..lib.pca import explained_variance_table, fit_trajectory_pca
@@ -43,6 +44,7 @@ STEP_HISTORY_PREFIX = OPTIMIZER_PREFIX + "stage2_steps."
 STEP_COLUMNS = ("epoch", "step", "loss", "step_size", "trials")
 
 
+@data_parallel
 def train_stage1(
     initial_weights: Checkpoint,
     manifest: pd.DataFrame,
@@ -89,6 +91,8 @@ def train_stage1(
         metric_prefix="stage1_",
         boost=boost,
     )
+    if not recorders:  # a rank that does not write files; its result is not used
+        return checkpoint, history, pd.DataFrame()
     index = recorders[0].index
     log_metrics({"trajectory_files": len(index)})
     logger.info("Stage 1 recorded %d trajectory files in %s", len(index), trajectory["dir"])
@@ -173,6 +177,7 @@ class _StepMetrics(Callback):
         )
 
 
+@data_parallel
 def train_stage2(
     stage1_checkpoint: Checkpoint,
     pca_matrix: np.ndarray,
@@ -193,7 +198,6 @@ def train_stage2(
     """
     import mindspore as ms
 
-    require_single_process(distributed)
     stage2 = dim_reduce["stage2"]
     if stage2["implementation"] == "mindspore_boost":
         return _train_stage2_with_boost(
@@ -277,6 +281,7 @@ def train_stage2(
         start_epoch=start_epoch,
         data_seed=runtime["seed"],
     )
+    report_replica_divergence(net, "stage2_")
     history = pd.DataFrame(step_metrics.rows, columns=STEP_COLUMNS)
     logger.info(
         "Stage 2: %d steps, %.0f%% accepted a step, mean trials %.2f",
@@ -346,6 +351,7 @@ def _train_stage2_with_boost(
         return load_checkpoint(work / "stage2.ckpt"), history
 
 
+@data_parallel
 def train_control(
     stage1_checkpoint: Checkpoint,
     manifest: pd.DataFrame,
