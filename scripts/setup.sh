@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh Debian machine: the Fashion-MNIST package
-# (default dataset) and a virtual environment in .venv/ with the locked dependencies.
+# (default dataset), Chromium and its WebDriver (tests/test_browser.py opens kedro-viz and the MLflow UI
+# in it) and a virtual environment in .venv/ with the locked dependencies.
 # Safe to rerun: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,14 @@ if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
   echo "Installing Debian package dataset-fashion-mnist"
   $sudo apt-get update -qq
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist
+fi
+
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  echo "Installing Debian packages chromium and chromium-driver (for tests/test_browser.py)"
+  $sudo apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver
 fi
 
 python=$(command -v python3.11 || command -v python3)

@@ -1,0 +1,247 @@
+"""Real-browser checks: the ``kedro viz build`` site and the MLflow UI, opened in headless Chromium.
+
+A real tiny ``kedro run`` fills the MLflow store, ``kedro viz build`` writes the static site, both are served on
+localhost and read back from the rendered pages. Chromium and its WebDriver are Debian's ``chromium`` and
+``chromium-driver`` (installed by ``scripts/setup.sh``); selenium is pointed at them, so nothing is downloaded.
+Screenshots go to ``test-artifacts/browser/`` at the repository root, also when a page fails to render.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import mlflow
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import TimeoutException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+from test_pipeline_e2e import PROJECT, kedro, run_on_tiny_tree
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+ARTIFACTS = PROJECT / "test-artifacts" / "browser"
+PAGE_TIMEOUT_S = 90  # a page's scripts, on 2 shared cores
+SERVER_START_TIMEOUT_S = 180  # mlflow server imports for ~30 s on a busy machine
+# The baseline pipeline's task nodes, named here so that the check cannot pass on an empty graph.
+BASELINE_TASKS = {
+    "locate_image_tree",
+    "build_manifest",
+    "build_baseline_network",
+    "train_momentum",
+    "evaluate_baseline",
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def chromium_installed() -> None:
+    """Fails in CI (``CI`` set) and skips elsewhere, before any work, when Chromium or its WebDriver is missing."""
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    if missing:
+        reason = f"{', '.join(missing)} not installed: run scripts/setup.sh (Debian chromium, chromium-driver)"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def filled_project(tmp_path_factory) -> Path:
+    """A project whose ``mlflow.db`` holds one real baseline run and whose ``build/`` holds the kedro-viz site."""
+    project, _ = run_on_tiny_tree(tmp_path_factory.mktemp("browser"), "baseline", {"train": 4, "val": 2})
+    result = kedro(project, "viz", "build", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return project
+
+
+@pytest.fixture
+def browser() -> Iterator[webdriver.Chrome]:
+    """Headless Debian Chromium driven by Debian's chromedriver, quit after the test."""
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    # --no-sandbox: CI runs as root, where Chromium's sandbox refuses to start
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1600,1000"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(PAGE_TIMEOUT_S)
+    driver.set_script_timeout(PAGE_TIMEOUT_S)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def before_each_page(driver: webdriver.Chrome, script: str) -> None:
+    """Run ``script`` in every page before the page's own scripts (to preset its localStorage)."""
+    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": script})
+
+
+def screenshot(driver: webdriver.Chrome, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    assert driver.save_screenshot(str(path)), path
+    print(f"screenshot: {path}")
+    return path
+
+
+def wait_for(driver: webdriver.Chrome, condition: Callable, name: str, what: str):
+    """``condition``'s first truthy value within PAGE_TIMEOUT_S; on timeout a ``<name>_failed`` screenshot, a fail."""
+    try:
+        return WebDriverWait(driver, PAGE_TIMEOUT_S, poll_frequency=0.5).until(condition)
+    except TimeoutException:
+        path = screenshot(driver, f"{name}_failed")
+        body = driver.find_element(By.TAG_NAME, "body").text
+        pytest.fail(f"{what} not shown within {PAGE_TIMEOUT_S} s at {driver.current_url} ({path}); page text:\n{body}")
+
+
+@contextlib.contextmanager
+def static_site(folder: Path) -> Iterator[str]:
+    """``folder`` served over HTTP on a free localhost port; yields the base URL."""
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_ui(filled_project, tmp_path) -> Iterator[str]:
+    """``mlflow server`` on a free localhost port over the project's store; yields its URL, always stopped after."""
+    port = free_port()
+    log = tmp_path / "mlflow_server.log"
+    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    command += ["--backend-store-uri", f"sqlite:///{filled_project / 'mlflow.db'}"]
+    with log.open("w") as out:
+        # its own process group: the server runs uvicorn in a child process, and both must go at the end
+        server = subprocess.Popen(
+            command,
+            cwd=filled_project,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"},
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            assert server.poll() is None, f"mlflow server exited with {server.returncode}:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, (
+                f"mlflow server not up in {SERVER_START_TIMEOUT_S} s:\n{log.read_text()}"
+            )
+            time.sleep(0.5)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=10)
+
+
+def test_kedro_viz_site_shows_the_pipeline(filled_project, browser):
+    graph = json.loads((filled_project / "build" / "api" / "main").read_text())
+    # the site opens on __default__ with parameters hidden: every other node of that pipeline is drawn
+    expected = {
+        (n["name"], n["type"])
+        for n in graph["nodes"]
+        if "__default__" in n.get("pipelines", []) and n["type"] in ("task", "data")
+    }
+    assert BASELINE_TASKS <= {name for name, kind in expected if kind == "task"}
+    # no first-visit feature tour over the flowchart
+    before_each_page(browser, "localStorage.setItem('KedroViz', JSON.stringify({showFeatureHints: false}));")
+    with static_site(filled_project / "build") as url:
+        browser.get(url)
+        drawn = "svg g.pipeline-node[data-node-fullname]"
+        wait_for(
+            browser,
+            lambda d: len(d.find_elements(By.CSS_SELECTOR, drawn)) >= len(expected),
+            "kedro_viz",
+            f"{len(expected)} flowchart nodes",
+        )
+        time.sleep(1)  # the nodes fade in
+        screenshot(browser, "kedro_viz")
+        nodes = browser.find_elements(By.CSS_SELECTOR, drawn)
+        shown = {(n.get_attribute("data-node-fullname"), n.get_attribute("data-node-type")) for n in nodes}
+        labels = {t.text for t in browser.find_elements(By.CSS_SELECTOR, "svg g.pipeline-node text")}
+    assert shown == expected
+    assert {name for name, _ in expected} <= labels  # the names are drawn, not only carried as attributes
+
+
+def test_mlflow_ui_shows_the_run_and_its_metrics(filled_project, mlflow_ui, browser):
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{filled_project / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("resnet-recipes")
+    (run,) = client.search_runs([experiment.experiment_id])
+    metrics = run.data.metrics
+    assert {"loss", "top1", "top5", "baseline_top1"} <= set(metrics)
+    # the classic run views (not the GenAI ones a new experiment opens on), without the assistant panel
+    before_each_page(
+        browser,
+        "localStorage.setItem('mlflow.workflowType_v1', JSON.stringify('machine_learning'));"
+        "localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false');"
+        "localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true');",
+    )
+
+    browser.get(f"{mlflow_ui}/#/experiments/{experiment.experiment_id}/runs")
+    run_link = f"a[href*='/runs/{run.info.run_id}']"
+    links = wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, run_link), "mlflow_experiment", "the run")
+    screenshot(browser, "mlflow_experiment")
+    assert run.info.run_name == "baseline"
+    assert run.info.run_name in {link.text for link in links}
+    assert "resnet-recipes" in browser.find_element(By.TAG_NAME, "body").text
+
+    browser.get(f"{mlflow_ui}/#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}")
+
+    def metric_rows(driver) -> dict[str, str]:
+        table = driver.find_elements(By.XPATH, "//div[@role='table'][.//*[@role='columnheader'][.='Metric']]")
+        rows = table[0].find_elements(By.XPATH, ".//div[@role='row'][.//a]") if table else []
+        cells = [row.find_elements(By.XPATH, "./div") for row in rows]
+        found = {c[0].text: c[1].text for c in cells if len(c) >= 2}
+        return found if set(found) >= set(metrics) else {}
+
+    shown = wait_for(browser, metric_rows, "mlflow_run", f"the metrics table with {sorted(metrics)}")
+    browser.execute_script(
+        "arguments[0].scrollIntoView({block: 'center'})", browser.find_element(By.XPATH, "//a[.='loss']")
+    )
+    screenshot(browser, "mlflow_run")
+    body = browser.find_element(By.TAG_NAME, "body").text
+    assert run.info.run_id in body and "Finished" in body
+    assert set(shown) == set(metrics)
+    for name, value in metrics.items():
+        assert float(shown[name]) == pytest.approx(value, rel=1e-9, abs=1e-12), name
