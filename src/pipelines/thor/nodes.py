@@ -13,7 +13,7 @@ import pandas as pd
 
 from ..common.nodes import build_network, network_from_checkpoint, num_classes, train_data, val_data
 from ..lib.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint
-from ..lib.distributed import data_parallel
+from ..lib.distributed import data_parallel, rank_context
 from ..lib.evaluation import evaluate
 from ..lib.loss import CrossEntropySmooth
 from ..lib.progress import ProgressReporter
@@ -133,10 +133,14 @@ def train_thor(
         return {"network": model["name"], "epoch": epoch, "fingerprint": run_id, "history": json.dumps(history.rows)}
 
     def callbacks(state: Callable[[int], Checkpoint], *extra: Callback) -> list[Callback]:
-        periodic = PeriodicCheckpoint(
-            state, checkpoints["dir"], checkpoints["every_epochs"], checkpoints["keep_last"], CHECKPOINT_PREFIX
-        )
-        return [ProgressReporter(thor["batch_size"]), *extra, MlflowMetrics("thor_"), history, periodic]
+        chosen = [ProgressReporter(thor["batch_size"]), *extra, MlflowMetrics("thor_"), history]
+        if rank_context().is_node_leader:  # the other ranks hold the same state
+            chosen.append(
+                PeriodicCheckpoint(
+                    state, checkpoints["dir"], checkpoints["every_epochs"], checkpoints["keep_last"], CHECKPOINT_PREFIX
+                )
+            )
+        return chosen
 
     logger.info(
         "THOR (%s) training of %s, epochs %d-%d, %d steps/epoch, batch %d, frequency %d, lr %.4g -> %.4g",
