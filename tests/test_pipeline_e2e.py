@@ -137,16 +137,6 @@ def test_progress_is_logged(baseline_run):
     assert "baseline: top-1" in output
 
 
-def test_failed_run_ends_failed_and_names_the_folder(tmp_path):
-    missing = tmp_path / "no_such_tree"
-    project = make_project(tmp_path / "project", {"data": {"source": "folder", "root": str(missing)}})
-    result = kedro(project, "run", "--pipelines=baseline")
-    assert result.returncode != 0
-    assert str(missing) in result.stdout + result.stderr
-    _, found = runs(project)
-    assert [r.info.status for r in found] == ["FAILED"]
-
-
 def test_missing_device_fails_before_any_work(tmp_path):
     from pipelines.lib.runtime import device_available
 
