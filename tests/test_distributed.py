@@ -173,3 +173,35 @@ def test_ctrl_c_stops_every_worker(tmp_path):
     assert_no_worker_left(project)
     _, found = runs(project)
     assert [r.info.status for r in found] != ["RUNNING"]
+
+
+def test_adasum_on_two_workers_keeps_replicas_identical(tmp_path):
+    adasum = {"epochs": 2, "batch_size": 4, "lr": {"lr_max": 0.05, "warmup_epochs": 0}, "eval_interval": 0}
+    project = tiny_project(tmp_path, {"adasum": adasum}, {"train": 8, "val": 3})
+    result = kedro(project, "run", "--pipelines=adasum")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    assert "Adasum of the weight deltas across 2 ranks" in output
+    client, found = runs(project)
+    assert len(found) == 1
+    run = found[0]
+    assert run.info.status == "FINISHED" and run.data.tags["pipeline"] == "adasum"
+    assert run.data.metrics["replica_max_abs_diff"] == 0.0
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == [1, 2]
+    assert "adasum_top1" in run.data.metrics
+    initial = load_checkpoint(project / "data/06_models/adasum/initial.ckpt").params
+    final = load_checkpoint(project / "data/06_models/adasum/final.ckpt").network_params()
+    assert any(not (initial[name] == final[name]).all() for name in initial)
+    assert_no_worker_left(project)
+
+
+def test_adasum_refuses_a_rank_count_that_is_not_a_power_of_two(tmp_path):
+    project = make_project(
+        tmp_path / "project", {"distributed": {"worker_num": 3, "local_worker_num": 3, "master_port": free_port()}}
+    )
+    result = kedro(project, "run", "--pipelines=adasum", timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "distributed.worker_num is 3; Adasum combines ranks recursively in pairs" in output
+    assert "conf/local/parameters.yml" in output  # the file the value came from
+    assert not (project / "logs").exists()

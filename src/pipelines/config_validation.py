@@ -17,7 +17,8 @@ import yaml
 
 from .lib.boost_options import FREEZE_TYPES, GRAD_CENTRALIZATION_MODES, boost_problems
 from .lib.data import BAD_FILE_POLICIES, VERIFY_MODES
-from .lib.distributed import validate_distributed
+from .lib.distributed import is_power_of_two, validate_distributed
+from .lib.migrate import TORCHVISION_ARCHITECTURES
 from .lib.report import RECIPES
 from .lib.resnet import CONV_INITS, DENSE_INITS, RESNET_LAYOUTS
 from .lib.runtime import DEVICE_TARGETS
@@ -37,6 +38,7 @@ LIST_WHEN_SET = ("thor.trace_rule",)  # null in base, [skip, stop] when set
 STRING_WHEN_SET = ("report.run_ids.*",)  # null in base, an MLflow run id when set
 CHOICES = {
     "runtime.device_target": DEVICE_TARGETS,
+    "migrate.architecture": TORCHVISION_ARCHITECTURES,
     "runtime.mode": ("graph", "pynative"),
     "data.source": ("fashion_mnist", "folder"),
     "data.verify": VERIFY_MODES,
@@ -47,6 +49,8 @@ CHOICES = {
     "*.lr.schedule": LR_SCHEDULES,
     "dim_reduce.stage2.implementation": ("own", "mindspore_boost"),
     "thor.implementation": ("own", "mindspore"),
+    "adasum.implementation": ("own", "mindspore_boost"),
+    "adasum.exchange": ("auto", "allgather", "allreduce"),  # lib/adasum.py EXCHANGES (which loads MindSpore)
     "boost.grad_centralization": GRAD_CENTRALIZATION_MODES,
     "boost.freeze_type": FREEZE_TYPES,
     "thor.mindspore.amp_level": ("O0", "O1", "O2", "O3"),
@@ -66,6 +70,12 @@ def _fraction(v) -> bool:
 
 
 RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "migrate.num_classes": (_positive, "must be > 0"),
+    "migrate.parity.batch_size": (lambda v: v >= 2, "must be >= 2 (training-mode BatchNorm needs two values)"),
+    "migrate.parity.image_size": (_positive, "must be > 0"),
+    "migrate.parity.lr": (_positive, "must be > 0"),
+    "migrate.parity.*_tolerance": (_positive, "must be > 0"),
+    "migrate.parity.step_noise_factor": (_positive, "must be > 0"),
     "*batch_size": (_positive, "must be > 0"),
     "*.epochs": (_positive, "must be > 0"),
     "*.schedule_epochs": (_positive, "must be > 0"),
@@ -165,8 +175,26 @@ def _type_problem(path: str, value: Any, base: Any) -> str | None:
     return None
 
 
+def _adasum_checks(adasum: dict, device_target: str, distributed: dict) -> Iterator[tuple[str, str]]:
+    workers = distributed["worker_num"]
+    if adasum["implementation"] == "mindspore_boost":
+        if device_target != "Ascend" or workers < 16:
+            yield (
+                "adasum.implementation",
+                f"is mindspore_boost, which MindSpore runs on Ascend with 16 devices or more (Send/Receive between "
+                f"8-device servers); this run has {workers} {device_target} worker(s): use own",
+            )
+    elif not is_power_of_two(workers):
+        yield (
+            "distributed.worker_num",
+            f"is {workers}; Adasum combines ranks recursively in pairs and needs a power of two (1, 2, 4, 8, 16, ...)",
+        )
+
+
 def _cross_checks(params: dict) -> Iterator[tuple[str, str]]:
     yield from validate_distributed(params["distributed"])
+    if "adasum" in params:
+        yield from _adasum_checks(params["adasum"], params["runtime"]["device_target"], params["distributed"])
     boost = params.get("boost")
     if boost:
         yield from boost_problems(boost, params["runtime"]["device_target"], params["runtime"]["mode"])

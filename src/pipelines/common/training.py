@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 import pandas as pd
 
+from ..lib.adasum_boost import train_with_boost_adasum
 from ..lib.boost_options import boost_enabled, build_train_step
 from ..lib.checkpoint import Checkpoint, load_checkpoint
 from ..lib.distributed import rank_context, verify_replicas
@@ -48,6 +49,7 @@ def train_momentum(
     extra_callbacks: Callable[[object, object], Sequence[Callback]] = lambda net, optimizer: (),
     metric_prefix: str = "",
     boost: dict | None = None,
+    adasum: dict | None = None,
 ) -> tuple[Checkpoint, pd.DataFrame]:
     """Momentum with the recipe's schedule, label smoothing and fixed loss scale, up to ``stop_epoch``.
 
@@ -58,7 +60,8 @@ def train_momentum(
     checkpoint (weights, BatchNorm statistics, optimizer state, epoch) and the per-epoch
     history; per-epoch metrics go to MLflow as training runs (names prefixed by ``metric_prefix``).
     ``boost`` (the ``boost`` parameters) switches on mindspore.boost's LessBN, gradient freeze or
-    gradient accumulation in the training step (``lib.boost_options``).
+    gradient accumulation in the training step (``lib.boost_options``). ``adasum`` (the ``adasum``
+    parameters) combines the ranks' weight deltas with Adasum instead of averaging gradients.
     """
     from mindspore import nn
 
@@ -105,9 +108,24 @@ def train_momentum(
     if resume_optimizer:
         restore_state(net, start, optimizer)
     loss_fn = CrossEntropySmooth(num_classes(model, class_index), train["label_smoothing"])
-    train_step = build_train_step(
-        nn.WithLossCell(net, loss_fn), optimizer, train["loss_scale"], boost, runtime["device_target"]
-    )
+    if adasum is None:
+        train_step = build_train_step(
+            nn.WithLossCell(net, loss_fn), optimizer, train["loss_scale"], boost, runtime["device_target"]
+        )
+    elif adasum["implementation"] == "own":
+        from ..lib.adasum import AdasumTrainStep  # loads MindSpore: only when training
+
+        ranks = rank_context()
+        train_step = AdasumTrainStep(
+            nn.WithLossCell(net, loss_fn),
+            optimizer,
+            sens=float(train["loss_scale"]),
+            rank=ranks.rank,
+            rank_size=ranks.size,
+            exchange=None if adasum["exchange"] == "auto" else adasum["exchange"],
+            average_statistics=adasum["average_batchnorm_statistics"],
+        )
+        logger.info("Adasum of the weight deltas across %d ranks (exchange %s)", ranks.size, adasum["exchange"])
     train_step.set_train(True)
     validation = val_data(manifest, data)
 
@@ -135,18 +153,34 @@ def train_momentum(
         lr_per_step.max(),
         train["loss_scale"],
     )
-    history = fit(
-        train_step,
-        dataset,
-        stop_epoch,
-        lr_per_step,
-        train["batch_size"] * distributed["worker_num"],
-        callbacks,
-        start_epoch=start_epoch,
-        evaluate=lambda: evaluate(net, validation),
-        eval_interval=train["eval_interval"],
-        data_seed=runtime["seed"],
-    )
+    if adasum is not None and adasum["implementation"] == "mindspore_boost":
+        history = train_with_boost_adasum(
+            net,
+            loss_fn,
+            optimizer,
+            train["loss_scale"],
+            dataset,
+            stop_epoch,
+            lr_per_step,
+            train["batch_size"] * distributed["worker_num"],
+            callbacks,
+            start_epoch=start_epoch,
+            evaluate=lambda: evaluate(net, validation),
+            eval_interval=train["eval_interval"],
+        )
+    else:
+        history = fit(
+            train_step,
+            dataset,
+            stop_epoch,
+            lr_per_step,
+            train["batch_size"] * distributed["worker_num"],
+            callbacks,
+            start_epoch=start_epoch,
+            evaluate=lambda: evaluate(net, validation),
+            eval_interval=train["eval_interval"],
+            data_seed=runtime["seed"],
+        )
     report_replica_divergence(net, metric_prefix)
     return state(stop_epoch), pd.DataFrame(history)
 
