@@ -91,6 +91,7 @@ def before_each_page(driver: webdriver.Chrome, script: str) -> None:
 
 def screenshot(driver: webdriver.Chrome, name: str) -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / f"{name}_failed.png").unlink(missing_ok=True)  # from an earlier run, no longer true
     path = ARTIFACTS / f"{name}.png"
     assert driver.save_screenshot(str(path)), path
     print(f"screenshot: {path}")
