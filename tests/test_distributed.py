@@ -196,12 +196,11 @@ def test_adasum_on_two_workers_keeps_replicas_identical(tmp_path):
 
 
 def test_adasum_refuses_a_rank_count_that_is_not_a_power_of_two(tmp_path):
-    project = make_project(
-        tmp_path / "project", {"distributed": {"worker_num": 3, "local_worker_num": 3, "master_port": free_port()}}
+    project = tiny_project(tmp_path, {}, {"train": 8, "val": 3})
+    result = kedro(
+        project, "run", "--pipelines=adasum", "--params=distributed.worker_num=3,distributed.local_worker_num=3"
     )
-    result = kedro(project, "run", "--pipelines=adasum", timeout=120)
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "distributed.worker_num is 3; Adasum combines ranks recursively in pairs" in output
-    assert "conf/local/parameters.yml" in output  # the file the value came from
-    assert not (project / "logs").exists()
+    assert not (project / "logs").exists(), "no worker may start"

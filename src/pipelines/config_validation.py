@@ -17,7 +17,7 @@ import yaml
 
 from .lib.boost_options import FREEZE_TYPES, GRAD_CENTRALIZATION_MODES, boost_problems
 from .lib.data import BAD_FILE_POLICIES, VERIFY_MODES
-from .lib.distributed import is_power_of_two, validate_distributed
+from .lib.distributed import validate_distributed
 from .lib.migrate import TORCHVISION_ARCHITECTURES
 from .lib.report import RECIPES
 from .lib.resnet import CONV_INITS, DENSE_INITS, RESNET_LAYOUTS
@@ -184,11 +184,6 @@ def _adasum_checks(adasum: dict, device_target: str, distributed: dict) -> Itera
                 f"is mindspore_boost, which MindSpore runs on Ascend with 16 devices or more (Send/Receive between "
                 f"8-device servers); this run has {workers} {device_target} worker(s): use own",
             )
-    elif not is_power_of_two(workers):
-        yield (
-            "distributed.worker_num",
-            f"is {workers}; Adasum combines ranks recursively in pairs and needs a power of two (1, 2, 4, 8, 16, ...)",
-        )
 
 
 def _cross_checks(params: dict) -> Iterator[tuple[str, str]]:
@@ -216,6 +211,12 @@ def _cross_checks(params: dict) -> Iterator[tuple[str, str]]:
     dim_reduce = params.get("dim_reduce")
     if not dim_reduce:
         return
+    if dim_reduce["stage2"]["implementation"] == "mindspore_boost" and params["distributed"]["worker_num"] > 1:
+        yield (
+            "dim_reduce.stage2.implementation",
+            "is mindspore_boost, which runs in one process of its own, outside msrun; with distributed.worker_num "
+            f"{params['distributed']['worker_num']} use own (P-BFGS averages gradients and losses across the ranks)",
+        )
     stage1, n_files = dim_reduce["stage1"], dim_reduce["collect"]["n_files"]
     k = dim_reduce["pca"]["n_components"]
     if n_files is not None and k >= n_files:

@@ -6,10 +6,9 @@ import pandas as pd
 
 from ..common.training import train_momentum
 from ..lib.checkpoint import Checkpoint
-from ..lib.distributed import data_parallel
+from ..lib.distributed import data_parallel, is_power_of_two
 
 
-@data_parallel
 def train_adasum(
     initial_weights: Checkpoint,
     manifest: pd.DataFrame,
@@ -20,7 +19,29 @@ def train_adasum(
     distributed: dict,
     adasum: dict,
 ) -> tuple[Checkpoint, pd.DataFrame]:
-    """The whole schedule with Adasum of the ranks' weight deltas: final checkpoint and per-epoch history."""
+    """The whole schedule with Adasum of the ranks' weight deltas: final checkpoint and per-epoch history.
+
+    A rank count that is not a power of two is refused here, before any worker starts.
+    """
+    if adasum["implementation"] == "own" and not is_power_of_two(distributed["worker_num"]):
+        raise ValueError(
+            f"distributed.worker_num is {distributed['worker_num']}; Adasum combines ranks recursively in pairs "
+            "and needs a power of two (1, 2, 4, 8, 16, ...)"
+        )
+    return _train_on_every_rank(initial_weights, manifest, class_index, model, data, runtime, distributed, adasum)
+
+
+@data_parallel
+def _train_on_every_rank(
+    initial_weights: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: dict,
+    data: dict,
+    runtime: dict,
+    distributed: dict,
+    adasum: dict,
+) -> tuple[Checkpoint, pd.DataFrame]:
     return train_momentum(
         initial_weights,
         manifest,
