@@ -42,3 +42,11 @@ def make_image_tree(tmp_path):
         return write_image_tree(tmp_path / name, **kwargs)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def recipe_store(tmp_path_factory):
+    """A project whose MLflow store holds real baseline and thor runs (tests/report_store.py); filled once."""
+    from report_store import fill_store
+
+    return fill_store(tmp_path_factory.mktemp("recipe_store"))

@@ -290,7 +290,7 @@ def compare(
             f"no finished run of any recipe ({', '.join(recipes)}) in experiment {experiment_name!r} at "
             f"{tracking_uri}; run e.g. `kedro run --pipelines=baseline` first"
         )
-    table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    table = pd.DataFrame(rows, columns=TABLE_COLUMNS).astype({"epochs": "Int64", "epoch_to_target": "Int64"})
     return Comparison(
         runs=runs,
         table=table,

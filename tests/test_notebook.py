@@ -1,0 +1,35 @@
+"""notebooks/compare_recipes.ipynb runs top to bottom against a real MLflow store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+from report_store import recipe_runs
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "compare_recipes.ipynb"
+
+
+def test_shipped_notebook_has_no_outputs():
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    nbformat.validate(notebook)
+    assert all(not cell.get("outputs") and cell.get("execution_count") is None for cell in notebook.cells)
+
+
+def test_notebook_compares_the_recipes_of_the_store(recipe_store):
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    # run where a user would start Jupyter: inside the project, whose root kedro.ipython finds
+    NotebookClient(
+        notebook, kernel_name="python3", timeout=600, resources={"metadata": {"path": str(recipe_store)}}
+    ).execute()
+    outputs = [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs]
+    assert not [output for output in outputs if output.output_type == "error"]
+    images = [output for output in outputs if "image/png" in output.get("data", {})]
+    assert len(images) == 4  # top-1 vs epoch, top-1 vs time, loss, explained variance
+    html = "\n".join(output["data"].get("text/html", "") for output in outputs if "data" in output)
+    for pipeline, metric in (("baseline", "loss"), ("thor", "thor_loss")):
+        trained = next(run for run in recipe_runs(recipe_store, pipeline) if metric in run.data.metrics)
+        assert trained.info.run_id in html, pipeline
+    assert "missing" in html  # dim_reduce and adasum have no run in this store
+    assert str(recipe_store / "mlflow.db") in "\n".join(output.get("text", "") for output in outputs)
