@@ -204,3 +204,17 @@ def test_adasum_refuses_a_rank_count_that_is_not_a_power_of_two(tmp_path):
     assert result.returncode != 0
     assert "distributed.worker_num is 3; Adasum combines ranks recursively in pairs" in output
     assert not (project / "logs").exists(), "no worker may start"
+
+
+def test_thor_on_two_workers_averages_statistics_and_keeps_replicas_identical(tmp_path):
+    thor = {"thor": {"epochs": 2, "batch_size": 4, "frequency": 2, "eval_interval": 0}}
+    project = tiny_project(tmp_path, thor, {"train": 8, "val": 3})
+    result = kedro(project, "run", "--pipelines=thor")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    _, found = runs(project)
+    assert len(found) == 1
+    metrics = found[0].data.metrics
+    assert metrics["thor_replica_max_abs_diff"] == 0.0
+    assert "thor_top1" in metrics
+    assert_no_worker_left(project)

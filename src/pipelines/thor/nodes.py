@@ -12,6 +12,7 @@ import mindspore.dataset as ds
 import pandas as pd
 
 from ..common.nodes import build_network, network_from_checkpoint, num_classes, train_data, val_data
+from ..common.training import report_replica_divergence
 from ..lib.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint
 from ..lib.distributed import data_parallel, rank_context
 from ..lib.evaluation import evaluate
@@ -242,4 +243,5 @@ def train_thor(
         trainer.reuse_steps,
         trainer.trace_skips,
     )
+    report_replica_divergence(net, "thor_")
     return own_state(thor["epochs"]), pd.DataFrame(history.rows)
