@@ -226,7 +226,9 @@ def train_stage2(
     )
 
     def step(images, labels):
-        return ms.Tensor(trainer.step(images, labels).loss)
+        # fit's (loss, overflow, loss scale) form: an overflow stops training as a loss-scale problem
+        result = trainer.step(images, labels)
+        return ms.Tensor(result.loss), ms.Tensor(result.overflow), ms.Tensor(config.loss_scale)
 
     start_epoch = int(stage1_checkpoint.metadata.get("epoch", 0))
     stop = start_epoch + stage2["epochs"]

@@ -46,6 +46,7 @@ class StepResult:
     loss: float
     step_size: float  # accepted rho, 0.0 when no trial was accepted
     trials: int
+    overflow: bool = False  # the scaled gradients were not finite; the weights were left unchanged
 
 
 class _ScaledLossAndGrads(nn.Cell):
@@ -220,6 +221,7 @@ class PBFGS:
         net.set_train(True)
 
     def step(self, images, labels) -> StepResult:
+        """One update on this batch; with non-finite (overflowed) gradients nothing changes and ``overflow`` is set."""
         config = self.config
         loss_tensor, grads = self._loss_and_grads(images, labels)
         loss = float(loss_tensor.asnumpy())
@@ -228,6 +230,9 @@ class PBFGS:
         # tuples passed to a graph cell are compile-time constants unless marked mutable
         grads = ms.mutable(grads)
         gk = self._project(grads).asnumpy().astype(np.float32)
+        if not np.isfinite(gk).all():  # any Inf/NaN gradient reaches every component of P g
+            self.last_result = StepResult(loss, 0.0, 0, overflow=True)
+            return self.last_result
 
         previous = (self.inverse_hessian.copy(), self.last_gk)
         if self.last_gk is not None:

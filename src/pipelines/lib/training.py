@@ -1,7 +1,8 @@
 """The training loop shared by every pipeline: ``fit`` -> ``train_one_epoch`` -> callbacks.
 
 A training step is any callable ``(images, labels) -> loss tensor`` (a compiled MindSpore
-cell); the loop owns epochs, timing, the non-finite-loss check and the callbacks
+cell), or ``-> (loss, overflow, loss_scale)`` as ``nn.TrainOneStepWithLossScaleCell`` and stage 2 return;
+the loop owns epochs, timing, the non-finite-loss and gradient-overflow checks and the callbacks
 (progress, MLflow metrics, periodic checkpoints), so every optimizer reuses it.
 """
 
@@ -25,6 +26,10 @@ logger = logging.getLogger(__name__)
 
 class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or Inf."""
+
+
+class LossScaleOverflowError(NonFiniteLossError):
+    """The gradients, scaled by a fixed loss scale, overflowed: the loss scale is too large."""
 
 
 class Callback:
@@ -162,17 +167,40 @@ def train_one_epoch(train_step, iterator, epoch: int, steps_per_epoch: int, call
     """Run one epoch of ``train_step`` over ``iterator``; returns the mean loss."""
     total = 0.0
     step = -1
+    # TrainOneStepCell keeps its fixed loss scale as ``sens``; a step without one scales nothing
+    loss_scale = float(getattr(train_step, "sens", 1.0))
     for step, (images, labels) in enumerate(iterator):
-        loss = float(train_step(images, labels).asnumpy())
+        output = train_step(images, labels)
+        where = f"at epoch {epoch + 1}, step {step + 1}/{steps_per_epoch}"
+        if isinstance(output, tuple):
+            output, overflow, loss_scale = output[0], bool(output[1].asnumpy()), float(output[2].asnumpy())
+            if overflow:
+                raise _overflow_error(where, loss_scale)
+        loss = float(output.asnumpy())
         if not math.isfinite(loss):
+            remedy = "Lower the learning rate"
+            if loss_scale > 1:
+                remedy += f", or the loss scale ({loss_scale:g}) if the scaled gradients overflow"
             raise NonFiniteLossError(
-                f"training loss became {loss} at epoch {epoch + 1}, step {step + 1}/{steps_per_epoch}; "
-                "the last good checkpoint is kept. Lower the learning rate or the loss scale."
+                f"training loss became {loss} {where}; the last good checkpoint is kept. {remedy}."
             )
         total += loss
         for callback in callbacks:
             callback.on_step_end(epoch, step, loss)
     return total / max(step + 1, 1)
+
+
+def _overflow_error(where: str, loss_scale: float) -> NonFiniteLossError:
+    if loss_scale <= 1:
+        return NonFiniteLossError(
+            f"the gradients became non-finite {where} (no loss scale involved); the last good checkpoint "
+            "is kept. Lower the learning rate."
+        )
+    return LossScaleOverflowError(
+        f"the gradients scaled by the fixed loss scale {loss_scale:g} overflowed {where}: the loss scale is "
+        "too large for this network. The last good checkpoint is kept; lower this training's loss_scale "
+        "parameter (e.g. baseline.loss_scale, dim_reduce.stage2.loss_scale)."
+    )
 
 
 def fit(
