@@ -74,7 +74,7 @@ def test_table_equals_the_runs_logged_metrics(report_run):
         assert (table.loc[recipe, "run_id"], table.loc[recipe, "run_status"]) == (expected.pop("run_id"), "FINISHED")
         for column, value in expected.items():
             assert table.loc[recipe, column] == pytest.approx(value, rel=1e-9, nan_ok=True), (recipe, column)
-        assert not table.loc[recipe, "resumed"]
+        assert not table.loc[recipe, "resumed"] and table.loc[recipe, "env"] == "local"
     # the final evaluation, as the evaluation node wrote it
     thor_eval = pd.read_json(project / "data/08_reporting/thor_eval.json", typ="series")
     assert table.loc["thor", "top1"] == pytest.approx(thor_eval["top1"])

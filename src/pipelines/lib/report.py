@@ -64,6 +64,7 @@ TABLE_COLUMNS = [
     "recipe",
     "run_id",
     "run_status",
+    "env",
     "top1",
     "top5",
     "epochs",
@@ -220,6 +221,7 @@ def table_row(client: MlflowClient, run: Run, recipe: Recipe, history: pd.DataFr
         "recipe": recipe.name,
         "run_id": run.info.run_id,
         "run_status": run.info.status,
+        "env": run.data.tags.get("env"),  # runs of different environments train different data
         "top1": final["top1"],
         "top5": final["top5"],
         "epochs": int(history["epoch"].max()) if len(history) else 0,
