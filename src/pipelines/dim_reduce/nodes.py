@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from ..common.nodes import create_network, network_from_checkpoint, num_classes
 from ..common.training import report_replica_divergence, train_data, train_momentum
 from ..lib.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
-from ..lib.distributed import data_parallel
+from ..lib.distributed import data_parallel, rank_context
 from ..lib.loss import CrossEntropySmooth
 from ..lib.pbfgs import PBFGS, PBFGSConfig
 from ..lib.pca import explained_variance_table, fit_trajectory_pca
@@ -261,6 +261,17 @@ def train_stage2(
             captured.params.update({STEP_HISTORY_PREFIX + c: table[c].to_numpy(np.float64) for c in STEP_COLUMNS})
         return captured
 
+    callbacks: list[Callback] = [ProgressReporter(stage2["batch_size"]), MlflowMetrics("stage2_"), step_metrics]
+    if rank_context().is_node_leader:  # the other ranks hold the same weights and P-BFGS state
+        callbacks.append(
+            PeriodicCheckpoint(
+                lambda epoch: state(epoch, with_steps=True),
+                checkpoints["dir"],
+                checkpoints["every_epochs"],
+                checkpoints["keep_last"],
+                STAGE2_CHECKPOINT_PREFIX,
+            )
+        )
     dataset = train_data(manifest, data, stage2["batch_size"], runtime["seed"])
     fit(
         step,
@@ -268,18 +279,7 @@ def train_stage2(
         stop,
         np.ones(stop * dataset.get_dataset_size(), np.float32),
         stage2["batch_size"] * distributed["worker_num"],
-        [
-            ProgressReporter(stage2["batch_size"]),
-            MlflowMetrics("stage2_"),
-            step_metrics,
-            PeriodicCheckpoint(
-                lambda epoch: state(epoch, with_steps=True),
-                checkpoints["dir"],
-                checkpoints["every_epochs"],
-                checkpoints["keep_last"],
-                STAGE2_CHECKPOINT_PREFIX,
-            ),
-        ],
+        callbacks,
         start_epoch=start_epoch,
         data_seed=runtime["seed"],
     )
