@@ -41,7 +41,7 @@ from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
 EXCHANGES = ("allgather", "allreduce")
-# MindSpore/Horovod also sum these partials in float32; 3 per tensor per level.
+# A dot product and two squared norms per tensor, summed across ranks at every level.
 _STATS_PER_TENSOR = 3
 _created_groups: set[str] = set()
 
