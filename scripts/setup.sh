@@ -36,3 +36,9 @@ if [ ! -f "$stamp" ] || [ requirements.lock -nt "$stamp" ] || [ pyproject.toml -
   .venv/bin/python -m pip install -q --no-deps -e .
   touch "$stamp"
 fi
+
+# The optional 'migrate' extra (PyTorch CPU): only the migrate pipeline and tests/test_migrate.py use it.
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  echo "Installing the 'migrate' extra (PyTorch CPU, about 200 MB)"
+  .venv/bin/python -m pip install -q -e ".[migrate]"
+fi

@@ -140,7 +140,9 @@ class ResNet(nn.Cell):
                     _conv(in_channels, width, 7, 2, conv_init),
                     _bn(width),
                     nn.ReLU(),
-                    nn.MaxPool2d(kernel_size=3, stride=2, pad_mode="same"),
+                    # Symmetric padding as in torchvision; "same" pads only bottom/right on even sizes, which
+                    # shifts every pooling window and keeps PyTorch-trained weights from reproducing their logits.
+                    nn.MaxPool2d(kernel_size=3, stride=2, pad_mode="pad", padding=1),
                 ]
             )
         stages = []

@@ -1,0 +1,292 @@
+"""PyTorch -> MindSpore migration: torchvision's layout, the converter, both parity checks, ``kedro run``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from test_pipeline_e2e import kedro, make_project, runs
+
+from pipelines.lib.checkpoint import load_checkpoint
+from pipelines.lib.migrate import (
+    TORCH_INSTALL_HINT,
+    MigrationError,
+    check_parity,
+    convert,
+    forward_parity,
+    load_state_dict,
+    require_parity,
+    single_step_parity,
+)
+from pipelines.lib.torch_resnet import TorchResNet
+
+IMAGE_SIZE = 64  # at 32 px the last stage is 1 x 1: training-mode BatchNorm over 4 values is ill-conditioned
+PARITY = {
+    "image_size": IMAGE_SIZE,
+    "batch_size": 4,
+    "seed": 0,
+    "lr": 0.1,
+    "forward_tolerance": 1e-4,
+    "step_weight_tolerance": 1e-4,
+    "step_update_tolerance": 1e-3,
+    "step_noise_factor": 2.0,
+}
+
+
+def random_torch_resnet(name: str, num_classes: int, seed: int = 0, random_gamma: bool = True) -> torch.nn.Module:
+    """A torchvision-layout ResNet with random weights, BatchNorm betas and running statistics.
+
+    The statistics are those of two random batches (then jittered), not torch's defaults 0 and 1,
+    so a mix-up of mean, variance or layers changes the logits; being close to the real activation
+    statistics, they keep the logits of a deep network O(1) in inference mode, where an absolute
+    float32 bound of 1e-4 means something. ``random_gamma``: BatchNorm weights drawn from [0.5, 1.5]
+    instead of torchvision's initial 1.
+    """
+    torch.manual_seed(seed)
+    model = TorchResNet(name, num_classes)
+    generator = torch.Generator().manual_seed(seed)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    with torch.no_grad():
+        for norm in norms:
+            if random_gamma:
+                norm.weight.uniform_(0.5, 1.5, generator=generator)
+            norm.bias.normal_(0.0, 0.1, generator=generator)
+            norm.momentum = None  # cumulative average: the statistics of the calibration batches
+            norm.reset_running_stats()
+        model.train()
+        for _ in range(2):
+            model(torch.randn(4, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator))
+        for norm in norms:
+            norm.momentum = 0.1
+            norm.running_mean.add_(torch.randn(norm.running_mean.shape, generator=generator) * 0.05)
+            norm.running_var.mul_(torch.empty(norm.running_var.shape).uniform_(0.8, 1.25, generator=generator))
+    return model.eval()
+
+
+def save_state_dict(model: torch.nn.Module, path) -> str:
+    torch.save(model.state_dict(), path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def pynative():
+    """PyNative mode for this module (no graph compilation of each network), graph mode again afterwards."""
+    from pipelines.lib.runtime import configure_mindspore
+
+    configure_mindspore("CPU", "pynative", 0)
+    yield
+    configure_mindspore("CPU", "graph", 0)
+
+
+@pytest.fixture(scope="module")
+def resnet18(tmp_path_factory):
+    """A random resnet18 with 10 classes, random BatchNorm gammas included: its state_dict file and arrays."""
+    path = save_state_dict(random_torch_resnet("resnet18", 10), tmp_path_factory.mktemp("torch") / "resnet18.pth")
+    return path, load_state_dict(path)
+
+
+@pytest.fixture(scope="module")
+def resnet18_unit_gamma(tmp_path_factory):
+    """The same with torchvision's initial BatchNorm gammas (1): see test_single_step_with_random_gammas."""
+    model = random_torch_resnet("resnet18", 10, random_gamma=False)
+    path = save_state_dict(model, tmp_path_factory.mktemp("torch") / "resnet18_unit_gamma.pth")
+    return path, load_state_dict(path)
+
+
+def test_torch_resnet_has_torchvision_keys_shapes_and_sizes():
+    # torchvision's state_dicts: 122 entries and 11,689,512 parameters (resnet18), 320 and 25,557,032 (resnet50)
+    for name, entries, n_params in (("resnet18", 122, 11_689_512), ("resnet50", 320, 25_557_032)):
+        model = TorchResNet(name)
+        assert len(model.state_dict()) == entries, name
+        assert sum(p.numel() for p in model.parameters()) == n_params, name
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    assert shapes["conv1.weight"] == (64, 3, 7, 7)
+    assert shapes["layer1.0.conv1.weight"] == (64, 64, 1, 1)
+    assert shapes["layer2.0.downsample.0.weight"] == (512, 256, 1, 1)
+    assert shapes["layer4.2.bn3.running_var"] == (2048,)
+    assert shapes["fc.weight"] == (1000, 2048)
+    # v1.5: the stride of a downsampling bottleneck is on its 3x3 convolution
+    assert model.layer2[0].conv1.stride == (1, 1) and model.layer2[0].conv2.stride == (2, 2)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "resnet34", "resnet50", "resnet101"])
+def test_every_torchvision_tensor_lands_on_a_mindspore_parameter(name):
+    state_dict = {k: v.numpy() for k, v in TorchResNet(name, 7).state_dict().items()}
+    checkpoint = convert(state_dict, name, 7)
+    kept = {k: v for k, v in state_dict.items() if not k.endswith("num_batches_tracked")}
+    assert len(checkpoint.params) == len(kept)
+    # each value is used once, at its own shape (conv and dense layouts are the same in both frameworks)
+    assert sorted(v.size for v in checkpoint.params.values()) == sorted(v.size for v in kept.values())
+    assert checkpoint.metadata["network"] == name
+
+
+def test_names_and_batchnorm_statistics_are_mapped(resnet18):
+    _, state_dict = resnet18
+    params = convert(state_dict, "resnet18", 10).params
+    pairs = {
+        "stem.0.weight": "conv1.weight",
+        "stem.1.gamma": "bn1.weight",
+        "stem.1.beta": "bn1.bias",
+        "layers.2.conv1.weight": "layer2.0.conv1.weight",
+        "layers.3.bn2.moving_mean": "layer2.1.bn2.running_mean",
+        "layers.2.down_sample.0.weight": "layer2.0.downsample.0.weight",
+        "layers.2.down_sample.1.moving_variance": "layer2.0.downsample.1.running_var",
+        "layers.7.bn2.moving_variance": "layer4.1.bn2.running_var",
+        "fc.weight": "fc.weight",
+        "fc.bias": "fc.bias",
+    }
+    for ours, theirs in pairs.items():
+        np.testing.assert_array_equal(params[ours], state_dict[theirs], err_msg=ours)
+    assert not any("num_batches_tracked" in name for name in params)
+
+
+def test_resnet18_forward_parity(resnet18, pynative):
+    _, state_dict = resnet18
+    result = forward_parity(state_dict, convert(state_dict, "resnet18", 10), "resnet18", 10, IMAGE_SIZE, 4, 0)
+    assert result["max_abs_diff"] <= 1e-4, result
+    assert 0.5 < result["max_abs_logit"] < 50, result  # a scale at which an absolute bound of 1e-4 means something
+
+
+def test_resnet18_forward_and_single_step_parity(resnet18_unit_gamma, pynative):
+    _, state_dict = resnet18_unit_gamma
+    checkpoint = convert(state_dict, "resnet18", 10)
+    report, table = check_parity(state_dict, checkpoint, "resnet18", 10, PARITY)
+    forward, step = report["forward"], report["single_step"]
+    assert forward["max_abs_diff"] <= 1e-4, forward
+    # PyTorch float32 parity itself, not the ill-conditioning fallback
+    assert step["criterion"] == "pytorch_float32", step
+    assert step["weight_max_abs_diff"] <= 1e-4 and step["update_max_rel_diff"] <= 1e-3, step
+    assert abs(step["loss_mindspore"] - step["loss_torch"]) < 1e-4
+    assert report["passed"]
+    # every parameter and moving statistic was compared, and the step moved them
+    assert len(table) == len(checkpoint.params)
+    assert (table["update_max_abs_torch"] > 0).all()
+    require_parity(report)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "MindSpore 2.10 on CPU: with BatchNorm gammas other than 1, its gradients of the stem and the first block "
+        "differ from PyTorch's by up to 1.7 % (PyTorch float32 and float64 agree within 4e-5); the stem and "
+        "layers.0 chained reproduce it, each alone or without the max-pool does not"
+    ),
+)
+def test_single_step_with_random_gammas(resnet18, pynative):
+    _, state_dict = resnet18
+    step, _ = single_step_parity(state_dict, convert(state_dict, "resnet18", 10), "resnet18", 10, IMAGE_SIZE, 4, 0, 0.1)
+    assert step["torch_float32_update_error"] < 1e-4  # well conditioned: float32 can be this close to exact
+    assert step["update_max_rel_diff"] <= 1e-3, step
+
+
+def test_a_mapping_mistake_breaks_parity(resnet18, pynative):
+    _, state_dict = resnet18
+    checkpoint = convert(state_dict, "resnet18", 10)
+    params = checkpoint.params
+    params["layers.3.bn1.moving_mean"], params["layers.3.bn1.moving_variance"] = (
+        params["layers.3.bn1.moving_variance"],
+        params["layers.3.bn1.moving_mean"],
+    )
+    result = forward_parity(state_dict, checkpoint, "resnet18", 10, IMAGE_SIZE, 2, 0)
+    assert result["max_abs_diff"] > 1e-2
+    report = {
+        "architecture": "resnet18",
+        "forward": {**result, "tolerance": 1e-4, "passed": False},
+        "single_step": {"passed": True},
+    }
+    with pytest.raises(MigrationError, match=r"resnet18 migration is not at parity: forward: max \|logit"):
+        require_parity(report)
+
+
+def test_resnet50_forward_parity(tmp_path, pynative):
+    model = random_torch_resnet("resnet50", 10)
+    state_dict = load_state_dict(save_state_dict(model, tmp_path / "resnet50.pth"))
+    result = forward_parity(state_dict, convert(state_dict, "resnet50", 10), "resnet50", 10, IMAGE_SIZE, 2, 0)
+    assert result["max_abs_diff"] <= 1e-4, result
+
+
+def test_wrong_keys_and_shapes_are_named(resnet18):
+    _, state_dict = resnet18
+    renamed = dict(state_dict)
+    renamed["fc.weights"] = renamed.pop("fc.weight")
+    renamed["extra.bias"] = np.zeros(3, np.float32)
+    with pytest.raises(MigrationError) as error:
+        convert(renamed, "resnet18", 10, source="my.pth")
+    message = str(error.value)
+    assert "my.pth is not a torchvision resnet18 state_dict" in message
+    assert "missing keys ['fc.weight']" in message and "unexpected keys ['extra.bias', 'fc.weights']" in message
+    with pytest.raises(MigrationError, match=r"fc.weight has shape \(10, 512\), resnet18 with 1000 classes needs"):
+        convert(state_dict, "resnet18", 1000)
+    with pytest.raises(MigrationError, match=r"layer1.0.conv1.weight has shape \(64, 64, 3, 3\)"):
+        convert(state_dict, "resnet50", 10)
+    with pytest.raises(MigrationError, match="'resnet_narrow' has no torchvision counterpart"):
+        convert(state_dict, "resnet_narrow", 10)
+
+
+def test_old_state_dicts_without_num_batches_tracked_convert(resnet18):
+    _, state_dict = resnet18
+    old = {k: v for k, v in state_dict.items() if not k.endswith("num_batches_tracked")}
+    converted = convert(old, "resnet18", 10).params
+    np.testing.assert_array_equal(converted["fc.weight"], state_dict["fc.weight"])
+
+
+def test_state_dict_files(tmp_path, resnet18):
+    path, state_dict = resnet18
+    torch.save({"model": torch.load(path, weights_only=True), "epoch": 3}, tmp_path / "training.pth")
+    assert load_state_dict(tmp_path / "training.pth").keys() == state_dict.keys()
+    with pytest.raises(MigrationError, match=f"{tmp_path / 'none.pth'} does not exist"):
+        load_state_dict(tmp_path / "none.pth")
+    torch.save([1, 2], tmp_path / "list.pth")
+    with pytest.raises(MigrationError, match="holds list, not a state_dict"):
+        load_state_dict(tmp_path / "list.pth")
+    (tmp_path / "junk.pth").write_bytes(b"not a torch file")
+    with pytest.raises(MigrationError, match="junk.pth is not a readable PyTorch state_dict file"):
+        load_state_dict(tmp_path / "junk.pth")
+
+
+def test_without_torch_only_migrate_needs_it(tmp_path):
+    script = f"""
+import sys
+sys.modules["torch"] = None  # as if PyTorch were not installed
+from pipelines.pipeline_registry import register_pipelines
+assert "migrate" in register_pipelines()
+from pipelines.lib.migrate import load_state_dict
+try:
+    load_state_dict({str(tmp_path / "x.pth")!r})
+except ImportError as error:
+    print("ImportError:", error)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"ImportError: {TORCH_INSTALL_HINT}" in result.stdout
+    assert "pip install -e '.[migrate]'" in TORCH_INSTALL_HINT
+
+
+def test_kedro_run_migrate_logs_parity_to_mlflow(tmp_path, resnet18_unit_gamma):
+    path, state_dict = resnet18_unit_gamma
+    params = {
+        "runtime": {"mode": "pynative"},
+        "migrate": {"state_dict": path, "architecture": "resnet18", "num_classes": 10, "parity": PARITY},
+    }
+    project = make_project(tmp_path / "project", params)
+    result = kedro(project, "run", "--pipelines=migrate")
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    converted = load_checkpoint(project / "data/06_models/migrate/migrated.ckpt")
+    np.testing.assert_array_equal(converted.params["layers.7.bn2.moving_mean"], state_dict["layer4.1.bn2.running_mean"])
+    report = json.loads((project / "data/08_reporting/migrate/parity.json").read_text())
+    assert report["passed"] and report["state_dict"] == path
+    client, found = runs(project)
+    assert [r.info.status for r in found] == ["FINISHED"]
+    metrics = found[0].data.metrics
+    assert metrics["migrate_forward_max_abs_diff"] <= 1e-4
+    assert metrics["migrate_step_weight_max_abs_diff"] <= 1e-4
+    assert metrics["migrate_step_update_max_rel_diff"] <= 1e-3
+    assert metrics["migrate_passed"] == 1.0
+    artifacts = {
+        a.path for folder in ("reports", "checkpoints") for a in client.list_artifacts(found[0].info.run_id, folder)
+    }
+    assert {"reports/parity.json", "reports/parity_tensors.csv", "checkpoints/migrated.ckpt"} <= artifacts
