@@ -218,3 +218,25 @@ def test_thor_on_two_workers_averages_statistics_and_keeps_replicas_identical(tm
     assert metrics["thor_replica_max_abs_diff"] == 0.0
     assert "thor_top1" in metrics
     assert_no_worker_left(project)
+
+
+def test_kill_9_of_kedro_stops_the_workers_and_the_rerun_resumes(tmp_path):
+    baseline = {**TINY_PARAMS["baseline"], "epochs": 4, "eval_interval": 0}
+    project = tiny_project(tmp_path, {"baseline": baseline}, {"train": 40, "val": 3})
+    process = start_kedro(project, "baseline")
+    checkpoint = project / "data/06_models/baseline/epochs/epoch_0002.ckpt"
+    deadline = time.time() + 300
+    while not checkpoint.exists():
+        assert process.poll() is None, process.stdout.read()[-5000:]
+        assert time.time() < deadline, "no checkpoint of epoch 2 within 5 minutes"
+        time.sleep(0.1)
+    process.kill()
+    process.wait()
+    assert_no_worker_left(project)
+
+    rerun = kedro(project, "run", "--pipelines=baseline")
+    output = rerun.stdout + rerun.stderr
+    assert rerun.returncode == 0, output[-6000:]
+    assert "Resuming from" in output and "(epoch 2 of 4)" in output
+    assert "epoch 1/4 step" not in output
+    assert load_checkpoint(project / "data/06_models/baseline/final.ckpt").metadata["epoch"] == 4

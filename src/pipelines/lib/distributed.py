@@ -323,6 +323,16 @@ def data_parallel(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def barrier() -> None:
+    """Wait until every rank gets here (a no-op with one rank)."""
+    if _context.size == 1:
+        return
+    import mindspore as ms
+    from mindspore import Tensor, ops
+
+    ops.AllReduce()(Tensor([1.0], ms.float32)).asnumpy()
+
+
 def verify_replicas(net) -> float:
     """Largest absolute difference between this rank's trainable weights and rank 0's (0.0 alone).
 

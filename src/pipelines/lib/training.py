@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
+from .distributed import barrier, rank_context
 from .tracking import log_metrics
 
 logger = logging.getLogger(__name__)
@@ -110,8 +111,23 @@ def find_resume_checkpoint(
     Checkpoints of a different configuration are moved to ``<directory>/stale-<time>/``
     rather than deleted or overwritten; those of the same training that already reached
     ``stop_epoch`` are removed (its result is the final checkpoint), so a rerun trains anew.
-    An unreadable checkpoint raises ``CheckpointError`` naming it.
+    An unreadable checkpoint raises ``CheckpointError`` naming it. With several ranks the node's
+    first worker tidies the folder while the others wait, then they look without tidying.
     """
+    ranks = rank_context()
+    if ranks.size == 1:
+        return _find_resume_checkpoint(directory, prefix, expected_fingerprint, stop_epoch, tidy=True)
+    if ranks.is_node_leader:
+        found = _find_resume_checkpoint(directory, prefix, expected_fingerprint, stop_epoch, tidy=True)
+    barrier()
+    if ranks.is_node_leader:
+        return found
+    return _find_resume_checkpoint(directory, prefix, expected_fingerprint, stop_epoch, tidy=False)
+
+
+def _find_resume_checkpoint(
+    directory: str | Path, prefix: str, expected_fingerprint: str, stop_epoch: int, tidy: bool
+) -> Path | None:
     directory = Path(directory)
     found = sorted(directory.glob(f"{prefix}_*.ckpt"))
     if not found:
@@ -121,9 +137,13 @@ def find_resume_checkpoint(
     if metadata.get("fingerprint") == expected_fingerprint:
         if metadata.get("epoch", 0) < stop_epoch:
             return newest
+        if not tidy:
+            return None
         logger.info("The checkpoints in %s are of a finished training of this configuration; training anew", directory)
         for path in found:
             path.unlink()
+        return None
+    if not tidy:
         return None
     stale = directory / time.strftime("stale-%Y%m%d-%H%M%S")
     stale.mkdir()
