@@ -172,7 +172,7 @@ def test_ctrl_c_stops_every_worker(tmp_path):
     assert process.returncode != 0
     assert_no_worker_left(project)
     _, found = runs(project)
-    assert [r.info.status for r in found] != ["RUNNING"]
+    assert [r.info.status for r in found] == ["KILLED"]
 
 
 def test_adasum_on_two_workers_keeps_replicas_identical(tmp_path):

@@ -154,7 +154,7 @@ def test_registry_lists_the_pipelines():
     result = kedro(PROJECT, "registry", "list", timeout=120)
     assert result.returncode == 0, result.stderr
     listed = {line.strip("- ").strip() for line in result.stdout.splitlines()}
-    assert {"data", "baseline", "dim_reduce", "thor", "__default__"} <= listed
+    assert {"data", "baseline", "dim_reduce", "thor", "adasum", "report", "migrate", "__default__"} <= listed
 
 
 def test_viz_shows_nodes_and_datasets(tmp_path):
