@@ -39,6 +39,6 @@ fi
 
 # The optional 'migrate' extra (PyTorch CPU): only the migrate pipeline and tests/test_migrate.py use it.
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-  echo "Installing the 'migrate' extra (PyTorch CPU, about 200 MB)"
+  echo "Installing the 'migrate' extra (PyTorch CPU: about 750 MB installed)"
   .venv/bin/python -m pip install -q -e ".[migrate]"
 fi
