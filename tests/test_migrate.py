@@ -248,6 +248,23 @@ def test_state_dict_files(tmp_path, resnet18):
         load_state_dict(tmp_path / "junk.pth")
 
 
+def test_migrate_parameters_are_validated():
+    from test_config import load_params
+    from test_config_validation import changed
+
+    from pipelines.config_validation import ParameterError, validate_parameters
+
+    params = load_params("local")
+    validate_parameters(params, params, {})
+    for key, value, message in (
+        ("migrate.architecture", "resnet_narrow", "migrate.architecture is 'resnet_narrow'; choose one of resnet18"),
+        ("migrate.parity.batch_size", 1, "migrate.parity.batch_size is 1 but must be >= 2"),
+        ("migrate.parity.forward_tolerance", 0.0, "migrate.parity.forward_tolerance is 0.0 but must be > 0"),
+    ):
+        with pytest.raises(ParameterError, match=message):
+            validate_parameters(changed(params, key, value), params, {})
+
+
 def test_without_torch_only_migrate_needs_it(tmp_path):
     script = f"""
 import sys
