@@ -240,3 +240,12 @@ def test_kill_9_of_kedro_stops_the_workers_and_the_rerun_resumes(tmp_path):
     assert "Resuming from" in output and "(epoch 2 of 4)" in output
     assert "epoch 1/4 step" not in output
     assert load_checkpoint(project / "data/06_models/baseline/final.ckpt").metadata["epoch"] == 4
+
+
+def test_mindspore_boost_adasum_is_refused_off_ascend_before_any_work(tmp_path):
+    project = make_project(tmp_path / "project", {"adasum": {"implementation": "mindspore_boost"}})
+    result = kedro(project, "run", "--pipelines=adasum", timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "adasum.implementation is mindspore_boost, which MindSpore runs on Ascend with 16 devices" in output
+    assert not (project / "data").exists()

@@ -108,25 +108,6 @@ def train_momentum(
     if resume_optimizer:
         restore_state(net, start, optimizer)
     loss_fn = CrossEntropySmooth(num_classes(model, class_index), train["label_smoothing"])
-    if adasum is None:
-        train_step = build_train_step(
-            nn.WithLossCell(net, loss_fn), optimizer, train["loss_scale"], boost, runtime["device_target"]
-        )
-    elif adasum["implementation"] == "own":
-        from ..lib.adasum import AdasumTrainStep  # loads MindSpore: only when training
-
-        ranks = rank_context()
-        train_step = AdasumTrainStep(
-            nn.WithLossCell(net, loss_fn),
-            optimizer,
-            sens=float(train["loss_scale"]),
-            rank=ranks.rank,
-            rank_size=ranks.size,
-            exchange=None if adasum["exchange"] == "auto" else adasum["exchange"],
-            average_statistics=adasum["average_batchnorm_statistics"],
-        )
-        logger.info("Adasum of the weight deltas across %d ranks (exchange %s)", ranks.size, adasum["exchange"])
-    train_step.set_train(True)
     validation = val_data(manifest, data)
 
     def state(epoch: int) -> Checkpoint:
@@ -153,36 +134,43 @@ def train_momentum(
         lr_per_step.max(),
         train["loss_scale"],
     )
+    loop = {
+        "dataset": dataset,
+        "epochs": stop_epoch,
+        "lr_per_step": lr_per_step,
+        "images_per_step": train["batch_size"] * distributed["worker_num"],
+        "callbacks": callbacks,
+        "start_epoch": start_epoch,
+        "evaluate": lambda: evaluate(net, validation),
+        "eval_interval": train["eval_interval"],
+    }
     if adasum is not None and adasum["implementation"] == "mindspore_boost":
-        history = train_with_boost_adasum(
-            net,
-            loss_fn,
-            optimizer,
-            train["loss_scale"],
-            dataset,
-            stop_epoch,
-            lr_per_step,
-            train["batch_size"] * distributed["worker_num"],
-            callbacks,
-            start_epoch=start_epoch,
-            evaluate=lambda: evaluate(net, validation),
-            eval_interval=train["eval_interval"],
-        )
+        history = train_with_boost_adasum(net, loss_fn, optimizer, train["loss_scale"], **loop)
     else:
-        history = fit(
-            train_step,
-            dataset,
-            stop_epoch,
-            lr_per_step,
-            train["batch_size"] * distributed["worker_num"],
-            callbacks,
-            start_epoch=start_epoch,
-            evaluate=lambda: evaluate(net, validation),
-            eval_interval=train["eval_interval"],
-            data_seed=runtime["seed"],
-        )
+        train_step = _train_step(nn.WithLossCell(net, loss_fn), optimizer, train, runtime, boost, adasum)
+        train_step.set_train(True)
+        history = fit(train_step, data_seed=runtime["seed"], **loop)
     report_replica_divergence(net, metric_prefix)
     return state(stop_epoch), pd.DataFrame(history)
+
+
+def _train_step(network_with_loss, optimizer, train: dict, runtime: dict, boost: dict | None, adasum: dict | None):
+    """The per-batch step: plain or with boost toggles, or with Adasum across the ranks."""
+    if adasum is None:
+        return build_train_step(network_with_loss, optimizer, train["loss_scale"], boost, runtime["device_target"])
+    from ..lib.adasum import AdasumTrainStep  # loads MindSpore: only when training
+
+    ranks = rank_context()
+    logger.info("Adasum of the weight deltas across %d ranks (exchange %s)", ranks.size, adasum["exchange"])
+    return AdasumTrainStep(
+        network_with_loss,
+        optimizer,
+        sens=float(train["loss_scale"]),
+        rank=ranks.rank,
+        rank_size=ranks.size,
+        exchange=None if adasum["exchange"] == "auto" else adasum["exchange"],
+        average_statistics=adasum["average_batchnorm_statistics"],
+    )
 
 
 def report_replica_divergence(net, metric_prefix: str = "") -> None:
