@@ -20,7 +20,6 @@ from pipelines.lib.migrate import (
     forward_parity,
     load_state_dict,
     require_parity,
-    single_step_parity,
 )
 from pipelines.lib.torch_resnet import TorchResNet
 
@@ -28,7 +27,10 @@ IMAGE_SIZE = 64  # at 32 px the last stage is 1 x 1: training-mode BatchNorm ove
 PARITY = {
     "image_size": IMAGE_SIZE,
     "batch_size": 4,
-    "seed": 0,
+    # With seed 0 one ReLU input of the random resnet18 lies 1.2e-8 from zero: the loss has a kink there
+    # (one-sided finite differences: PyTorch takes the right derivative, MindSpore the left, 8 % apart for
+    # layers.0.bn1.beta), so no float32 implementation can be held to 1e-3 on that batch.
+    "seed": 1,
     "lr": 0.1,
     "forward_tolerance": 1e-4,
     "step_weight_tolerance": 1e-4,
@@ -37,14 +39,13 @@ PARITY = {
 }
 
 
-def random_torch_resnet(name: str, num_classes: int, seed: int = 0, random_gamma: bool = True) -> torch.nn.Module:
-    """A torchvision-layout ResNet with random weights, BatchNorm betas and running statistics.
+def random_torch_resnet(name: str, num_classes: int, seed: int = 0) -> torch.nn.Module:
+    """A torchvision-layout ResNet with random weights, BatchNorm affine terms and running statistics.
 
     The statistics are those of two random batches (then jittered), not torch's defaults 0 and 1,
     so a mix-up of mean, variance or layers changes the logits; being close to the real activation
     statistics, they keep the logits of a deep network O(1) in inference mode, where an absolute
-    float32 bound of 1e-4 means something. ``random_gamma``: BatchNorm weights drawn from [0.5, 1.5]
-    instead of torchvision's initial 1.
+    float32 bound of 1e-4 means something.
     """
     torch.manual_seed(seed)
     model = TorchResNet(name, num_classes)
@@ -52,8 +53,7 @@ def random_torch_resnet(name: str, num_classes: int, seed: int = 0, random_gamma
     norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
     with torch.no_grad():
         for norm in norms:
-            if random_gamma:
-                norm.weight.uniform_(0.5, 1.5, generator=generator)
+            norm.weight.uniform_(0.5, 1.5, generator=generator)
             norm.bias.normal_(0.0, 0.1, generator=generator)
             norm.momentum = None  # cumulative average: the statistics of the calibration batches
             norm.reset_running_stats()
@@ -84,16 +84,8 @@ def pynative():
 
 @pytest.fixture(scope="module")
 def resnet18(tmp_path_factory):
-    """A random resnet18 with 10 classes, random BatchNorm gammas included: its state_dict file and arrays."""
+    """A random resnet18 with 10 classes: its state_dict file and arrays."""
     path = save_state_dict(random_torch_resnet("resnet18", 10), tmp_path_factory.mktemp("torch") / "resnet18.pth")
-    return path, load_state_dict(path)
-
-
-@pytest.fixture(scope="module")
-def resnet18_unit_gamma(tmp_path_factory):
-    """The same with torchvision's initial BatchNorm gammas (1): see test_single_step_with_random_gammas."""
-    model = random_torch_resnet("resnet18", 10, random_gamma=False)
-    path = save_state_dict(model, tmp_path_factory.mktemp("torch") / "resnet18_unit_gamma.pth")
     return path, load_state_dict(path)
 
 
@@ -151,8 +143,8 @@ def test_resnet18_forward_parity(resnet18, pynative):
     assert 0.5 < result["max_abs_logit"] < 50, result  # a scale at which an absolute bound of 1e-4 means something
 
 
-def test_resnet18_forward_and_single_step_parity(resnet18_unit_gamma, pynative):
-    _, state_dict = resnet18_unit_gamma
+def test_resnet18_forward_and_single_step_parity(resnet18, pynative):
+    _, state_dict = resnet18
     checkpoint = convert(state_dict, "resnet18", 10)
     report, table = check_parity(state_dict, checkpoint, "resnet18", 10, PARITY)
     forward, step = report["forward"], report["single_step"]
@@ -166,21 +158,6 @@ def test_resnet18_forward_and_single_step_parity(resnet18_unit_gamma, pynative):
     assert len(table) == len(checkpoint.params)
     assert (table["update_max_abs_torch"] > 0).all()
     require_parity(report)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "MindSpore 2.10 on CPU: with BatchNorm gammas other than 1, its gradients of the stem and the first block "
-        "differ from PyTorch's by up to 1.7 % (PyTorch float32 and float64 agree within 4e-5); the stem and "
-        "layers.0 chained reproduce it, each alone or without the max-pool does not"
-    ),
-)
-def test_single_step_with_random_gammas(resnet18, pynative):
-    _, state_dict = resnet18
-    step, _ = single_step_parity(state_dict, convert(state_dict, "resnet18", 10), "resnet18", 10, IMAGE_SIZE, 4, 0, 0.1)
-    assert step["torch_float32_update_error"] < 1e-4  # well conditioned: float32 can be this close to exact
-    assert step["update_max_rel_diff"] <= 1e-3, step
 
 
 def test_a_mapping_mistake_breaks_parity(resnet18, pynative):
@@ -200,6 +177,29 @@ def test_a_mapping_mistake_breaks_parity(resnet18, pynative):
     }
     with pytest.raises(MigrationError, match=r"resnet18 migration is not at parity: forward: max \|logit"):
         require_parity(report)
+
+
+def test_a_failed_step_is_explained():
+    step = {
+        "passed": False,
+        "weight_max_abs_diff": 6.5e-4,
+        "weight_tolerance": 1e-4,
+        "update_max_rel_diff": 0.017,
+        "update_tolerance": 1e-3,
+        "worst_tensor": "layers.0.bn1.beta",
+        "mindspore_update_error": 0.017,
+        "noise_factor": 2.0,
+        "torch_float32_update_error": 3.5e-5,
+        "near_kink_activations": 4,
+    }
+    report = {"architecture": "resnet18", "forward": {"passed": True}, "single_step": step}
+    with pytest.raises(MigrationError) as error:
+        require_parity(report)
+    message = str(error.value)
+    assert "single step: max |weight difference| 0.00065 (bound 0.0001)" in message
+    assert "worst layers.0.bn1.beta" in message and "2 x PyTorch's float32 error 3.5e-05" in message
+    assert "4 ReLU input(s) of this batch lie within float32 rounding of zero" in message
+    assert "forward" not in message
 
 
 def test_resnet50_forward_parity(tmp_path, pynative):
@@ -283,8 +283,8 @@ except ImportError as error:
     assert "pip install -e '.[migrate]'" in TORCH_INSTALL_HINT
 
 
-def test_kedro_run_migrate_logs_parity_to_mlflow(tmp_path, resnet18_unit_gamma):
-    path, state_dict = resnet18_unit_gamma
+def test_kedro_run_migrate_logs_parity_to_mlflow(tmp_path, resnet18):
+    path, state_dict = resnet18
     params = {
         "runtime": {"mode": "pynative"},
         "migrate": {"state_dict": path, "architecture": "resnet18", "num_classes": 10, "parity": PARITY},
@@ -303,6 +303,7 @@ def test_kedro_run_migrate_logs_parity_to_mlflow(tmp_path, resnet18_unit_gamma):
     assert metrics["migrate_step_weight_max_abs_diff"] <= 1e-4
     assert metrics["migrate_step_update_max_rel_diff"] <= 1e-3
     assert metrics["migrate_passed"] == 1.0
+    assert metrics["migrate_step_near_kink_activations"] == report["single_step"]["near_kink_activations"]
     artifacts = {
         a.path for folder in ("reports", "checkpoints") for a in client.list_artifacts(found[0].info.run_id, folder)
     }

@@ -32,6 +32,9 @@ DROPPED_SUFFIXES = (".num_batches_tracked",)
 _BN_NAMES = {"gamma": "weight", "beta": "bias", "moving_mean": "running_mean", "moving_variance": "running_var"}
 _STEM_MODULES = {"0": "conv1", "1": "bn1"}
 _LISTED = 8  # names shown per kind of problem in an error
+# A ReLU input this close to zero, relative to its tensor's largest magnitude, is within a few float32
+# rounding steps of the kink: the two frameworks may put it on different sides.
+KINK_MARGIN = 1e-6
 _STEP_COLUMNS = (
     "weight_max_abs_diff",
     "weight_max_rel_diff",
@@ -238,17 +241,33 @@ def _torch_step(
     labels: np.ndarray,
     lr: float,
     dtype,
-) -> tuple[float, dict[str, np.ndarray]]:
-    """PyTorch's loss and state after one plain SGD step in ``dtype`` (state as float64 arrays)."""
+) -> tuple[float, dict[str, np.ndarray], int]:
+    """PyTorch's loss and state (float64 arrays) after one plain SGD step in ``dtype``, and its near kinks.
+
+    Near kinks: ReLU inputs within ``KINK_MARGIN`` of zero, relative to their tensor's largest
+    magnitude. There the loss has no derivative, and float32 rounding decides which one-sided
+    gradient a framework takes.
+    """
     import torch
 
     model = _torch_model(state_dict, architecture, num_classes).to(dtype).train()
+    near_kinks = 0
+
+    def count_near_kinks(_module, inputs) -> None:
+        nonlocal near_kinks
+        values = inputs[0].detach().abs()
+        near_kinks += int((values <= KINK_MARGIN * values.max()).sum() - (values == 0).sum())
+
+    hooks = [m.register_forward_pre_hook(count_near_kinks) for m in model.modules() if isinstance(m, torch.nn.ReLU)]
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0, weight_decay=0.0)
     loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(images).to(dtype)), torch.from_numpy(labels).long())
+    for hook in hooks:
+        hook.remove()
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
-    return float(loss.detach()), {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
+    state = {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
+    return float(loss.detach()), state, near_kinks
 
 
 def single_step_parity(
@@ -271,15 +290,15 @@ def single_step_parity(
     implementation can match it closely. Returns the summary (``loss_torch``, ``loss_mindspore``,
     ``weight_max_abs_diff``, ``weight_max_rel_diff``, ``update_max_rel_diff``, ``worst_tensor``,
     ``mindspore_update_error`` and ``torch_float32_update_error``: the worst relative update error
-    against float64 of each) and one row per tensor.
+    against float64 of each; ``near_kink_activations``, see ``_torch_step``) and one row per tensor.
     """
     import mindspore as ms
     import torch
     from mindspore import nn
 
     images, labels = parity_batch(batch_size, image_size, num_classes, seed)
-    torch_loss, torch_after = _torch_step(state_dict, architecture, num_classes, images, labels, lr, torch.float32)
-    _, exact_after = _torch_step(state_dict, architecture, num_classes, images, labels, lr, torch.float64)
+    torch_loss, torch_after, _ = _torch_step(state_dict, architecture, num_classes, images, labels, lr, torch.float32)
+    _, exact_after, near_kinks = _torch_step(state_dict, architecture, num_classes, images, labels, lr, torch.float64)
 
     net = _mindspore_net(checkpoint, architecture, num_classes)
     # Copies: a MindSpore tensor made from a numpy array may share its memory, and the step updates in place.
@@ -317,6 +336,7 @@ def single_step_parity(
         "loss_mindspore": ms_loss,
         **{column: float(table[column].max()) for column in _STEP_COLUMNS},
         "worst_tensor": str(worst["mindspore_name"]),
+        "near_kink_activations": near_kinks,
     }
     return summary, table
 
@@ -377,5 +397,11 @@ def require_parity(report: dict) -> None:
             f"MindSpore's update error against float64 {step['mindspore_update_error']:.3g} is above "
             f"{step['noise_factor']:g} x PyTorch's float32 error {step['torch_float32_update_error']:.3g}"
         )
+        if step["near_kink_activations"]:
+            failed.append(
+                f"{step['near_kink_activations']} ReLU input(s) of this batch lie within float32 rounding of zero, "
+                "where the loss has no derivative and each framework may take a different one-sided gradient: "
+                "try another migrate.parity.seed"
+            )
     if failed:
         raise MigrationError(f"{report['architecture']} migration is not at parity: " + "; ".join(failed))

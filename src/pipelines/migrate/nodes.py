@@ -48,6 +48,7 @@ def check_migration_parity(checkpoint: Checkpoint, migrate: dict, runtime: dict)
             **{f"migrate_step_{key}": step[key] for key in ("weight_max_abs_diff", "weight_max_rel_diff")},
             **{f"migrate_step_{key}": step[key] for key in ("update_max_rel_diff", "mindspore_update_error")},
             "migrate_step_torch_float32_update_error": step["torch_float32_update_error"],
+            "migrate_step_near_kink_activations": step["near_kink_activations"],
             "migrate_passed": float(report["passed"]),
         }
     )
