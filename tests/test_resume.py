@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
-
 import numpy as np
 import pytest
-from helpers import write_image_tree
+from helpers import kill_kedro_mid_epoch, write_image_tree
 from test_pipeline_e2e import TINY_PARAMS, kedro, make_project, runs
 
 from pipelines.lib.checkpoint import load_checkpoint
@@ -40,22 +34,7 @@ def tree(tmp_path_factory):
 
 def test_killed_run_resumes_and_matches_an_uninterrupted_one(tmp_path, tree):
     killed = make_project(tmp_path / "killed", resume_params(tree))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "kedro", "run", "--pipelines=baseline"],
-        cwd=killed,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.time() + 300
-    while not (killed / CHECKPOINTS / "epoch_0002.ckpt").exists():
-        assert process.poll() is None, "training ended before it could be interrupted"
-        assert time.time() < deadline, "no checkpoint of epoch 2 within 5 minutes"
-        time.sleep(0.05)
-    time.sleep(0.3)  # into epoch 3
-    assert process.poll() is None, "training ended before it could be interrupted"
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_kedro_mid_epoch(killed, "baseline", killed / CHECKPOINTS / "epoch_0002.ckpt", into_next_epoch_s=0.3)
     assert not (killed / "data/06_models/baseline/final.ckpt").exists()
     saved = sorted(p.name for p in (killed / CHECKPOINTS).iterdir())
     assert all(not name.startswith(".") for name in saved), saved  # no half-written temporary file counts

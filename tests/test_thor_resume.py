@@ -3,16 +3,10 @@ continues from its last epoch checkpoint and ends where an uninterrupted run end
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
-
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import write_image_tree
+from helpers import kill_kedro_mid_epoch, write_image_tree
 from test_pipeline_e2e import TINY_PARAMS, kedro, make_project, runs
 from test_thor import TinyNet, batch, make_thor, run
 
@@ -70,22 +64,7 @@ def tree(tmp_path_factory):
 
 def test_killed_thor_run_resumes_and_matches_an_uninterrupted_one(tmp_path, tree):
     killed = make_project(tmp_path / "killed", resume_params(tree))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "kedro", "run", "--pipelines=thor"],
-        cwd=killed,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.time() + 300
-    while not (killed / CHECKPOINTS / "epoch_0002.ckpt").exists():
-        assert process.poll() is None, "training ended before it could be interrupted"
-        assert time.time() < deadline, "no checkpoint of epoch 2 within 5 minutes"
-        time.sleep(0.05)
-    time.sleep(0.2)  # into epoch 3
-    assert process.poll() is None, "training ended before it could be interrupted"
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_kedro_mid_epoch(killed, "thor", killed / CHECKPOINTS / "epoch_0002.ckpt", into_next_epoch_s=0.2)
     assert not (killed / FINAL).exists()
     saved = sorted(p.name for p in (killed / CHECKPOINTS).iterdir())
     assert saved and all(not name.startswith(".") for name in saved), saved
