@@ -28,8 +28,8 @@ def test_notebook_compares_the_recipes_of_the_store(recipe_store):
     images = [output for output in outputs if "image/png" in output.get("data", {})]
     assert len(images) == 4  # top-1 vs epoch, top-1 vs time, loss, explained variance
     html = "\n".join(output["data"].get("text/html", "") for output in outputs if "data" in output)
-    for pipeline, metric in (("baseline", "loss"), ("thor", "thor_loss")):
+    for pipeline, metric in (("baseline", "loss"), ("thor", "thor_loss"), ("adasum", "loss")):
         trained = next(run for run in recipe_runs(recipe_store, pipeline) if metric in run.data.metrics)
         assert trained.info.run_id in html, pipeline
-    assert "missing" in html  # dim_reduce and adasum have no run in this store
+    assert "missing" in html  # dim_reduce has no run in this store
     assert str(recipe_store / "mlflow.db") in "\n".join(output.get("text", "") for output in outputs)
