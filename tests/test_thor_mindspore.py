@@ -21,9 +21,9 @@ from test_config import CONF, load_params
 from pipelines.config_validation import ParameterError, parameter_sources, validate_parameters
 from pipelines.lib.checkpoint import OPTIMIZER_PREFIX, check_compatible
 from pipelines.lib.loss import CrossEntropySmooth
+from pipelines.lib.model_train import EpochCallbacks
 from pipelines.lib.resnet import create_resnet
 from pipelines.lib.thor_mindspore import (
-    EpochCallbacks,
     capture_thor_state,
     create_thor_model,
     is_statistic,

@@ -43,7 +43,7 @@ def train_with_boost_adasum(
     """Train ``net`` to ``epochs`` with ``Model(boost_level="O2")`` and only Adasum on; one metrics row per epoch."""
     from mindspore.train import FixedLossScaleManager, Model
 
-    from .thor_mindspore import EpochCallbacks
+    from .model_train import EpochCallbacks
 
     model = Model(
         net,

@@ -17,11 +17,12 @@ from ..lib.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint
 from ..lib.distributed import data_parallel, rank_context
 from ..lib.evaluation import evaluate
 from ..lib.loss import CrossEntropySmooth
+from ..lib.model_train import EpochCallbacks
 from ..lib.progress import ProgressReporter
 from ..lib.runtime import configure_mindspore
 from ..lib.schedules import thor_damping, thor_lr
 from ..lib.thor import THOR
-from ..lib.thor_mindspore import EpochCallbacks, capture_thor_state, create_thor_model, restore_thor_state
+from ..lib.thor_mindspore import capture_thor_state, create_thor_model, restore_thor_state
 from ..lib.tracking import set_tags
 from ..lib.training import (
     Callback,
