@@ -31,6 +31,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from .checkpoint import atomic_path
+
 logger = logging.getLogger(__name__)
 
 JOB_FILE = "job.pkl"
@@ -114,9 +116,12 @@ def msrun_command(distributed: dict, job_dir: Path) -> list[str]:
 
 
 def _write_atomically(path: Path, payload: bytes) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_bytes(payload)
-    os.replace(partial, path)
+    tmp = atomic_path(path)
+    try:
+        tmp.write_bytes(payload)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _die_with_parent(sig: int) -> None:
@@ -139,11 +144,12 @@ class _Job:
     def __init__(self, job_dir: Path):
         self.dir = job_dir
 
-    def pids(self) -> dict[int, int]:
-        return {int(p.stem.split("_")[1]): int(p.read_text()) for p in self.dir.glob("rank_*.pid")}
+    def rank_files(self, suffix: str) -> dict[int, Path]:
+        """``rank_<rank>.<suffix>`` files by rank."""
+        return {int(p.stem.split("_")[1]): p for p in self.dir.glob(f"rank_*.{suffix}")}
 
-    def errors(self) -> dict[int, str]:
-        return {int(p.stem.split("_")[1]): p.read_text() for p in self.dir.glob("rank_*.error")}
+    def pids(self) -> dict[int, int]:
+        return {rank: int(path.read_text()) for rank, path in self.rank_files("pid").items()}
 
     def msrun_log(self) -> str:
         path = self.dir / "msrun.log"
@@ -151,7 +157,7 @@ class _Job:
 
     def dead_ranks(self) -> list[int]:
         """Ranks whose process is gone before writing a result or an error (killed)."""
-        finished = {int(p.stem.split("_")[1]) for p in self.dir.glob("rank_*.done")}
+        finished = self.rank_files("done")
         return sorted(r for r, pid in self.pids().items() if r not in finished and not _alive(pid))
 
     def stop_workers(self) -> None:
@@ -176,10 +182,10 @@ def _stop(msrun: subprocess.Popen, job: _Job) -> None:
 
 
 def _failure_message(job: _Job, rc: int | None, first_dead: list[int]) -> str:
-    errors = job.errors()
+    errors = job.rank_files("error")
     if errors:
-        rank = min(errors, key=lambda r: (job.dir / f"rank_{r}.error").stat().st_mtime)  # the first to fail
-        return f"rank {rank} of the msrun job failed (logs: {job.dir}/worker_{rank}.log):\n{errors[rank].rstrip()}"
+        rank, error = min(errors.items(), key=lambda item: item[1].stat().st_mtime)  # the first to fail
+        return f"rank {rank} of the msrun job failed (logs: {job.dir}/worker_{rank}.log):\n{error.read_text().rstrip()}"
     # msrun reports the first worker it saw exit; it kills the others itself
     reported = re.search(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)", job.msrun_log())
     ranks_by_pid = {pid: rank for rank, pid in job.pids().items()}
@@ -238,7 +244,7 @@ def launch(fn: Callable[..., Any], kwargs: dict[str, Any], distributed: dict, de
         try:
             while msrun.poll() is None:
                 first_dead = first_dead or files.dead_ranks()
-                if files.errors() or first_dead:
+                if files.rank_files("error") or first_dead:
                     time.sleep(POLL_S)  # let the failing rank finish writing before everyone is stopped
                     _stop(msrun, files)
                     break
@@ -250,7 +256,7 @@ def launch(fn: Callable[..., Any], kwargs: dict[str, Any], distributed: dict, de
         rc = msrun.wait()
     files.stop_workers()
     result = job_dir / RESULT_FILE
-    if rc != 0 or files.errors() or not result.exists():
+    if rc != 0 or files.rank_files("error") or not result.exists():
         raise DistributedTrainingError(_failure_message(files, rc, first_dead))
     if active is not None:
         # rank 0 handed the run back as RUNNING; the caller's run goes on
