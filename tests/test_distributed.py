@@ -15,7 +15,7 @@ from helpers import write_image_tree
 from test_pipeline_e2e import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project, runs
 
 from pipelines.lib.checkpoint import load_checkpoint
-from pipelines.lib.distributed import msrun_command, validate_distributed
+from pipelines.lib.distributed import DistributedTrainingError, launch, msrun_command, validate_distributed
 
 pytestmark = pytest.mark.slow
 
@@ -87,6 +87,26 @@ def test_two_nodes_of_eight_are_valid_and_launch_their_own_workers(tmp_path):
     for flag in ("--worker_num=16", "--local_worker_num=8", "--master_addr=10.0.0.1", "--node_rank=1"):
         assert flag in command
     assert command[-4:] == ["python", "-m", "pipelines.lib.msrun_worker", str(tmp_path)]
+
+
+def test_a_rank_that_raises_fails_the_launch_with_its_traceback(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "distributed"))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent / "distributed"))
+    from failing_job import fail_on_rank_1
+
+    distributed = {
+        **two_workers(),
+        "master_addr": "127.0.0.1",
+        "node_rank": 0,
+        "cluster_timeout_s": 120,
+        "log_dir": str(tmp_path / "logs"),
+    }
+    with pytest.raises(DistributedTrainingError, match="rank 1 of the msrun job failed") as failure:
+        launch(fail_on_rank_1, {"distributed": distributed, "runtime": {}}, distributed, "CPU")
+    assert str(failure.value).rstrip().endswith("ValueError: bad shard on rank 1")
+    (job,) = (tmp_path / "logs").iterdir()
+    pids = [int(p.read_text()) for p in job.glob("rank_*.pid")]
+    assert len(pids) == 2 and not [p for p in pids if alive(p)]
 
 
 def test_baseline_on_two_workers_keeps_replicas_identical_in_one_mlflow_run(tmp_path):
