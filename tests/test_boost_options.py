@@ -10,7 +10,7 @@ import yaml
 from test_config import CONF, load_params
 from test_pipeline_e2e import TINY_PARAMS, run_on_tiny_tree
 
-from pipelines.config_validation import ParameterError, parameter_sources, validate_parameters
+from pipelines.config_validation import ParameterError, base_schema, parameter_sources, validate_parameters
 from pipelines.lib.boost_options import build_train_step, grad_centralization_enabled, validate_boost
 from pipelines.lib.checkpoint import OPTIMIZER_PREFIX, load_checkpoint
 from pipelines.lib.optim import create_momentum
@@ -246,13 +246,10 @@ def test_less_bn_with_accumulation_is_refused():
     ],
 )
 def test_parameter_validation_names_the_boost_key_and_file(changes, message):
-    base = {}
-    for path in sorted((CONF / "base").glob("parameters*.yml")):
-        base.update(yaml.safe_load(path.read_text()))
     params = copy.deepcopy(load_params("local"))
     params["boost"].update(changes)
     with pytest.raises(ParameterError) as error:
-        validate_parameters(params, base, parameter_sources(CONF, "local", {"boost": changes}))
+        validate_parameters(params, base_schema(CONF), parameter_sources(CONF, "local", {"boost": changes}))
     line = next(line for line in str(error.value).splitlines() if message in line)
     assert line.endswith("(--params)")
 

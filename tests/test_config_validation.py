@@ -5,18 +5,14 @@ from __future__ import annotations
 import copy
 
 import pytest
-import yaml
 from test_config import CONF, load_params
 
-from pipelines.config_validation import ParameterError, parameter_sources, validate_parameters
+from pipelines.config_validation import ParameterError, base_schema, parameter_sources, validate_parameters
 
 
 @pytest.fixture(scope="module")
 def base() -> dict:
-    merged = {}
-    for path in sorted((CONF / "base").glob("parameters*.yml")):
-        merged.update(yaml.safe_load(path.read_text()))
-    return merged
+    return base_schema(CONF)
 
 
 @pytest.mark.parametrize("env", ["local", "ascend", "gpu"])

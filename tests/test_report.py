@@ -7,14 +7,13 @@ import math
 import mlflow
 import pandas as pd
 import pytest
-import yaml
 from PIL import Image
 from report_store import EXPERIMENT, recipe_runs, tracking_uri
 from test_config import CONF, load_params
 from test_config_validation import changed
 from test_pipeline_e2e import kedro, make_project
 
-from pipelines.config_validation import ParameterError, parameter_sources, validate_parameters
+from pipelines.config_validation import ParameterError, base_schema, parameter_sources, validate_parameters
 from pipelines.lib.report import NoRunsError, compare, figures, time_to_target
 
 TARGET = 0.5
@@ -249,16 +248,9 @@ def test_report_pipeline_without_runs_fails_naming_the_cause(tmp_path):
 def test_bad_report_parameters_are_named(key, value, message):
     params = load_params("local")
     with pytest.raises(ParameterError) as error:
-        validate_parameters(changed(params, key, value), base_schema(), parameter_sources(CONF, "local", None))
+        validate_parameters(changed(params, key, value), base_schema(CONF), parameter_sources(CONF, "local", None))
     assert message in str(error.value)
 
 
 def test_pinned_run_id_is_a_valid_parameter():
-    validate_parameters(changed(load_params("local"), "report.run_ids.thor", "3999108af481"), base_schema(), {})
-
-
-def base_schema() -> dict:
-    merged = {}
-    for path in sorted((CONF / "base").glob("parameters*.yml")):
-        merged.update(yaml.safe_load(path.read_text()))
-    return merged
+    validate_parameters(changed(load_params("local"), "report.run_ids.thor", "3999108af481"), base_schema(CONF), {})

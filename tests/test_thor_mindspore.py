@@ -14,11 +14,10 @@ import mindspore as ms
 import mindspore.dataset as ds
 import numpy as np
 import pytest
-import yaml
 from mindspore import nn
 from test_config import CONF, load_params
 
-from pipelines.config_validation import ParameterError, parameter_sources, validate_parameters
+from pipelines.config_validation import ParameterError, base_schema, parameter_sources, validate_parameters
 from pipelines.lib.checkpoint import OPTIMIZER_PREFIX, check_compatible
 from pipelines.lib.loss import CrossEntropySmooth
 from pipelines.lib.model_train import EpochCallbacks
@@ -191,10 +190,7 @@ def test_epoch_callbacks_stop_on_a_non_finite_loss():
 
 @pytest.fixture(scope="module")
 def base() -> dict:
-    merged = {}
-    for path in sorted((CONF / "base").glob("parameters*.yml")):
-        merged.update(yaml.safe_load(path.read_text()))
-    return merged
+    return base_schema(CONF)
 
 
 def with_thor(params: dict, **changes) -> dict:

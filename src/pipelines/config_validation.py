@@ -139,6 +139,14 @@ def _matches(path: str, patterns) -> str | None:
     return next((p for p in patterns if fnmatch.fnmatchcase(path, p)), None)
 
 
+def base_schema(conf_source: str | Path) -> dict:
+    """``conf/base/parameters*.yml`` merged: the schema every run's parameters are checked against."""
+    merged: dict = {}
+    for path in sorted((Path(conf_source) / "base").glob("parameters*.yml")):
+        merged.update(yaml.safe_load(path.read_text()) or {})
+    return merged
+
+
 def parameter_sources(conf_source: str | Path, env: str, runtime_params: dict | None) -> dict[str, str]:
     """The file (or ``--params``) that last set each parameter key, in Kedro's merge order."""
     sources: dict[str, str] = {}

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import click
 import mlflow
-import yaml
 from kedro.framework.hooks import hook_impl
 from mlflow.entities import RunStatus
 
-from .config_validation import ParameterError, parameter_sources, validate_parameters
+from .config_validation import ParameterError, base_schema, parameter_sources, validate_parameters
 from .lib.runtime import DeviceUnavailableError, require_device
 from .lib.tracking import set_tags
 
@@ -56,9 +55,7 @@ class ProjectHooks:
     @hook_impl
     def after_context_created(self, context) -> None:
         conf_source = Path(context.config_loader.conf_source)
-        base = {}
-        for path in sorted((conf_source / "base").glob("parameters*.yml")):
-            base.update(yaml.safe_load(path.read_text()) or {})
+        base = base_schema(conf_source)
         env = context.env or "local"
         runtime_params = getattr(context, "_runtime_params", None)
         params = context.params
