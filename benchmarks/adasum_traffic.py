@@ -1,6 +1,6 @@
 """Bytes communicated per step, plain gradient AllReduce vs Adasum, and 2-rank vs 1-rank images/s.
 
-1. Computed (``lib.adasum.communication_bytes_per_step``, ring-algorithm costs, bytes sent per
+1. Computed (``pipelines.optim.adasum.collective.communication_bytes_per_step``, ring-algorithm costs, bytes sent per
    rank per step) for the trainable parameters of resnet_narrow (10 classes) and resnet50 (1001
    classes) at 2-16 ranks, with the swap MindSpore CPU allows (AllReduce over pairs beyond 2
    ranks) and the one GPU/Ascend allow (AllGather over pairs).
@@ -41,8 +41,8 @@ def parameter_layout(name: str) -> tuple[list[int], int]:
     """Element counts of the trainable tensors and the number of BatchNorm statistic elements."""
     import numpy as np
 
-    from pipelines.lib.adasum import batchnorm_statistics
-    from pipelines.lib.resnet import create_resnet
+    from pipelines.optim.adasum.collective import batchnorm_statistics
+    from pipelines.models.resnet import create_resnet
 
     net = create_resnet(name, NUM_CLASSES[name])
     sizes = [int(np.prod(p.shape)) for p in net.trainable_params()]
@@ -51,7 +51,7 @@ def parameter_layout(name: str) -> tuple[list[int], int]:
 
 
 def print_computed() -> None:
-    from pipelines.lib.adasum import communication_bytes_per_step
+    from pipelines.optim.adasum.collective import communication_bytes_per_step
 
     print("Computed bytes sent per rank per step (ring costs, float32)")
     print(
@@ -84,8 +84,8 @@ def build_steps(rank_size: int, batch: int, image_size: int):
     import mindspore as ms
     from mindspore import nn
 
-    from pipelines.lib.adasum import AdasumTrainStep
-    from pipelines.lib.resnet import create_resnet
+    from pipelines.optim.adasum.collective import AdasumTrainStep
+    from pipelines.models.resnet import create_resnet
 
     steps = {}
     for mode in ("plain", "adasum"):
@@ -109,7 +109,7 @@ def run_worker(out: Path, batch: int, image_size: int, epochs: int, steps_per_ep
     import numpy as np
     from mindspore import Tensor
 
-    from pipelines.lib.runtime import configure_mindspore
+    from pipelines.engine.runtime import configure_mindspore
 
     configure_mindspore("CPU", "graph", 0)
     rank, rank_size = 0, 1
@@ -180,7 +180,7 @@ def main() -> None:
     print_computed()
     if args.skip_measured:
         return
-    from pipelines.lib.adasum import communication_bytes_per_step, default_exchange
+    from pipelines.optim.adasum.collective import communication_bytes_per_step, default_exchange
 
     sizes, stats = parameter_layout("resnet_narrow")
     worker_args = ["--batch-size", str(args.batch_size), "--image-size", str(args.image_size)]

@@ -49,15 +49,15 @@ def main() -> None:
 
     from pipelines.common.nodes import train_data, val_data
     from pipelines.lib import fashion_mnist
-    from pipelines.lib.data import scan_image_tree, subset_manifest
-    from pipelines.lib.evaluation import evaluate
-    from pipelines.lib.loss import CrossEntropySmooth
-    from pipelines.lib.optim import create_momentum
-    from pipelines.lib.resnet import create_resnet_from_config
-    from pipelines.lib.runtime import configure_mindspore
-    from pipelines.lib.schedules import momentum_lr, thor_damping, thor_lr
-    from pipelines.lib.thor import THOR
-    from pipelines.lib.training import capture_state, restore_state
+    from pipelines.images.folder import scan_image_tree, subset_manifest
+    from pipelines.engine.evaluation import evaluate
+    from pipelines.models.loss import CrossEntropySmooth
+    from pipelines.optim.momentum import create_momentum
+    from pipelines.models.resnet import create_resnet_from_config
+    from pipelines.engine.runtime import configure_mindspore
+    from pipelines.optim.schedules import momentum_lr, thor_damping, thor_lr
+    from pipelines.optim.thor.preconditioner import THOR
+    from pipelines.engine.loop import capture_state, restore_state
 
     conf = load_conf()
     data, model, baseline, thor_conf = conf["data"], conf["model"], conf["baseline"], conf["thor"]

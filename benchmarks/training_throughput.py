@@ -3,7 +3,7 @@
 Both train the same network (fresh copies of one initialisation) on the same Fashion-MNIST
 subset through the same input pipeline; they differ only in the loop:
 
-- pipeline: ``lib.training.fit`` with the callbacks the baseline node uses (progress display,
+- pipeline: ``pipelines.engine.loop.fit`` with the callbacks the baseline node uses (progress display,
   MLflow metrics into a real run in a temporary store, periodic checkpoints);
 - bare: ``mindspore.Model.train`` with ``FixedLossScaleManager`` and no callbacks.
 
@@ -39,14 +39,14 @@ def main() -> None:
     from mindspore.train import FixedLossScaleManager, Model
 
     from pipelines.lib import fashion_mnist
-    from pipelines.lib.data import create_dataset, scan_image_tree, subset_manifest
-    from pipelines.lib.loss import CrossEntropySmooth
-    from pipelines.lib.optim import create_momentum
-    from pipelines.lib.progress import ProgressReporter
-    from pipelines.lib.resnet import create_resnet
-    from pipelines.lib.runtime import configure_mindspore
-    from pipelines.lib.schedules import momentum_lr
-    from pipelines.lib.training import MlflowMetrics, PeriodicCheckpoint, capture_state, fit, restore_state
+    from pipelines.images.folder import create_dataset, scan_image_tree, subset_manifest
+    from pipelines.models.loss import CrossEntropySmooth
+    from pipelines.optim.momentum import create_momentum
+    from pipelines.engine.progress import ProgressReporter
+    from pipelines.models.resnet import create_resnet
+    from pipelines.engine.runtime import configure_mindspore
+    from pipelines.optim.schedules import momentum_lr
+    from pipelines.engine.loop import MlflowMetrics, PeriodicCheckpoint, capture_state, fit, restore_state
 
     configure_mindspore("CPU", "graph", 0)
     fashion_mnist.materialise(args.data_root)

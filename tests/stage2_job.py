@@ -44,10 +44,10 @@ def parameters(work: Path) -> dict:
 def main(work: Path, tree: Path) -> None:
     from pipelines.common.nodes import create_network
     from pipelines.dim_reduce.nodes import train_stage2
-    from pipelines.lib.checkpoint import save_checkpoint
-    from pipelines.lib.data import scan_image_tree
-    from pipelines.lib.runtime import configure_mindspore
-    from pipelines.lib.training import capture_state
+    from pipelines.engine.checkpoint import save_checkpoint
+    from pipelines.images.folder import scan_image_tree
+    from pipelines.engine.runtime import configure_mindspore
+    from pipelines.engine.loop import capture_state
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     params = parameters(work)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from mindspore import nn
 
-from pipelines.lib.adasum import (
+from pipelines.optim.adasum.collective import (
     Adasum,
     AdasumTrainStep,
     adasum_pair,
@@ -20,7 +20,7 @@ from pipelines.lib.adasum import (
     check_rank_size,
     communication_bytes_per_step,
 )
-from pipelines.lib.resnet import create_resnet
+from pipelines.models.resnet import create_resnet
 
 WORKER = Path(__file__).parent / "distributed" / "adasum_worker.py"
 MSRUN_TIMEOUT_S = 600

@@ -19,9 +19,9 @@ from helpers import write_image_tree
 from test_pipeline_e2e import TINY_PARAMS, kedro, make_project, runs
 from test_training import build
 
-from pipelines.lib.checkpoint import Checkpoint, CheckpointError, save_checkpoint
-from pipelines.lib.data import BadImageError, DataLayoutError, create_dataset, scan_image_tree
-from pipelines.lib.training import NonFiniteLossError, PeriodicCheckpoint, capture_state, find_resume_checkpoint, fit
+from pipelines.engine.checkpoint import Checkpoint, CheckpointError, save_checkpoint
+from pipelines.images.folder import BadImageError, DataLayoutError, create_dataset, scan_image_tree
+from pipelines.engine.loop import NonFiniteLossError, PeriodicCheckpoint, capture_state, find_resume_checkpoint, fit
 
 SPLITS = {"train": "train", "val": "val"}
 CLASSES = ("ant", "bee", "cat")
@@ -43,7 +43,7 @@ def tree(root: Path) -> Path:
 
 
 def build_manifest_node(image_root: Path) -> Callable[[], object]:
-    from pipelines.data_ingest.nodes import build_manifest
+    from pipelines.data.nodes import build_manifest
 
     data = yaml.safe_load((PROJECT / "conf/base/parameters.yml").read_text())["data"]
     return lambda: build_manifest(str(image_root), {**data, "on_bad_file": "fail"})
@@ -141,7 +141,7 @@ def n_components_too_large(root: Path):
 
 def checkpoints_of_a_different_network(root: Path):
     from pipelines.dim_reduce.nodes import collect_trajectory
-    from pipelines.lib.resnet import create_resnet
+    from pipelines.models.resnet import create_resnet
 
     five_classes = create_resnet("resnet_narrow", 5)
     paths = []

@@ -11,9 +11,9 @@ from test_config import CONF, load_params
 from test_pipeline_e2e import TINY_PARAMS, run_on_tiny_tree
 
 from pipelines.config_validation import ParameterError, base_schema, parameter_sources, validate_parameters
-from pipelines.lib.boost_options import build_train_step, grad_centralization_enabled, validate_boost
-from pipelines.lib.checkpoint import OPTIMIZER_PREFIX, load_checkpoint
-from pipelines.lib.optim import create_momentum
+from pipelines.boost.options import build_train_step, grad_centralization_enabled, validate_boost
+from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, load_checkpoint
+from pipelines.optim.momentum import create_momentum
 
 OFF = yaml.safe_load((CONF / "base" / "parameters.yml").read_text())["boost"]
 LOSS_SCALE = 8.0
@@ -160,7 +160,7 @@ def test_too_many_freeze_groups_are_refused():
 def tiny_resnet(seed: int = 3):
     import mindspore as ms
 
-    from pipelines.lib.resnet import ResNet, ResNetLayout
+    from pipelines.models.resnet import ResNet, ResNetLayout
 
     ms.set_seed(seed)
     return ResNet(ResNetLayout("basic", (2,), base_width=4, small_input_stem=True), 3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipelines.lib.checkpoint import (
+from pipelines.engine.checkpoint import (
     METADATA_KEY,
     Checkpoint,
     CheckpointError,

@@ -8,7 +8,7 @@ import pytest
 from kedro.config import OmegaConfigLoader
 
 from pipelines import settings
-from pipelines.lib.runtime import DeviceUnavailableError, device_available, require_device
+from pipelines.engine.runtime import DeviceUnavailableError, device_available, require_device
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

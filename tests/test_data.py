@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from helpers import class_colour
 
-from pipelines.lib.data import (
+from pipelines.images.folder import (
     MANIFEST_COLUMNS,
     MEAN,
     STD,

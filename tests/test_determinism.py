@@ -6,7 +6,7 @@ import pandas as pd
 from helpers import write_image_tree
 from test_pipeline_e2e import TINY_PARAMS, kedro, make_project
 
-from pipelines.lib.checkpoint import load_checkpoint
+from pipelines.engine.checkpoint import load_checkpoint
 
 # wall-clock figures, the only columns that may differ
 TIMINGS = ["epoch_time_s", "images_per_s"]

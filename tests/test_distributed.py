@@ -14,8 +14,8 @@ import pytest
 from helpers import write_image_tree
 from test_pipeline_e2e import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project, runs
 
-from pipelines.lib.checkpoint import load_checkpoint
-from pipelines.lib.distributed import DistributedTrainingError, launch, msrun_command, validate_distributed
+from pipelines.engine.checkpoint import load_checkpoint
+from pipelines.distributed.launch import DistributedTrainingError, launch, msrun_command, validate_distributed
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +86,7 @@ def test_two_nodes_of_eight_are_valid_and_launch_their_own_workers(tmp_path):
     assert command[0] == "msrun"
     for flag in ("--worker_num=16", "--local_worker_num=8", "--master_addr=10.0.0.1", "--node_rank=1"):
         assert flag in command
-    assert command[-4:] == ["python", "-m", "pipelines.lib.msrun_worker", str(tmp_path)]
+    assert command[-4:] == ["python", "-m", "pipelines.distributed.worker", str(tmp_path)]
 
 
 def test_a_rank_that_raises_fails_the_launch_with_its_traceback(tmp_path, monkeypatch):

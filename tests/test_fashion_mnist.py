@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from pipelines.lib import fashion_mnist
-from pipelines.lib.fashion_mnist import CLASS_NAMES, COMPLETE_MARKER, SPLIT_FILES, is_materialised, materialise
+from pipelines.images.fashion_mnist import CLASS_NAMES, COMPLETE_MARKER, SPLIT_FILES, is_materialised, materialise
 
 COUNTS = {"train": 13, "val": 7}
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from test_pipeline_e2e import kedro, make_project, runs
 
-from pipelines.lib.checkpoint import load_checkpoint
-from pipelines.lib.migrate import (
+from pipelines.engine.checkpoint import load_checkpoint
+from pipelines.porting.migrate import (
     TORCH_INSTALL_HINT,
     MigrationError,
     check_parity,
@@ -21,7 +21,7 @@ from pipelines.lib.migrate import (
     load_state_dict,
     require_parity,
 )
-from pipelines.lib.torch_resnet import TorchResNet
+from pipelines.porting.torch_resnet import TorchResNet
 
 IMAGE_SIZE = 64  # at 32 px the last stage is 1 x 1: training-mode BatchNorm over 4 values is ill-conditioned
 PARITY = {
@@ -75,7 +75,7 @@ def save_state_dict(model: torch.nn.Module, path) -> str:
 @pytest.fixture(scope="module")
 def pynative():
     """PyNative mode for this module (no graph compilation of each network), graph mode again afterwards."""
-    from pipelines.lib.runtime import configure_mindspore
+    from pipelines.engine.runtime import configure_mindspore
 
     configure_mindspore("CPU", "pynative", 0)
     yield
@@ -271,7 +271,7 @@ import sys
 sys.modules["torch"] = None  # as if PyTorch were not installed
 from pipelines.pipeline_registry import register_pipelines
 assert "migrate" in register_pipelines()
-from pipelines.lib.migrate import load_state_dict
+from pipelines.porting.migrate import load_state_dict
 try:
     load_state_dict({str(tmp_path / "x.pth")!r})
 except ImportError as error:

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from mindspore import nn
 
-from pipelines.lib.loss import CrossEntropySmooth
-from pipelines.lib.optim import create_momentum
-from pipelines.lib.pbfgs import PBFGS, PBFGSConfig
-from pipelines.lib.training import LossScaleOverflowError, NonFiniteLossError, fit
+from pipelines.models.loss import CrossEntropySmooth
+from pipelines.optim.momentum import create_momentum
+from pipelines.optim.dldr.pbfgs import PBFGS, PBFGSConfig
+from pipelines.engine.loop import LossScaleOverflowError, NonFiniteLossError, fit
 
 IN, OUT, BATCH, STEPS = 8, 3, 4, 5
 # Inputs of magnitude ~1000 give gradients of ~100, which this scale pushes past float32's 3.4e38;
@@ -78,8 +78,8 @@ def test_stage2_with_too_large_a_loss_scale_stops_as_a_loss_scale_error(tmp_path
 
     from pipelines.common.nodes import create_network
     from pipelines.dim_reduce.nodes import train_stage2
-    from pipelines.lib.data import scan_image_tree
-    from pipelines.lib.training import capture_state
+    from pipelines.images.folder import scan_image_tree
+    from pipelines.engine.loop import capture_state
 
     tree = write_image_tree(tmp_path / "tree", classes=("a", "b", "c"), per_class={"train": 6, "val": 2})
     scanned = scan_image_tree(tree, {"train": "train", "val": "val"})

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from mindspore import nn
 
-from pipelines.lib.loss import CrossEntropySmooth
-from pipelines.lib.pbfgs import PBFGS, PBFGSConfig, bfgs_inverse_update
-from pipelines.lib.resnet import create_resnet
+from pipelines.models.loss import CrossEntropySmooth
+from pipelines.optim.dldr.pbfgs import PBFGS, PBFGSConfig, bfgs_inverse_update
+from pipelines.models.resnet import create_resnet
 
 IN, OUT, BATCH = 6, 3, 8
 
@@ -218,9 +218,9 @@ import pipelines
 import mindspore as ms
 import mindspore.dataset as ds
 from mindspore import nn
-from pipelines.lib.boost_stage2 import boost_config, boost_model
-from pipelines.lib.loss import CrossEntropySmooth
-from pipelines.lib.runtime import configure_mindspore
+from pipelines.optim.dldr.boost_stage2 import boost_config, boost_model
+from pipelines.models.loss import CrossEntropySmooth
+from pipelines.engine.runtime import configure_mindspore
 
 work = sys.argv[1]
 configure_mindspore("CPU", "graph", 0)

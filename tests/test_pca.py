@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 from sklearn.decomposition import PCA
 
-from pipelines.lib.checkpoint import Checkpoint, CheckpointError, save_checkpoint
-from pipelines.lib.pca import (
+from pipelines.engine.checkpoint import Checkpoint, CheckpointError, save_checkpoint
+from pipelines.optim.dldr.pca import (
     TrajectoryPCA,
     explained_variance_table,
     fit_pca,

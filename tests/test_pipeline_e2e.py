@@ -16,7 +16,7 @@ import pytest
 import yaml
 from helpers import write_image_tree
 
-from pipelines.lib.checkpoint import load_checkpoint
+from pipelines.engine.checkpoint import load_checkpoint
 
 PROJECT = Path(__file__).resolve().parents[1]
 EPOCHS = 2
@@ -138,7 +138,7 @@ def test_progress_is_logged(baseline_run):
 
 
 def test_missing_device_fails_before_any_work(tmp_path):
-    from pipelines.lib.runtime import device_available
+    from pipelines.engine.runtime import device_available
 
     if device_available("GPU"):
         pytest.skip("this machine has a GPU")

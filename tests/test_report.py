@@ -14,7 +14,7 @@ from test_config_validation import changed
 from test_pipeline_e2e import kedro, make_project
 
 from pipelines.config_validation import ParameterError, base_schema, parameter_sources, validate_parameters
-from pipelines.lib.report import NoRunsError, compare, figures, time_to_target
+from pipelines.reporting.compare import NoRunsError, compare, figures, time_to_target
 
 TARGET = 0.5
 PREFIXES = {

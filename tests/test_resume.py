@@ -7,7 +7,7 @@ import pytest
 from helpers import kill_kedro_mid_epoch, write_image_tree
 from test_pipeline_e2e import TINY_PARAMS, kedro, make_project, runs
 
-from pipelines.lib.checkpoint import load_checkpoint
+from pipelines.engine.checkpoint import load_checkpoint
 
 EPOCHS = 6
 CHECKPOINTS = "data/06_models/baseline/epochs"

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from pipelines.lib.schedules import LR_SCHEDULES, momentum_lr, scaled_lr_max
+from pipelines.optim.schedules import LR_SCHEDULES, momentum_lr, scaled_lr_max
 
 LR_INIT, LR_MAX, LR_END = 0.01, 0.8, 0.002
 EPOCHS, STEPS_PER_EPOCH, WARMUP_EPOCHS = 10, 7, 2

@@ -15,7 +15,7 @@ import pandas as pd
 from helpers import write_image_tree
 from stage2_job import EPOCHS, STAGE1_EPOCH
 
-from pipelines.lib.checkpoint import load_checkpoint
+from pipelines.engine.checkpoint import load_checkpoint
 
 JOB = [sys.executable, str(Path(__file__).with_name("stage2_job.py"))]
 

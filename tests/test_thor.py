@@ -1,7 +1,7 @@
 """THOR against numpy closed forms of its statistics, inverses and update, and its step logic.
 
 The numpy side is written from the formulas (``../shared/RECIPES.md``, THOR section, and the
-``pipelines.lib.thor`` docstring conventions): im2col, A = E[a a^T], G = E[g g^T] with per-example
+``pipelines.optim.thor.preconditioner`` docstring conventions): im2col, A = E[a a^T], G = E[g g^T] with per-example
 output gradients, damped inverses ``P^-1/2 (X + sqrt(lambda/P) I)^-1``, ``d = G^-1 grad A^-1``,
 then weight decay, then momentum.
 """
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from mindspore import nn
 
-from pipelines.lib.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
-from pipelines.lib.loss import CrossEntropySmooth
-from pipelines.lib.schedules import thor_damping, thor_lr
-from pipelines.lib.thor import THOR, _Capture, apply_left, apply_right, block_inverse, blocks_to_dense
+from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
+from pipelines.models.loss import CrossEntropySmooth
+from pipelines.optim.schedules import thor_damping, thor_lr
+from pipelines.optim.thor.preconditioner import THOR, _Capture, apply_left, apply_right, block_inverse, blocks_to_dense
 
 N, C_IN, SIZE, C_OUT, CLASSES = 4, 2, 8, 3, 4
 POSITIONS = (SIZE // 2) ** 2  # stride-2, padding-1, 3x3 conv on 8x8: 4x4 outputs
@@ -447,7 +447,7 @@ class SmallConvNet(nn.Cell):
 def test_short_training_reduces_the_loss():
     from mindspore import dataset as ds
 
-    from pipelines.lib.training import fit
+    from pipelines.engine.loop import fit
 
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 3, 96).astype(np.int32)

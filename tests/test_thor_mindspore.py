@@ -18,17 +18,17 @@ from mindspore import nn
 from test_config import CONF, load_params
 
 from pipelines.config_validation import ParameterError, base_schema, parameter_sources, validate_parameters
-from pipelines.lib.checkpoint import OPTIMIZER_PREFIX, check_compatible
-from pipelines.lib.loss import CrossEntropySmooth
-from pipelines.lib.model_train import EpochCallbacks
-from pipelines.lib.resnet import create_resnet
-from pipelines.lib.thor_mindspore import (
+from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, check_compatible
+from pipelines.models.loss import CrossEntropySmooth
+from pipelines.engine.model_bridge import EpochCallbacks
+from pipelines.models.resnet import create_resnet
+from pipelines.optim.thor.mindspore_thor import (
     capture_thor_state,
     create_thor_model,
     is_statistic,
     restore_thor_state,
 )
-from pipelines.lib.training import Callback, NonFiniteLossError, PeriodicCheckpoint, capture_state
+from pipelines.engine.loop import Callback, NonFiniteLossError, PeriodicCheckpoint, capture_state
 
 CLASSES = 3
 STEPS = 6

@@ -10,7 +10,7 @@ from helpers import kill_kedro_mid_epoch, write_image_tree
 from test_pipeline_e2e import TINY_PARAMS, kedro, make_project, runs
 from test_thor import TinyNet, batch, make_thor, run
 
-from pipelines.lib.checkpoint import OPTIMIZER_PREFIX, load_checkpoint
+from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, load_checkpoint
 
 EPOCHS = 4
 CHECKPOINTS = "data/06_models/thor/epochs"

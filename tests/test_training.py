@@ -7,14 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from pipelines.lib.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
-from pipelines.lib.data import create_dataset, scan_image_tree
-from pipelines.lib.evaluation import evaluate
-from pipelines.lib.loss import CrossEntropySmooth
-from pipelines.lib.optim import create_momentum
-from pipelines.lib.resnet import create_resnet
-from pipelines.lib.schedules import momentum_lr
-from pipelines.lib.training import (
+from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
+from pipelines.images.folder import create_dataset, scan_image_tree
+from pipelines.engine.evaluation import evaluate
+from pipelines.models.loss import CrossEntropySmooth
+from pipelines.optim.momentum import create_momentum
+from pipelines.models.resnet import create_resnet
+from pipelines.optim.schedules import momentum_lr
+from pipelines.engine.loop import (
     Callback,
     NonFiniteLossError,
     PeriodicCheckpoint,
@@ -294,7 +294,7 @@ def test_restore_state_rejects_a_checkpoint_missing_network_params():
 
 
 def write_epoch(folder, epoch: int, fingerprint: str) -> None:
-    from pipelines.lib.checkpoint import Checkpoint, save_checkpoint
+    from pipelines.engine.checkpoint import Checkpoint, save_checkpoint
 
     save_checkpoint(
         Checkpoint({"w": np.zeros(2, np.float32)}, {"epoch": epoch, "fingerprint": fingerprint}),
@@ -303,7 +303,7 @@ def write_epoch(folder, epoch: int, fingerprint: str) -> None:
 
 
 def test_resume_picks_the_newest_checkpoint_of_the_same_unfinished_training(tmp_path):
-    from pipelines.lib.training import find_resume_checkpoint
+    from pipelines.engine.loop import find_resume_checkpoint
 
     assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5) is None
     write_epoch(tmp_path, 2, "abc")
@@ -312,7 +312,7 @@ def test_resume_picks_the_newest_checkpoint_of_the_same_unfinished_training(tmp_
 
 
 def test_checkpoints_of_another_configuration_are_moved_aside(tmp_path):
-    from pipelines.lib.training import find_resume_checkpoint
+    from pipelines.engine.loop import find_resume_checkpoint
 
     write_epoch(tmp_path, 2, "other")
     assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5) is None
@@ -323,7 +323,7 @@ def test_checkpoints_of_another_configuration_are_moved_aside(tmp_path):
 
 
 def test_a_finished_training_is_not_resumed(tmp_path):
-    from pipelines.lib.training import find_resume_checkpoint
+    from pipelines.engine.loop import find_resume_checkpoint
 
     write_epoch(tmp_path, 4, "abc")
     write_epoch(tmp_path, 5, "abc")

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from mindspore import nn
 
-from pipelines.lib.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
-from pipelines.lib.trajectory import TrajectoryRecorder, select_trajectory, verify_trajectory
+from pipelines.engine.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from pipelines.optim.dldr.trajectory import TrajectoryRecorder, select_trajectory, verify_trajectory
 
 
 def drive(recorder: TrajectoryRecorder, epochs: int, steps: int) -> None:

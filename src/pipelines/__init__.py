@@ -1,6 +1,6 @@
 """ResNet / ImageNet training recipes of MindSpore as Kedro pipelines, tracked in MLflow."""
 
-from .lib.runtime import apply_cpu_defaults
+from pipelines.engine.runtime import apply_cpu_defaults
 
 apply_cpu_defaults()
 

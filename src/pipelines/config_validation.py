@@ -15,14 +15,14 @@ from typing import Any
 
 import yaml
 
-from .lib.boost_options import FREEZE_TYPES, GRAD_CENTRALIZATION_MODES, boost_problems
-from .lib.data import BAD_FILE_POLICIES, VERIFY_MODES
-from .lib.distributed import validate_distributed
-from .lib.migrate import TORCHVISION_ARCHITECTURES
-from .lib.report import RECIPES
-from .lib.resnet import CONV_INITS, DENSE_INITS, RESNET_LAYOUTS
-from .lib.runtime import DEVICE_TARGETS
-from .lib.schedules import LR_SCHEDULES
+from pipelines.boost.options import FREEZE_TYPES, GRAD_CENTRALIZATION_MODES, boost_problems
+from pipelines.images.folder import BAD_FILE_POLICIES, VERIFY_MODES
+from pipelines.distributed.launch import validate_distributed
+from pipelines.porting.layouts import TORCHVISION_ARCHITECTURES
+from pipelines.reporting.compare import RECIPES
+from pipelines.models.resnet import CONV_INITS, DENSE_INITS, RESNET_LAYOUTS
+from pipelines.engine.runtime import DEVICE_TARGETS
+from pipelines.optim.schedules import LR_SCHEDULES
 
 NULLABLE = (
     "thor.block_size",

@@ -16,8 +16,8 @@ from kedro.framework.hooks import hook_impl
 from mlflow.entities import RunStatus
 
 from .config_validation import ParameterError, base_schema, parameter_sources, validate_parameters
-from .lib.runtime import DeviceUnavailableError, require_device
-from .lib.tracking import set_tags
+from pipelines.engine.runtime import DeviceUnavailableError, require_device
+from pipelines.tracking import set_tags
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

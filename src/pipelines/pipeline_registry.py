@@ -4,7 +4,7 @@ from kedro.pipeline import Pipeline
 
 from .adasum.pipeline import create_pipeline as create_adasum
 from .baseline.pipeline import create_pipeline as create_baseline
-from .data_ingest.pipeline import create_pipeline as create_data
+from .data.pipeline import create_pipeline as create_data
 from .dim_reduce.pipeline import create_pipeline as create_dim_reduce
 from .migrate.pipeline import create_pipeline as create_migrate
 from .report.pipeline import create_pipeline as create_report

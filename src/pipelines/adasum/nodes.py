@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 
 from ..common.training import train_momentum
-from ..lib.checkpoint import Checkpoint
-from ..lib.distributed import data_parallel, is_power_of_two
+from pipelines.engine.checkpoint import Checkpoint
+from pipelines.distributed.launch import data_parallel, is_power_of_two
 
 
 def train_adasum(

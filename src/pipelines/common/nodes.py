@@ -6,14 +6,14 @@ import logging
 
 import pandas as pd
 
-from ..lib.checkpoint import Checkpoint, check_compatible
-from ..lib.data import create_dataset
-from ..lib.distributed import rank_context
-from ..lib.evaluation import evaluate
-from ..lib.resnet import count_parameters, create_resnet_from_config
-from ..lib.runtime import configure_mindspore
-from ..lib.tracking import log_metrics
-from ..lib.training import capture_state, restore_state
+from pipelines.engine.checkpoint import Checkpoint, check_compatible
+from pipelines.images.folder import create_dataset
+from pipelines.distributed.launch import rank_context
+from pipelines.engine.evaluation import evaluate
+from pipelines.models.resnet import count_parameters, create_resnet_from_config
+from pipelines.engine.runtime import configure_mindspore
+from pipelines.tracking import log_metrics
+from pipelines.engine.loop import capture_state, restore_state
 
 logger = logging.getLogger(__name__)
 

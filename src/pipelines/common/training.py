@@ -7,18 +7,18 @@ from collections.abc import Callable, Sequence
 
 import pandas as pd
 
-from ..lib.adasum_boost import train_with_boost_adasum
-from ..lib.boost_options import boost_enabled, build_train_step
-from ..lib.checkpoint import Checkpoint, load_checkpoint
-from ..lib.distributed import rank_context, verify_replicas
-from ..lib.evaluation import evaluate
-from ..lib.loss import CrossEntropySmooth
-from ..lib.optim import create_momentum
-from ..lib.progress import ProgressReporter
-from ..lib.runtime import configure_mindspore
-from ..lib.schedules import momentum_lr, scaled_lr_max
-from ..lib.tracking import log_metrics, set_tags
-from ..lib.training import (
+from pipelines.optim.adasum.boost import train_with_boost_adasum
+from pipelines.boost.options import boost_enabled, build_train_step
+from pipelines.engine.checkpoint import Checkpoint, load_checkpoint
+from pipelines.distributed.launch import rank_context, verify_replicas
+from pipelines.engine.evaluation import evaluate
+from pipelines.models.loss import CrossEntropySmooth
+from pipelines.optim.momentum import create_momentum
+from pipelines.engine.progress import ProgressReporter
+from pipelines.engine.runtime import configure_mindspore
+from pipelines.optim.schedules import momentum_lr, scaled_lr_max
+from pipelines.tracking import log_metrics, set_tags
+from pipelines.engine.loop import (
     Callback,
     MlflowMetrics,
     PeriodicCheckpoint,
@@ -60,7 +60,7 @@ def train_momentum(
     checkpoint (weights, BatchNorm statistics, optimizer state, epoch) and the per-epoch
     history; per-epoch metrics go to MLflow as training runs (names prefixed by ``metric_prefix``).
     ``boost`` (the ``boost`` parameters) switches on mindspore.boost's LessBN, gradient freeze or
-    gradient accumulation in the training step (``lib.boost_options``). ``adasum`` (the ``adasum``
+    gradient accumulation in the training step (``pipelines.boost.options``). ``adasum`` (the ``adasum``
     parameters) combines the ranks' weight deltas with Adasum instead of averaging gradients.
     """
     from mindspore import nn
@@ -158,7 +158,7 @@ def _train_step(network_with_loss, optimizer, train: dict, runtime: dict, boost:
     """The per-batch step: plain or with boost toggles, or with Adasum across the ranks."""
     if adasum is None:
         return build_train_step(network_with_loss, optimizer, train["loss_scale"], boost, runtime["device_target"])
-    from ..lib.adasum import AdasumTrainStep  # loads MindSpore: only when training
+    from pipelines.optim.adasum.collective import AdasumTrainStep  # loads MindSpore: only when training
 
     ranks = rank_context()
     logger.info("Adasum of the weight deltas across %d ranks (exchange %s)", ranks.size, adasum["exchange"])

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from kedro.io import AbstractDataset, DatasetError
 
-from ..lib.checkpoint import atomic_path
+from pipelines.engine.checkpoint import atomic_path
 
 
 class NumpyArrayDataset(AbstractDataset[np.ndarray, np.ndarray]):

@@ -16,15 +16,15 @@ from matplotlib.figure import Figure
 
 from ..common.nodes import create_network, network_from_checkpoint, num_classes
 from ..common.training import report_replica_divergence, train_data, train_momentum
-from ..lib.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
-from ..lib.distributed import data_parallel, rank_context
-from ..lib.loss import CrossEntropySmooth
-from ..lib.pbfgs import PBFGS, PBFGSConfig
-from ..lib.pca import explained_variance_table, fit_trajectory_pca
-from ..lib.progress import ProgressReporter
-from ..lib.runtime import configure_mindspore
-from ..lib.tracking import log_metrics, set_tags
-from ..lib.training import (
+from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
+from pipelines.distributed.launch import data_parallel, rank_context
+from pipelines.models.loss import CrossEntropySmooth
+from pipelines.optim.dldr.pbfgs import PBFGS, PBFGSConfig
+from pipelines.optim.dldr.pca import explained_variance_table, fit_trajectory_pca
+from pipelines.engine.progress import ProgressReporter
+from pipelines.engine.runtime import configure_mindspore
+from pipelines.tracking import log_metrics, set_tags
+from pipelines.engine.loop import (
     Callback,
     MlflowMetrics,
     PeriodicCheckpoint,
@@ -34,7 +34,7 @@ from ..lib.training import (
     fit,
     restore_state,
 )
-from ..lib.trajectory import TrajectoryRecorder, select_trajectory, verify_trajectory
+from pipelines.optim.dldr.trajectory import TrajectoryRecorder, select_trajectory, verify_trajectory
 
 matplotlib.use("Agg")
 logger = logging.getLogger(__name__)
@@ -342,7 +342,7 @@ def _train_stage2_with_boost(
         (work / "job.json").write_text(json.dumps(job))
         logger.info("Stage 2 with mindspore.boost dim_reduce in a separate process")
         result = subprocess.run(
-            [sys.executable, "-m", "pipelines.lib.boost_stage2", str(work / "job.json")],
+            [sys.executable, "-m", "pipelines.optim.dldr.boost_stage2", str(work / "job.json")],
             capture_output=True,
             text=True,
             check=False,

@@ -6,10 +6,10 @@ import logging
 
 import pandas as pd
 
-from ..lib.checkpoint import Checkpoint
-from ..lib.migrate import check_parity, convert, load_state_dict, require_parity
-from ..lib.runtime import configure_mindspore
-from ..lib.tracking import log_metrics
+from pipelines.engine.checkpoint import Checkpoint
+from pipelines.porting.migrate import check_parity, convert, load_state_dict, require_parity
+from pipelines.engine.runtime import configure_mindspore
+from pipelines.tracking import log_metrics
 
 logger = logging.getLogger(__name__)
 

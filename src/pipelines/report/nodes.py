@@ -8,7 +8,7 @@ import mlflow
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..lib.report import compare, figures
+from pipelines.reporting.compare import compare, figures
 
 logger = logging.getLogger(__name__)
 

@@ -13,18 +13,18 @@ import pandas as pd
 
 from ..common.nodes import build_network, network_from_checkpoint, num_classes, train_data, val_data
 from ..common.training import report_replica_divergence
-from ..lib.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint
-from ..lib.distributed import data_parallel, rank_context
-from ..lib.evaluation import evaluate
-from ..lib.loss import CrossEntropySmooth
-from ..lib.model_train import EpochCallbacks
-from ..lib.progress import ProgressReporter
-from ..lib.runtime import configure_mindspore
-from ..lib.schedules import thor_damping, thor_lr
-from ..lib.thor import THOR
-from ..lib.thor_mindspore import capture_thor_state, create_thor_model, restore_thor_state
-from ..lib.tracking import set_tags
-from ..lib.training import (
+from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint
+from pipelines.distributed.launch import data_parallel, rank_context
+from pipelines.engine.evaluation import evaluate
+from pipelines.models.loss import CrossEntropySmooth
+from pipelines.engine.model_bridge import EpochCallbacks
+from pipelines.engine.progress import ProgressReporter
+from pipelines.engine.runtime import configure_mindspore
+from pipelines.optim.schedules import thor_damping, thor_lr
+from pipelines.optim.thor.preconditioner import THOR
+from pipelines.optim.thor.mindspore_thor import capture_thor_state, create_thor_model, restore_thor_state
+from pipelines.tracking import set_tags
+from pipelines.engine.loop import (
     Callback,
     MlflowMetrics,
     PeriodicCheckpoint,
@@ -100,7 +100,7 @@ def train_thor(
 ) -> tuple[Checkpoint, pd.DataFrame]:
     """THOR training from the initial weights; the final network and THOR state, and the per-epoch history.
 
-    ``thor.implementation`` own: this project's THOR (``lib.thor``); mindspore: ``nn.thor`` with ``ModelThor``
+    ``thor.implementation`` own: this project's THOR (``pipelines.optim.thor.preconditioner``); mindspore: ``nn.thor`` with ``ModelThor``
     (Ascend/GPU). Every ``thor.checkpoint.every_epochs`` epochs the full state (weights, BatchNorm statistics,
     momenta, A/G statistics, inverses, step counters, the history so far) is written to ``thor.checkpoint.dir``;
     rerun with the same configuration and initial weights, training resumes from the newest of them.

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 import mindspore as ms
 import numpy as np
 
-from .checkpoint import OPTIMIZER_PREFIX, Checkpoint
-from .optim import NO_DECAY_MARKERS
+from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint
+from pipelines.optim.momentum import NO_DECAY_MARKERS
 
 # the last name part of the buffers Conv2dThor / DenseThor add to the network; optimizer state, not weights
 STATISTICS_NAMES = ("matrix_a_cov", "matrix_g_cov", "a_normalizer", "g_normalizer", "matrix_a", "matrix_g")

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
-from .distributed import barrier, rank_context
-from .tracking import log_metrics
+from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
+from pipelines.distributed.launch import barrier, rank_context
+from pipelines.tracking import log_metrics
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 ``mindspore.boost.AutoBoost`` is a process-wide singleton configured by the first ``Model`` of
 a process, so this always runs in a process of its own:
 
-    python -m pipelines.lib.boost_stage2 job.json
+    python -m pipelines.optim.dldr.boost_stage2 job.json
 
 The job file names the network, the start checkpoint, the precomputed projection (``.npy``,
 passed as ``pca_mat_path``), the data and the output checkpoint; see ``run_job``. The boost
@@ -86,12 +86,12 @@ def run_job(job: dict) -> None:
     """Train ``job["epochs"]`` epochs of boost stage 2 and save the network to ``job["output"]``."""
     import pandas as pd
 
-    from .checkpoint import load_checkpoint, save_checkpoint
-    from .data import create_dataset
-    from .loss import CrossEntropySmooth
-    from .resnet import create_resnet_from_config
-    from .runtime import configure_mindspore
-    from .training import capture_state, restore_state
+    from pipelines.engine.checkpoint import load_checkpoint, save_checkpoint
+    from pipelines.images.folder import create_dataset
+    from pipelines.models.loss import CrossEntropySmooth
+    from pipelines.models.resnet import create_resnet_from_config
+    from pipelines.engine.runtime import configure_mindspore
+    from pipelines.engine.loop import capture_state, restore_state
 
     configure_mindspore(job["device_target"], job["mode"], job["seed"])
     model = job["model"]

@@ -78,7 +78,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from .optim import NO_DECAY_MARKERS
+from pipelines.optim.momentum import NO_DECAY_MARKERS
 
 STATE_PREFIX = "thor."
 STATS_PREFIX = "thor_stats."

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .checkpoint import CheckpointError, load_checkpoint
+from pipelines.engine.checkpoint import CheckpointError, load_checkpoint
 
 if TYPE_CHECKING:
     import pandas as pd

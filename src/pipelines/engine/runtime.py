@@ -54,7 +54,7 @@ def configure_mindspore(device_target: str = "CPU", mode: str = "graph", seed: i
     """Select the device, execution mode and global seed for this process."""
     import mindspore as ms
 
-    from .distributed import rank_context
+    from pipelines.distributed.launch import rank_context
 
     require_device(device_target)
     if rank_context().size == 1:  # an msrun worker chose its device before init(); it cannot change

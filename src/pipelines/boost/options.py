@@ -1,6 +1,6 @@
 """``mindspore.boost``'s LessBN, gradient freeze and gradient accumulation for our Momentum training step.
 
-The trainings call their step cell once per batch (``lib.training.fit``) rather than through
+The trainings call their step cell once per batch (``pipelines.engine.loop.fit``) rather than through
 ``mindspore.Model``, whose boost configuration (``AutoBoost``) is a process-wide singleton. So
 ``build_train_step`` assembles the same MindSpore pieces ``Model`` would, without the singleton:
 
@@ -119,7 +119,7 @@ def build_train_step(network_with_loss, optimizer, loss_scale: float, boost: dic
     """The training step cell ``(images, labels) -> loss`` for ``boost`` (None or all off: a plain TrainOneStepCell).
 
     ``network_with_loss`` is a ``WithLossCell``-like cell, ``optimizer`` a Momentum over its
-    network's trainable parameters (``lib.optim.create_momentum``) whose learning rate is the
+    network's trainable parameters (``pipelines.optim.momentum.create_momentum``) whose learning rate is the
     per-step schedule, already restored when resuming; gradients are scaled by ``loss_scale``.
     Raises ``ValueError`` (naming the ``boost`` key) for a combination MindSpore cannot run.
     """

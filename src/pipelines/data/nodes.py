@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..lib import fashion_mnist
-from ..lib.data import scan_image_tree, subset_manifest
+from pipelines.images.folder import scan_image_tree, subset_manifest
 
 logger = logging.getLogger(__name__)
 

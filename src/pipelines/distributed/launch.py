@@ -1,7 +1,7 @@
 """Data-parallel training over MindSpore's own launcher, ``msrun``.
 
 A training function runs unchanged in every worker: :func:`launch` pickles its arguments into a
-job folder and starts ``msrun ... python -m pipelines.lib.distributed <job folder>``; each worker
+job folder and starts ``msrun ... python -m pipelines.distributed.launch <job folder>``; each worker
 initialises MindSpore's collectives (HCCL, NCCL, or the CPU ones), switches on data-parallel
 gradient averaging, calls the function, and the first worker of each node pickles the result back.
 Global rank 0 alone logs to the caller's MLflow run and writes checkpoints
@@ -31,7 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import atomic_path
+from pipelines.engine.checkpoint import atomic_path
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def msrun_command(distributed: dict, job_dir: Path) -> list[str]:
         "--tail_worker_log=0" if distributed["node_rank"] == 0 else "--tail_worker_log=-1",
         "python",
         "-m",
-        "pipelines.lib.msrun_worker",
+        "pipelines.distributed.worker",
         str(job_dir),
     ]
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from mindspore.train import Callback as MindsporeCallback
 
-from .training import Callback, NonFiniteLossError
+from pipelines.engine.loop import Callback, NonFiniteLossError
 
 
 class EpochCallbacks(MindsporeCallback):

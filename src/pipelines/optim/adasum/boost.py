@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .training import Callback
+from pipelines.engine.loop import Callback
 
 # Only adasum among the O2 algorithms, as the tutorial's boost_config_dict sets it.
 BOOST_CONFIG = {
@@ -43,7 +43,7 @@ def train_with_boost_adasum(
     """Train ``net`` to ``epochs`` with ``Model(boost_level="O2")`` and only Adasum on; one metrics row per epoch."""
     from mindspore.train import FixedLossScaleManager, Model
 
-    from .model_train import EpochCallbacks
+    from pipelines.engine.model_bridge import EpochCallbacks
 
     model = Model(
         net,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .checkpoint import Checkpoint, CheckpointError, check_compatible, load_checkpoint, save_checkpoint
-from .training import Callback
+from pipelines.engine.checkpoint import Checkpoint, CheckpointError, check_compatible, load_checkpoint, save_checkpoint
+from pipelines.engine.loop import Callback
 
 INDEX_COLUMNS = ["path", "epoch", "step", "global_step"]
 

@@ -25,8 +25,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .checkpoint import Checkpoint
-from .resnet import RESNET_LAYOUTS, ResNetLayout
+from pipelines.engine.checkpoint import Checkpoint
+from pipelines.models.resnet import RESNET_LAYOUTS, ResNetLayout
+from pipelines.porting.layouts import TORCH_INSTALL_HINT, TORCHVISION_ARCHITECTURES
 
 DROPPED_SUFFIXES = (".num_batches_tracked",)
 _BN_NAMES = {"gamma": "weight", "beta": "bias", "moving_mean": "running_mean", "moving_variance": "running_var"}
@@ -41,16 +42,6 @@ _STEP_COLUMNS = (
     "update_max_rel_diff",
     "mindspore_update_error",
     "torch_float32_update_error",
-)
-
-
-TORCH_INSTALL_HINT = (
-    "PyTorch is needed to migrate PyTorch weights but is not installed; install the project's 'migrate' "
-    "extra: .venv/bin/pip install -e '.[migrate]' (torch==2.13.0; bash scripts/setup.sh installs it too)"
-)
-# Our layouts with a torchvision counterpart: the 7x7 stem with max-pool and 64 base channels.
-TORCHVISION_ARCHITECTURES = tuple(
-    name for name, layout in RESNET_LAYOUTS.items() if not layout.small_input_stem and layout.base_width == 64
 )
 
 
@@ -81,7 +72,7 @@ def torch_name(mindspore_name: str, layout: ResNetLayout) -> str:
 
 def mindspore_parameter_shapes(architecture: str, num_classes: int) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every parameter (moving statistics included) of our ``architecture``."""
-    from .resnet import create_resnet
+    from pipelines.models.resnet import create_resnet
 
     return {p.name: tuple(p.shape) for p in create_resnet(architecture, num_classes).get_parameters()}
 
@@ -177,7 +168,7 @@ def parity_batch(batch_size: int, image_size: int, num_classes: int, seed: int) 
 def _torch_model(state_dict: Mapping[str, np.ndarray], architecture: str, num_classes: int):
     import torch
 
-    from .torch_resnet import TorchResNet
+    from pipelines.porting.torch_resnet import TorchResNet
 
     model = TorchResNet(architecture, num_classes)
     tensors = {k: torch.from_numpy(np.array(v)) for k, v in state_dict.items()}
@@ -192,8 +183,8 @@ def _torch_model(state_dict: Mapping[str, np.ndarray], architecture: str, num_cl
 
 
 def _mindspore_net(checkpoint: Checkpoint, architecture: str, num_classes: int):
-    from .resnet import create_resnet
-    from .training import restore_state
+    from pipelines.models.resnet import create_resnet
+    from pipelines.engine.loop import restore_state
 
     net = create_resnet(architecture, num_classes)
     restore_state(net, checkpoint)
