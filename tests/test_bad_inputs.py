@@ -118,25 +118,50 @@ def wrong_folder_layout(root: Path):
     return lambda: raised(DataLayoutError, build_manifest_node(image_root)), expected
 
 
+def parameters_refused(project: Path, *args: str) -> Callable[[], str]:
+    """``kedro run`` stopped by the parameter check, before any MLflow run exists."""
+    run = kedro_fails(project, *args)
+
+    def action() -> str:
+        message = run()
+        assert runs(project)[1] == [], "an MLflow run was started before the parameters were checked"
+        return message
+
+    return action
+
+
 def unknown_parameter_key(root: Path):
     project = kedro_project(root, {"baseline": {**TINY_PARAMS["baseline"], "epochz": 3}})
-    source = project / "conf" / "local" / "parameters.yml"
-    expected = [f"baseline.epochz is not a known parameter (typo?) ({source})"]
-    return kedro_fails(project, "--pipelines=baseline"), expected
+    source = Path("conf") / "local" / "parameters.yml"
+    expected = [f"baseline.epochz is not a known parameter; did you mean baseline.epochs? ({source})"]
+    return parameters_refused(project, "--pipelines=baseline"), expected
 
 
 def wrong_type(root: Path):
     project = kedro_project(root, {"baseline": {**TINY_PARAMS["baseline"], "batch_size": "sixty-four"}})
-    source = project / "conf" / "local" / "parameters.yml"
-    expected = [f"baseline.batch_size must be an integer, got 'sixty-four' ({source})"]
-    return kedro_fails(project, "--pipelines=baseline"), expected
+    source = Path("conf") / "local" / "parameters.yml"
+    expected = [f"baseline.batch_size is 'sixty-four' but must be an integer ({source})"]
+    return parameters_refused(project, "--pipelines=baseline"), expected
+
+
+def bad_choice_and_range_together(root: Path):
+    project = kedro_project(root, {"model": {"name": "resnet_narow"}, "baseline": {"momentum": 1.5}})
+    source = Path("conf") / "local" / "parameters.yml"
+    expected = [
+        "Error: invalid parameters:",
+        f"model.name is 'resnet_narow'; choose one of resnet18, resnet34, resnet50, resnet101, resnet_narrow "
+        f"({source})",
+        f"baseline.momentum is 1.5 but must be < 1 ({source})",
+        "baseline.lr.lr_max is -1 but must be > 0 (--params)",
+    ]
+    return parameters_refused(project, "--pipelines=baseline", "--params=baseline.lr.lr_max=-1"), expected
 
 
 def n_components_too_large(root: Path):
     project = kedro_project(root, {"dim_reduce": {"pca": {"n_components": 50}, "collect": {"n_files": 40}}})
-    source = project / "conf" / "local" / "parameters.yml"
+    source = Path("conf") / "local" / "parameters.yml"
     expected = [f"dim_reduce.pca.n_components is 50 but must be below dim_reduce.collect.n_files (40) ({source})"]
-    return kedro_fails(project, "--pipelines=dim_reduce"), expected
+    return parameters_refused(project, "--pipelines=dim_reduce"), expected
 
 
 def checkpoints_of_a_different_network(root: Path):
@@ -203,6 +228,7 @@ CASES: dict[str, Case] = {
     "wrong folder layout": wrong_folder_layout,
     "unknown parameter key": unknown_parameter_key,
     "wrong type": wrong_type,
+    "bad choice and range together": bad_choice_and_range_together,
     "n_components too large": n_components_too_large,
     "checkpoints of a different network": checkpoints_of_a_different_network,
     "truncated checkpoint": truncated_checkpoint,

@@ -10,17 +10,19 @@ import yaml
 from test_config import CONF, load_params
 from test_pipeline_e2e import TINY_PARAMS, run_on_tiny_tree
 
-from pipelines.config_validation import ParameterError, base_schema, parameter_sources, validate_parameters
 from pipelines.boost.options import build_train_step, grad_centralization_enabled, validate_boost
 from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, load_checkpoint
+from pipelines.hooks import parameter_sources
 from pipelines.optim.momentum import create_momentum
+from pipelines.params import BoostParams, ParameterError, validate_parameters
 
 OFF = yaml.safe_load((CONF / "base" / "parameters.yml").read_text())["boost"]
 LOSS_SCALE = 8.0
 
 
-def boost(**changes) -> dict:
-    return {**OFF, **changes}
+def boost(**changes) -> BoostParams:
+    """The ``boost`` section of conf/base with ``changes``, as the nodes receive it."""
+    return BoostParams(**{**OFF, **changes})
 
 
 def dense_net(seed: int = 1):
@@ -72,7 +74,7 @@ def global_step(optimizer) -> int:
     return int(optimizer.global_step.asnumpy().reshape(-1)[0])
 
 
-@pytest.mark.parametrize("options", [None, OFF])
+@pytest.mark.parametrize("options", [None, boost()])
 def test_all_off_is_a_plain_train_one_step_cell_bit_for_bit(options):
     from mindspore import nn
 
@@ -212,12 +214,11 @@ def test_grad_centralization_is_off_on_cpu_and_gpu_unless_asked():
 
 
 def test_freeze_with_accumulation_is_refused_naming_both_keys():
-    options = boost(grad_freeze=True, grad_accumulation_steps=4)
-    (problem,) = validate_boost(options, "CPU")
-    assert "cannot be used together" in problem
+    # refused by the parameters themselves, so no step can be built with them
+    with pytest.raises(ValueError, match="cannot be used together") as error:
+        boost(grad_freeze=True, grad_accumulation_steps=4)
+    problem = str(error.value)
     assert "boost.grad_freeze: false" in problem and "boost.grad_accumulation_steps: 1" in problem
-    with pytest.raises(ValueError, match="cannot be used together"):
-        step_for(dense_net(), np.full(4, 0.1, np.float32), options)
 
 
 def test_less_bn_needs_graph_mode():
@@ -229,8 +230,10 @@ def test_less_bn_needs_graph_mode():
 def test_less_bn_with_accumulation_is_refused():
     # measured, also through AutoBoost + BoostTrainOneStepCell: the deleted BatchNorms' gamma and beta
     # receive identical non-zero updates, while the other weights train as without those layers
-    (problem,) = validate_boost(boost(less_bn=True, grad_accumulation_steps=2), "CPU")
-    assert problem.startswith("boost.less_bn and boost.grad_accumulation_steps (2) cannot be used together")
+    with pytest.raises(ValueError) as error:
+        boost(less_bn=True, grad_accumulation_steps=2)
+    problem = str(error.value)
+    assert "boost.less_bn and boost.grad_accumulation_steps (2) cannot be used together" in problem
     assert "boost.less_bn: false or boost.grad_accumulation_steps: 1" in problem
 
 
@@ -239,24 +242,25 @@ def test_less_bn_with_accumulation_is_refused():
     [
         ({"grad_freeze": True, "grad_accumulation_steps": 2}, "boost.grad_freeze and boost.grad_accumulation_steps"),
         ({"less_bn": True, "grad_centralization": "on"}, "boost.grad_centralization is on, but MindSpore has no"),
+        ({"less_bn": True, "grad_accumulation_steps": 2}, "boost.less_bn and boost.grad_accumulation_steps (2)"),
         ({"grad_centralization": "yes"}, "boost.grad_centralization is 'yes'; choose one of auto, on, off"),
-        ({"grad_accumulation_steps": 0}, "boost.grad_accumulation_steps is 0 but must be >= 1"),
+        ({"grad_accumulation_steps": 0}, "boost.grad_accumulation_steps is 0 but must be > 0"),
         ({"freeze_param_groups": 1}, "boost.freeze_param_groups is 1 but must be >= 2"),
-        ({"freeze_type": 2}, "boost.freeze_type is 2; choose one of 0, 1"),
+        ({"freeze_type": 2}, "boost.freeze_type is 2 but must be <= 1"),
     ],
 )
 def test_parameter_validation_names_the_boost_key_and_file(changes, message):
     params = copy.deepcopy(load_params("local"))
     params["boost"].update(changes)
     with pytest.raises(ParameterError) as error:
-        validate_parameters(params, base_schema(CONF), parameter_sources(CONF, "local", {"boost": changes}))
+        validate_parameters(params, parameter_sources(CONF, "local", {"boost": changes}))
     line = next(line for line in str(error.value).splitlines() if message in line)
     assert line.endswith("(--params)")
 
 
 def test_baseline_pipeline_trains_with_gradient_accumulation(tmp_path):
     per_class = {"train": 8, "val": 2}  # 24 images, batch 4: 6 batches per epoch
-    project, _ = run_on_tiny_tree(tmp_path, "baseline", per_class, {"boost": boost(grad_accumulation_steps=3)})
+    project, _ = run_on_tiny_tree(tmp_path, "baseline", per_class, {"boost": {**OFF, "grad_accumulation_steps": 3}})
     final = load_checkpoint(project / "data/06_models/baseline/final.ckpt")
     initial = load_checkpoint(project / "data/06_models/baseline/initial.ckpt")
     assert set(final.network_params()) == set(initial.params)  # loads into the plain network evaluated after

@@ -210,7 +210,7 @@ def test_mlflow_ui_shows_the_run_and_its_metrics(filled_project, mlflow_ui, brow
     experiment = client.get_experiment_by_name("resnet-recipes")
     (run,) = client.search_runs([experiment.experiment_id])
     metrics = run.data.metrics
-    assert {"loss", "top1", "top5", "baseline_top1"} <= set(metrics)
+    assert {"train/loss", "val/top1", "val/top5", "final/top1"} <= set(metrics)  # the metric schema
     # the classic run views (not the GenAI ones a new experiment opens on), without the assistant panel
     before_each_page(
         browser,
@@ -238,7 +238,7 @@ def test_mlflow_ui_shows_the_run_and_its_metrics(filled_project, mlflow_ui, brow
 
     shown = wait_for(browser, metric_rows, "mlflow_run", f"the metrics table with {sorted(metrics)}")
     browser.execute_script(
-        "arguments[0].scrollIntoView({block: 'center'})", browser.find_element(By.XPATH, "//a[.='loss']")
+        "arguments[0].scrollIntoView({block: 'center'})", browser.find_element(By.XPATH, "//a[.='train/loss']")
     )
     screenshot(browser, "mlflow_run")
     body = browser.find_element(By.TAG_NAME, "body").text

@@ -82,7 +82,7 @@ def test_unknown_device_target():
 
 
 def test_cpu_speed_settings_respect_the_user(monkeypatch):
-    from pipelines.lib import runtime
+    from pipelines.engine import runtime
 
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
     monkeypatch.delenv("GLOG_v", raising=False)
@@ -125,3 +125,32 @@ def test_thor_recipe(base, env, epochs, lr, damping):
     assert (thor["damping"]["damping_init"], thor["damping"]["damping_decay"]) == damping
     assert thor["lr"]["decay_epoch"] == base["thor"]["lr"]["decay_epoch"] == 39
     assert thor["weight_decay"] == 0.0005 and thor["momentum"] == 0.9
+
+
+def test_parameter_choices_match_the_library():
+    """params.py cannot import the library (MindSpore); its Literals must name what the library accepts."""
+    from typing import get_args
+
+    from pipelines import params
+    from pipelines.boost.options import FREEZE_TYPES, GRAD_CENTRALIZATION_MODES, GRAD_CENTRALIZATION_TARGETS
+    from pipelines.engine.runtime import DEVICE_TARGETS
+    from pipelines.images.folder import BAD_FILE_POLICIES, VERIFY_MODES
+    from pipelines.models.resnet import CONV_INITS, DENSE_INITS, RESNET_LAYOUTS
+    from pipelines.optim.adasum.collective import EXCHANGES
+    from pipelines.optim.schedules import LR_SCHEDULES
+    from pipelines.porting.layouts import TORCHVISION_ARCHITECTURES
+    from pipelines.reporting.compare import RECIPES
+
+    assert get_args(params.DeviceTarget) == DEVICE_TARGETS
+    assert get_args(params.VerifyMode) == VERIFY_MODES
+    assert get_args(params.BadFilePolicy) == BAD_FILE_POLICIES
+    assert get_args(params.NetworkName) == tuple(RESNET_LAYOUTS)
+    assert get_args(params.Initialiser) == CONV_INITS == DENSE_INITS
+    assert get_args(params.LrSchedule) == LR_SCHEDULES
+    assert get_args(params.GradCentralization) == GRAD_CENTRALIZATION_MODES
+    assert params.GRAD_CENTRALIZATION_TARGETS == GRAD_CENTRALIZATION_TARGETS
+    assert get_args(params.TorchvisionArchitecture) == TORCHVISION_ARCHITECTURES
+    assert get_args(params.RecipeName) == tuple(RECIPES)
+    assert get_args(params.AdasumParams.model_fields["exchange"].annotation) == ("auto", *EXCHANGES)
+    freeze_type = params.BoostParams.model_fields["freeze_type"].metadata
+    assert tuple(range(freeze_type[0].ge, freeze_type[1].le + 1)) == FREEZE_TYPES

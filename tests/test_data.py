@@ -42,7 +42,7 @@ def manifest(tree) -> pd.DataFrame:
 def test_scan_builds_the_manifest(tree):
     result = scan_image_tree(tree, SPLITS)
     manifest = result.manifest
-    assert list(manifest.columns) == MANIFEST_COLUMNS == ["path", "class_name", "label", "split"]
+    assert list(manifest.columns) == MANIFEST_COLUMNS == ["path", "class_name", "label", "split", "size", "mtime_ns"]
     assert len(manifest) == 3 * (6 + 2)
     assert (manifest["split"] == "train").sum() == 18
     assert (manifest["split"] == "val").sum() == 6
@@ -56,6 +56,9 @@ def test_scan_builds_the_manifest(tree):
         assert Path(row.path).parent.name == row.class_name
         assert Path(row.path).parent.parent.name == row.split
         assert row.label == result.class_index[row.class_name]
+        # the version of the file that was verified, so a later change is noticed
+        status = Path(row.path).stat()
+        assert (row.size, row.mtime_ns) == (status.st_size, status.st_mtime_ns)
 
 
 def test_labels_follow_sorted_train_class_names(tree):
@@ -113,11 +116,16 @@ def test_train_only_split_dirs(tree):
     assert set(manifest["split"]) == {"train"}
 
 
-def test_hidden_files_are_ignored(tree):
-    (tree / "train" / "ant" / ".DS_Store").write_bytes(b"\x00\x01")
-    (tree / "train" / ".cache").mkdir()
-    result = scan_image_tree(tree, SPLITS)
-    assert result.bad_files.empty
+def test_hidden_files_and_folders_are_listed_not_used(tree):
+    store = tree / "train" / "ant" / ".DS_Store"
+    store.write_bytes(b"\x00\x01")
+    hidden_folder = tree / "train" / ".cache"
+    hidden_folder.mkdir()
+    result = scan_image_tree(tree, SPLITS, on_bad_file="exclude")
+    assert result.bad_files.set_index("path")["reason"].to_dict() == {
+        str(hidden_folder.resolve()): "hidden or system folder",
+        str(store.resolve()): "hidden or system file",
+    }
     assert len(result.manifest) == 24
     assert ".cache" not in result.class_index
 

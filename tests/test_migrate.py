@@ -12,6 +12,7 @@ import torch
 from test_pipeline_e2e import kedro, make_project, runs
 
 from pipelines.engine.checkpoint import load_checkpoint
+from pipelines.params import MigrationParity
 from pipelines.porting.migrate import (
     TORCH_INSTALL_HINT,
     MigrationError,
@@ -24,19 +25,19 @@ from pipelines.porting.migrate import (
 from pipelines.porting.torch_resnet import TorchResNet
 
 IMAGE_SIZE = 64  # at 32 px the last stage is 1 x 1: training-mode BatchNorm over 4 values is ill-conditioned
-PARITY = {
-    "image_size": IMAGE_SIZE,
-    "batch_size": 4,
+PARITY = MigrationParity(
+    image_size=IMAGE_SIZE,
+    batch_size=4,
     # With seed 0 one ReLU input of the random resnet18 lies 1.2e-8 from zero: the loss has a kink there
     # (one-sided finite differences: PyTorch takes the right derivative, MindSpore the left, 8 % apart for
     # layers.0.bn1.beta), so no float32 implementation can be held to 1e-3 on that batch.
-    "seed": 1,
-    "lr": 0.1,
-    "forward_tolerance": 1e-4,
-    "step_weight_tolerance": 1e-4,
-    "step_update_tolerance": 1e-3,
-    "step_noise_factor": 2.0,
-}
+    seed=1,
+    lr=0.1,
+    forward_tolerance=1e-4,
+    step_weight_tolerance=1e-4,
+    step_update_tolerance=1e-3,
+    step_noise_factor=2.0,
+)
 
 
 def random_torch_resnet(name: str, num_classes: int, seed: int = 0) -> torch.nn.Module:
@@ -252,17 +253,18 @@ def test_migrate_parameters_are_validated():
     from test_config import load_params
     from test_config_validation import changed
 
-    from pipelines.config_validation import ParameterError, validate_parameters
+    from pipelines.params import ParameterError, validate_parameters
 
     params = load_params("local")
-    validate_parameters(params, params, {})
+    assert validate_parameters(params).migrate.parity.batch_size == 2
     for key, value, message in (
         ("migrate.architecture", "resnet_narrow", "migrate.architecture is 'resnet_narrow'; choose one of resnet18"),
         ("migrate.parity.batch_size", 1, "migrate.parity.batch_size is 1 but must be >= 2"),
         ("migrate.parity.forward_tolerance", 0.0, "migrate.parity.forward_tolerance is 0.0 but must be > 0"),
+        ("migrate.num_classes", 0, "migrate.num_classes is 0 but must be > 0"),
     ):
         with pytest.raises(ParameterError, match=message):
-            validate_parameters(changed(params, key, value), params, {})
+            validate_parameters(changed(params, key, value))
 
 
 def test_without_torch_only_migrate_needs_it(tmp_path):
@@ -287,7 +289,7 @@ def test_kedro_run_migrate_logs_parity_to_mlflow(tmp_path, resnet18):
     path, state_dict = resnet18
     params = {
         "runtime": {"mode": "pynative"},
-        "migrate": {"state_dict": path, "architecture": "resnet18", "num_classes": 10, "parity": PARITY},
+        "migrate": {"state_dict": path, "architecture": "resnet18", "num_classes": 10, "parity": PARITY.model_dump()},
     }
     project = make_project(tmp_path / "project", params)
     result = kedro(project, "run", "--pipelines=migrate")
@@ -298,6 +300,11 @@ def test_kedro_run_migrate_logs_parity_to_mlflow(tmp_path, resnet18):
     assert report["passed"] and report["state_dict"] == path
     client, found = runs(project)
     assert [r.info.status for r in found] == ["FINISHED"]
+    # the nodes take typed parameters (MigrateParams); kedro-mlflow still logs them one key each, as in the YAML
+    logged = found[0].data.params
+    assert logged["migrate.parity.lr"] == "0.1" and logged["migrate.parity.step_noise_factor"] == "2.0"
+    assert logged["migrate.architecture"] == "resnet18" and logged["runtime.mode"] == "pynative"
+    assert "migrate" not in logged and "migrate.parity" not in logged
     metrics = found[0].data.metrics
     assert metrics["migrate_forward_max_abs_diff"] <= 1e-4
     assert metrics["migrate_step_weight_max_abs_diff"] <= 1e-4

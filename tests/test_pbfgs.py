@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import mindspore as ms
 import numpy as np
+import pandas as pd
 import pytest
 from mindspore import nn
 
 from pipelines.models.loss import CrossEntropySmooth
-from pipelines.optim.dldr.pbfgs import PBFGS, PBFGSConfig, bfgs_inverse_update
+from pipelines.optim.dldr.pbfgs import PBFGS, STEP_COLUMNS, PBFGSConfig, PBFGSStep, bfgs_inverse_update
 from pipelines.models.resnet import create_resnet
 
 IN, OUT, BATCH = 6, 3, 8
@@ -272,3 +273,58 @@ def test_state_is_a_snapshot():
     for name, value in frozen.items():
         np.testing.assert_array_equal(state[name], value, err_msg=name)
     assert any(not np.array_equal(trainer.state()[k], v) for k, v in frozen.items())
+
+
+def drive_step(step: PBFGSStep, data, start_epoch: int, steps_per_epoch: int) -> None:
+    """Call ``step`` as the training loop does: the step, then its ``on_step_end``."""
+    step.on_train_begin(start_epoch + len(data) // steps_per_epoch, steps_per_epoch, start_epoch)
+    for index, (x, y) in enumerate(data):
+        loss, overflow, loss_scale = step(ms.Tensor(x), ms.Tensor(y))
+        assert not bool(overflow.asnumpy()) and float(loss_scale.asnumpy()) == step.trainer.config.loss_scale
+        epoch, within = divmod(index, steps_per_epoch)
+        step.on_step_end(start_epoch + epoch, within, float(loss.asnumpy()))
+
+
+def test_engine_step_records_each_step_and_resumes_with_its_table():
+    config = PBFGSConfig(max_trials=3, sigma=0.9, loss_scale=1024.0)
+    pca = orthonormal_rows(4, OUT * IN + OUT, seed=3)
+    data = batches(4)
+    logged = []
+    straight = PBFGSStep(PBFGS(dense_net(), CrossEntropySmooth(OUT, 0.0), pca, config), on_row=logged.append)
+    reference = NumpyPBFGS(flat_weights(straight.trainer.net), pca, config)
+    drive_step(straight, data, start_epoch=2, steps_per_epoch=2)
+    expected = [reference.step(x, y) for x, y in data]
+    assert [row["epoch"] for row in straight.rows] == [3, 3, 4, 4]
+    assert [row["step"] for row in straight.rows] == [5, 6, 7, 8]  # numbered from the stage's first epoch
+    for row, (loss, step_size, trials) in zip(straight.rows, expected, strict=True):
+        assert row["loss"] == pytest.approx(loss, rel=1e-5) and row["trials"] == trials
+        assert row["step_size"] == pytest.approx(step_size)
+    assert logged == straight.rows and set(logged[0]) == set(STEP_COLUMNS)
+    assert straight.lr == straight.rows[-1]["step_size"]
+    figures = straight.epoch_figures(3)
+    sizes = [row["step_size"] for row in straight.rows[2:]]
+    assert figures["pbfgs/mean_step_size"] == pytest.approx(np.mean(sizes))
+    assert figures["pbfgs/accepted_fraction"] == pytest.approx(np.mean([s > 0 for s in sizes]))
+    assert figures["pbfgs/mean_trials"] == pytest.approx(np.mean([row["trials"] for row in straight.rows[2:]]))
+
+    first = PBFGSStep(PBFGS(dense_net(), CrossEntropySmooth(OUT, 0.0), pca, config))
+    drive_step(first, data[:2], start_epoch=2, steps_per_epoch=2)
+    resumed_net = dense_net()
+    for target, source in zip(resumed_net.trainable_params(), first.trainer.net.trainable_params(), strict=True):
+        target.set_data(ms.Tensor(source.asnumpy()))
+    resumed = PBFGSStep(PBFGS(resumed_net, CrossEntropySmooth(OUT, 0.0), pca, config))
+    resumed.load_state(first.state())
+    drive_step(resumed, data[2:], start_epoch=3, steps_per_epoch=2)
+    pd.testing.assert_frame_equal(pd.DataFrame(resumed.rows), pd.DataFrame(straight.rows), rtol=1e-5)
+    np.testing.assert_allclose(flat_weights(resumed_net), flat_weights(straight.trainer.net), rtol=1e-6, atol=1e-7)
+
+
+def test_engine_step_reports_an_overflow_and_leaves_the_weights():
+    net = dense_net()
+    before = flat_weights(net)
+    step = PBFGSStep(PBFGS(net, CrossEntropySmooth(OUT, 0.0), orthonormal_rows(4, OUT * IN + OUT, 3), PBFGSConfig()))
+    x, y = batches(1)[0]
+    x[0, 0] = np.inf
+    _, overflow, _ = step(ms.Tensor(x), ms.Tensor(y))
+    assert bool(overflow.asnumpy())
+    np.testing.assert_array_equal(flat_weights(net), before)

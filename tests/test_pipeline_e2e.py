@@ -97,6 +97,19 @@ def test_outputs_are_written(baseline_run):
     assert any(name.startswith("optimizer.moments.") for name in final.params)
     history = pd.read_csv(project / "data/08_reporting/baseline_history.csv")
     assert list(history["epoch"]) == list(range(1, EPOCHS + 1))
+    assert list(history.columns) == [
+        "epoch",
+        "train/loss",
+        "train/lr",
+        "train/images_per_s",
+        "train/epoch_time_s",
+        "val/top1",
+        "val/top5",
+    ]
+    # the final checkpoint carries the same rows (and each row's wall-clock time)
+    carried = pd.DataFrame(json.loads(final.metadata["history"]))
+    assert carried["timestamp"].is_monotonic_increasing
+    pd.testing.assert_frame_equal(carried.drop(columns="timestamp"), history, check_dtype=False)
     # only the newest periodic checkpoint is kept, and no temporary file is left behind
     assert [p.name for p in (project / "data/06_models/baseline/epochs").iterdir()] == [f"epoch_{EPOCHS:04d}.ckpt"]
 
@@ -118,10 +131,12 @@ def test_mlflow_run_holds_params_metrics_artifacts_tags(baseline_run):
     assert run.data.params["baseline.epochs"] == str(EPOCHS)
     assert run.data.params["model.name"] == "resnet_narrow"
     assert run.data.params["runtime.device_target"] == "CPU"
-    for metric in ("loss", "lr", "epoch_time_s", "images_per_s", "top1", "top5"):
+    for metric in ("train/loss", "train/lr", "train/epoch_time_s", "train/images_per_s", "val/top1", "val/top5"):
         history = client.get_metric_history(run.info.run_id, metric)
         assert sorted(m.step for m in history) == list(range(1, EPOCHS + 1)), metric
-    assert "baseline_top1" in run.data.metrics
+    assert {"final/top1", "final/top5"} <= run.data.metrics.keys()
+    assert len(client.get_metric_history(run.info.run_id, "final/top1")) == 1  # not a per-epoch series
+    assert not {"baseline_top1", "loss", "top1"} & run.data.metrics.keys()  # only the schema's keys
     tags = run.data.tags
     assert tags["pipeline"] == "baseline" and tags["env"] == "local" and tags["device_target"] == "CPU"
     assert tags["git_commit"]

@@ -1,8 +1,10 @@
-"""Fault injection: a training run killed with SIGKILL mid-epoch resumes from its last checkpoint."""
+"""Fault injection: a training run killed with SIGKILL mid-epoch resumes from its last checkpoint, and the
+resumed run's MLflow series and history table hold every epoch from 1, the killed part included."""
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from helpers import kill_kedro_mid_epoch, write_image_tree
 from test_pipeline_e2e import TINY_PARAMS, kedro, make_project, runs
@@ -20,7 +22,7 @@ def resume_params(tree) -> dict:
         "baseline": {
             **TINY_PARAMS["baseline"],
             "epochs": EPOCHS,
-            "eval_interval": 0,
+            "eval_interval": 1,
             "checkpoint": {"every_epochs": 1, "keep_last": 2},
         },
     }
@@ -60,4 +62,28 @@ def test_killed_run_resumes_and_matches_an_uninterrupted_one(tmp_path, tree):
     statuses = sorted(r.info.status for r in found)
     assert statuses == ["FINISHED", "KILLED"]  # the killed attempt no longer shows RUNNING
     finished = next(r for r in found if r.info.status == "FINISHED")
+    first = next(r for r in found if r.info.status == "KILLED")
     assert finished.data.tags["resumed_from"].endswith(saved[-1])
+
+    # the resumed run holds every epoch from 1: the killed attempt's epochs are logged again from the
+    # checkpoint's history, with their values and wall-clock times, then the epochs trained after the resume
+    def series(run, key: str) -> dict[int, tuple[float, int]]:
+        return {m.step: (m.value, m.timestamp) for m in client.get_metric_history(run.info.run_id, key)}
+
+    epochs = list(range(1, EPOCHS + 1))
+    for key in ("val/top1", "train/loss", "train/epoch_time_s", "train/lr"):
+        resumed_series, killed_series = series(finished, key), series(first, key)
+        assert sorted(resumed_series) == epochs, key
+        assert set(range(1, resumed_epoch + 1)) <= set(killed_series), key
+        for epoch in range(1, resumed_epoch + 1):
+            assert resumed_series[epoch] == killed_series[epoch], (key, epoch)
+    times = series(finished, "train/epoch_time_s")
+    assert [times[e][1] for e in epochs] == sorted(times[e][1] for e in epochs)  # logged at the epochs' own time
+    history = pd.read_csv(killed / "data/08_reporting/baseline_history.csv")
+    assert list(history["epoch"]) == epochs
+    np.testing.assert_allclose(history["val/top1"], [series(finished, "val/top1")[e][0] for e in epochs])
+    # training time (what the report sums) covers the killed and the resumed parts
+    killed_time = sum(series(first, "train/epoch_time_s")[e][0] for e in range(1, resumed_epoch + 1))
+    assert history["train/epoch_time_s"].sum() == pytest.approx(sum(times[e][0] for e in epochs))
+    assert history["train/epoch_time_s"][:resumed_epoch].sum() == pytest.approx(killed_time)
+    assert (history["train/epoch_time_s"] > 0).all()

@@ -3,7 +3,7 @@
 The numpy side is written from the formulas (``../shared/RECIPES.md``, THOR section, and the
 ``pipelines.optim.thor.preconditioner`` docstring conventions): im2col, A = E[a a^T], G = E[g g^T] with per-example
 output gradients, damped inverses ``P^-1/2 (X + sqrt(lambda/P) I)^-1``, ``d = G^-1 grad A^-1``,
-then weight decay, then momentum.
+then weight decay, then momentum (the baseline's Momentum optimizer after the preconditioner).
 """
 
 from __future__ import annotations
@@ -15,10 +15,19 @@ import numpy as np
 import pytest
 from mindspore import nn
 
-from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
+from pipelines.engine.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.schedules import thor_damping, thor_lr
-from pipelines.optim.thor.preconditioner import THOR, _Capture, apply_left, apply_right, block_inverse, blocks_to_dense
+from pipelines.optim.thor.preconditioner import (
+    ThorStep,
+    _Capture,
+    apply_left,
+    apply_right,
+    block_inverse,
+    blocks_to_dense,
+    create_thor_step,
+)
+from pipelines.recipes.thor import OwnThorStep
 
 N, C_IN, SIZE, C_OUT, CLASSES = 4, 2, 8, 3, 4
 POSITIONS = (SIZE // 2) ** 2  # stride-2, padding-1, 3x3 conv on 8x8: 4x4 outputs
@@ -170,14 +179,14 @@ def params_of(net) -> dict[str, np.ndarray]:
     return {p.name: p.asnumpy().copy() for p in net.trainable_params()}
 
 
-def make_thor(net, steps=8, lr=0.1, damping=0.03, **kwargs) -> THOR:
+def make_thor(net, steps=8, lr=0.1, damping=0.03, **kwargs) -> ThorStep:
     lrs = np.full(steps, lr, np.float32) if np.isscalar(lr) else np.asarray(lr, np.float32)
     dampings = np.full(steps, damping, np.float32) if np.isscalar(damping) else np.asarray(damping, np.float32)
-    return THOR(net, CrossEntropySmooth(CLASSES, 0.0), lrs, dampings, **kwargs)
+    return create_thor_step(net, CrossEntropySmooth(CLASSES, 0.0), lrs, dampings, **kwargs)
 
 
-def run(thor, x, y):
-    return float(thor.step(ms.Tensor(x), ms.Tensor(y)).asnumpy())
+def run(thor: ThorStep, x, y) -> float:
+    return float(thor(ms.Tensor(x), ms.Tensor(y)).asnumpy())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -212,17 +221,19 @@ def test_steps_match_the_numpy_closed_form(frequency, block_size, loss_scale, me
         if step == 0:
             # the statistics of the first batch: dense layer and strided, padded conv
             _, _, stats = numpy_forward_backward(initial, x, y)
-            for name, (a, g) in thor.statistics().items():
+            for name, (a, g) in thor.preconditioner.statistics().items():
                 np.testing.assert_allclose(a, stats[name][0], rtol=1e-5, atol=1e-6, err_msg=name)
                 np.testing.assert_allclose(g, stats[name][1], rtol=1e-4, atol=1e-7, err_msg=name)
         for name, value in params_of(net).items():
             np.testing.assert_allclose(value, reference.params[name], rtol=2e-4, atol=1e-6, err_msg=f"{name} @{step}")
-        for name, (a_inv, g_inv) in thor.inverses().items():
+        for name, (a_inv, g_inv) in thor.preconditioner.inverses().items():
             np.testing.assert_allclose(a_inv, reference.inverses[name][0], rtol=1e-3, atol=1e-5, err_msg=name)
             np.testing.assert_allclose(g_inv, reference.inverses[name][1], rtol=1e-3, atol=1e-5, err_msg=name)
-    assert (thor.second_order_steps, thor.reuse_steps) == ((2, 0) if frequency == 1 else (1, 1))
+    assert (thor.preconditioner.second_order_steps, thor.preconditioner.reuse_steps) == (
+        (2, 0) if frequency == 1 else (1, 1)
+    )
     # the update is not a plain momentum step, and momentum made the second step differ from its direction
-    momenta = {p.name.removeprefix("thor_momentum."): p.asnumpy().copy() for p in thor.momenta}
+    momenta = {p.name.removeprefix("moments."): p.asnumpy().copy() for p in thor.optimizer.moments}
     np.testing.assert_allclose(momenta["conv.weight"], reference.moments["conv.weight"], rtol=2e-4, atol=1e-6)
 
 
@@ -307,8 +318,12 @@ def test_frequency_reuses_inverses():
     stored = []
     for step in range(7):
         run(thor, *batch(step))
-        stored.append(thor.inverses())
-    assert (thor.second_order_steps, thor.reuse_steps, thor.steps) == (3, 4, 7)
+        stored.append(thor.preconditioner.inverses())
+    assert (thor.preconditioner.second_order_steps, thor.preconditioner.reuse_steps, thor.preconditioner.steps) == (
+        3,
+        4,
+        7,
+    )
     for step in range(7):
         source = step - step % 3  # the second-order step whose inverses are in use
         for name, (a_inv, g_inv) in stored[step].items():
@@ -337,20 +352,28 @@ def test_trace_rule_skips_and_stops_on_unchanged_statistics():
     net = TinyNet()
     x, y = batch(0)
     # lr 0: the weights, hence the statistics, stay exactly the same
-    thor = make_thor(net, steps=4, lr=0.0, frequency=1, trace_rule=(0.01, 0.001))
+    thor = make_thor(net, steps=5, lr=0.0, frequency=1, trace_rule=(0.01, 0.001))
     run(thor, x, y)
-    first = thor.inverses()
+    first = thor.preconditioner.inverses()
     for _ in range(3):
         run(thor, x, y)
-    assert thor.trace_skips == 2 * 3  # both layers, at each of the three later second-order steps
-    assert sorted(thor.stopped_layers) == ["conv.weight", "fc.weight"]
-    for name, (a_inv, g_inv) in thor.inverses().items():
+    assert thor.preconditioner.trace_skips == 2 * 3  # both layers, at each of the three later second-order steps
+    assert sorted(thor.preconditioner.stopped_layers) == ["conv.weight", "fc.weight"]
+    for name, (a_inv, g_inv) in thor.preconditioner.inverses().items():
         np.testing.assert_array_equal(a_inv, first[name][0])
         np.testing.assert_array_equal(g_inv, first[name][1])
     # a stopped layer is never refreshed again, however much its statistics change
     run(thor, x * 3, y)
-    assert thor.trace_skips == 2 * 4
-    np.testing.assert_array_equal(thor.inverses()["fc.weight"][0], first["fc.weight"][0])
+    assert thor.preconditioner.trace_skips == 2 * 4
+    np.testing.assert_array_equal(thor.preconditioner.inverses()["fc.weight"][0], first["fc.weight"][0])
+
+
+def test_a_step_past_the_lr_schedule_is_refused():
+    # the optimizer indexes the schedule by its global step: past the end it would fail obscurely (Gather)
+    thor = make_thor(TinyNet(), steps=1, frequency=1)
+    run(thor, *batch(0))
+    with pytest.raises(ValueError, match=r"THOR step 2 is past the end of its lr schedule \(1 steps\)"):
+        run(thor, *batch(1))
 
 
 def test_trace_rule_refreshes_on_changing_statistics():
@@ -360,10 +383,10 @@ def test_trace_rule_refreshes_on_changing_statistics():
     stored = []
     for scale in scales:
         run(thor, *batch(0, scale))
-        stored.append(thor.inverses())
+        stored.append(thor.preconditioner.inverses())
     # unchanged statistics: skipped (not stopped, the stop threshold is 0); a 3x input: refreshed
-    assert thor.trace_skips == 2 * 3
-    assert thor.stopped_layers == []
+    assert thor.preconditioner.trace_skips == 2 * 3
+    assert thor.preconditioner.stopped_layers == []
     for step, refreshed in enumerate((True, False, True, False, True, False)):
         if step == 0:
             continue
@@ -376,7 +399,7 @@ def test_trace_rule_default_thresholds_do_not_skip_moving_statistics():
     thor = make_thor(net, steps=4, frequency=1, trace_rule=(0.01, 0.001))
     for step in range(4):
         run(thor, *batch(step, scale=1.0 + step))
-    assert thor.trace_skips == 0 and thor.second_order_steps == 4
+    assert thor.preconditioner.trace_skips == 0 and thor.preconditioner.second_order_steps == 4
 
 
 def test_state_round_trip_continues_identically(tmp_path):
@@ -391,17 +414,19 @@ def test_state_round_trip_continues_identically(tmp_path):
     for x, y in data[:2]:
         run(first, x, y)
     resumed_net = TinyNet(seed=9)
-    for target, source in zip(resumed_net.trainable_params(), first_net.trainable_params(), strict=True):
-        target.set_data(ms.Tensor(source.asnumpy()))
     resumed = make_thor(resumed_net, frequency=3)
-    state = first.state()
+    state = OwnThorStep(first).capture()
     assert all(isinstance(v, np.ndarray) for v in state.values())
-    # through a checkpoint file, as the pipelines store optimizer state
-    save_checkpoint(Checkpoint({OPTIMIZER_PREFIX + k: v for k, v in state.items()}), tmp_path / "thor.ckpt")
-    resumed.load_state(load_checkpoint(tmp_path / "thor.ckpt").optimizer_state())
+    # through a checkpoint file in the engine's layout: the network's weights, then the optimizer's state
+    # (Momentum's moments and step, the preconditioner's buffers and counters)
+    save_checkpoint(Checkpoint(state), tmp_path / "thor.ckpt")
+    saved = load_checkpoint(tmp_path / "thor.ckpt")
+    for target in resumed_net.trainable_params():
+        target.set_data(ms.Tensor(saved.network_params()[target.name]))
+    OwnThorStep(resumed).restore(saved)
     for x, y in data[2:]:  # step 2 reuses the loaded inverses, step 3 recomputes them
         run(resumed, x, y)
-    assert (resumed.second_order_steps, resumed.reuse_steps) == (2, 2)
+    assert (resumed.preconditioner.second_order_steps, resumed.preconditioner.reuse_steps) == (2, 2)
     for name, value in params_of(resumed_net).items():
         np.testing.assert_allclose(value, params_of(straight_net)[name], rtol=1e-6, atol=1e-7, err_msg=name)
 
@@ -447,7 +472,7 @@ class SmallConvNet(nn.Cell):
 def test_short_training_reduces_the_loss():
     from mindspore import dataset as ds
 
-    from pipelines.engine.loop import fit
+    from pipelines.engine.loop import TRAIN_LOSS, TrainingSpec, train
 
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 3, 96).astype(np.int32)
@@ -458,8 +483,8 @@ def test_short_training_reduces_the_loss():
     net = SmallConvNet()
     epochs, steps = 4, data.get_dataset_size()
     lrs = thor_lr(0.1, 2.0, 6, epochs, steps)
-    thor = THOR(net, CrossEntropySmooth(3, 0.1), lrs, thor_damping(0.03, 0.5, epochs, steps), frequency=5)
-    assert len(thor.wrappers) == 2  # the conv inside the SequentialCell and the dense layer
-    history = fit(thor.step, data, epochs, lrs, 16)
-    assert history[-1]["loss"] < 0.6 * history[0]["loss"]
-    assert thor.second_order_steps == math.ceil(epochs * steps / 5)
+    thor = create_thor_step(net, CrossEntropySmooth(3, 0.1), lrs, thor_damping(0.03, 0.5, epochs, steps), frequency=5)
+    assert len(thor.preconditioner.wrappers) == 2  # the conv inside the SequentialCell and the dense layer
+    result = train(TrainingSpec(epochs, 16, 16), data, lambda start, steps_per_epoch: OwnThorStep(thor))
+    assert result.history[-1][TRAIN_LOSS] < 0.6 * result.history[0][TRAIN_LOSS]
+    assert thor.preconditioner.second_order_steps == math.ceil(epochs * steps / 5)

@@ -1,9 +1,10 @@
 """``thor.implementation: mindspore``: what can be checked on CPU.
 
 MindSpore's ``nn.thor`` trains only on Ascend/GPU (its kernels are missing on CPU), so these tests build the
-optimizer and ``ModelThor`` for the project's network as the pipeline does, check the state round trip that
-resuming relies on, drive ``EpochCallbacks`` with a real ``Model.train`` (Momentum, on CPU), and check that the
-parameters refuse the option on CPU with a message that says what to do.
+optimizer and ``ModelThor`` for the project's network as the recipe does, check the state round trip that
+resuming relies on, drive the engine's ``Model.train`` bridge (what ``implementation: mindspore`` trains through)
+with a real ``Model.train`` (Momentum, on CPU) and THOR's per-epoch figures, and check that the parameters refuse
+the option on CPU with a message that says what to do.
 """
 
 from __future__ import annotations
@@ -17,29 +18,41 @@ import pytest
 from mindspore import nn
 from test_config import CONF, load_params
 
-from pipelines.config_validation import ParameterError, base_schema, parameter_sources, validate_parameters
+from pipelines.engine.callbacks import Callback
 from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, check_compatible
+from pipelines.engine.loop import (
+    TRAIN_LR,
+    VAL_TOP1,
+    Checkpointing,
+    NonFiniteLossError,
+    TrainingSpec,
+    train,
+)
+from pipelines.engine.model_bridge import ModelTrainStep
+from pipelines.engine.state import capture_state, restore_network
+from pipelines.hooks import parameter_sources
 from pipelines.models.loss import CrossEntropySmooth
-from pipelines.engine.model_bridge import EpochCallbacks
 from pipelines.models.resnet import create_resnet
 from pipelines.optim.thor.mindspore_thor import (
     capture_thor_state,
     create_thor_model,
+    create_thor_optimizer,
     is_statistic,
     restore_thor_state,
 )
-from pipelines.engine.loop import Callback, NonFiniteLossError, PeriodicCheckpoint, capture_state
+from pipelines.params import ParameterError, validate_parameters
+from pipelines.recipes.thor import THOR_DAMPING, ThorFigures
 
 CLASSES = 3
 STEPS = 6
 
 
 def thor_for(net, frequency: int = 3):
+    """The (ModelThor, nn.thor) pair, built as ``recipes.thor`` builds them."""
     lr = np.linspace(0.1, 0.01, STEPS).astype(np.float32)
     damping = np.linspace(0.03, 0.02, STEPS).astype(np.float32)
-    return create_thor_model(
+    optimizer = create_thor_optimizer(
         net,
-        CrossEntropySmooth(CLASSES, 0.1),
         lr,
         damping,
         momentum=0.9,
@@ -48,9 +61,11 @@ def thor_for(net, frequency: int = 3):
         batch_size=4,
         frequency=frequency,
         split_indices=[],
-        amp_level="O2",
-        keep_batchnorm_fp32=False,
     )
+    model = create_thor_model(
+        net, CrossEntropySmooth(CLASSES, 0.1), optimizer, loss_scale=128, amp_level="O2", keep_batchnorm_fp32=False
+    )
+    return model, optimizer
 
 
 def plain_net():
@@ -109,7 +124,7 @@ def test_state_fits_the_plain_network_and_round_trips_into_a_fresh_optimizer():
 
 
 # ------------------------------------------------------------------------------------------------
-# EpochCallbacks under a real Model.train (Momentum: nn.thor cannot train on CPU)
+# the engine's Model.train bridge under a real Model.train (Momentum: nn.thor cannot train on CPU)
 
 
 class Steps(Callback):
@@ -124,15 +139,39 @@ class Steps(Callback):
         self.ended += 1
 
 
-def momentum_model(poison: bool = False):
-    from mindspore.train import Model
+class MomentumModelStep(ModelTrainStep):
+    """A ``Model.train`` step with the damping schedule and (no) preconditioner that ``ThorFigures`` reads."""
 
-    ms.set_seed(0)
-    net = create_resnet("resnet_narrow", CLASSES)
-    if poison:
-        net.fc.weight.set_data(ms.Tensor(np.full(net.fc.weight.shape, np.nan, np.float32)))
-    optimizer = nn.Momentum(net.trainable_params(), 0.01, 0.9)
-    return net, optimizer, Model(net, CrossEntropySmooth(CLASSES, 0.1), optimizer)
+    preconditioner = None
+
+    def __init__(self, net, optimizer, lr_per_step, damping_per_step):
+        from mindspore.train import Model
+
+        super().__init__(
+            lambda: Model(net, CrossEntropySmooth(CLASSES, 0.1), optimizer),
+            net,
+            optimizer,
+            lr_per_step,
+            sink_mode=False,
+        )
+        self.damping_per_step = damping_per_step
+
+
+def momentum_step_factory(poison: bool = False):
+    """``make_step`` for ``engine.loop.train``: a Momentum ``Model`` over a narrow ResNet (weights from ``start``)."""
+
+    def make_step(start, steps_per_epoch: int) -> MomentumModelStep:
+        ms.set_seed(0)
+        net = create_resnet("resnet_narrow", CLASSES)
+        if start is not None:
+            restore_network(net, start)
+        if poison:
+            net.fc.weight.set_data(ms.Tensor(np.full(net.fc.weight.shape, np.nan, np.float32)))
+        lr = np.arange(1, 13, dtype=np.float32) * 1e-3  # 4 epochs x 3 steps
+        optimizer = nn.Momentum(net.trainable_params(), ms.Tensor(lr), 0.9)
+        return MomentumModelStep(net, optimizer, lr, np.arange(12, dtype=np.float32))
+
+    return make_step
 
 
 def tiny_dataset(batches: int = 3):
@@ -142,55 +181,47 @@ def tiny_dataset(batches: int = 3):
     return ds.NumpySlicesDataset({"image": images, "label": labels}, shuffle=False).batch(4)
 
 
-def test_epoch_callbacks_record_rows_run_our_callbacks_and_write_checkpoints(tmp_path):
-    net, optimizer, model = momentum_model()
-    dataset = tiny_dataset()
-    lr = np.arange(1, 13, dtype=np.float32)  # 4 epochs x 3 steps
+def test_model_train_bridge_records_rows_runs_our_callbacks_and_writes_checkpoints(tmp_path):
+    make_step = momentum_step_factory()
+    first = make_step(None, 3)
+    start = capture_state(first.network, first.optimizer, {"epoch": 1})  # continue after epoch 1
     steps = Steps()
     evaluations = []
-    driver = EpochCallbacks(
-        [steps, PeriodicCheckpoint(lambda e: capture_state(net, optimizer, {"epoch": e}), tmp_path, 1, 2)],
-        total_epochs=4,
-        start_epoch=1,
-        steps_per_epoch=3,
-        lr_per_step=lr,
-        images_per_step=4,
-        evaluate=lambda: evaluations.append(1) or {"top1": 0.5, "top5": 1.0},
-        eval_interval=2,
-        extra_metrics=lambda step: {"damping": float(step)},
+    result = train(
+        TrainingSpec(epochs=4, batch_size=4, images_per_step=4, eval_interval=2),
+        tiny_dataset(),
+        make_step,
+        start=start,
+        checkpoints=Checkpointing(tmp_path, every_epochs=1, keep_last=2),
+        evaluate=lambda step: evaluations.append(1) or {"top1": 0.5, "top5": 1.0},
+        callbacks=[steps, ThorFigures()],
+        continue_from_start=True,
     )
-    model.train(4, dataset, callbacks=[driver], dataset_sink_mode=False, initial_epoch=1)
-    driver.close()  # what the node does after train: a no-op once train ended
-
-    assert [row["epoch"] for row in driver.rows] == [2.0, 3.0, 4.0]
-    assert [row["lr"] for row in driver.rows] == [6.0, 9.0, 12.0]  # the epoch's last step
-    assert [row["damping"] for row in driver.rows] == [5.0, 8.0, 11.0]
-    assert ["top1" in row for row in driver.rows] == [True, False, True]  # every 2nd epoch and the last
-    assert all(np.isfinite(row["loss"]) and row["images_per_s"] > 0 for row in driver.rows)
+    rows = result.history
+    assert [row["epoch"] for row in rows] == [2, 3, 4]
+    assert [row[TRAIN_LR] for row in rows] == pytest.approx([6e-3, 9e-3, 12e-3])  # the epoch's last step
+    assert [row[THOR_DAMPING] for row in rows] == [5.0, 8.0, 11.0]
+    assert [VAL_TOP1 in row for row in rows] == [True, False, True]  # every 2nd epoch and the last
+    assert all(np.isfinite(row["train/loss"]) and row["train/images_per_s"] > 0 for row in rows)
     assert steps.calls == [(e, s) for e in (1, 2, 3) for s in range(3)]
     assert steps.ended == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_0003.ckpt", "epoch_0004.ckpt"]
 
 
-def test_epoch_callbacks_stop_on_a_non_finite_loss():
-    _, _, model = momentum_model(poison=True)
+def test_model_train_bridge_stops_on_a_non_finite_loss():
     steps = Steps()
-    driver = EpochCallbacks([steps], 2, 0, 3, np.ones(6, np.float32), 4)
     with pytest.raises(NonFiniteLossError, match="at epoch 1, step 1/3"):
-        try:
-            model.train(2, tiny_dataset(), callbacks=[driver], dataset_sink_mode=False)
-        finally:
-            driver.close()
+        train(
+            TrainingSpec(epochs=2, batch_size=4, images_per_step=4),
+            tiny_dataset(),
+            momentum_step_factory(True),
+            callbacks=[steps],
+        )
     assert steps.calls == [] and steps.ended == 1
 
 
 # ------------------------------------------------------------------------------------------------
 # parameters
-
-
-@pytest.fixture(scope="module")
-def base() -> dict:
-    return base_schema(CONF)
 
 
 def with_thor(params: dict, **changes) -> dict:
@@ -204,11 +235,11 @@ def with_thor(params: dict, **changes) -> dict:
     return params
 
 
-def test_mindspore_thor_on_cpu_is_refused_saying_what_to_do(base):
+def test_mindspore_thor_on_cpu_is_refused_saying_what_to_do():
     params = with_thor(load_params("local"), implementation="mindspore")
     sources = parameter_sources(CONF, "local", {"thor": {"implementation": "mindspore"}})
     with pytest.raises(ParameterError) as error:
-        validate_parameters(params, base, sources)
+        validate_parameters(params, sources)
     message = str(error.value)
     assert "thor.implementation is mindspore" in message and "(--params)" in message
     assert "runtime.device_target is CPU" in message
@@ -216,13 +247,13 @@ def test_mindspore_thor_on_cpu_is_refused_saying_what_to_do(base):
 
 
 @pytest.mark.parametrize("env", ["gpu", "ascend"])
-def test_mindspore_thor_is_accepted_on_ascend_and_gpu(base, env):
+def test_mindspore_thor_is_accepted_on_ascend_and_gpu(env):
     params = with_thor(load_params(env), implementation="mindspore")
-    validate_parameters(params, base, parameter_sources(CONF, env, None))
-    assert params["thor"]["mindspore"]["split_indices"] == [26, 53]  # the tutorial's ResNet-50 fusion split
+    thor = validate_parameters(params, parameter_sources(CONF, env, None)).thor
+    assert thor.mindspore.split_indices == [26, 53]  # the tutorial's ResNet-50 fusion split
 
 
-def test_unknown_amp_level_is_named(base):
+def test_unknown_amp_level_is_named():
     params = with_thor(load_params("gpu"), implementation="mindspore", mindspore__amp_level="O4")
     with pytest.raises(ParameterError, match="thor.mindspore.amp_level is 'O4'; choose one of O0, O1, O2, O3"):
-        validate_parameters(params, base, parameter_sources(CONF, "gpu", None))
+        validate_parameters(params, parameter_sources(CONF, "gpu", None))

@@ -1,5 +1,6 @@
 """THOR resume: the full THOR state round-trips, and a ``kedro run --pipelines=thor`` killed with SIGKILL mid-epoch
-continues from its last epoch checkpoint and ends where an uninterrupted run ends."""
+continues from its last epoch checkpoint, ends where an uninterrupted run ends, and its history (table and MLflow
+series) holds every epoch from 1."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from helpers import kill_kedro_mid_epoch, write_image_tree
 from test_pipeline_e2e import TINY_PARAMS, kedro, make_project, runs
 from test_thor import TinyNet, batch, make_thor, run
 
-from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, load_checkpoint
+from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint
+from pipelines.recipes.thor import THOR_SECOND_ORDER_STEPS, OwnThorStep
 
 EPOCHS = 4
 CHECKPOINTS = "data/06_models/thor/epochs"
@@ -22,24 +24,33 @@ def test_state_holds_statistics_inverses_momenta_and_the_step():
     thor = make_thor(net, frequency=2)
     for step in range(3):
         run(thor, *batch(step))
-    state = thor.state()
+    state = OwnThorStep(thor).capture()  # the engine's layout: network, then optimizer state under "optimizer."
     for layer in ("conv.weight", "fc.weight"):
-        a, g = thor.statistics()[layer]
-        np.testing.assert_array_equal(state[f"thor.thor_stats.{layer}.A"], a)
-        np.testing.assert_array_equal(state[f"thor.thor_stats.{layer}.G"], g)
-        assert f"thor.thor_a_inv.{layer}" in state and f"thor.thor_g_inv.{layer}" in state
-    assert {"thor.thor_momentum.conv.weight", "thor.thor_momentum.fc.bias"} <= set(state)
-    assert int(state["thor.steps"]) == 3 and int(state["thor.second_order_steps"]) == 2
+        a, g = thor.preconditioner.statistics()[layer]
+        np.testing.assert_array_equal(state[f"{OPTIMIZER_PREFIX}thor.thor_stats.{layer}.A"], a)
+        np.testing.assert_array_equal(state[f"{OPTIMIZER_PREFIX}thor.thor_stats.{layer}.G"], g)
+        assert (
+            f"{OPTIMIZER_PREFIX}thor.thor_a_inv.{layer}" in state
+            and f"{OPTIMIZER_PREFIX}thor.thor_g_inv.{layer}" in state
+        )
+    # momentum and its step are the baseline's optimizer state; the statistics buffers are not network weights
+    assert {"optimizer.moments.conv.weight", "optimizer.moments.fc.bias", "optimizer.global_step"} <= set(state)
+    assert not any(name.startswith("thor_stats.") for name in state)
+    assert int(state["optimizer.thor.steps"]) == 3 and int(state["optimizer.thor.second_order_steps"]) == 2
+    assert int(np.asarray(state["optimizer.global_step"]).reshape(-1)[0]) == 3
 
-    other = make_thor(TinyNet(seed=5), frequency=2)
-    other.load_state(state)
-    assert other.steps == 3 and other.second_order_steps == 2 and other.reuse_steps == 1
-    for layer, (a, g) in thor.statistics().items():
-        np.testing.assert_array_equal(other.statistics()[layer][0], a)
-        np.testing.assert_array_equal(other.statistics()[layer][1], g)
-    del state["thor.thor_stats.fc.weight.G"]
+    other = OwnThorStep(make_thor(TinyNet(seed=5), frequency=2))
+    other.restore(Checkpoint(state))
+    restored = other.preconditioner
+    assert restored.steps == 3 and restored.second_order_steps == 2 and restored.reuse_steps == 1
+    for layer, (a, g) in thor.preconditioner.statistics().items():
+        np.testing.assert_array_equal(restored.statistics()[layer][0], a)
+        np.testing.assert_array_equal(restored.statistics()[layer][1], g)
+    for moment, expected in zip(other.optimizer.moments, thor.optimizer.moments, strict=True):
+        np.testing.assert_array_equal(moment.asnumpy(), expected.asnumpy(), err_msg=moment.name)
+    del state["optimizer.thor.thor_stats.fc.weight.G"]
     with pytest.raises(ValueError, match=r"THOR state lacks \['thor.thor_stats.fc.weight.G'\]"):
-        other.load_state(state)
+        other.restore(Checkpoint(state))
 
 
 def resume_params(tree) -> dict:
@@ -50,7 +61,7 @@ def resume_params(tree) -> dict:
             "epochs": EPOCHS,
             "batch_size": 4,
             "frequency": 4,  # 9 steps per epoch: second-order steps fall at different places in each epoch
-            "eval_interval": 0,
+            "eval_interval": 1,  # val/top1 every epoch: its MLflow series must hold every epoch too
             "checkpoint": {"every_epochs": 1, "keep_last": 2},
         },
     }
@@ -93,10 +104,16 @@ def test_killed_thor_run_resumes_and_matches_an_uninterrupted_one(tmp_path, tree
     history = pd.read_csv(killed / "data/08_reporting/thor_history.csv")
     straight_history = pd.read_csv(straight / "data/08_reporting/thor_history.csv")
     assert list(history["epoch"]) == list(range(1, EPOCHS + 1))
-    assert list(history["second_order_steps"]) == list(straight_history["second_order_steps"])
-    np.testing.assert_allclose(history["loss"], straight_history["loss"], rtol=1e-3)
+    assert list(history[THOR_SECOND_ORDER_STEPS]) == list(straight_history[THOR_SECOND_ORDER_STEPS])
+    np.testing.assert_allclose(history["train/loss"], straight_history["train/loss"], rtol=1e-3)
+    np.testing.assert_allclose(history["val/top1"], straight_history["val/top1"], atol=1e-6)
 
-    _, found = runs(killed)
+    client, found = runs(killed)
     assert sorted(r.info.status for r in found) == ["FINISHED", "KILLED"]
     finished = next(r for r in found if r.info.status == "FINISHED")
     assert finished.data.tags["thor_resumed_from"].endswith(f"{CHECKPOINTS}/{saved[-1]}")
+    # the resumed run's per-epoch series hold epochs 1..E, the earlier ones logged from the checkpoint's history
+    for key in ("train/loss", "val/top1", THOR_SECOND_ORDER_STEPS):
+        series = sorted((m.step, m.value) for m in client.get_metric_history(finished.info.run_id, key))
+        assert [epoch for epoch, _ in series] == list(range(1, EPOCHS + 1)), key
+        np.testing.assert_allclose([value for _, value in series], history[key], rtol=1e-6, err_msg=key)

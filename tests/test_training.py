@@ -1,4 +1,5 @@
-"""The shared training loop: fit, the non-finite-loss check, periodic checkpoints, full-state capture."""
+"""The training engine: ``train``'s epochs, rows, evaluation, non-finite-loss check, periodic checkpoints,
+resume, and full-state capture."""
 
 from __future__ import annotations
 
@@ -7,21 +8,26 @@ import math
 import numpy as np
 import pytest
 
+from pipelines.engine.callbacks import Callback, PeriodicCheckpoint
 from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
-from pipelines.images.folder import create_dataset, scan_image_tree
 from pipelines.engine.evaluation import evaluate
-from pipelines.models.loss import CrossEntropySmooth
-from pipelines.optim.momentum import create_momentum
-from pipelines.models.resnet import create_resnet
-from pipelines.optim.schedules import momentum_lr
 from pipelines.engine.loop import (
-    Callback,
+    EPOCH_KEYS,
+    TIMESTAMP_KEY,
+    Checkpointing,
     NonFiniteLossError,
-    PeriodicCheckpoint,
-    capture_state,
-    fit,
-    restore_state,
+    TrainingSpec,
+    TrainStep,
+    history_table,
+    train,
 )
+from pipelines.engine.resume import find_resume_checkpoint, fingerprint
+from pipelines.engine.state import capture_state, history_of, restore_state
+from pipelines.images.folder import create_dataset, scan_image_tree
+from pipelines.models.loss import CrossEntropySmooth
+from pipelines.models.resnet import create_resnet
+from pipelines.optim.momentum import create_momentum
+from pipelines.optim.schedules import momentum_lr
 
 BATCH, EPOCHS, IMAGE_SIZE, CLASSES = 4, 2, 12, 3
 STEPS_PER_EPOCH = (CLASSES * 6) // BATCH  # 18 train images -> 4 full batches
@@ -99,28 +105,63 @@ def constant_step(value: float = 1.0, nan_at: tuple[int, int] | None = None, bad
     return step
 
 
-def test_fit_trains_and_reports_one_row_per_epoch(train_data, val_data):
+def fit(
+    step,
+    dataset,
+    epochs: int,
+    lr_per_step: np.ndarray | None = None,
+    callbacks=(),
+    evaluate=None,
+    eval_interval: int = 0,
+    start_epoch: int = 0,
+) -> list[dict]:
+    """``train`` around a step built beforehand (a plain callable, or a ``TrainStep``); returns the rows."""
+    from mindspore import nn
+
+    # a scripted step trains nothing; a one-weight network stands in for what the final state holds
+    ready = step if isinstance(step, TrainStep) else TrainStep(step, nn.Dense(1, 1), lr_per_step=lr_per_step)
+    spec = TrainingSpec(epochs=epochs, batch_size=BATCH, images_per_step=BATCH, eval_interval=eval_interval)
+    result = train(
+        spec,
+        dataset,
+        lambda start, steps_per_epoch: ready,
+        start=Checkpoint({}, {"epoch": start_epoch}),
+        continue_from_start=start_epoch > 0,
+        evaluate=None if evaluate is None else lambda _: evaluate(),
+        callbacks=callbacks,
+    )
+    return result.history
+
+
+def test_train_trains_and_reports_one_row_per_epoch(train_data, val_data):
     lr_per_step = lr_schedule()
-    net, _, step = build(0, lr_per_step)
+    net, optimizer, cell = build(0, lr_per_step)
     before = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
     recorder = Recorder()
+    evaluations = []
 
-    history = fit(step, train_data, EPOCHS, lr_per_step, BATCH, [recorder], evaluate=lambda: evaluate(net, val_data))
+    def evaluate_now():
+        evaluations.append(evaluate(net, val_data))
+        return evaluations[-1]
 
-    assert [row["epoch"] for row in history] == [1.0, 2.0]
+    step = TrainStep(cell, net, optimizer, lr_per_step)
+    history = fit(step, train_data, EPOCHS, callbacks=[recorder], evaluate=evaluate_now)
+
+    assert [row["epoch"] for row in history] == [1, 2]
     for epoch, row in enumerate(history):
-        assert {"loss", "lr", "epoch_time_s", "images_per_s"} <= row.keys()
-        assert math.isfinite(row["loss"]) and row["loss"] > 0
-        assert row["lr"] == pytest.approx(float(lr_per_step[(epoch + 1) * STEPS_PER_EPOCH - 1]))
-        assert row["epoch_time_s"] > 0
-        assert row["images_per_s"] == pytest.approx(STEPS_PER_EPOCH * BATCH / row["epoch_time_s"])
+        assert {"train/loss", "train/lr", "train/epoch_time_s", "train/images_per_s", TIMESTAMP_KEY} <= row.keys()
+        assert math.isfinite(row["train/loss"]) and row["train/loss"] > 0
+        assert row["train/lr"] == pytest.approx(float(lr_per_step[(epoch + 1) * STEPS_PER_EPOCH - 1]))
+        assert row["train/epoch_time_s"] > 0
+        assert row["train/images_per_s"] == pytest.approx(STEPS_PER_EPOCH * BATCH / row["train/epoch_time_s"])
         # the epoch loss is the mean of that epoch's step losses
-        assert row["loss"] == pytest.approx(np.mean(recorder.step_losses[epoch]), rel=1e-6)
+        assert row["train/loss"] == pytest.approx(np.mean(recorder.step_losses[epoch]), rel=1e-6)
+    assert history[0][TIMESTAMP_KEY] <= history[1][TIMESTAMP_KEY]
     # evaluation ran after the last epoch only (eval_interval 0)
-    assert "top1" not in history[0]
-    assert 0.0 <= history[1]["top1"] <= 1.0
-    assert history[1]["images"] == 6.0  # every val image
-    assert history[1]["top5"] == 1.0  # 3 classes: the true class is always in the top 5
+    assert "val/top1" not in history[0]
+    assert 0.0 <= history[1]["val/top1"] <= 1.0
+    assert evaluations[0]["images"] == 6.0  # every val image
+    assert history[1]["val/top5"] == 1.0  # 3 classes: the true class is always in the top 5
 
     # callbacks saw the whole run, in order
     assert recorder.events[0] == ("train_begin", EPOCHS, STEPS_PER_EPOCH, 0)
@@ -134,7 +175,7 @@ def test_fit_trains_and_reports_one_row_per_epoch(train_data, val_data):
     assert any(not np.array_equal(before[name], after[name]) for name in before)
 
 
-def test_fit_evaluates_every_eval_interval_and_after_the_last_epoch(train_data):
+def test_train_evaluates_every_eval_interval_and_after_the_last_epoch(train_data):
     calls = []
 
     def fake_eval():
@@ -146,21 +187,40 @@ def test_fit_evaluates_every_eval_interval_and_after_the_last_epoch(train_data):
         train_data,
         5,
         np.ones(5 * STEPS_PER_EPOCH, np.float32),
-        BATCH,
         evaluate=fake_eval,
         eval_interval=2,
     )
-    assert ["top1" in row for row in history] == [False, True, False, True, True]
+    assert ["val/top1" in row for row in history] == [False, True, False, True, True]
     assert len(calls) == 3
 
 
-def test_fit_resumes_from_start_epoch(train_data):
+def test_train_continues_from_the_start_checkpoints_epoch(train_data):
     recorder = Recorder()
-    history = fit(constant_step(2.0), train_data, 3, np.arange(12, dtype=np.float32), BATCH, [recorder], start_epoch=1)
-    assert [row["epoch"] for row in history] == [2.0, 3.0]
-    assert [row["lr"] for row in history] == [7.0, 11.0]
-    assert [row["loss"] for row in history] == [2.0, 2.0]
+    history = fit(constant_step(2.0), train_data, 3, np.arange(12, dtype=np.float32), [recorder], start_epoch=1)
+    assert [row["epoch"] for row in history] == [2, 3]
+    assert [row["train/lr"] for row in history] == [7.0, 11.0]
+    assert [row["train/loss"] for row in history] == [2.0, 2.0]
     assert recorder.events[0] == ("train_begin", 3, STEPS_PER_EPOCH, 1)
+
+
+def test_callbacks_add_their_own_figures_to_the_row_before_anyone_sees_it(train_data):
+    class Figures(Callback):
+        def epoch_metrics(self, epoch):
+            return {"thor/damping": 0.5 + epoch}
+
+    recorder = Recorder()
+    history = fit(constant_step(), train_data, 2, None, [recorder, Figures()])
+    assert [row["thor/damping"] for row in history] == [0.5, 1.5]
+    assert all("train/lr" not in row for row in history)  # a step without a schedule reports no lr
+    assert [event[2]["thor/damping"] for event in recorder.events if event[0] == "epoch_end"] == [0.5, 1.5]
+
+
+def test_start_after_stop_or_beyond_the_schedule_is_refused(train_data):
+    with pytest.raises(ValueError, match=r"start 3 <= stop 2 <= schedule length 2"):
+        fit(constant_step(), train_data, 2, start_epoch=3)
+    spec = TrainingSpec(epochs=4, batch_size=BATCH, images_per_step=BATCH, schedule_epochs=3)
+    with pytest.raises(ValueError, match=r"start 0 <= stop 4 <= schedule length 3"):
+        train(spec, train_data, lambda start, steps: TrainStep(constant_step(), None))
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
@@ -171,7 +231,7 @@ def test_non_finite_loss_stops_training_naming_epoch_and_step(tmp_path, train_da
     )
     step = constant_step(nan_at=(2, 3), bad=bad)
     with pytest.raises(NonFiniteLossError) as error:
-        fit(step, train_data, 3, np.ones(3 * STEPS_PER_EPOCH, np.float32), BATCH, [recorder, saver])
+        fit(step, train_data, 3, np.ones(3 * STEPS_PER_EPOCH, np.float32), [recorder, saver])
     message = str(error.value)
     assert f"epoch 2, step 3/{STEPS_PER_EPOCH}" in message
     assert str(bad) in message
@@ -186,9 +246,9 @@ def test_non_finite_loss_stops_training_naming_epoch_and_step(tmp_path, train_da
 
 def test_non_finite_loss_of_a_real_network_is_caught(train_data):
     lr_per_step = np.full(EPOCHS * STEPS_PER_EPOCH, 1e30, np.float32)  # blows the weights up at once
-    _, _, step = build(0, lr_per_step, loss_scale=1.0)
+    net, optimizer, cell = build(0, lr_per_step, loss_scale=1.0)
     with pytest.raises(NonFiniteLossError, match=r"at epoch 1, step \d+/4"):
-        fit(step, train_data, EPOCHS, lr_per_step, BATCH)
+        fit(TrainStep(cell, net, optimizer, lr_per_step), train_data, EPOCHS)
 
 
 def test_periodic_checkpoint_keeps_only_the_newest(tmp_path, train_data):
@@ -196,11 +256,92 @@ def test_periodic_checkpoint_keeps_only_the_newest(tmp_path, train_data):
         return Checkpoint({"w": np.full(3, epoch, np.float32)}, {"epoch": epoch})
 
     saver = PeriodicCheckpoint(capture, tmp_path / "ckpt", every_epochs=1, keep_last=2)
-    fit(constant_step(), train_data, 5, np.ones(5 * STEPS_PER_EPOCH, np.float32), BATCH, [saver])
+    fit(constant_step(), train_data, 5, np.ones(5 * STEPS_PER_EPOCH, np.float32), [saver])
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["epoch_0004.ckpt", "epoch_0005.ckpt"]
     newest = load_checkpoint(tmp_path / "ckpt" / "epoch_0005.ckpt")
     assert newest.metadata == {"epoch": 5}
     np.testing.assert_array_equal(newest.params["w"], 5.0)
+
+
+class StopAt(Callback):
+    """Stands for a kill: raises at the start of epoch ``epoch`` (0-based), after the checkpoints before it."""
+
+    def __init__(self, epoch: int):
+        self.epoch = epoch
+
+    def on_epoch_begin(self, epoch):
+        if epoch == self.epoch:
+            raise KeyboardInterrupt
+
+
+class Resumed(Callback):
+    def __init__(self):
+        self.resumed = []
+
+    def on_resume(self, source, history):
+        self.resumed.append((source, [row["epoch"] for row in history]))
+
+
+def momentum_training(tmp_path, train_data, val_data, callbacks=(), epochs: int = 3):
+    """A real resnet_narrow Momentum training through ``train``, with checkpoints in ``tmp_path``."""
+    start = capture_state(build(0, lr_schedule())[0], None, {"epoch": 0})
+
+    def make_step(start_checkpoint, steps_per_epoch):
+        lr_per_step = momentum_lr("linear", 0.01, 0.1, 0.0, 1, epochs, steps_per_epoch)
+        net, optimizer, cell = build(1, lr_per_step)
+        restore_state(net, start_checkpoint)
+        return TrainStep(cell, net, optimizer, lr_per_step)
+
+    spec = TrainingSpec(epochs=epochs, batch_size=BATCH, images_per_step=BATCH, eval_interval=1, data_seed=7)
+    return train(
+        spec,
+        train_data,
+        make_step,
+        start=start,
+        fingerprint=fingerprint("momentum", epochs, start),
+        checkpoints=Checkpointing(tmp_path, every_epochs=1, keep_last=2),
+        evaluate=lambda step: evaluate(step.network, val_data),
+        callbacks=callbacks,
+        metadata={"network": "resnet_narrow"},
+    )
+
+
+def test_an_interrupted_training_resumes_with_its_state_and_history(tmp_path, train_data, val_data):
+    straight = momentum_training(tmp_path / "straight", train_data, val_data)
+    with pytest.raises(KeyboardInterrupt):
+        momentum_training(tmp_path / "killed", train_data, val_data, [StopAt(2)])
+    assert sorted(p.name for p in (tmp_path / "killed").iterdir()) == ["epoch_0001.ckpt", "epoch_0002.ckpt"]
+    saved = load_checkpoint(tmp_path / "killed" / "epoch_0002.ckpt")
+    assert saved.metadata["network"] == "resnet_narrow" and saved.metadata["epoch"] == 2
+    assert [row["epoch"] for row in history_of(saved)] == [1, 2]
+    assert any(name.startswith(OPTIMIZER_PREFIX + "moments.") for name in saved.params)
+
+    recorder, resumed = Recorder(), Resumed()
+    result = momentum_training(tmp_path / "killed", train_data, val_data, [recorder, resumed])
+    assert resumed.resumed == [(tmp_path / "killed" / "epoch_0002.ckpt", [1, 2])]
+    assert recorder.events[0] == ("train_begin", 3, STEPS_PER_EPOCH, 2)  # only epoch 3 ran again
+    # the history holds every epoch; the resumed epochs' figures equal the uninterrupted run's
+    assert [row["epoch"] for row in result.history] == [1, 2, 3]
+    for resumed_row, straight_row in zip(result.history, straight.history, strict=True):
+        for key in ("train/loss", "train/lr", "val/top1", "val/top5"):
+            assert resumed_row[key] == pytest.approx(straight_row[key], rel=1e-4, abs=1e-5), key
+    assert result.checkpoint.metadata["epoch"] == 3
+    assert [row["epoch"] for row in history_of(result.checkpoint)] == [1, 2, 3]
+    for name, value in straight.checkpoint.params.items():
+        np.testing.assert_allclose(result.checkpoint.params[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_history_table_has_epoch_then_the_metric_keys():
+    rows = [
+        {"epoch": 1, "train/loss": 2.0, "train/lr": 0.1, "train/images_per_s": 9.0, "train/epoch_time_s": 1.0,
+         TIMESTAMP_KEY: 100.0},
+        {"epoch": 2, "train/loss": 1.0, "train/lr": 0.05, "train/images_per_s": 9.0, "train/epoch_time_s": 1.0,
+         "val/top1": 0.5, "val/top5": 1.0, TIMESTAMP_KEY: 101.0},
+    ]  # fmt: skip
+    table = history_table(rows)
+    assert list(table.columns) == ["epoch", *EPOCH_KEYS]
+    assert list(table["epoch"]) == [1, 2] and np.isnan(table["val/top1"][0])
+    assert list(history_table([]).columns) == ["epoch", *EPOCH_KEYS]
 
 
 def test_periodic_checkpoint_every_n_epochs_with_prefix(tmp_path):
@@ -293,18 +434,14 @@ def test_restore_state_rejects_a_checkpoint_missing_network_params():
         restore_state(create_resnet("resnet_narrow", CLASSES), state)
 
 
-def write_epoch(folder, epoch: int, fingerprint: str) -> None:
-    from pipelines.engine.checkpoint import Checkpoint, save_checkpoint
-
+def write_epoch(folder, epoch: int, run_id: str) -> None:
     save_checkpoint(
-        Checkpoint({"w": np.zeros(2, np.float32)}, {"epoch": epoch, "fingerprint": fingerprint}),
+        Checkpoint({"w": np.zeros(2, np.float32)}, {"epoch": epoch, "fingerprint": run_id}),
         folder / f"epoch_{epoch:04d}.ckpt",
     )
 
 
 def test_resume_picks_the_newest_checkpoint_of_the_same_unfinished_training(tmp_path):
-    from pipelines.engine.loop import find_resume_checkpoint
-
     assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5) is None
     write_epoch(tmp_path, 2, "abc")
     write_epoch(tmp_path, 3, "abc")
@@ -312,8 +449,6 @@ def test_resume_picks_the_newest_checkpoint_of_the_same_unfinished_training(tmp_
 
 
 def test_checkpoints_of_another_configuration_are_moved_aside(tmp_path):
-    from pipelines.engine.loop import find_resume_checkpoint
-
     write_epoch(tmp_path, 2, "other")
     assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5) is None
     stale = [p for p in tmp_path.iterdir() if p.is_dir()]
@@ -323,8 +458,6 @@ def test_checkpoints_of_another_configuration_are_moved_aside(tmp_path):
 
 
 def test_a_finished_training_is_not_resumed(tmp_path):
-    from pipelines.engine.loop import find_resume_checkpoint
-
     write_epoch(tmp_path, 4, "abc")
     write_epoch(tmp_path, 5, "abc")
     assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5) is None

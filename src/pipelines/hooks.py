@@ -12,12 +12,15 @@ from pathlib import Path
 
 import click
 import mlflow
+import yaml
 from kedro.framework.hooks import hook_impl
 from mlflow.entities import RunStatus
+from pydantic import BaseModel
 
-from .config_validation import ParameterError, base_schema, parameter_sources, validate_parameters
+from pipelines.distributed.launch import hand_off_runs_with
 from pipelines.engine.runtime import DeviceUnavailableError, require_device
-from pipelines.tracking import set_tags
+from pipelines.params import ParameterError, validate_parameters
+from pipelines.tracking import MlflowRunHandoff, child_runs, run_identity, set_tags
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -51,22 +54,66 @@ def _git_commit(project_path: Path) -> str:
         return "unknown"
 
 
+def _leaf_keys(tree: dict, prefix: str = ""):
+    """Dotted keys of the leaves of a parameters mapping (a list or an empty mapping is a leaf)."""
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            yield from _leaf_keys(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the working directory (``conf/base/parameters.yml``) when it lies below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def parameter_sources(conf_source: str | Path, env: str, runtime_params: dict | None) -> dict[str, str]:
+    """The file (or ``--params``) that last set each dotted parameter key, in Kedro's merge order."""
+    sources: dict[str, str] = {}
+    for folder in dict.fromkeys(("base", env)):
+        for path in sorted((Path(conf_source) / folder).glob("parameters*.yml")):
+            for key in _leaf_keys(yaml.safe_load(path.read_text()) or {}):
+                sources[key] = _shown_path(path)
+    for key in _leaf_keys(runtime_params or {}):
+        sources[key] = "--params"
+    return sources
+
+
 class ProjectHooks:
     @hook_impl
     def after_context_created(self, context) -> None:
-        conf_source = Path(context.config_loader.conf_source)
-        base = base_schema(conf_source)
+        # The raw configuration (runtime --params merged in), not context.params: that property runs
+        # Kedro's own typed-parameter validation, which imports every pipeline's nodes (MindSpore)
+        # and stops at the first failing section; this check reports every problem in well under a second.
         env = context.env or "local"
-        runtime_params = getattr(context, "_runtime_params", None)
-        params = context.params
+        sources = parameter_sources(context.config_loader.conf_source, env, getattr(context, "_runtime_params", None))
+        raw_params = context.config_loader["parameters"]
         try:
-            validate_parameters(params, base, parameter_sources(conf_source, env, runtime_params))
-            require_device(params["runtime"]["device_target"], env)
+            params = validate_parameters(raw_params, sources)
+            require_device(params.runtime.device_target, env)
         except (ParameterError, DeviceUnavailableError) as error:
             # click prints a ClickException as one "Error: ..." line instead of a traceback
             raise click.ClickException(str(error)) from error
-        self._device_target = params["runtime"]["device_target"]
+        self._raw_params = raw_params
+        self._device_target = params.runtime.device_target
         self._env = env
+
+    @hook_impl(tryfirst=True)  # before kedro-mlflow's hook logs the node's parameters
+    def before_node_run(self, node, inputs: dict) -> None:
+        # Kedro gives the hooks a copy of the node's inputs. In that copy, typed parameters (models)
+        # go back to the mappings of the configuration, so that kedro-mlflow logs them flattened, one
+        # MLflow param per key with its YAML value (thor.lr.lr_init), not one param holding a model's
+        # repr; the node itself still receives the models.
+        for name, value in inputs.items():
+            if name.startswith("params:") and isinstance(value, BaseModel):
+                raw = self._raw_params
+                for key in name.removeprefix("params:").split("."):
+                    raw = raw[key]
+                inputs[name] = raw
 
     @hook_impl(trylast=True)  # after kedro-mlflow's hook has started the run
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
@@ -77,13 +124,13 @@ class ProjectHooks:
                 "env": run_params.get("env") or self._env or "local",
                 "device_target": self._device_target,
                 "git_commit": _git_commit(Path(run_params["project_path"])),
-                "pid": str(os.getpid()),
-                "host": socket.gethostname(),
+                **run_identity(),
             }
         )
         mark_orphaned_runs_killed()
         active = mlflow.active_run()
         self._run_id = active.info.run_id if active is not None else None
+        hand_off_runs_with(MlflowRunHandoff.capture)  # msrun's rank 0 logs into this run (or a child)
         # Installed here, after MindSpore has loaded, so that no handler of its own replaces ours.
         # The exception ends the node like any error: kedro-mlflow closes the run, and
         # on_pipeline_error marks it KILLED; files are written by rename, so none is half-written.
@@ -97,7 +144,9 @@ class ProjectHooks:
     def on_pipeline_error(self, error: Exception, run_params: dict, pipeline, catalog) -> None:
         self._restore_handlers()
         if isinstance(error, Interrupted) and self._run_id is not None:
-            mlflow.MlflowClient().set_terminated(self._run_id, RunStatus.to_string(RunStatus.KILLED))
+            client = mlflow.MlflowClient()
+            for run_id in [self._run_id, *(child.info.run_id for child in child_runs(self._run_id))]:
+                client.set_terminated(run_id, RunStatus.to_string(RunStatus.KILLED))
 
     def _restore_handlers(self) -> None:
         for stop_signal, handler in getattr(self, "_previous_handlers", {}).items():

@@ -1,21 +1,247 @@
-"""MLflow logging that is a no-op outside an active run (library code never starts runs)."""
+"""Everything MLflow: the only module that imports it (the library reaches MLflow through what is here).
+
+- ``EpochMetrics``: the engine callback that logs each epoch's row to the active run (step = epoch,
+  the row's own wall-clock time) and, on resume, the rows of the epochs before, so a resumed run
+  holds every epoch from 1;
+- ``training_run(name)``: a child run of the ``kedro run``'s run for one of several trainings of a
+  pipeline (dim_reduce's stage1, stage2, control);
+- ``log_final``, ``log_metrics``, ``set_tags``: no-ops outside an active run (library tests, ranks > 0);
+- ``MlflowRunHandoff``: hands the active run to global rank 0 of an msrun job (``distributed.launch``).
+
+Metric keys follow the schema of ``pipelines.engine.loop`` (``train/loss``, ``val/top1``, …,
+``final/top1``).
+"""
 
 from __future__ import annotations
 
+import logging
 import math
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 import mlflow
+import pandas as pd
+from mlflow.entities import Metric, Run
+from mlflow.exceptions import MlflowException
+
+from pipelines.engine.callbacks import Callback
+from pipelines.engine.loop import TIMESTAMP_KEY
+
+logger = logging.getLogger(__name__)
+
+FINAL_PREFIX = "final/"
+# MLflow accepts at most 1000 metrics per log_batch call
+BATCH_LIMIT = 1000
 
 
-def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
+def _finite(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
     """Log finite numeric ``metrics`` to the active MLflow run, if there is one."""
     if mlflow.active_run() is None:
         return
-    finite = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+    finite = {k: float(v) for k, v in metrics.items() if _finite(v)}
     if finite:
         mlflow.log_metrics(finite, step=step)
 
 
-def set_tags(tags: dict[str, str]) -> None:
+def log_final(accuracy: Mapping[str, float]) -> None:
+    """Log a final evaluation (``top1``, ``top5`` fractions) as ``final/top1``, ``final/top5``."""
+    log_metrics({FINAL_PREFIX + k: accuracy[k] for k in ("top1", "top5") if k in accuracy})
+
+
+def set_tags(tags: Mapping[str, str]) -> None:
+    """Set ``tags`` on the active MLflow run, if there is one."""
     if mlflow.active_run() is not None:
-        mlflow.set_tags(tags)
+        mlflow.set_tags(dict(tags))
+
+
+def log_epoch_rows(rows: Sequence[Mapping[str, float]]) -> None:
+    """Log per-epoch rows to the active run: every finite value, step = the row's epoch, at the row's time."""
+    active = mlflow.active_run()
+    if active is None:
+        return
+    metrics = []
+    for row in rows:
+        timestamp_ms = int(1000 * row.get(TIMESTAMP_KEY, time.time()))
+        epoch = int(row["epoch"])
+        metrics += [
+            Metric(key, float(value), timestamp_ms, epoch)
+            for key, value in row.items()
+            if key not in ("epoch", TIMESTAMP_KEY) and _finite(value)
+        ]
+    client = mlflow.MlflowClient()
+    for first in range(0, len(metrics), BATCH_LIMIT):
+        client.log_batch(active.info.run_id, metrics=metrics[first : first + BATCH_LIMIT])
+
+
+class EpochMetrics(Callback):
+    """Logs each epoch's row to the active MLflow run as it ends (step = epoch, at the row's time).
+
+    On resume it logs the rows of the epochs before, carried by the checkpoint, and tags the run
+    ``resumed_tag`` = the checkpoint's path, so the resumed run holds every epoch from 1.
+    """
+
+    def __init__(self, resumed_tag: str = "resumed_from"):
+        self.resumed_tag = resumed_tag
+
+    def on_resume(self, source: Path, history: Sequence[Mapping[str, float]]) -> None:
+        set_tags({self.resumed_tag: str(source)})
+        log_epoch_rows(history)
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        log_epoch_rows([metrics])
+
+
+def run_identity() -> dict[str, str]:
+    """Tags that let a later run find this one if its process is killed outright (``hooks``)."""
+    return {"pid": str(os.getpid()), "host": socket.gethostname()}
+
+
+@contextmanager
+def training_run(name: str) -> Iterator[mlflow.ActiveRun | None]:
+    """Inside the active (``kedro run``'s) run, the child run ``name`` (tag ``training=<name>``), active meanwhile.
+
+    A child of that name already under the parent is continued (the node that evaluates a training
+    logs into the training's run). Outside an active run it does nothing. The child ends FINISHED, or
+    FAILED when the block raises.
+    """
+    parent = mlflow.active_run()
+    if parent is None:
+        yield None
+        return
+    client = mlflow.MlflowClient()
+    found = client.search_runs(
+        [parent.info.experiment_id],
+        f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.training = '{name}'",
+    )
+    if found:
+        run = mlflow.start_run(run_id=found[0].info.run_id, nested=True)
+    else:
+        run = mlflow.start_run(run_name=name, nested=True, tags={"training": name, **run_identity()})
+    try:
+        yield run
+    except BaseException:
+        mlflow.end_run(status="FAILED")
+        raise
+    mlflow.end_run()
+
+
+def child_runs(run_id: str) -> list:
+    """The child runs (``training_run``) of run ``run_id``."""
+    client = mlflow.MlflowClient()
+    experiment_id = client.get_run(run_id).info.experiment_id
+    return client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
+
+
+@dataclass(frozen=True)
+class MlflowRunHandoff:
+    """The caller's active run, handed to global rank 0 of an msrun job (``distributed.launch.launch``).
+
+    Pickled into the job; in the worker ``attached()`` makes the run active meanwhile and hands it back
+    RUNNING; in the caller ``reclaim()`` marks it RUNNING again (it is still the caller's run).
+    """
+
+    tracking_uri: str
+    run_id: str
+
+    @classmethod
+    def capture(cls) -> MlflowRunHandoff | None:
+        """The hand-off of the active run, or None without one."""
+        active = mlflow.active_run()
+        return None if active is None else cls(mlflow.get_tracking_uri(), active.info.run_id)
+
+    @contextmanager
+    def attached(self) -> Iterator[None]:
+        mlflow.set_tracking_uri(self.tracking_uri)
+        mlflow.start_run(run_id=self.run_id)
+        try:
+            yield
+        finally:
+            mlflow.end_run(status="RUNNING")
+
+    def reclaim(self) -> None:
+        mlflow.MlflowClient().update_run(self.run_id, status="RUNNING")
+
+
+class MlflowRunReader:
+    """Read access to one MLflow experiment as plain data, for ``pipelines.reporting.compare`` (its
+    ``RunReader``): runs as ``RunRecord`` dicts, metric histories and CSV artifacts as DataFrames."""
+
+    def __init__(self, tracking_uri: str, experiment_name: str):
+        self.tracking_uri = tracking_uri
+        self.experiment_name = experiment_name
+        self._client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+        experiment = self._client.get_experiment_by_name(experiment_name)
+        self._experiment_id = experiment.experiment_id if experiment is not None else None
+        self.experiment_exists = experiment is not None
+
+    @classmethod
+    def of_active_run(cls) -> MlflowRunReader:
+        """The store and experiment of the active run (what kedro-mlflow set up from ``mlflow.yml``)."""
+        active = mlflow.active_run()
+        if active is None:
+            raise RuntimeError(
+                "the report pipeline reads the MLflow experiment of its own run, but no run is active: "
+                "is tracking disabled for it in conf/base/mlflow.yml (tracking.disable_tracking.pipelines)?"
+            )
+        return cls(mlflow.get_tracking_uri(), mlflow.get_experiment(active.info.experiment_id).name)
+
+    @staticmethod
+    def _record(run: Run) -> dict:
+        return {
+            "run_id": run.info.run_id,
+            "run_name": run.info.run_name,
+            "status": run.info.status,
+            "start_time_ms": run.info.start_time,
+            "end_time_ms": run.info.end_time,
+            "tags": dict(run.data.tags),
+            "params": dict(run.data.params),
+            "metric_keys": sorted(run.data.metrics),
+        }
+
+    def search(self, filter_string: str) -> list[dict]:
+        """The experiment's runs matching ``filter_string`` (MLflow search syntax), newest first."""
+        if self._experiment_id is None:
+            return []
+        records, token = [], None
+        while True:
+            page = self._client.search_runs(
+                [self._experiment_id], filter_string, order_by=["attributes.start_time DESC"], page_token=token
+            )
+            records += [self._record(run) for run in page]
+            token = page.token
+            if not token:
+                return records
+
+    def get(self, run_id: str) -> dict | None:
+        """The run ``run_id``, or ``None`` when the store has none."""
+        try:
+            return self._record(self._client.get_run(run_id))
+        except MlflowException:
+            return None
+
+    def metric_history(self, run_id: str, keys: Sequence[str]) -> pd.DataFrame:
+        """Every logged value of ``keys``: columns ``key``, ``step``, ``value``, ``timestamp`` (ms)."""
+        rows = [
+            (key, m.step, m.value, m.timestamp) for key in keys for m in self._client.get_metric_history(run_id, key)
+        ]
+        return pd.DataFrame(rows, columns=["key", "step", "value", "timestamp"]).astype(
+            {"key": "object", "step": "int64", "value": "float64", "timestamp": "int64"}
+        )
+
+    def artifact_csv(self, run_id: str, path: str) -> pd.DataFrame | None:
+        """The run's CSV artifact at ``path``, or ``None`` when it has none."""
+        with tempfile.TemporaryDirectory() as folder:
+            try:
+                return pd.read_csv(self._client.download_artifacts(run_id, path, folder))
+            except (MlflowException, OSError):
+                return None

@@ -4,28 +4,31 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..common.training import train_momentum
-from pipelines.engine.checkpoint import Checkpoint
 from pipelines.distributed.launch import data_parallel, is_power_of_two
+from pipelines.engine.checkpoint import Checkpoint
+from pipelines.params import AdasumParams, DataParams, DistributedParams, ModelParams, RuntimeParams
+from pipelines.recipes.momentum import train_momentum
+from pipelines.shared import training_outputs
+from pipelines.tracking import EpochMetrics
 
 
 def train_adasum(
     initial_weights: Checkpoint,
     manifest: pd.DataFrame,
     class_index: dict[str, int],
-    model: dict,
-    data: dict,
-    runtime: dict,
-    distributed: dict,
-    adasum: dict,
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
+    adasum: AdasumParams,
 ) -> tuple[Checkpoint, pd.DataFrame]:
     """The whole schedule with Adasum of the ranks' weight deltas: final checkpoint and per-epoch history.
 
     A rank count that is not a power of two is refused here, before any worker starts.
     """
-    if adasum["implementation"] == "own" and not is_power_of_two(distributed["worker_num"]):
+    if adasum.implementation == "own" and not is_power_of_two(distributed.worker_num):
         raise ValueError(
-            f"distributed.worker_num is {distributed['worker_num']}; Adasum combines ranks recursively in pairs "
+            f"distributed.worker_num is {distributed.worker_num}; Adasum combines ranks recursively in pairs "
             "and needs a power of two (1, 2, 4, 8, 16, ...)"
         )
     return _train_on_every_rank(initial_weights, manifest, class_index, model, data, runtime, distributed, adasum)
@@ -36,13 +39,13 @@ def _train_on_every_rank(
     initial_weights: Checkpoint,
     manifest: pd.DataFrame,
     class_index: dict[str, int],
-    model: dict,
-    data: dict,
-    runtime: dict,
-    distributed: dict,
-    adasum: dict,
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
+    adasum: AdasumParams,
 ) -> tuple[Checkpoint, pd.DataFrame]:
-    return train_momentum(
+    result = train_momentum(
         initial_weights,
         manifest,
         class_index,
@@ -51,8 +54,9 @@ def _train_on_every_rank(
         runtime,
         distributed,
         adasum,
-        stop_epoch=adasum["epochs"],
-        schedule_epochs=adasum["epochs"],
+        epochs=adasum.epochs,
+        schedule_epochs=adasum.epochs,
         adasum=adasum,
-        metric_prefix="",
+        callbacks=[EpochMetrics()],
     )
+    return training_outputs(result)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..common.training import train_momentum
-from pipelines.engine.checkpoint import Checkpoint
 from pipelines.distributed.launch import data_parallel
+from pipelines.engine.checkpoint import Checkpoint
+from pipelines.params import BaselineParams, BoostParams, DataParams, DistributedParams, ModelParams, RuntimeParams
+from pipelines.recipes.momentum import train_momentum
+from pipelines.shared import training_outputs
+from pipelines.tracking import EpochMetrics
 
 
 @data_parallel
@@ -14,15 +17,15 @@ def train_baseline(
     initial_weights: Checkpoint,
     manifest: pd.DataFrame,
     class_index: dict[str, int],
-    model: dict,
-    data: dict,
-    runtime: dict,
-    distributed: dict,
-    baseline: dict,
-    boost: dict,
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
+    baseline: BaselineParams,
+    boost: BoostParams,
 ) -> tuple[Checkpoint, pd.DataFrame]:
     """The whole Momentum schedule from the initial weights: final checkpoint and per-epoch history."""
-    return train_momentum(
+    result = train_momentum(
         initial_weights,
         manifest,
         class_index,
@@ -31,7 +34,9 @@ def train_baseline(
         runtime,
         distributed,
         baseline,
-        stop_epoch=baseline["epochs"],
-        schedule_epochs=baseline["epochs"],
+        epochs=baseline.epochs,
+        schedule_epochs=baseline.epochs,
         boost=boost,
+        callbacks=[EpochMetrics()],
     )
+    return training_outputs(result)

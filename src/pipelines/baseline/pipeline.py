@@ -2,7 +2,8 @@
 
 from kedro.pipeline import Pipeline, node, pipeline
 
-from ..common.pipeline import build_network_pipeline, evaluation_pipeline, training_inputs
+from pipelines.shared import build_network_pipeline, evaluation_pipeline, training_inputs
+
 from .nodes import train_baseline
 
 

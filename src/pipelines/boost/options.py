@@ -1,6 +1,6 @@
 """``mindspore.boost``'s LessBN, gradient freeze and gradient accumulation for our Momentum training step.
 
-The trainings call their step cell once per batch (``pipelines.engine.loop.fit``) rather than through
+The trainings call their step cell once per batch (``pipelines.engine.loop.train``) rather than through
 ``mindspore.Model``, whose boost configuration (``AutoBoost``) is a process-wide singleton. So
 ``build_train_step`` assembles the same MindSpore pieces ``Model`` would, without the singleton:
 
@@ -22,9 +22,11 @@ The trainings call their step cell once per batch (``pipelines.engine.loop.fit``
 - ``grad_accumulation_steps`` N > 1: ``mindspore.boost.GradientAccumulation`` adds gradient / N
   every batch and runs the optimizer on the sum every N-th batch.
 
-Refused (``boost_problems``): freeze with accumulation (MindSpore's freeze cell fails when it
-accumulates) and LessBN with accumulation (the deleted BatchNorms' gamma and beta then receive
-spurious updates, measured also through ``AutoBoost`` + ``BoostTrainOneStepCell``).
+Refused by ``pipelines.params.BoostParams``: freeze with accumulation (MindSpore's freeze cell fails
+when it accumulates) and LessBN with accumulation (the deleted BatchNorms' gamma and beta then receive
+spurious updates, measured also through ``AutoBoost`` + ``BoostTrainOneStepCell``); by
+``boost_problems`` when the step is built: LessBN outside GRAPH mode, gradient centralisation forced
+on where MindSpore has no kernel.
 
 The learning rate keeps following the per-batch schedule in all cases: the optimizer's step
 counter still advances once per batch (the schedule and the checkpoints' step count batches), an
@@ -44,6 +46,8 @@ from mindspore import Parameter, Tensor, get_context, nn, ops
 from mindspore import boost as ms_boost
 from mindspore import dtype as mstype
 
+from pipelines.params import BoostParams
+
 logger = logging.getLogger(__name__)
 
 GRAD_CENTRALIZATION_MODES = ("auto", "on", "off")
@@ -53,69 +57,51 @@ GRAD_CENTRALIZATION_TARGETS = ("Ascend",)
 FREEZE_TYPES = (0, 1)
 
 
-def boost_problems(boost: dict, device_target: str, mode: str = "graph") -> list[tuple[str, str]]:
-    """(key, problem) pairs of a ``boost`` block that MindSpore cannot run on ``device_target`` in ``mode``."""
+def boost_problems(boost: BoostParams, device_target: str, mode: str = "graph") -> list[tuple[str, str]]:
+    """(key, problem) pairs of a ``boost`` block that MindSpore cannot run on ``device_target`` in ``mode``.
+
+    Combinations MindSpore cannot run anywhere (freeze or LessBN with accumulation) are refused by
+    ``BoostParams`` itself; these depend on the device and mode the step is built for.
+    """
     problems = []
-    freezing = boost["grad_freeze"]
-    accumulating = boost["grad_accumulation_steps"] > 1
-    if freezing and accumulating:
+    if boost.less_bn and mode != "graph":
         problems.append(
             (
-                "boost.grad_freeze",
-                f"and boost.grad_accumulation_steps ({boost['grad_accumulation_steps']}) cannot be used together: "
-                "MindSpore's gradient-freeze cell breaks when it accumulates (_TrainFreezeCell reads an optimizer "
-                "attribute it never sets); set boost.grad_freeze: false or boost.grad_accumulation_steps: 1",
+                "boost.less_bn",
+                f"needs runtime.mode graph (it is {mode}): LessBN is a graph-compiler pass and changes nothing "
+                "in pynative mode",
             )
         )
-    if boost["less_bn"]:
-        if mode != "graph":
-            problems.append(
-                (
-                    "boost.less_bn",
-                    f"needs runtime.mode graph (it is {mode}): LessBN is a graph-compiler pass and changes nothing "
-                    "in pynative mode",
-                )
+    if boost.less_bn and boost.grad_centralization == "on" and device_target not in GRAD_CENTRALIZATION_TARGETS:
+        problems.append(
+            (
+                "boost.grad_centralization",
+                f"is on, but MindSpore has no Centralization kernel on {device_target} (only on "
+                f"{', '.join(GRAD_CENTRALIZATION_TARGETS)}); use auto (off there) or off",
             )
-        if accumulating:
-            problems.append(
-                (
-                    "boost.less_bn",
-                    f"and boost.grad_accumulation_steps ({boost['grad_accumulation_steps']}) cannot be used together: "
-                    "MindSpore then updates the gamma and beta of the BatchNorms LessBN deleted with a spurious "
-                    "gradient, so the checkpoint's network (which keeps those layers) is not the one trained; set "
-                    "boost.less_bn: false or boost.grad_accumulation_steps: 1",
-                )
-            )
-        if boost["grad_centralization"] == "on" and device_target not in GRAD_CENTRALIZATION_TARGETS:
-            problems.append(
-                (
-                    "boost.grad_centralization",
-                    f"is on, but MindSpore has no Centralization kernel on {device_target} (only on "
-                    f"{', '.join(GRAD_CENTRALIZATION_TARGETS)}); use auto (off there) or off",
-                )
-            )
+        )
     return problems
 
 
-def validate_boost(boost: dict, device_target: str, mode: str = "graph") -> list[str]:
+def validate_boost(boost: BoostParams, device_target: str, mode: str = "graph") -> list[str]:
     """Problems with a ``boost`` block, one message each starting with the key to change; empty when fine."""
     return [f"{key} {problem}" for key, problem in boost_problems(boost, device_target, mode)]
 
 
-def boost_enabled(boost: dict | None) -> bool:
+def boost_enabled(boost: BoostParams | None) -> bool:
     """Whether any boost option is on (otherwise the step is a plain TrainOneStepCell)."""
-    return bool(boost) and (boost["less_bn"] or boost["grad_freeze"] or boost["grad_accumulation_steps"] > 1)
+    return boost is not None and boost.enabled
 
 
-def grad_centralization_enabled(boost: dict, device_target: str) -> bool:
+def grad_centralization_enabled(boost: BoostParams, device_target: str) -> bool:
     """Whether LessBN's gradient centralisation runs: ``auto`` means where MindSpore has the kernel."""
-    setting = boost["grad_centralization"]
+    setting = boost.grad_centralization
     if setting == "auto":
         return device_target in GRAD_CENTRALIZATION_TARGETS
     return setting == "on"
 
 
-def build_train_step(network_with_loss, optimizer, loss_scale: float, boost: dict | None, device_target: str):
+def build_train_step(network_with_loss, optimizer, loss_scale: float, boost: BoostParams | None, device_target: str):
     """The training step cell ``(images, labels) -> loss`` for ``boost`` (None or all off: a plain TrainOneStepCell).
 
     ``network_with_loss`` is a ``WithLossCell``-like cell, ``optimizer`` a Momentum over its
@@ -133,14 +119,14 @@ def build_train_step(network_with_loss, optimizer, loss_scale: float, boost: dic
     # boost's cells prefix the names of the parameters they are given ("network._backbone.",
     # "optimizer."); checkpoints, resuming and the weight-decay groups go by the network's own names
     names = [(p, p.name) for cell in (network_with_loss, optimizer) for p in cell.get_parameters()]
-    if boost["less_bn"]:
+    if boost.less_bn:
         network_with_loss = _less_bn(network_with_loss, optimizer, grad_centralization_enabled(boost, device_target))
-    if boost["grad_freeze"]:
+    if boost.grad_freeze:
         step = _FreezeTrainStep(
             network_with_loss, _freeze_optimizer(network_with_loss, optimizer, boost), optimizer, sens
         )
-    elif boost["grad_accumulation_steps"] > 1:
-        step = _AccumulateTrainStep(network_with_loss, optimizer, sens, boost["grad_accumulation_steps"])
+    elif boost.grad_accumulation_steps > 1:
+        step = _AccumulateTrainStep(network_with_loss, optimizer, sens, boost.grad_accumulation_steps)
     else:
         step = nn.TrainOneStepCell(network_with_loss, optimizer, sens=sens)
     for param, name in names:
@@ -163,12 +149,12 @@ def _less_bn(network_with_loss, optimizer, grad_centralization: bool):
     return wrapped
 
 
-def _freeze_optimizer(network_with_loss, optimizer, boost: dict):
+def _freeze_optimizer(network_with_loss, optimizer, boost: BoostParams):
     """boost's ``FreezeOpt`` over the rest of ``optimizer``'s schedule, one Momentum per parameter group."""
-    n_groups = boost["freeze_param_groups"]
+    n_groups = boost.freeze_param_groups
     done = int(optimizer.global_step.asnumpy().reshape(-1)[0])
     remaining = [float(lr) for lr in np.asarray(optimizer.init_learning_rate, dtype=np.float32)[done:]]
-    freeze = ms_boost.GradientFreeze(n_groups, boost["freeze_type"], boost["freeze_p"], len(remaining))
+    freeze = ms_boost.GradientFreeze(n_groups, boost.freeze_type, boost.freeze_p, len(remaining))
     groups = freeze.split_parameters_groups(network_with_loss, n_groups)
     if len({len(g) for g in groups}) < n_groups:
         raise ValueError(

@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..common.nodes import create_network, network_from_checkpoint, num_classes
-from ..common.training import report_replica_divergence, train_data, train_momentum
+from pipelines.recipes.common import create_network, network_from_checkpoint, num_classes, train_data
+from pipelines.recipes.momentum import train_momentum
 from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
 from pipelines.distributed.launch import data_parallel, rank_context
 from pipelines.models.loss import CrossEntropySmooth
@@ -24,16 +24,9 @@ from pipelines.optim.dldr.pca import explained_variance_table, fit_trajectory_pc
 from pipelines.engine.progress import ProgressReporter
 from pipelines.engine.runtime import configure_mindspore
 from pipelines.tracking import log_metrics, set_tags
-from pipelines.engine.loop import (
-    Callback,
-    MlflowMetrics,
-    PeriodicCheckpoint,
-    capture_state,
-    find_resume_checkpoint,
-    fingerprint,
-    fit,
-    restore_state,
-)
+from pipelines.engine.callbacks import Callback, PeriodicCheckpoint
+from pipelines.engine.resume import find_resume_checkpoint, fingerprint
+from pipelines.engine.state import capture_state, restore_state
 from pipelines.optim.dldr.trajectory import TrajectoryRecorder, select_trajectory, verify_trajectory
 
 matplotlib.use("Agg")

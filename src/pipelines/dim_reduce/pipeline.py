@@ -2,7 +2,8 @@
 
 from kedro.pipeline import Pipeline, node, pipeline
 
-from ..common.pipeline import build_network_pipeline, evaluation_pipeline, training_inputs
+from pipelines.shared import build_network_pipeline, evaluation_pipeline, training_inputs
+
 from .nodes import collect_trajectory, compare_runs, fit_pca, train_control, train_stage1, train_stage2
 
 TRAINING_INPUTS = training_inputs("dim_reduce")

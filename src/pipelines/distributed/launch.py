@@ -1,17 +1,19 @@
 """Data-parallel training over MindSpore's own launcher, ``msrun``.
 
 A training function runs unchanged in every worker: :func:`launch` pickles its arguments into a
-job folder and starts ``msrun ... python -m pipelines.distributed.launch <job folder>``; each worker
+job folder and starts ``msrun ... python -m pipelines.distributed.worker <job folder>``; each worker
 initialises MindSpore's collectives (HCCL, NCCL, or the CPU ones), switches on data-parallel
 gradient averaging, calls the function, and the first worker of each node pickles the result back.
-Global rank 0 alone logs to the caller's MLflow run and writes checkpoints
-(:func:`is_main_rank`). When any worker fails, the others are stopped and :func:`launch` raises
+Global rank 0 alone logs to the caller's experiment-tracking run, handed over by a :class:`RunHandoff`
+(``pipelines.tracking.MlflowRunHandoff``; this module knows no tracking library), and the first worker
+of each node writes checkpoints. When any worker fails, the others are stopped and :func:`launch` raises
 :class:`DistributedTrainingError` carrying the failing rank's own error text; when the caller is
 interrupted, every worker is stopped before the interruption propagates.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import importlib
@@ -26,12 +28,16 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pipelines.engine.checkpoint import atomic_path
+
+if TYPE_CHECKING:
+    from pipelines.params import DistributedParams
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +50,24 @@ _PR_SET_PDEATHSIG = 1
 
 class DistributedTrainingError(RuntimeError):
     """A worker of an msrun job failed; the message carries its rank and error text."""
+
+
+class RunHandoff(Protocol):
+    """The caller's tracking run, pickled into the job: rank 0 logs into it while ``attached()``;
+    ``reclaim()`` gives it back to the caller after the job."""
+
+    def attached(self) -> AbstractContextManager[None]: ...
+    def reclaim(self) -> None: ...
+
+
+# Returns the hand-off of the caller's active run (None without one); set by the project's hooks.
+_capture_run: Callable[[], RunHandoff | None] = lambda: None  # noqa: E731
+
+
+def hand_off_runs_with(capture: Callable[[], RunHandoff | None]) -> None:
+    """Let every later :func:`launch` of this process hand the run ``capture()`` returns to rank 0."""
+    global _capture_run  # noqa: PLW0603 - one tracking set-up per process
+    _capture_run = capture
 
 
 @dataclass(frozen=True)
@@ -95,19 +119,19 @@ def validate_distributed(distributed: dict) -> list[tuple[str, str]]:
     return []
 
 
-def msrun_command(distributed: dict, job_dir: Path) -> list[str]:
+def msrun_command(distributed: DistributedParams, job_dir: Path) -> list[str]:
     """The ``msrun`` command line that starts this node's workers over ``job_dir``."""
     return [
         "msrun",
-        f"--worker_num={distributed['worker_num']}",
-        f"--local_worker_num={distributed['local_worker_num']}",
-        f"--master_addr={distributed['master_addr']}",
-        f"--master_port={distributed['master_port']}",
-        f"--node_rank={distributed['node_rank']}",
+        f"--worker_num={distributed.worker_num}",
+        f"--local_worker_num={distributed.local_worker_num}",
+        f"--master_addr={distributed.master_addr}",
+        f"--master_port={distributed.master_port}",
+        f"--node_rank={distributed.node_rank}",
         f"--log_dir={job_dir}",
         "--join=True",
-        f"--cluster_time_out={distributed['cluster_timeout_s']}",
-        "--tail_worker_log=0" if distributed["node_rank"] == 0 else "--tail_worker_log=-1",
+        f"--cluster_time_out={distributed.cluster_timeout_s}",
+        "--tail_worker_log=0" if distributed.node_rank == 0 else "--tail_worker_log=-1",
         "python",
         "-m",
         "pipelines.distributed.worker",
@@ -201,25 +225,27 @@ def _failure_message(job: _Job, rc: int | None, first_dead: list[int]) -> str:
     return f"msrun exited with status {rc} before its workers reported; see {job.dir}/scheduler.log and msrun.log"
 
 
-def launch(fn: Callable[..., Any], kwargs: dict[str, Any], distributed: dict, device_target: str) -> Any:
+def launch(
+    fn: Callable[..., Any],
+    kwargs: dict[str, Any],
+    distributed: DistributedParams,
+    device_target: str,
+    run_handoff: RunHandoff | None = None,
+) -> Any:
     """Run ``fn(**kwargs)`` on every worker of this node under ``msrun`` and return its result.
 
     The job folder (arguments, msrun's per-rank logs, errors) is kept under ``distributed.log_dir``.
-    The caller's active MLflow run, if any, is handed to global rank 0, which logs into it.
+    ``run_handoff``, if any, is the caller's tracking run, which global rank 0 logs into.
     """
-    import mlflow
-
-    job_dir = Path(distributed["log_dir"]) / f"{fn.__name__}-{datetime.now():%Y%m%d-%H%M%S-%f}"
+    job_dir = Path(distributed.log_dir) / f"{fn.__name__}-{datetime.now():%Y%m%d-%H%M%S-%f}"
     job_dir.mkdir(parents=True)
-    active = mlflow.active_run()
     job = {
         "module": fn.__module__,
         "qualname": fn.__qualname__,
         "kwargs": kwargs,
         "device_target": device_target,
-        "local_worker_num": distributed["local_worker_num"],
-        "tracking_uri": mlflow.get_tracking_uri() if active else None,
-        "run_id": active.info.run_id if active else None,
+        "local_worker_num": distributed.local_worker_num,
+        "run_handoff": run_handoff,
     }
     _write_atomically(job_dir / JOB_FILE, pickle.dumps(job))
     # setpriv: msrun gets SIGINT, on which it stops its workers, if this process dies (even by SIGKILL)
@@ -227,9 +253,9 @@ def launch(fn: Callable[..., Any], kwargs: dict[str, Any], distributed: dict, de
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     logger.info(
         "Launching %d of %d workers on node %d: %s",
-        distributed["local_worker_num"],
-        distributed["worker_num"],
-        distributed["node_rank"],
+        distributed.local_worker_num,
+        distributed.worker_num,
+        distributed.node_rank,
         " ".join(command),
     )
     files = _Job(job_dir)
@@ -237,7 +263,7 @@ def launch(fn: Callable[..., Any], kwargs: dict[str, Any], distributed: dict, de
         msrun = subprocess.Popen(
             command,
             env=env,
-            stdout=None if distributed["node_rank"] == 0 else msrun_log,
+            stdout=None if distributed.node_rank == 0 else msrun_log,
             stderr=msrun_log,
         )
         first_dead: list[int] = []
@@ -258,9 +284,8 @@ def launch(fn: Callable[..., Any], kwargs: dict[str, Any], distributed: dict, de
     result = job_dir / RESULT_FILE
     if rc != 0 or files.rank_files("error") or not result.exists():
         raise DistributedTrainingError(_failure_message(files, rc, first_dead))
-    if active is not None:
-        # rank 0 handed the run back as RUNNING; the caller's run goes on
-        mlflow.MlflowClient().update_run(active.info.run_id, status="RUNNING")
+    if run_handoff is not None:
+        run_handoff.reclaim()  # rank 0 handed the run back; the caller's run goes on
     with open(result, "rb") as f:
         return pickle.load(f)
 
@@ -285,28 +310,19 @@ def run_worker(job_dir: Path) -> None:
     logging.basicConfig(
         level=logging.INFO, format=f"[rank {rank_id}] %(asctime)s %(levelname)s %(name)s: %(message)s", force=True
     )
-    run = None
     try:
         _context = _init_worker(job["device_target"], job["local_worker_num"])
-        if is_main_rank() and job["run_id"]:
-            import mlflow
-
-            mlflow.set_tracking_uri(job["tracking_uri"])
-            run = mlflow.start_run(run_id=job["run_id"])
+        handoff = job["run_handoff"] if is_main_rank() else None
         fn = importlib.import_module(job["module"])
         for part in job["qualname"].split("."):
             fn = getattr(fn, part)
-        result = fn(**job["kwargs"])
+        with handoff.attached() if handoff is not None else contextlib.nullcontext():
+            result = fn(**job["kwargs"])
         if _context.is_node_leader:
             _write_atomically(job_dir / RESULT_FILE, pickle.dumps(result))
     except BaseException:
         _write_atomically(job_dir / f"rank_{rank_id}.error", traceback.format_exc().encode())
         raise
-    finally:
-        if run is not None:
-            import mlflow
-
-            mlflow.end_run(status="RUNNING")
     (job_dir / f"rank_{rank_id}.done").touch()
 
 
@@ -314,7 +330,7 @@ def data_parallel(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Make ``fn`` run on ``distributed.worker_num`` msrun workers when that is more than one.
 
     ``fn`` takes ``distributed`` and ``runtime`` parameter sections among its arguments; inside a
-    worker (or with one worker) it simply runs.
+    worker (or with one worker) it simply runs. Rank 0 logs into the run ``hand_off_runs_with`` captures.
     """
     signature = inspect.signature(fn)
 
@@ -322,9 +338,9 @@ def data_parallel(fn: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args, **kwargs):
         arguments = signature.bind(*args, **kwargs).arguments
         distributed = arguments["distributed"]
-        if distributed["worker_num"] == 1 or _context.size > 1:
+        if distributed.worker_num == 1 or _context.size > 1:
             return fn(*args, **kwargs)
-        return launch(run, dict(arguments), distributed, arguments["runtime"]["device_target"])
+        return launch(run, dict(arguments), distributed, arguments["runtime"].device_target, _capture_run())
 
     return run
 

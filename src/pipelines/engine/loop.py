@@ -1,28 +1,56 @@
-"""The training loop shared by every pipeline: ``fit`` -> ``train_one_epoch`` -> callbacks.
+"""The one training entry point of every recipe: ``train``.
 
-A training step is any callable ``(images, labels) -> loss tensor`` (a compiled MindSpore
-cell), or ``-> (loss, overflow, loss_scale)`` as ``nn.TrainOneStepWithLossScaleCell`` and stage 2 return;
-the loop owns epochs, timing, the non-finite-loss and gradient-overflow checks and the callbacks
-(progress, MLflow metrics, periodic checkpoints), so every optimizer reuses it.
+A recipe says how to build its step (``make_step(start checkpoint, steps per epoch) -> TrainStep``:
+network, optimizer, schedule) and how to evaluate; ``train`` runs the rest, the same for all:
+
+1. find the newest checkpoint of this training (same ``fingerprint``, unfinished) in
+   ``checkpoints.directory``; resuming, it is the start and its ``history`` the rows so far;
+2. build the step from the start weights and restore its optimizer state (when resuming, or when
+   ``continue_from_start`` asks to continue another training's optimizer, e.g. the dim_reduce control);
+3. run the epochs: data order seeded per epoch (``data_seed + epoch``, so a resumed run sees the data
+   an uninterrupted one would), timing, NaN/Inf and loss-scale overflow checks, evaluation every
+   ``eval_interval`` epochs and after the last, callbacks, checkpoints every ``checkpoints.every_epochs``
+   epochs written by the node's first worker (the newest ``keep_last`` kept);
+4. return the final state (same layout as the periodic checkpoints) and every epoch's row from epoch 1.
+
+A step that ``mindspore.Model.train`` must drive (MindSpore's THOR, boost's Adasum) is a
+``model_bridge.ModelTrainStep``; the bridge feeds the same rows, callbacks and checkpoints.
+
+Per-epoch rows hold ``epoch`` (1-based) and the keys of ``EPOCH_KEYS``, plus the figures callbacks add
+(``thor/…``, ``pbfgs/…``) and ``timestamp`` (wall clock at the end of the epoch, seconds since the Unix
+epoch, so a resumed run can log the earlier epochs at their real time).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
-from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
-from pipelines.distributed.launch import barrier, rank_context
-from pipelines.tracking import log_metrics
+from pipelines.distributed.launch import rank_context, verify_replicas
+from pipelines.engine.callbacks import Callback, PeriodicCheckpoint
+from pipelines.engine.checkpoint import Checkpoint, load_checkpoint
+from pipelines.engine.progress import ProgressReporter
+from pipelines.engine.resume import CHECKPOINT_PREFIX, find_resume_checkpoint
+from pipelines.engine.state import HISTORY_KEY, capture_state, encode_history, history_of, restore_optimizer
 
 logger = logging.getLogger(__name__)
+
+TRAIN_LOSS = "train/loss"  # mean training loss over the epoch
+TRAIN_LR = "train/lr"  # learning rate of the epoch's last step
+TRAIN_IMAGES_PER_S = "train/images_per_s"  # all ranks together
+TRAIN_EPOCH_TIME_S = "train/epoch_time_s"  # training only, evaluation excluded
+VAL_TOP1 = "val/top1"  # fractions in [0, 1], on evaluation epochs only
+VAL_TOP5 = "val/top5"
+EPOCH_KEYS = (TRAIN_LOSS, TRAIN_LR, TRAIN_IMAGES_PER_S, TRAIN_EPOCH_TIME_S, VAL_TOP1, VAL_TOP5)
+TIMESTAMP_KEY = "timestamp"
+REPLICA_DIVERGENCE = "distributed/replica_max_abs_diff"
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -33,165 +61,130 @@ class LossScaleOverflowError(NonFiniteLossError):
     """The gradients, scaled by a fixed loss scale, overflowed: the loss scale is too large."""
 
 
-class Callback:
-    """Hooks called by ``fit``; subclasses override what they need."""
+@dataclass(frozen=True)
+class TrainingSpec:
+    """How long and how a training runs.
 
-    def on_train_begin(self, total_epochs: int, steps_per_epoch: int, start_epoch: int) -> None: ...
-    def on_epoch_begin(self, epoch: int) -> None: ...
-    def on_step_end(self, epoch: int, step: int, loss: float) -> None: ...
-    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None: ...
-    def on_train_end(self) -> None: ...
-
-
-class MlflowMetrics(Callback):
-    """Logs each epoch's metrics to the active MLflow run, with the epoch number as step.
-
-    ``prefix`` keeps apart the metrics of several trainings in one run (``stage1_loss``).
+    ``epochs``: the epoch to stop after (1-based; a resumed or continued training starts later).
+    ``schedule_epochs``: length of the lr schedule (default ``epochs``; dim_reduce stage 1 stops at 70 of 90).
+    ``batch_size``: per rank; ``images_per_step``: all ranks together. ``eval_interval``: evaluate every N
+    epochs (0: only after the last). ``data_seed``: seeds epoch ``e``'s shuffle and augmentation with
+    ``data_seed + e`` (None: MindSpore's global seed, one stream).
     """
 
-    NOT_LOGGED = ("epoch", "images")  # the step already is the epoch; the image count never changes
-
-    def __init__(self, prefix: str = ""):
-        self.prefix = prefix
-
-    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
-        logged = {self.prefix + k: v for k, v in metrics.items() if k not in self.NOT_LOGGED}
-        log_metrics(logged, step=epoch + 1)
+    epochs: int
+    batch_size: int
+    images_per_step: int
+    schedule_epochs: int | None = None
+    eval_interval: int = 0
+    data_seed: int | None = None
 
 
-class PeriodicCheckpoint(Callback):
-    """Writes the full training state every ``every_epochs`` epochs, keeping the newest ``keep_last``."""
+@dataclass(frozen=True)
+class Checkpointing:
+    """Periodic full checkpoints ``<directory>/epoch_<NNNN>.ckpt`` every ``every_epochs``, newest ``keep_last`` kept."""
+
+    directory: Path
+    every_epochs: int = 1
+    keep_last: int = 2
+
+
+class TrainStep:
+    """One optimizer's training step as the engine drives it.
+
+    ``run(images, labels)`` trains on one batch and returns the loss tensor, or
+    ``(loss, overflow, loss_scale)`` as ``nn.TrainOneStepWithLossScaleCell`` does. ``network`` is
+    what is evaluated and saved; ``optimizer`` (a MindSpore optimizer, optional) holds the state saved
+    under ``optimizer.``; ``lr_per_step`` is the schedule (``train/lr`` reads it); ``loss_scale`` the
+    fixed factor the gradients are scaled by (named in overflow errors; default the run cell's ``sens``).
+    Optimizers with other state (THOR, P-BFGS) override ``capture`` and ``restore``. The engine calls
+    ``restore`` (when continuing), then ``prepare`` once before the first batch: a step whose cell depends
+    on the restored state (e.g. boost's gradient freeze takes the rest of the schedule from the
+    optimizer's step count) builds it there.
+    """
 
     def __init__(
         self,
-        capture: Callable[[int], Checkpoint],
-        directory: str | Path,
-        every_epochs: int = 1,
-        keep_last: int = 2,
-        prefix: str = "epoch",
+        run: Callable,
+        network,
+        optimizer=None,
+        lr_per_step: np.ndarray | None = None,
+        loss_scale: float | None = None,
     ):
-        self.capture = capture
-        self.directory = Path(directory)
-        self.every_epochs = every_epochs
-        self.keep_last = keep_last
-        self.prefix = prefix
+        self.run = run
+        self.network = network
+        self.optimizer = optimizer
+        self.lr_per_step = None if lr_per_step is None else np.asarray(lr_per_step)
+        self.loss_scale = float(getattr(run, "sens", 1.0) if loss_scale is None else loss_scale)
 
-    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
-        if (epoch + 1) % self.every_epochs:
-            return
-        save_checkpoint(self.capture(epoch + 1), self.directory / f"{self.prefix}_{epoch + 1:04d}.ckpt")
-        for old in sorted(self.directory.glob(f"{self.prefix}_*.ckpt"))[: -self.keep_last]:
-            old.unlink()
+    def __call__(self, images, labels):
+        return self.run(images, labels)
 
-
-def fingerprint(*parts) -> str:
-    """Short hash of a training's configuration and start weights, stored in its checkpoints.
-
-    A checkpoint is resumed only by the training that wrote it: same parameters, same start.
-    """
-    digest = hashlib.sha256()
-    for part in parts:
-        if isinstance(part, Checkpoint):
-            for name in sorted(part.params):
-                digest.update(name.encode())
-                digest.update(np.ascontiguousarray(part.params[name]).tobytes())
-        elif isinstance(part, np.ndarray):
-            digest.update(str((part.dtype, part.shape)).encode())
-            digest.update(np.ascontiguousarray(part).tobytes())
-        else:
-            digest.update(json.dumps(part, sort_keys=True, default=str).encode())
-    return digest.hexdigest()[:16]
-
-
-def find_resume_checkpoint(
-    directory: str | Path, prefix: str, expected_fingerprint: str, stop_epoch: int
-) -> Path | None:
-    """The newest ``<prefix>_*.ckpt`` in ``directory`` of the same, unfinished training, if any.
-
-    Checkpoints of a different configuration are moved to ``<directory>/stale-<time>/``
-    rather than deleted or overwritten; those of the same training that already reached
-    ``stop_epoch`` are removed (its result is the final checkpoint), so a rerun trains anew.
-    An unreadable checkpoint raises ``CheckpointError`` naming it. With several ranks the node's
-    first worker tidies the folder while the others wait, then they look without tidying.
-    """
-    ranks = rank_context()
-    if ranks.size == 1:
-        return _find_resume_checkpoint(directory, prefix, expected_fingerprint, stop_epoch, tidy=True)
-    if ranks.is_node_leader:
-        found = _find_resume_checkpoint(directory, prefix, expected_fingerprint, stop_epoch, tidy=True)
-    barrier()
-    if ranks.is_node_leader:
-        return found
-    return _find_resume_checkpoint(directory, prefix, expected_fingerprint, stop_epoch, tidy=False)
-
-
-def _find_resume_checkpoint(
-    directory: str | Path, prefix: str, expected_fingerprint: str, stop_epoch: int, tidy: bool
-) -> Path | None:
-    directory = Path(directory)
-    found = sorted(directory.glob(f"{prefix}_*.ckpt"))
-    if not found:
-        return None
-    newest = found[-1]
-    metadata = load_checkpoint(newest).metadata
-    if metadata.get("fingerprint") == expected_fingerprint:
-        if metadata.get("epoch", 0) < stop_epoch:
-            return newest
-        if not tidy:
+    def lr(self, step: int) -> float | None:
+        """The learning rate of global step ``step`` (0-based), or None without a schedule."""
+        if self.lr_per_step is None or not len(self.lr_per_step):
             return None
-        logger.info("The checkpoints in %s are of a finished training of this configuration; training anew", directory)
-        for path in found:
-            path.unlink()
-        return None
-    if not tidy:
-        return None
-    stale = directory / time.strftime("stale-%Y%m%d-%H%M%S")
-    stale.mkdir()
-    for path in found:
-        path.rename(stale / path.name)
-    logger.warning("Checkpoints in %s come from another configuration; moved them to %s", directory, stale)
-    return None
+        return float(self.lr_per_step[min(step, len(self.lr_per_step) - 1)])
+
+    def capture(self) -> dict[str, np.ndarray]:
+        """Copies of the network's parameters and the optimizer's state (under ``optimizer.``)."""
+        return capture_state(self.network, self.optimizer, {}).params
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        """Load the optimizer state of ``checkpoint`` (the network was built from its weights)."""
+        if self.optimizer is not None:
+            restore_optimizer(self.network, self.optimizer, checkpoint)
+
+    def prepare(self) -> None:
+        """Called once after ``restore`` (if any) and before the first batch; nothing to do by default."""
 
 
-def capture_state(net, optimizer, metadata: dict) -> Checkpoint:
-    """Network parameters (BatchNorm statistics included), optimizer state and ``metadata``."""
-    # asnumpy() shares memory with the parameter on CPU: copy so later steps do not change the state
-    params = {p.name: p.asnumpy().copy() for p in net.get_parameters()}
-    if optimizer is not None:
-        params.update(
-            {OPTIMIZER_PREFIX + p.name: p.asnumpy().copy() for p in optimizer.get_parameters() if p.name not in params}
-        )
-    return Checkpoint(params, dict(metadata))
+@dataclass
+class TrainingResult:
+    """The final state (the checkpoint layout), every epoch's row from epoch 1, end-of-training figures
+    (``distributed/replica_max_abs_diff`` with several ranks) and the trained step."""
+
+    checkpoint: Checkpoint
+    history: list[dict[str, float]]
+    summary: dict[str, float] = field(default_factory=dict)
+    step: TrainStep | None = None
 
 
-def restore_state(net, checkpoint: Checkpoint, optimizer=None) -> None:
-    """Load ``checkpoint`` into ``net`` (and ``optimizer``'s state, when given); names must match."""
-    import mindspore as ms
+class EpochRunner:
+    """Turns a training's steps into per-epoch rows and callback calls; the plain loop and the
+    ``Model.train`` bridge both drive it, so every recipe gets the same rows, checks and callbacks."""
 
-    def as_params(arrays: dict[str, np.ndarray]) -> dict:
-        return {name: ms.Parameter(ms.Tensor(value), name=name) for name, value in arrays.items()}
+    def __init__(
+        self,
+        spec: TrainingSpec,
+        step: TrainStep,
+        steps_per_epoch: int,
+        callbacks: Sequence[Callback],
+        evaluate: Callable[[TrainStep], Mapping[str, float]] | None,
+        history: list[dict[str, float]],
+    ):
+        self.spec = spec
+        self.step = step
+        self.steps_per_epoch = steps_per_epoch
+        self.callbacks = list(callbacks)
+        self.evaluate = evaluate
+        self.history = history
+        self.ended = False
 
-    not_loaded, _ = ms.load_param_into_net(net, as_params(checkpoint.network_params()), strict_load=True)
-    if not_loaded:
-        raise ValueError(f"checkpoint lacks network parameters {not_loaded[:5]}")
-    if optimizer is not None:
-        optimizer_state = checkpoint.optimizer_state()
-        own = {p.name for p in optimizer.get_parameters()} - {p.name for p in net.get_parameters()}
-        missing = sorted(own - set(optimizer_state))
-        if missing:
-            raise ValueError(f"checkpoint lacks optimizer state {missing[:5]}")
-        ms.load_param_into_net(optimizer, as_params(optimizer_state), strict_load=True)
+    def train_begin(self, start_epoch: int) -> None:
+        for callback in self.callbacks:
+            callback.on_train_begin(self.spec.epochs, self.steps_per_epoch, start_epoch)
 
+    def epoch_begin(self, epoch: int) -> None:
+        for callback in self.callbacks:
+            callback.on_epoch_begin(epoch)
+        self.loss_sum, self.loss_count = 0.0, 0
+        self.started = time.perf_counter()
 
-def train_one_epoch(train_step, iterator, epoch: int, steps_per_epoch: int, callbacks: Sequence[Callback]) -> float:
-    """Run one epoch of ``train_step`` over ``iterator``; returns the mean loss."""
-    total = 0.0
-    step = -1
-    # TrainOneStepCell keeps its fixed loss scale as ``sens``; a step without one scales nothing
-    loss_scale = float(getattr(train_step, "sens", 1.0))
-    for step, (images, labels) in enumerate(iterator):
-        output = train_step(images, labels)
-        where = f"at epoch {epoch + 1}, step {step + 1}/{steps_per_epoch}"
+    def step_end(self, epoch: int, index: int, output) -> None:
+        """Check one step's output (loss, or loss, overflow flag and loss scale) and pass the loss on."""
+        where = f"at epoch {epoch + 1}, step {index + 1}/{self.steps_per_epoch}"
+        loss_scale = self.step.loss_scale
         if isinstance(output, tuple):
             output, overflow, loss_scale = output[0], bool(output[1].asnumpy()), float(output[2].asnumpy())
             if overflow:
@@ -204,10 +197,41 @@ def train_one_epoch(train_step, iterator, epoch: int, steps_per_epoch: int, call
             raise NonFiniteLossError(
                 f"training loss became {loss} {where}; the last good checkpoint is kept. {remedy}."
             )
-        total += loss
-        for callback in callbacks:
-            callback.on_step_end(epoch, step, loss)
-    return total / max(step + 1, 1)
+        self.loss_sum += loss
+        self.loss_count += 1
+        for callback in self.callbacks:
+            callback.on_step_end(epoch, index, loss)
+
+    def epoch_end(self, epoch: int) -> dict[str, float]:
+        """The epoch's row: training figures, evaluation when due, the callbacks' own figures."""
+        elapsed = time.perf_counter() - self.started
+        row: dict[str, float] = {
+            "epoch": epoch + 1,
+            TRAIN_LOSS: self.loss_sum / self.loss_count if self.loss_count else math.nan,
+        }
+        lr = self.step.lr((epoch + 1) * self.steps_per_epoch - 1)
+        if lr is not None:
+            row[TRAIN_LR] = lr
+        row[TRAIN_IMAGES_PER_S] = self.steps_per_epoch * self.spec.images_per_step / elapsed
+        row[TRAIN_EPOCH_TIME_S] = elapsed
+        interval = self.spec.eval_interval
+        if self.evaluate is not None and (epoch + 1 == self.spec.epochs or (interval and (epoch + 1) % interval == 0)):
+            accuracy = self.evaluate(self.step)
+            row[VAL_TOP1], row[VAL_TOP5] = float(accuracy["top1"]), float(accuracy["top5"])
+        for callback in self.callbacks:
+            row.update(callback.epoch_metrics(epoch))
+        row[TIMESTAMP_KEY] = time.time()
+        self.history.append(row)
+        for callback in self.callbacks:
+            callback.on_epoch_end(epoch, row)
+        return row
+
+    def train_end(self) -> None:
+        """End the callbacks once, also when training raised."""
+        if not self.ended:
+            self.ended = True
+            for callback in self.callbacks:
+                callback.on_train_end()
 
 
 def _overflow_error(where: str, loss_scale: float) -> NonFiniteLossError:
@@ -223,57 +247,117 @@ def _overflow_error(where: str, loss_scale: float) -> NonFiniteLossError:
     )
 
 
-def fit(
-    train_step,
+def train(
+    spec: TrainingSpec,
     dataset,
-    epochs: int,
-    lr_per_step: np.ndarray,
-    images_per_step: int,
+    make_step: Callable[[Checkpoint | None, int], TrainStep],
+    *,
+    start: Checkpoint | None = None,
+    fingerprint: str = "",
+    checkpoints: Checkpointing | None = None,
+    evaluate: Callable[[TrainStep], Mapping[str, float]] | None = None,
     callbacks: Sequence[Callback] = (),
-    start_epoch: int = 0,
-    evaluate: Callable[[], dict[str, float]] | None = None,
-    eval_interval: int = 0,
-    data_seed: int | None = None,
-) -> list[dict[str, float]]:
-    """Train from ``start_epoch`` to ``epochs``; returns one metrics row per epoch.
+    continue_from_start: bool = False,
+    metadata: Mapping[str, int | float | bool | str] | None = None,
+) -> TrainingResult:
+    """Train from ``start`` (or the newest checkpoint of this training) to ``spec.epochs``.
 
-    Each row holds epoch, loss (mean over the epoch), lr (at the epoch's last step),
-    epoch_time_s, images_per_s (all ranks), and top1/top5 when ``evaluate`` ran that epoch
-    (every ``eval_interval`` epochs and after the last one). With ``data_seed`` each epoch's
-    shuffle and augmentation are seeded by ``data_seed + epoch``, so a run resumed at an epoch
-    boundary sees the same data as an uninterrupted one.
+    ``dataset``: this rank's batched training data. ``make_step(start, steps_per_epoch)`` builds the
+    network from ``start``'s weights (None: fresh) and the optimizer for a schedule of
+    ``spec.schedule_epochs`` epochs. ``fingerprint`` identifies the configuration and start weights
+    (``resume.fingerprint``); with ``checkpoints`` the training resumes from, and writes, periodic
+    checkpoints. ``evaluate(step)`` returns ``top1`` and ``top5``. ``continue_from_start``: ``start``
+    is another training's checkpoint whose optimizer state and epoch this one continues. ``metadata``
+    goes into every checkpoint beside ``epoch``, ``fingerprint`` and ``history``.
     """
-    import mindspore.dataset as ds
-
+    stop = spec.epochs
+    schedule = spec.schedule_epochs or spec.epochs
+    history: list[dict[str, float]] = []
+    resume_from = None
+    if checkpoints is not None:
+        resume_from = find_resume_checkpoint(checkpoints.directory, CHECKPOINT_PREFIX, fingerprint, stop)
+    if resume_from is not None:
+        start = load_checkpoint(resume_from)
+        history = history_of(start)
+        logger.info("Resuming from %s (epoch %d of %d)", resume_from, start.metadata["epoch"], stop)
+    continuing = resume_from is not None or continue_from_start
+    start_epoch = int(start.metadata.get("epoch", 0)) if continuing and start is not None else 0
+    if not start_epoch <= stop <= schedule:
+        raise ValueError(f"epochs must satisfy start {start_epoch} <= stop {stop} <= schedule length {schedule}")
     steps_per_epoch = dataset.get_dataset_size()
     if steps_per_epoch == 0:
         raise ValueError("the training dataset yields no full batch")
-    history = []
-    for callback in callbacks:
-        callback.on_train_begin(epochs, steps_per_epoch, start_epoch)
+    step = make_step(start, steps_per_epoch)
+    if continuing:
+        step.restore(start)
+    step.prepare()
+    logger.info(
+        "Training epochs %d-%d of a %d-epoch schedule, %d steps/epoch, batch %d per rank",
+        start_epoch + 1,
+        stop,
+        schedule,
+        steps_per_epoch,
+        spec.batch_size,
+    )
+
+    def capture(epoch: int) -> Checkpoint:
+        state = {**(metadata or {}), "epoch": epoch, "fingerprint": fingerprint, HISTORY_KEY: encode_history(history)}
+        return Checkpoint(step.capture(), state)
+
+    chosen: list[Callback] = [ProgressReporter(spec.batch_size), *callbacks]
+    if checkpoints is not None and rank_context().is_node_leader:  # the other ranks hold the same state
+        chosen.append(
+            PeriodicCheckpoint(capture, checkpoints.directory, checkpoints.every_epochs, checkpoints.keep_last)
+        )
+    for callback in chosen:
+        callback.bind(step)
+        if resume_from is not None:
+            callback.on_resume(resume_from, history)
+    runner = EpochRunner(spec, step, steps_per_epoch, chosen, evaluate, history)
+    from pipelines.engine.model_bridge import ModelTrainStep, train_with_model  # loads mindspore.train
+
+    if isinstance(step, ModelTrainStep):
+        train_with_model(step, dataset, runner, start_epoch)
+    else:
+        _train_epochs(step, dataset, runner, start_epoch)
+    return TrainingResult(capture(stop), history, _replica_divergence(step.network), step)
+
+
+def _train_epochs(step: TrainStep, dataset, runner: EpochRunner, start_epoch: int) -> None:
+    import mindspore.dataset as ds
+
+    data_seed = runner.spec.data_seed
+    runner.train_begin(start_epoch)
     try:
-        for epoch in range(start_epoch, epochs):
-            for callback in callbacks:
-                callback.on_epoch_begin(epoch)
+        for epoch in range(start_epoch, runner.spec.epochs):
             if data_seed is not None:
                 ds.config.set_seed(data_seed + epoch)  # read when the iterator starts its pipeline
             iterator = dataset.create_tuple_iterator(num_epochs=1)
-            started = time.perf_counter()
-            mean_loss = train_one_epoch(train_step, iterator, epoch, steps_per_epoch, callbacks)
-            elapsed = time.perf_counter() - started
-            metrics = {
-                "epoch": float(epoch + 1),
-                "loss": mean_loss,
-                "lr": float(lr_per_step[min((epoch + 1) * steps_per_epoch, len(lr_per_step)) - 1]),
-                "epoch_time_s": elapsed,
-                "images_per_s": steps_per_epoch * images_per_step / elapsed,
-            }
-            if evaluate is not None and (epoch + 1 == epochs or (eval_interval and (epoch + 1) % eval_interval == 0)):
-                metrics.update(evaluate())
-            history.append(metrics)
-            for callback in callbacks:
-                callback.on_epoch_end(epoch, metrics)
+            runner.epoch_begin(epoch)
+            for index, (images, labels) in enumerate(iterator):
+                runner.step_end(epoch, index, step(images, labels))
+            runner.epoch_end(epoch)
     finally:
-        for callback in callbacks:
-            callback.on_train_end()
-    return history
+        runner.train_end()
+
+
+def _replica_divergence(network) -> dict[str, float]:
+    """With several ranks, how far this rank's trainable weights are from rank 0's (0 when data parallel works)."""
+    ranks = rank_context()
+    if ranks.size == 1:
+        return {}
+    divergence = verify_replicas(network)
+    if divergence > 0:
+        logger.warning("The ranks' trainable weights differ by up to %g after training", divergence)
+    else:
+        logger.info("The trainable weights are identical on all %d ranks", ranks.size)
+    return {REPLICA_DIVERGENCE: divergence}
+
+
+def history_table(history: Sequence[Mapping[str, float]]) -> pd.DataFrame:
+    """The per-epoch rows as the history dataset: column ``epoch``, then the metric keys (no timestamp)."""
+    table = pd.DataFrame([{k: v for k, v in row.items() if k != TIMESTAMP_KEY} for row in history])
+    if table.empty:
+        return pd.DataFrame(columns=["epoch", *EPOCH_KEYS])
+    table["epoch"] = table["epoch"].astype(int)
+    return table

@@ -13,6 +13,8 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from pipelines.engine.callbacks import Callback
+
 logger = logging.getLogger(__name__)
 
 
@@ -21,7 +23,7 @@ def _format_seconds(seconds: float) -> str:
     return f"{seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-class ProgressReporter:
+class ProgressReporter(Callback):
     """Training callback that shows steps, images/s and ETA for the epoch and the whole run."""
 
     def __init__(self, batch_size: int, log_every_fraction: float = 0.25, console: Console | None = None):
@@ -94,10 +96,10 @@ class ProgressReporter:
             self._progress.update(
                 self._run_task,
                 completed=epoch + 1,
-                rate=metrics.get("images_per_s", 0.0),
-                loss=metrics.get("loss", 0.0),
+                rate=metrics.get("train/images_per_s", 0.0),
+                loss=metrics.get("train/loss", 0.0),
             )
-        shown = " ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+        shown = " ".join(f"{k} {v:.4g}" for k, v in metrics.items() if k not in ("epoch", "timestamp"))
         logger.info("epoch %d/%d done: %s", epoch + 1, self.total_epochs, shown)
 
     def on_train_end(self) -> None:

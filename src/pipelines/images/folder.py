@@ -2,29 +2,34 @@
 
 A tree is ``<root>/<train_dir>/<class>/<image>`` and ``<root>/<val_dir>/<class>/<image>``
 (``train``/``val`` or the tutorials' ``ilsvrc``/``ilsvrc_eval``). Scanning produces a manifest
-table (path, class_name, label, split) that every later step reads, so a file found bad at
-ingest never reaches training.
+table (path, class_name, label, split, size, mtime_ns) that every later step reads, so a file
+found bad at ingest never reaches training, and a file changed since is noticed
+(``pipelines.images.records``). Every file left out is listed in ``bad_files`` with its reason.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
-from PIL import Image, UnidentifiedImageError
+
+from pipelines.images.records import write_records
+from pipelines.images.verify import VERIFY_MODES, FileState, entry_problem, is_hidden_or_system, verify_files
 
 logger = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png", ".bmp", ".webp")
-VERIFY_MODES = ("none", "header", "decode")
 BAD_FILE_POLICIES = ("exclude", "fail")
-MANIFEST_COLUMNS = ["path", "class_name", "label", "split"]
+MANIFEST_COLUMNS = ["path", "class_name", "label", "split", "size", "mtime_ns"]
+BAD_FILE_COLUMNS = ["path", "split", "reason"]
 # ImageNet channel statistics, in 0-255 pixel units (recipe values).
 MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
 STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
+# Per-class counts are logged class by class up to this many classes, summarised beyond.
+_LOGGED_CLASSES = 30
 
 
 class DataLayoutError(ValueError):
@@ -41,55 +46,65 @@ class ScanResult:
     class_index: dict[str, int]
     class_counts: pd.DataFrame
     bad_files: pd.DataFrame
+    verified_files: int  # files whose content was read by this scan (the rest came from the cache)
 
 
-def _check_image(path: Path, verify: str) -> str | None:
-    """Reason why ``path`` is not a usable image, or None when it is."""
-    if path.suffix.lower() not in IMAGE_EXTENSIONS:
-        return f"not an image file (extension {path.suffix or 'none'!r})"
-    if path.stat().st_size == 0:
-        return "empty file"
-    if verify == "none":
-        return None
-    try:
-        with Image.open(path) as image:
-            if verify == "decode":
-                image.load()
-            else:
-                image.verify()
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
-        return f"cannot be decoded: {error}"
-    return None
+def _list_class(class_dir: str) -> tuple[list[FileState], list[tuple[str, str]]]:
+    """Candidate images under ``class_dir`` (sub-folders included) and the entries refused outright."""
+    files, refused, pending = [], [], [class_dir]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    if is_hidden_or_system(entry.name):
+                        refused.append((entry.path, "hidden or system folder"))
+                    else:
+                        pending.append(entry.path)
+                    continue
+                problem, status = entry_problem(entry)
+                if problem is None:
+                    files.append(FileState(entry.path, status.st_size, status.st_mtime_ns))
+                else:
+                    refused.append((entry.path, problem))
+    files.sort(key=lambda f: f.path)
+    return files, refused
 
 
-def _class_dirs(split_root: Path) -> list[Path]:
+def _class_dirs(split_root: Path) -> tuple[list[Path], list[tuple[str, str]]]:
+    """Class folders of a split, sorted, and the hidden or system entries beside them."""
     if not split_root.is_dir():
         raise DataLayoutError(f"split folder {split_root} does not exist")
     entries = sorted(split_root.iterdir())
-    stray_files = [e for e in entries if e.is_file() and not e.name.startswith(".")]
+    hidden = [e for e in entries if is_hidden_or_system(e.name)]
+    entries = [e for e in entries if e not in hidden]
+    stray_files = [e for e in entries if not e.is_dir()]
     if stray_files:
         raise DataLayoutError(
             f"{split_root} must hold one folder per class, but holds files such as {stray_files[0]}; "
             "expected layout <split>/<class>/<image>"
         )
-    classes = [e for e in entries if e.is_dir() and not e.name.startswith(".")]
-    if not classes:
+    if not entries:
         raise DataLayoutError(f"{split_root} holds no class folders; expected layout <split>/<class>/<image>")
-    return classes
+    refused = [(str(e.resolve()), "hidden or system " + ("folder" if e.is_dir() else "file")) for e in hidden]
+    return entries, refused
 
 
 def scan_image_tree(
     root: str | Path,
     split_dirs: dict[str, str],
-    verify: str = "header",
+    verify: str = "decode",
     on_bad_file: str = "fail",
+    cache_path: str | Path | None = None,
+    workers: int | None = None,
 ) -> ScanResult:
     """Scan ``root`` into a manifest, a class-index map and per-class counts.
 
     ``split_dirs`` maps split names (``train``, ``val``) to folder names under ``root``.
-    Labels follow the sorted train class folder names. Files that are not usable images are
-    listed in ``bad_files`` with a reason and logged by path; ``on_bad_file="fail"`` raises
-    instead. An empty class folder, or a val class absent from train, is always an error.
+    Labels follow the sorted train class folder names. Every file that is not a usable image
+    (``verify`` sets how far each is read: ``pipelines.images.verify``) is listed in ``bad_files``
+    with a reason and logged; ``on_bad_file="fail"`` raises instead. Content verdicts are cached
+    in the SQLite file ``cache_path`` (None: not cached) and checked in ``workers`` processes
+    (None: every core). An empty class folder, or a val class absent from train, is always an error.
     """
     if verify not in VERIFY_MODES:
         raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
@@ -101,7 +116,10 @@ def scan_image_tree(
     if "train" not in split_dirs:
         raise DataLayoutError("split_dirs must name the 'train' folder")
 
-    class_dirs = {split: _class_dirs(root / folder) for split, folder in split_dirs.items()}
+    class_dirs, bad = {}, []
+    for split, folder in split_dirs.items():
+        class_dirs[split], hidden = _class_dirs(root / folder)
+        bad.extend((path, split, reason) for path, reason in hidden)
     class_names = [d.name for d in class_dirs["train"]]
     class_index = {name: label for label, name in enumerate(class_names)}
     for split, dirs in class_dirs.items():
@@ -112,36 +130,71 @@ def scan_image_tree(
                 f"{', '.join(unknown[:10])}{' ...' if len(unknown) > 10 else ''}"
             )
 
-    rows, bad = [], []
+    listed = []  # (split, class folder, candidate files)
     for split, dirs in class_dirs.items():
         for class_dir in dirs:
-            usable = 0
-            for path in sorted(p for p in class_dir.rglob("*") if p.is_file() and not p.name.startswith(".")):
-                reason = _check_image(path, verify)
-                if reason is None:
-                    rows.append((str(path.resolve()), class_dir.name, class_index[class_dir.name], split))
-                    usable += 1
-                else:
-                    bad.append((str(path.resolve()), split, reason))
-                    logger.warning("Bad file %s: %s", path, reason)
-            if usable == 0:
-                raise DataLayoutError(f"class folder {class_dir} holds no usable image")
+            folder = str(class_dir.resolve())
+            files, refused = _list_class(folder)
+            bad.extend((path, split, reason) for path, reason in refused)
+            listed.append((split, class_dir, files))
+    problems, verified = {}, 0
+    if verify != "none":
+        problems, verified = verify_files(
+            [(str(class_dir.resolve()), files) for _, class_dir, files in listed], verify, cache_path, workers
+        )
 
-    bad_files = pd.DataFrame(bad, columns=["path", "split", "reason"])
+    rows = []
+    for split, class_dir, files in listed:
+        usable = 0
+        for file in files:
+            problem = problems.get(file.path)
+            if problem is None:
+                rows.append((file.path, class_dir.name, class_index[class_dir.name], split, file.size, file.mtime_ns))
+                usable += 1
+            else:
+                bad.append((file.path, split, problem))
+        if usable == 0:
+            raise DataLayoutError(f"class folder {class_dir} holds no usable image")
+
+    bad_files = pd.DataFrame(sorted(bad), columns=BAD_FILE_COLUMNS)
+    for path, _, reason in bad[:20]:
+        logger.warning("Bad file %s: %s", path, reason)
     if bad and on_bad_file == "fail":
-        listed = "\n".join(f"  {p}: {r}" for p, _, r in bad[:20])
+        listing = "\n".join(f"  {p}: {r}" for p, _, r in bad[:20])
         raise BadImageError(
-            f"{len(bad)} unusable file(s) under {root}:\n{listed}\n"
+            f"{len(bad)} unusable file(s) under {root}:\n{listing}\n"
             "Remove them, or set data.on_bad_file: exclude to leave them out of the manifest."
         )
-    if bad:
-        logger.warning("Excluded %d unusable file(s); see the bad_files table", len(bad))
     manifest = pd.DataFrame(rows, columns=MANIFEST_COLUMNS)
     counts = manifest.groupby(["split", "class_name"]).size().unstack("split", fill_value=0)
     counts = counts.reindex(class_names, fill_value=0).reset_index()
     counts.columns.name = None
     counts.insert(1, "label", [class_index[name] for name in counts["class_name"]])
-    return ScanResult(manifest, class_index, counts, bad_files)
+    _log_counts(counts, bad_files)
+    return ScanResult(manifest, class_index, counts, bad_files, verified)
+
+
+def _log_counts(counts: pd.DataFrame, bad_files: pd.DataFrame) -> None:
+    """Per-class image counts of each split, and how many files were left out (and why, by reason)."""
+    for split in counts.columns[2:]:
+        per_class = counts.set_index("class_name")[split]
+        if len(per_class) <= _LOGGED_CLASSES:
+            shown = ", ".join(f"{name} {count}" for name, count in per_class.items())
+        else:
+            shown = (
+                f"min {per_class.min()} ({per_class.idxmin()}), median {per_class.median():g}, "
+                f"max {per_class.max()} ({per_class.idxmax()}); every class in class_counts"
+            )
+        logger.info("%s: %d images in %d classes: %s", split, per_class.sum(), len(per_class), shown)
+    if bad_files.empty:
+        logger.info("No file excluded")
+        return
+    reasons = bad_files["reason"].str.replace(r"(: .*| to .*| \(.*)$", "", regex=True).value_counts()
+    logger.warning(
+        "Excluded %d file(s) (%s); each is listed with its reason in bad_files",
+        len(bad_files),
+        ", ".join(f"{count} {reason}" for reason, count in reasons.items()),
+    )
 
 
 def subset_manifest(manifest: pd.DataFrame, max_per_class: dict[str, int | None], seed: int) -> pd.DataFrame:
@@ -156,20 +209,9 @@ def subset_manifest(manifest: pd.DataFrame, max_per_class: dict[str, int | None]
     return pd.concat(parts, ignore_index=True) if parts else manifest.iloc[:0]
 
 
-class _EncodedImages:
-    """Random-access source of (encoded bytes, label): decoding happens in MindSpore's ops."""
-
-    def __init__(self, paths: list[str], labels: list[int]):
-        self.paths = paths
-        self.labels = labels
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, index: int):
-        with open(self.paths[index], "rb") as handle:
-            encoded = np.frombuffer(handle.read(), dtype=np.uint8)
-        return encoded, np.int32(self.labels[index])
+def default_cache_dir() -> Path:
+    """Where ``create_dataset`` keeps MindRecord chunks when the caller names no folder."""
+    return Path(tempfile.gettempdir()) / f"pipelines-images-{os.getuid()}"
 
 
 def create_dataset(
@@ -184,37 +226,45 @@ def create_dataset(
     rank_size: int = 1,
     num_workers: int = 2,
     seed: int = 0,
+    cache_dir: str | Path | None = None,
+    on_bad_file: str = "fail",
 ):
     """A batched MindSpore dataset over the manifest rows of ``split``, sharded by rank.
+
+    The rows are read by MindSpore's C++ MindRecord reader from chunks written once under
+    ``cache_dir`` (default: ``default_cache_dir()``; ``pipelines.images.records``), in a seeded
+    global shuffle for training and in (label, manifest) order for evaluation. ``on_bad_file``:
+    what to do with a file changed since ingest that no longer decodes (``fail``: raise naming
+    it; ``exclude``: leave it out). The files left out are the dataset's ``skipped_files``
+    (a table of path, reason).
 
     Train: RandomCropDecodeResize, horizontal flip, normalise, HWC->CHW (shuffled, last
     partial batch dropped). Eval: Decode, Resize(image_size / eval_resize_ratio),
     CenterCrop(image_size), normalise, HWC->CHW (every image kept).
     """
     import mindspore.dataset as ds
-    from mindspore import dtype as mstype
     from mindspore.dataset import vision
-    from mindspore.dataset.transforms import TypeCast
 
     rows = manifest[manifest["split"] == split]
     if rows.empty:
         raise DataLayoutError(f"the manifest has no '{split}' images")
-    per_rank = len(rows) // rank_size
+    missing = [column for column in MANIFEST_COLUMNS if column not in rows.columns]
+    if missing:
+        raise DataLayoutError(f"the manifest lacks columns {missing}: rerun the data pipeline to rebuild it")
+    records = write_records(rows, cache_dir or default_cache_dir(), on_bad_file)
+    per_rank = records.rows // rank_size
     if training and per_rank < batch_size:
         raise ValueError(
             f"batch_size {batch_size} is larger than the {per_rank} '{split}' images each of "
             f"{rank_size} rank(s) reads; lower batch_size or use more data"
         )
     ds.config.set_seed(seed)
-    source = _EncodedImages(rows["path"].tolist(), rows["label"].astype(int).tolist())
-    dataset = ds.GeneratorDataset(
-        source,
-        column_names=["image", "label"],
+    dataset = ds.MindDataset(
+        records.files,
+        columns_list=["image", "label"],
         shuffle=training,
         num_shards=rank_size if rank_size > 1 else None,
         shard_id=rank if rank_size > 1 else None,
-        num_parallel_workers=1,
-        python_multiprocessing=False,
     )
     if training:
         image_ops = [
@@ -229,5 +279,6 @@ def create_dataset(
         ]
     image_ops += [vision.Normalize(mean=MEAN, std=STD), vision.HWC2CHW()]
     dataset = dataset.map(operations=image_ops, input_columns="image", num_parallel_workers=num_workers)
-    dataset = dataset.map(operations=TypeCast(mstype.int32), input_columns="label", num_parallel_workers=1)
-    return dataset.batch(batch_size, drop_remainder=training)
+    dataset = dataset.batch(batch_size, drop_remainder=training)
+    dataset.skipped_files = records.skipped
+    return dataset

@@ -7,39 +7,40 @@ import logging
 import pandas as pd
 
 from pipelines.engine.checkpoint import Checkpoint
-from pipelines.porting.migrate import check_parity, convert, load_state_dict, require_parity
 from pipelines.engine.runtime import configure_mindspore
+from pipelines.params import MigrateParams, RuntimeParams
+from pipelines.porting.migrate import check_parity, convert, load_state_dict, require_parity
 from pipelines.tracking import log_metrics
 
 logger = logging.getLogger(__name__)
 
 
-def convert_torch_weights(migrate: dict, runtime: dict) -> Checkpoint:
+def convert_torch_weights(migrate: MigrateParams, runtime: RuntimeParams) -> Checkpoint:
     """Our ResNet's checkpoint from the ``.pth`` state_dict at ``migrate.state_dict``."""
-    state_dict = load_state_dict(migrate["state_dict"])
-    configure_mindspore(runtime["device_target"], runtime["mode"], runtime["seed"])
-    checkpoint = convert(state_dict, migrate["architecture"], migrate["num_classes"], source=migrate["state_dict"])
+    state_dict = load_state_dict(migrate.state_dict)
+    configure_mindspore(runtime.device_target, runtime.mode, runtime.seed)
+    checkpoint = convert(state_dict, migrate.architecture, migrate.num_classes, source=migrate.state_dict)
     logger.info(
         "Converted %d PyTorch tensors of %s into %d MindSpore parameters",
         len(state_dict),
-        migrate["state_dict"],
+        migrate.state_dict,
         len(checkpoint.params),
     )
     return checkpoint
 
 
-def check_migration_parity(checkpoint: Checkpoint, migrate: dict, runtime: dict) -> tuple[dict, pd.DataFrame]:
+def check_migration_parity(
+    checkpoint: Checkpoint, migrate: MigrateParams, runtime: RuntimeParams
+) -> tuple[dict, pd.DataFrame]:
     """Forward and single-step parity of the converted checkpoint against the PyTorch original.
 
     Logs the figures to MLflow (``migrate_forward_max_abs_diff``, ``migrate_step_*``,
     ``migrate_passed``); returns the report and the per-tensor table of the step.
     """
-    state_dict = load_state_dict(migrate["state_dict"])
-    configure_mindspore(runtime["device_target"], runtime["mode"], runtime["seed"])
-    report, table = check_parity(
-        state_dict, checkpoint, migrate["architecture"], migrate["num_classes"], migrate["parity"]
-    )
-    report["state_dict"] = migrate["state_dict"]
+    state_dict = load_state_dict(migrate.state_dict)
+    configure_mindspore(runtime.device_target, runtime.mode, runtime.seed)
+    report, table = check_parity(state_dict, checkpoint, migrate.architecture, migrate.num_classes, migrate.parity)
+    report["state_dict"] = migrate.state_dict
     forward, step = report["forward"], report["single_step"]
     log_metrics(
         {

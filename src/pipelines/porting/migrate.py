@@ -27,6 +27,7 @@ import pandas as pd
 
 from pipelines.engine.checkpoint import Checkpoint
 from pipelines.models.resnet import RESNET_LAYOUTS, ResNetLayout
+from pipelines.params import MigrationParity
 from pipelines.porting.layouts import TORCH_INSTALL_HINT, TORCHVISION_ARCHITECTURES
 
 DROPPED_SUFFIXES = (".num_batches_tracked",)
@@ -184,7 +185,7 @@ def _torch_model(state_dict: Mapping[str, np.ndarray], architecture: str, num_cl
 
 def _mindspore_net(checkpoint: Checkpoint, architecture: str, num_classes: int):
     from pipelines.models.resnet import create_resnet
-    from pipelines.engine.loop import restore_state
+    from pipelines.engine.state import restore_state
 
     net = create_resnet(architecture, num_classes)
     restore_state(net, checkpoint)
@@ -333,7 +334,11 @@ def single_step_parity(
 
 
 def check_parity(
-    state_dict: Mapping[str, np.ndarray], checkpoint: Checkpoint, architecture: str, num_classes: int, parity: dict
+    state_dict: Mapping[str, np.ndarray],
+    checkpoint: Checkpoint,
+    architecture: str,
+    num_classes: int,
+    parity: MigrationParity,
 ) -> tuple[dict, pd.DataFrame]:
     """Both checks with the settings and bounds of ``parity`` (a ``migrate.parity`` parameters section).
 
@@ -345,22 +350,22 @@ def check_parity(
     to exact, when MindSpore's update error against PyTorch's float64 step is at most
     ``step_noise_factor`` times PyTorch's own float32 error (``criterion: float32_noise``).
     """
-    batch = {"image_size": parity["image_size"], "batch_size": parity["batch_size"], "seed": parity["seed"]}
+    batch = {"image_size": parity.image_size, "batch_size": parity.batch_size, "seed": parity.seed}
     forward = forward_parity(state_dict, checkpoint, architecture, num_classes, **batch)
-    forward["tolerance"] = parity["forward_tolerance"]
-    forward["passed"] = forward["max_abs_diff"] <= parity["forward_tolerance"]
-    step, table = single_step_parity(state_dict, checkpoint, architecture, num_classes, **batch, lr=parity["lr"])
+    forward["tolerance"] = parity.forward_tolerance
+    forward["passed"] = forward["max_abs_diff"] <= parity.forward_tolerance
+    step, table = single_step_parity(state_dict, checkpoint, architecture, num_classes, **batch, lr=parity.lr)
     step.update(
-        lr=parity["lr"],
-        weight_tolerance=parity["step_weight_tolerance"],
-        update_tolerance=parity["step_update_tolerance"],
-        noise_factor=parity["step_noise_factor"],
+        lr=parity.lr,
+        weight_tolerance=parity.step_weight_tolerance,
+        update_tolerance=parity.step_update_tolerance,
+        noise_factor=parity.step_noise_factor,
     )
     close = (
-        step["weight_max_abs_diff"] <= parity["step_weight_tolerance"]
-        and step["update_max_rel_diff"] <= parity["step_update_tolerance"]
+        step["weight_max_abs_diff"] <= parity.step_weight_tolerance
+        and step["update_max_rel_diff"] <= parity.step_update_tolerance
     )
-    within_noise = step["mindspore_update_error"] <= parity["step_noise_factor"] * step["torch_float32_update_error"]
+    within_noise = step["mindspore_update_error"] <= parity.step_noise_factor * step["torch_float32_update_error"]
     step["criterion"] = "pytorch_float32" if close else "float32_noise" if within_noise else "none"
     step["passed"] = close or within_noise
     report = {

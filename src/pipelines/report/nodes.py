@@ -4,30 +4,24 @@ from __future__ import annotations
 
 import logging
 
-import mlflow
 import pandas as pd
 from matplotlib.figure import Figure
 
+from pipelines.params import ReportParams
 from pipelines.reporting.compare import compare, figures
+from pipelines.tracking import MlflowRunReader
 
 logger = logging.getLogger(__name__)
 
 
-def compare_recipes(report: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def compare_recipes(report: ReportParams) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """The comparison table, the per-epoch histories and dim_reduce's explained variance.
 
     Runs are read from the tracking URI and experiment kedro-mlflow set up from ``mlflow.yml``
     for this run itself, so the report reads the same store the training pipelines wrote.
     """
-    active = mlflow.active_run()
-    if active is None:
-        raise RuntimeError(
-            "the report pipeline reads the MLflow experiment of its own run, but no run is active: "
-            "is tracking disabled for it in conf/base/mlflow.yml (tracking.disable_tracking.pipelines)?"
-        )
-    experiment = mlflow.get_experiment(active.info.experiment_id).name
     comparison = compare(
-        mlflow.get_tracking_uri(), experiment, report["recipes"], report["target_top1"], report["run_ids"]
+        MlflowRunReader.of_active_run(), report.recipes, report.target_top1, report.run_ids.model_dump()
     )
     for row in comparison.table.itertuples():
         if row.run_status == "missing":
@@ -47,8 +41,8 @@ def compare_recipes(report: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
 
 
 def plot_recipes(
-    histories: pd.DataFrame, explained_variance: pd.DataFrame, report: dict
+    histories: pd.DataFrame, explained_variance: pd.DataFrame, report: ReportParams
 ) -> tuple[Figure, Figure, Figure, Figure]:
     """Top-1 against epoch and training time, loss against epoch, dim_reduce's explained variance."""
-    drawn = figures(histories, explained_variance, report["target_top1"])
+    drawn = figures(histories, explained_variance, report.target_top1)
     return drawn["top1_vs_epoch"], drawn["top1_vs_time"], drawn["loss"], drawn["explained_variance"]

@@ -1,73 +1,83 @@
 """Comparison of the training recipes from their MLflow runs: one table and a few figures.
 
-Each ``kedro run`` is one MLflow run tagged ``pipeline``. A recipe's run holds per-epoch
-metrics logged by ``MlflowMetrics`` (step = epoch, names prefixed per training phase, e.g.
-``thor_loss`` or ``stage1_loss`` then ``stage2_loss`` for dim_reduce) and the final evaluation
-``<final>_top1``/``<final>_top5`` logged without a step (step 0). Some evaluation names equal
-per-epoch names (``thor_top1`` is both), so per-epoch values are read from steps >= 1 and the
-final evaluation from step 0 only.
+Every recipe logs one metric schema (README "Tracking with MLflow"): per epoch, with step = epoch
+number, ``train/loss``, ``train/lr``, ``train/images_per_s``, ``train/epoch_time_s`` and, on
+evaluation epochs, ``val/top1``/``val/top5``; after training ``final/top1``/``final/top5``.
+baseline, thor and adasum log them into the ``kedro run``'s own run (tagged ``pipeline``);
+dim_reduce's trainings (``stage1``, ``stage2``, ``control``) are child runs of it (tag
+``training``), each with the same keys. So one reader serves every recipe.
 
-Times are training time: the sum of the per-epoch ``epoch_time_s`` (evaluation, data ingest and
-dim_reduce's PCA are not counted); ``wall_time_s`` is the whole ``kedro run``.
+Times are training time: the sum of the per-epoch ``train/epoch_time_s`` (evaluation, data
+ingest and dim_reduce's PCA are not counted); ``wall_time_s`` is the whole ``kedro run``.
+
+This module reads MLflow only through a ``RunReader`` passed in (``pipelines.tracking.MlflowRunReader``),
+which hands over plain data; everything here is pandas and matplotlib.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, TypedDict
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from mlflow import MlflowClient
-from mlflow.entities import Run
-from mlflow.exceptions import MlflowException
+from matplotlib.ticker import MaxNLocator
 
 logger = logging.getLogger(__name__)
+
+EPOCH_KEYS = ("train/loss", "train/lr", "train/images_per_s", "train/epoch_time_s", "val/top1", "val/top5")
+FINAL_KEYS = ("final/top1", "final/top5")
+TRAINING_TAG = "training"  # names a dim_reduce child run: stage1, stage2 or control
+PARENT_TAG = "mlflow.parentRunId"
+# Parameters (as kedro-mlflow flattens them) that change what is trained on or what is trained;
+# data loading settings that do not change the images (workers, evaluation batch, cache folder) are left out.
+DATA_MODEL_PREFIXES = ("data.", "model.")
+NOT_DATA_OR_MODEL = ("data.num_workers", "data.eval_batch_size", "data.cache_dir")
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """Where a recipe's numbers are in its MLflow run.
+    """Where a recipe's numbers are among its MLflow runs.
 
-    ``pipelines``: values of the run's ``pipeline`` tag that are runs of this recipe.
-    ``phases``: per-epoch metric prefixes, in the order they trained (epochs continue across them).
-    ``final``: prefix of the final evaluation metrics ``<final>_top1`` and ``<final>_top5``.
+    ``pipelines``: values of the ``pipeline`` tag that are runs of this recipe.
+    ``trainings``: child runs (by ``training`` tag) whose epochs, in this order, are the recipe's
+    curve, the last one holding the recipe's final evaluation; empty: the ``kedro run`` itself.
+    ``side_trainings``: child runs that continue from the first training instead (dim_reduce's
+    control, Momentum over stage 2's epochs), drawn beside the curve but not in the table.
     """
 
     name: str
     pipelines: tuple[str, ...]
-    phases: tuple[str, ...]
-    final: str
-
-    @property
-    def required_metrics(self) -> tuple[str, ...]:
-        """Metrics a complete run has; a partial rerun (``--nodes=...``) lacks some of them."""
-        return (f"{self.phases[0]}loss", f"{self.final}_top1")
+    trainings: tuple[str, ...] = ()
+    side_trainings: tuple[str, ...] = ()
 
 
 RECIPES: dict[str, Recipe] = {
     recipe.name: recipe
     for recipe in (
-        Recipe("baseline", ("baseline", "__default__"), ("",), "baseline"),
-        Recipe("dim_reduce", ("dim_reduce",), ("stage1_", "stage2_"), "stage2"),
-        Recipe("thor", ("thor",), ("thor_",), "thor"),
-        Recipe("adasum", ("adasum",), ("",), "adasum"),
+        Recipe("baseline", ("baseline", "__default__")),
+        Recipe("dim_reduce", ("dim_reduce",), ("stage1", "stage2"), ("control",)),
+        Recipe("thor", ("thor",)),
+        Recipe("adasum", ("adasum",)),
     )
 }
-EPOCH_METRICS = ("loss", "top1", "top5", "epoch_time_s", "images_per_s")
 TABLE_COLUMNS = [
     "recipe",
     "run_id",
     "run_status",
     "env",
+    "model",
+    "image_size",
+    "train_images",
+    "seed",
+    "epochs",
     "top1",
     "top5",
-    "epochs",
     "train_time_s",
     "wall_time_s",
     "images_per_s",
@@ -75,9 +85,48 @@ TABLE_COLUMNS = [
     "epoch_to_target",
     "time_to_target_s",
     "resumed",
+    "differs",
 ]
-HISTORY_COLUMNS = ["recipe", "run_id", "phase", "epoch", *EPOCH_METRICS, "train_time_s"]
+HISTORY_COLUMNS = ["recipe", "run_id", "training", "epoch", *EPOCH_KEYS, "train_time_s"]
 VARIANCE_ARTIFACT = "pca/pca_explained_variance.csv"
+VARIANCE_COLUMNS = ["component", "explained_variance", "explained_variance_ratio", "cumulative_ratio"]
+
+
+class RunRecord(TypedDict):
+    """One MLflow run as plain data: ``metric_keys`` names the metrics it holds (any step)."""
+
+    run_id: str
+    run_name: str | None
+    status: str
+    start_time_ms: int
+    end_time_ms: int | None
+    tags: dict[str, str]
+    params: dict[str, str]
+    metric_keys: list[str]
+
+
+class RunReader(Protocol):
+    """Read access to one MLflow experiment, as plain data (``pipelines.tracking.MlflowRunReader``)."""
+
+    tracking_uri: str
+    experiment_name: str
+    experiment_exists: bool
+
+    def search(self, filter_string: str) -> list[RunRecord]:
+        """The experiment's runs matching an MLflow filter string, newest first."""
+        ...
+
+    def get(self, run_id: str) -> RunRecord | None:
+        """The run ``run_id`` (any experiment), or ``None`` when there is none."""
+        ...
+
+    def metric_history(self, run_id: str, keys: Sequence[str]) -> pd.DataFrame:
+        """Every logged value of ``keys``: columns ``key``, ``step``, ``value``, ``timestamp`` (ms)."""
+        ...
+
+    def artifact_csv(self, run_id: str, path: str) -> pd.DataFrame | None:
+        """The run's CSV artifact at ``path``, or ``None`` when it has none."""
+        ...
 
 
 class NoRunsError(LookupError):
@@ -88,7 +137,7 @@ class NoRunsError(LookupError):
 class Comparison:
     """What the report is made of: the runs found, the table and the per-epoch histories."""
 
-    runs: dict[str, Run | None]
+    runs: dict[str, RunRecord | None]
     table: pd.DataFrame
     histories: pd.DataFrame
     explained_variance: pd.DataFrame
@@ -116,197 +165,328 @@ def recipes_by_name(names: Sequence[str]) -> list[Recipe]:
     return [RECIPES[name] for name in names]
 
 
-def _missing_metrics(run: Run, recipe: Recipe) -> list[str]:
-    return [name for name in recipe.required_metrics if name not in run.data.metrics]
+def children_by_training(reader: RunReader, run: RunRecord) -> dict[str, RunRecord]:
+    """The child runs of ``run`` by their ``training`` tag (the newest where a name repeats)."""
+    children: dict[str, RunRecord] = {}
+    for child in reader.search(f"tags.`{PARENT_TAG}` = '{run['run_id']}'"):  # newest first
+        children.setdefault(child["tags"].get(TRAINING_TAG, ""), child)
+    children.pop("", None)
+    return children
 
 
-def find_run(client: MlflowClient, experiment_id: str, recipe: Recipe, run_id: str | None = None) -> Run | None:
+def missing_metrics(recipe: Recipe, run: RunRecord, children: Mapping[str, RunRecord]) -> list[str]:
+    """Metrics a complete run of ``recipe`` has and this one lacks (a partial rerun, ``--nodes=...``).
+
+    In-run recipes need ``train/loss`` and ``final/top1``; dim_reduce needs ``train/loss`` in each
+    training of its curve and ``final/top1`` in the last (``stage2: final/top1`` when absent).
+    """
+    if not recipe.trainings:
+        return [key for key in ("train/loss", "final/top1") if key not in run["metric_keys"]]
+    missing = []
+    for training in recipe.trainings:
+        needed = ("train/loss", "final/top1") if training == recipe.trainings[-1] else ("train/loss",)
+        held = children[training]["metric_keys"] if training in children else []
+        missing += [f"{training}: {key}" for key in needed if key not in held]
+    return missing
+
+
+def find_run(reader: RunReader, recipe: Recipe, run_id: str | None = None) -> RunRecord | None:
     """The run to report for ``recipe``: ``run_id`` when pinned, else its latest complete FINISHED run.
 
-    A pinned run must exist and be tagged with one of the recipe's pipelines; skipped runs
-    (partial reruns lacking the recipe's metrics) are logged. ``None`` when there is none.
+    A pinned run must exist, be tagged with one of the recipe's pipelines and be complete;
+    skipped runs (partial reruns lacking the recipe's metrics) are logged. ``None`` when there is none.
     """
     if run_id:
-        try:
-            run = client.get_run(run_id)
-        except MlflowException as error:
-            raise ValueError(f"report.run_ids.{recipe.name}: no MLflow run {run_id!r} ({error.message})") from error
-        tag = run.data.tags.get("pipeline")
+        run = reader.get(run_id)
+        if run is None:
+            raise ValueError(f"report.run_ids.{recipe.name}: no MLflow run {run_id!r} at {reader.tracking_uri}")
+        tag = run["tags"].get("pipeline")
         if tag not in recipe.pipelines:
             raise ValueError(
                 f"report.run_ids.{recipe.name}: run {run_id} is tagged pipeline={tag!r}, "
                 f"not {' or '.join(recipe.pipelines)}"
             )
-        missing = _missing_metrics(run, recipe)
+        missing = missing_metrics(recipe, run, children_by_training(reader, run) if recipe.trainings else {})
         if missing:
             raise ValueError(f"report.run_ids.{recipe.name}: run {run_id} lacks the metrics {missing}")
         return run
-    candidates = []
+    candidates: list[RunRecord] = []
     for tag in recipe.pipelines:
-        candidates += client.search_runs(
-            [experiment_id],
-            f"tags.pipeline = '{tag}' and attributes.status = 'FINISHED'",
-            order_by=["attributes.start_time DESC"],
-            max_results=200,
-        )
-    for run in sorted(candidates, key=lambda r: r.info.start_time, reverse=True):
-        missing = _missing_metrics(run, recipe)
+        candidates += reader.search(f"tags.pipeline = '{tag}' and attributes.status = 'FINISHED'")
+    for run in sorted(candidates, key=lambda r: r["start_time_ms"], reverse=True):
+        missing = missing_metrics(recipe, run, children_by_training(reader, run) if recipe.trainings else {})
         if not missing:
             return run
         logger.info(
-            "Report: skipping %s run %s, which lacks %s (a partial rerun?)", recipe.name, run.info.run_id, missing
+            "Report: skipping %s run %s, which lacks %s (a partial rerun?)", recipe.name, run["run_id"], missing
         )
     return None
 
 
-def _history(client: MlflowClient, run_id: str, metric: str) -> dict[int, float]:
-    """Step -> value of ``metric``; the latest value where a step was logged twice."""
-    values = {}
-    for m in sorted(client.get_metric_history(run_id, metric), key=lambda m: (m.step, m.timestamp)):
-        values[m.step] = m.value
-    return values
+def epoch_rows(metrics: pd.DataFrame) -> pd.DataFrame:
+    """One row per epoch (``epoch`` and the ``EPOCH_KEYS`` columns) from one run's logged metrics.
 
-
-def epoch_history(client: MlflowClient, run: Run, recipe: Recipe) -> pd.DataFrame:
-    """One row per trained epoch of ``run`` (columns ``HISTORY_COLUMNS``).
-
-    ``top1``/``top5`` are NaN in epochs without a per-epoch evaluation, except the last epoch,
-    which takes the final evaluation when it had none of its own (dim_reduce stage 2 has none).
-    ``train_time_s`` is the cumulative training time at the end of the epoch.
+    ``metrics`` has columns ``key``, ``step``, ``value``, ``timestamp`` (what ``RunReader.metric_history``
+    returns). Steps below 1 are not epochs; where a step was logged twice (a resumed training
+    relogs its earlier epochs), the latest value counts. A key never logged is an all-NaN column.
     """
-    run_id = run.info.run_id
-    rows: dict[int, dict] = {}
-    for phase in recipe.phases:
-        for metric in EPOCH_METRICS:
-            for step, value in _history(client, run_id, phase + metric).items():
-                if step >= 1:  # step 0 holds the final evaluation where the names coincide
-                    rows.setdefault(step, {"phase": phase.rstrip("_") or recipe.name, "epoch": step})[metric] = value
-    history = pd.DataFrame([rows[step] for step in sorted(rows)], columns=HISTORY_COLUMNS[2:-1])
+    per_epoch = metrics[metrics["key"].isin(EPOCH_KEYS) & (metrics["step"] >= 1)]
+    latest = per_epoch.sort_values(["timestamp"], kind="stable").drop_duplicates(["key", "step"], keep="last")
+    table = latest.pivot(index="step", columns="key", values="value").reindex(columns=list(EPOCH_KEYS))
+    table = table.sort_index().rename_axis(index="epoch", columns=None).reset_index()
+    return table.astype({"epoch": "int64", **dict.fromkeys(EPOCH_KEYS, "float64")})
+
+
+def final_accuracy(metrics: pd.DataFrame) -> dict[str, float]:
+    """The final evaluation's top-1/top-5 (fractions), the latest logged values; NaN when absent."""
+    accuracy = {}
+    for key in FINAL_KEYS:
+        logged = metrics[metrics["key"] == key].sort_values("timestamp", kind="stable")
+        accuracy[key.removeprefix("final/")] = float(logged["value"].iloc[-1]) if len(logged) else math.nan
+    return accuracy
+
+
+def _with_final_at_last_epoch(rows: pd.DataFrame, final: Mapping[str, float]) -> pd.DataFrame:
+    # A training evaluated only at its end (eval_interval 0) still reaches its target at its last epoch.
+    if len(rows) and math.isnan(rows["val/top1"].iloc[-1]):
+        rows = rows.copy()
+        rows.loc[rows.index[-1], ["val/top1", "val/top5"]] = [final["top1"], final["top5"]]
+    return rows
+
+
+def recipe_history(recipe: Recipe, run_id: str, trainings: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """The per-epoch history of a recipe's run (``HISTORY_COLUMNS``), from each training's logged metrics.
+
+    ``trainings`` maps a training name to its run's metrics (``epoch_rows`` input): the recipe's
+    name for an in-run recipe, else the child runs' ``training`` tags. The recipe's trainings are
+    chained: one whose epochs restart at 1 continues after the one before (stage 2 after stage 1's
+    last epoch); a side training continues after the first training. ``train_time_s`` is the
+    training time (sum of epoch times) from the recipe's first epoch to the end of the row's epoch.
+    An epoch without ``val/top1`` that ends a training takes that training's final evaluation.
+    """
+    chain = recipe.trainings or (recipe.name,)
+    parts, last_epoch, elapsed = [], 0, 0.0
+    first_end: tuple[int, float] | None = None
+    for name in (*chain, *recipe.side_trainings):
+        if name not in trainings:
+            continue
+        if name in recipe.side_trainings and first_end is not None:
+            last_epoch, elapsed = first_end
+        rows = _with_final_at_last_epoch(epoch_rows(trainings[name]), final_accuracy(trainings[name]))
+        if len(rows) and rows["epoch"].iloc[0] <= last_epoch:
+            rows["epoch"] += last_epoch
+        rows["train_time_s"] = elapsed + rows["train/epoch_time_s"].fillna(0.0).cumsum()
+        rows.insert(0, "training", name)
+        parts.append(rows)
+        if len(rows):
+            last_epoch, elapsed = int(rows["epoch"].iloc[-1]), float(rows["train_time_s"].iloc[-1])
+        if first_end is None:
+            first_end = (last_epoch, elapsed)
+    history = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=HISTORY_COLUMNS[2:])
     history.insert(0, "run_id", run_id)
     history.insert(0, "recipe", recipe.name)
-    history["train_time_s"] = history["epoch_time_s"].fillna(0.0).cumsum()
-    final = final_accuracy(client, run, recipe)
-    if len(history) and math.isnan(history["top1"].iloc[-1]):
-        history.loc[history.index[-1], ["top1", "top5"]] = [final["top1"], final["top5"]]
-    return history
+    return history[HISTORY_COLUMNS]
 
 
-def final_accuracy(client: MlflowClient, run: Run, recipe: Recipe) -> dict[str, float]:
-    """The final evaluation's top-1/top-5 (fractions), logged by the evaluation node at step 0."""
-    accuracy = {}
-    for key in ("top1", "top5"):
-        logged = _history(client, run.info.run_id, f"{recipe.final}_{key}")
-        accuracy[key] = logged.get(0, math.nan)
-    return accuracy
+def recipe_curve(history: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a recipe's own trainings, without side trainings (dim_reduce's control)."""
+    side = {name for recipe in RECIPES.values() for name in recipe.side_trainings}
+    return history[~history["training"].isin(side)]
 
 
 def time_to_target(history: pd.DataFrame, target_top1: float) -> tuple[float, float]:
     """(epoch, cumulative training seconds) of the first epoch whose top-1 reaches ``target_top1``; NaN if none."""
-    reached = history[history["top1"] >= target_top1]
+    reached = history[history["val/top1"] >= target_top1]
     if reached.empty:
         return math.nan, math.nan
     first = reached.iloc[0]
     return float(first["epoch"]), float(first["train_time_s"])
 
 
-def table_row(client: MlflowClient, run: Run, recipe: Recipe, history: pd.DataFrame, target_top1: float) -> dict:
-    """One row of the comparison table for a recipe with a run."""
-    final = final_accuracy(client, run, recipe)
-    times = history["epoch_time_s"].to_numpy(dtype=np.float64)
-    rates = history["images_per_s"].to_numpy(dtype=np.float64)
+def _number(value: str | None) -> int | None:
+    return int(value) if value is not None and value.lstrip("-").isdigit() else None
+
+
+def table_row(
+    recipe: Recipe, run: RunRecord, history: pd.DataFrame, final: Mapping[str, float], target_top1: float, resumed: bool
+) -> dict:
+    """One row of the comparison table for a recipe with a run.
+
+    ``history`` is the recipe's curve (``recipe_curve``); ``final`` its last training's final
+    evaluation. ``train_images`` is the number of images one epoch trains on (all workers), as
+    the first epoch's images/s times its seconds; model, image size and seed are the run's
+    logged parameters.
+    """
+    times = history["train/epoch_time_s"].to_numpy(dtype=np.float64)
+    rates = history["train/images_per_s"].to_numpy(dtype=np.float64)
     known = ~(np.isnan(times) | np.isnan(rates))
     epoch, seconds = time_to_target(history, target_top1)
-    end = run.info.end_time
+    end = run["end_time_ms"]
     return {
         "recipe": recipe.name,
-        "run_id": run.info.run_id,
-        "run_status": run.info.status,
-        "env": run.data.tags.get("env"),  # runs of different environments train different data
+        "run_id": run["run_id"],
+        "run_status": run["status"],
+        "env": run["tags"].get("env"),  # runs of different environments train different data
+        "model": run["params"].get("model.name"),
+        "image_size": _number(run["params"].get("data.image_size")),
+        "train_images": round(float(rates[known][0] * times[known][0])) if known.any() else None,
+        "seed": _number(run["params"].get("runtime.seed")),
         "top1": final["top1"],
         "top5": final["top5"],
         "epochs": int(history["epoch"].max()) if len(history) else 0,
         "train_time_s": float(np.nansum(times)),
-        "wall_time_s": (end - run.info.start_time) / 1000 if end else math.nan,
+        "wall_time_s": (end - run["start_time_ms"]) / 1000 if end else math.nan,
         # images over seconds of all epochs: each epoch's rate weighted by its duration
         "images_per_s": float((rates * times)[known].sum() / times[known].sum()) if known.any() else math.nan,
         "target_top1": target_top1,
         "epoch_to_target": epoch,
         "time_to_target_s": seconds,
-        "resumed": any(key.endswith("resumed_from") for key in run.data.tags),
+        "resumed": resumed,
     }
 
 
-def explained_variance(client: MlflowClient, run: Run | None) -> pd.DataFrame:
-    """dim_reduce's explained-variance table (artifact ``pca/pca_explained_variance.csv``); empty if absent."""
-    columns = ["component", "explained_variance", "explained_variance_ratio", "cumulative_ratio"]
-    if run is None:
-        return pd.DataFrame(columns=columns)
-    with tempfile.TemporaryDirectory() as folder:
-        try:
-            path = client.download_artifacts(run.info.run_id, VARIANCE_ARTIFACT, folder)
-        except (MlflowException, OSError):
-            logger.warning("Report: dim_reduce run %s has no artifact %s", run.info.run_id, VARIANCE_ARTIFACT)
-            return pd.DataFrame(columns=columns)
-        return pd.read_csv(path)
+def data_and_model(run: RunRecord) -> dict[str, str | None]:
+    """The settings that decide what a run trained on and what it trained: its data and model
+    parameters and its configuration environment (key ``env``)."""
+    settings: dict[str, str | None] = {
+        key: value
+        for key, value in run["params"].items()
+        if key.startswith(DATA_MODEL_PREFIXES) and key not in NOT_DATA_OR_MODEL
+    }
+    settings["env"] = run["tags"].get("env")
+    return settings
+
+
+def setting_differences(settings: Mapping[str, Mapping[str, str | None]]) -> dict[str, str]:
+    """Per recipe, ``key=value`` of each data or model setting on which the compared runs disagree.
+
+    ``settings`` maps a recipe to its run's ``data_and_model``; a setting one run lacks counts as
+    differing (its value shows as ``?``). Empty strings when every run agrees.
+    """
+    keys = sorted({key for values in settings.values() for key in values})
+    differing = [key for key in keys if len({values.get(key) for values in settings.values()}) > 1]
+    return {
+        recipe: "; ".join(f"{key}={'?' if values.get(key) is None else values[key]}" for key in differing)
+        for recipe, values in settings.items()
+    }
 
 
 def compare(
-    tracking_uri: str,
-    experiment_name: str,
+    reader: RunReader,
     recipes: Sequence[str],
     target_top1: float,
     run_ids: Mapping[str, str | None] | None = None,
 ) -> Comparison:
-    """Find each recipe's run in ``experiment_name`` at ``tracking_uri`` and build the table and histories.
+    """Find each recipe's run in ``reader``'s experiment and build the table and histories.
 
     A recipe without a run is a row with ``run_status`` ``missing`` (and a log line); no run at
-    all raises ``NoRunsError``.
+    all raises ``NoRunsError``. Runs that differ in data or model are named in a warning and in
+    the table's ``differs`` column.
     """
-    client = MlflowClient(tracking_uri=tracking_uri)
     chosen = recipes_by_name(recipes)
-    experiment = client.get_experiment_by_name(experiment_name)
-    if experiment is None:
+    if not reader.experiment_exists:
         raise NoRunsError(
-            f"no MLflow experiment {experiment_name!r} at {tracking_uri}; run the training pipelines first"
+            f"no MLflow experiment {reader.experiment_name!r} at {reader.tracking_uri}; "
+            "run the training pipelines first"
         )
-    runs: dict[str, Run | None] = {}
-    rows, histories = [], []
+    runs: dict[str, RunRecord | None] = {}
+    rows: dict[str, dict] = {}
+    settings: dict[str, dict[str, str | None]] = {}
+    histories = []
     for recipe in chosen:
-        run = find_run(client, experiment.experiment_id, recipe, (run_ids or {}).get(recipe.name))
+        run = find_run(reader, recipe, (run_ids or {}).get(recipe.name))
         runs[recipe.name] = run
         if run is None:
             logger.warning(
                 "Report: no finished run of %s (pipeline tag %s) in experiment %r; listed as missing",
                 recipe.name,
                 " or ".join(recipe.pipelines),
-                experiment_name,
+                reader.experiment_name,
             )
-            rows.append({"recipe": recipe.name, "run_status": "missing", "target_top1": target_top1})
+            rows[recipe.name] = {"recipe": recipe.name, "run_status": "missing", "target_top1": target_top1}
             continue
-        history = epoch_history(client, run, recipe)
+        trained = children_by_training(reader, run) if recipe.trainings else {recipe.name: run}
+        metrics = {
+            name: reader.metric_history(child["run_id"], (*EPOCH_KEYS, *FINAL_KEYS)) for name, child in trained.items()
+        }
+        history = recipe_history(recipe, run["run_id"], metrics)
         histories.append(history)
-        rows.append(table_row(client, run, recipe, history, target_top1))
-        logger.info("Report: %s from run %s", recipe.name, run.info.run_id)
+        final = final_accuracy(metrics[(recipe.trainings or (recipe.name,))[-1]])
+        resumed = any(key.endswith("resumed_from") for r in (run, *trained.values()) for key in r["tags"])
+        rows[recipe.name] = table_row(recipe, run, recipe_curve(history), final, target_top1, resumed)
+        settings[recipe.name] = data_and_model(run)
+        logger.info("Report: %s from run %s", recipe.name, run["run_id"])
     if not histories:
         raise NoRunsError(
-            f"no finished run of any recipe ({', '.join(recipes)}) in experiment {experiment_name!r} at "
-            f"{tracking_uri}; run e.g. `kedro run --pipelines=baseline` first"
+            f"no finished run of any recipe ({', '.join(recipes)}) in experiment {reader.experiment_name!r} at "
+            f"{reader.tracking_uri}; run e.g. `kedro run --pipelines=baseline` first"
         )
-    table = pd.DataFrame(rows, columns=TABLE_COLUMNS).astype({"epochs": "Int64", "epoch_to_target": "Int64"})
+    differences = setting_differences(settings)
+    for recipe, differs in differences.items():
+        rows[recipe]["differs"] = differs
+    if any(differences.values()):
+        logger.warning(
+            "Report: the compared runs differ in data or model, so their figures are not like for like: %s",
+            " | ".join(f"{recipe}: {differs}" for recipe, differs in differences.items()),
+        )
+    table = pd.DataFrame(list(rows.values()), columns=TABLE_COLUMNS).astype(
+        {"epochs": "Int64", "epoch_to_target": "Int64", "image_size": "Int64", "train_images": "Int64", "seed": "Int64"}
+    )
+    dim_reduce = runs.get("dim_reduce")
+    variance = reader.artifact_csv(dim_reduce["run_id"], VARIANCE_ARTIFACT) if dim_reduce else None
+    if dim_reduce and variance is None:
+        logger.warning("Report: dim_reduce run %s has no artifact %s", dim_reduce["run_id"], VARIANCE_ARTIFACT)
     return Comparison(
         runs=runs,
         table=table,
         histories=pd.concat(histories, ignore_index=True),
-        explained_variance=explained_variance(client, runs.get("dim_reduce")),
+        explained_variance=pd.DataFrame(columns=VARIANCE_COLUMNS) if variance is None else variance,
     )
 
 
+def stage_boundaries(histories: pd.DataFrame, x: str) -> dict[str, float]:
+    """Per recipe with chained trainings, ``x`` (epoch or training time) where its first training ends."""
+    boundaries = {}
+    for name, recipe in RECIPES.items():
+        if len(recipe.trainings) < 2:
+            continue
+        first = histories[(histories["recipe"] == name) & (histories["training"] == recipe.trainings[0])]
+        later = histories[(histories["recipe"] == name) & histories["training"].isin(recipe.trainings[1:])]
+        if len(first) and len(later):
+            boundaries[name] = float(first[x].iloc[-1])
+    return boundaries
+
+
 def _curves(histories: pd.DataFrame, x: str, y: str, xlabel: str, ylabel: str, title: str, scale: float = 1.0):
+    """One line per recipe (``y`` against ``x``), side trainings dashed from their branch point, and
+    a dotted line where a chained recipe switches training (dim_reduce: stage 1 -> stage 2)."""
     figure = Figure(figsize=(7, 4.5), tight_layout=True)
     axes = figure.add_subplot()
+    colours = {}
     for recipe, rows in histories.groupby("recipe", sort=False):
-        logged = rows[rows[y].notna()]
-        axes.plot(logged[x], scale * logged[y], marker="o", markersize=4, label=recipe)
+        curve = recipe_curve(rows)
+        logged = curve[curve[y].notna()]
+        (line,) = axes.plot(logged[x], scale * logged[y], marker="o", markersize=4, label=recipe)
+        colours[recipe] = line.get_color()
+        side = rows[~rows.index.isin(curve.index)]
+        for training, side_rows in side.groupby("training", sort=False):
+            first = RECIPES[recipe].trainings[0]
+            branch = curve[curve["training"] == first].tail(1)  # the side training starts where this ends
+            drawn = pd.concat([branch, side_rows])
+            drawn = drawn[drawn[y].notna()]
+            axes.plot(
+                drawn[x], scale * drawn[y], linestyle="--", marker="s", markersize=3, color=line.get_color(),
+                label=f"{recipe} {training}",
+            )  # fmt: skip
+    for recipe, boundary in stage_boundaries(histories, x).items():
+        first, second = RECIPES[recipe].trainings[:2]
+        axes.axvline(boundary, color=colours[recipe], linestyle=":", linewidth=1.2, label=f"_{recipe} boundary")
+        axes.annotate(
+            f"{recipe}: {first} → {second}", (boundary, 0.02), xycoords=("data", "axes fraction"),
+            rotation=90, fontsize=8, ha="right", va="bottom", color=colours[recipe],
+        )  # fmt: skip
+    if x == "epoch":
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlabel(xlabel)
     axes.set_ylabel(ylabel)
     axes.set_title(title)
@@ -319,7 +499,7 @@ def top1_figure(histories: pd.DataFrame, x: str = "epoch", target_top1: float | 
     """Top-1 (%) on val against ``epoch`` or ``train_time_s``, one line per recipe, the target dashed."""
     xlabel = {"epoch": "epoch", "train_time_s": "training time (s, sum of epoch times)"}[x]
     figure, axes = _curves(
-        histories, x, "top1", xlabel, "top-1 accuracy on val (%)", f"Top-1 against {xlabel.split(' (')[0]}", 100.0
+        histories, x, "val/top1", xlabel, "top-1 accuracy on val (%)", f"Top-1 against {xlabel.split(' (')[0]}", 100.0
     )
     if target_top1 is not None:
         axes.axhline(100 * target_top1, color="grey", linestyle="--", linewidth=1, label="_target")
@@ -329,7 +509,9 @@ def top1_figure(histories: pd.DataFrame, x: str = "epoch", target_top1: float | 
 
 def loss_figure(histories: pd.DataFrame) -> Figure:
     """Training loss (mean over each epoch) against epoch, one line per recipe."""
-    figure, _ = _curves(histories, "epoch", "loss", "epoch", "training loss (mean over the epoch)", "Training loss")
+    figure, _ = _curves(
+        histories, "epoch", "train/loss", "epoch", "training loss (mean over the epoch)", "Training loss"
+    )
     return figure
 
 
@@ -346,6 +528,7 @@ def explained_variance_figure(table: pd.DataFrame) -> Figure:
         return figure
     axes.bar(table["component"], table["explained_variance_ratio"], label="component")
     axes.plot(table["component"], table["cumulative_ratio"], color="black", marker=".", label="cumulative")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.legend()
     return figure
 

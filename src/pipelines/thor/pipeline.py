@@ -2,7 +2,8 @@
 
 from kedro.pipeline import Pipeline, node, pipeline
 
-from ..common.pipeline import evaluation_pipeline, training_inputs
+from pipelines.shared import evaluation_pipeline, training_inputs
+
 from .nodes import build_thor_network, train_thor
 
 

@@ -2,16 +2,11 @@
 
 MindSpore applies it across servers after an AllReduce inside each 8-device server, with
 Send/Receive between servers: Ascend only, 16 devices or more. Parameter validation refuses it
-elsewhere; lib/adasum.py is the implementation that runs on any backend and rank count 2^k.
+elsewhere; ``optim/adasum/collective.py`` is the implementation that runs on any backend and rank count 2^k.
+The engine trains it through ``engine.model_bridge`` (``recipes.momentum`` builds the step).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable, Sequence
-
-import numpy as np
-
-from pipelines.engine.loop import Callback
 
 # Only adasum among the O2 algorithms, as the tutorial's boost_config_dict sets it.
 BOOST_CONFIG = {
@@ -26,26 +21,11 @@ BOOST_CONFIG = {
 }
 
 
-def train_with_boost_adasum(
-    net,
-    loss_fn,
-    optimizer,
-    loss_scale: float,
-    dataset,
-    epochs: int,
-    lr_per_step: np.ndarray,
-    images_per_step: int,
-    callbacks: Sequence[Callback],
-    start_epoch: int = 0,
-    evaluate: Callable[[], dict[str, float]] | None = None,
-    eval_interval: int = 0,
-) -> list[dict[str, float]]:
-    """Train ``net`` to ``epochs`` with ``Model(boost_level="O2")`` and only Adasum on; one metrics row per epoch."""
+def boost_adasum_model(net, loss_fn, optimizer, loss_scale: float):
+    """``Model(boost_level="O2")`` over ``net`` with only Adasum on and a fixed ``loss_scale``."""
     from mindspore.train import FixedLossScaleManager, Model
 
-    from pipelines.engine.model_bridge import EpochCallbacks
-
-    model = Model(
+    return Model(
         net,
         loss_fn=loss_fn,
         optimizer=optimizer,
@@ -57,26 +37,3 @@ def train_with_boost_adasum(
         keep_batchnorm_fp32=False,
         boost_config_dict=BOOST_CONFIG,
     )
-    steps_per_epoch = dataset.get_dataset_size()
-    bridge = EpochCallbacks(
-        callbacks,
-        epochs,
-        start_epoch,
-        steps_per_epoch,
-        lr_per_step,
-        images_per_step,
-        evaluate=evaluate,
-        eval_interval=eval_interval,
-    )
-    try:
-        model.train(
-            epochs,
-            dataset,
-            callbacks=[bridge],
-            dataset_sink_mode=True,
-            sink_size=steps_per_epoch,
-            initial_epoch=start_epoch,
-        )
-    finally:
-        bridge.close()
-    return bridge.rows

@@ -91,7 +91,7 @@ def run_job(job: dict) -> None:
     from pipelines.models.loss import CrossEntropySmooth
     from pipelines.models.resnet import create_resnet_from_config
     from pipelines.engine.runtime import configure_mindspore
-    from pipelines.engine.loop import capture_state, restore_state
+    from pipelines.engine.state import capture_state, restore_state
 
     configure_mindspore(job["device_target"], job["mode"], job["seed"])
     model = job["model"]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipelines.engine.checkpoint import Checkpoint, CheckpointError, check_compatible, load_checkpoint, save_checkpoint
-from pipelines.engine.loop import Callback
+from pipelines.engine.callbacks import Callback
 
 INDEX_COLUMNS = ["path", "epoch", "step", "global_step"]
 

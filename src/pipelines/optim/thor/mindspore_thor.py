@@ -20,7 +20,7 @@ optimizer and converting the model work on CPU, which is what the tests here che
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import mindspore as ms
 import numpy as np
@@ -36,9 +36,8 @@ def _decays(param) -> bool:
     return not any(marker in param.name for marker in NO_DECAY_MARKERS)
 
 
-def create_thor_model(
+def create_thor_optimizer(
     net,
-    loss_fn,
     lr_per_step: np.ndarray,
     damping_per_step: np.ndarray,
     *,
@@ -48,19 +47,15 @@ def create_thor_model(
     batch_size: int,
     frequency: int,
     split_indices: Sequence[int] = (),
-    amp_level: str = "O2",
-    keep_batchnorm_fp32: bool = False,
 ):
-    """``nn.thor`` for ``net`` (converted in place) and the ``ModelThor`` that trains it; returns (model, optimizer).
+    """``nn.thor`` for ``net``, which it converts in place (``Conv2dThor``/``DenseThor``, same weight names).
 
-    Weight decay skips BatchNorm gamma/beta and biases (``optim.NO_DECAY_MARKERS``), as this project's THOR does.
+    Weight decay skips BatchNorm gamma/beta and biases (``optim.NO_DECAY_MARKERS``), as the baseline's Momentum does.
     An empty ``split_indices`` is MindSpore's default (all A/G layers in one allreduce group).
     """
-    from mindspore import amp, nn
-    from mindspore.train import Model
-    from mindspore.train.train_thor import ConvertModelUtils
+    from mindspore import nn
 
-    optimizer = nn.thor(
+    return nn.thor(
         net,
         ms.Tensor(np.asarray(lr_per_step, np.float32)),
         ms.Tensor(np.asarray(damping_per_step, np.float32)),
@@ -72,6 +67,23 @@ def create_thor_model(
         split_indices=list(split_indices) or None,
         frequency=int(frequency),
     )
+
+
+def create_thor_model(
+    net,
+    loss_fn,
+    optimizer,
+    *,
+    loss_scale: float,
+    amp_level: str = "O2",
+    keep_batchnorm_fp32: bool = False,
+):
+    """The ``ModelThor`` that trains the converted ``net`` with its ``nn.thor`` ``optimizer``, as the tutorial builds
+    it: a ``Model`` with a fixed loss scale (no overflow skipping), converted by ``ConvertModelUtils``."""
+    from mindspore import amp
+    from mindspore.train import Model
+    from mindspore.train.train_thor import ConvertModelUtils
+
     loss_scale_manager = amp.FixedLossScaleManager(float(loss_scale), drop_overflow_update=False)
     model = Model(
         net,
@@ -82,7 +94,7 @@ def create_thor_model(
         amp_level=amp_level,
         keep_batchnorm_fp32=keep_batchnorm_fp32,
     )
-    model = ConvertModelUtils().convert_to_thor_model(
+    return ConvertModelUtils().convert_to_thor_model(
         model=model,
         network=net,
         loss_fn=loss_fn,
@@ -92,7 +104,6 @@ def create_thor_model(
         amp_level=amp_level,
         keep_batchnorm_fp32=keep_batchnorm_fp32,
     )
-    return model, optimizer
 
 
 def is_statistic(name: str) -> bool:
@@ -100,7 +111,7 @@ def is_statistic(name: str) -> bool:
     return name.rsplit(".", 1)[-1] in STATISTICS_NAMES
 
 
-def capture_thor_state(net, optimizer, metadata: dict) -> Checkpoint:
+def capture_thor_state(net, optimizer, metadata: Mapping) -> Checkpoint:
     """Weights and BatchNorm statistics of ``net`` as network parameters (float32); THOR buffers and optimizer state
     (moments, inverses, ``global_step``) under ``OPTIMIZER_PREFIX``."""
     params: dict[str, np.ndarray] = {}

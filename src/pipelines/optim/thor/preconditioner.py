@@ -1,10 +1,16 @@
-"""THOR: K-FAC style second-order training built from generally available MindSpore ops.
+"""THOR: K-FAC style second-order training as a gradient preconditioner before the baseline's Momentum.
+
+The shape is kfac-pytorch's: forward, backward, ``ThorPreconditioner`` rewrites the gradients of the
+supported layers, then an ordinary optimizer (``create_thor_step``: the baseline's ``create_momentum``,
+with its weight-decay groups) applies weight decay and momentum. ``ThorStep`` is that step as one
+callable ``(images, labels) -> loss``, compiled as a cell that calls ``optimizer(precondition(grads))``.
+So momentum, weight decay and their checkpointed state are the baseline's; the preconditioner adds its
+statistics, inverses and counters (``ThorPreconditioner.state``).
 
 ``mindspore.nn.thor`` needs Ascend/GPU-only kernels (ThorIm2Col, CholeskyTrsm, UpdateThorGradient);
-this trainer uses only ``ops.unfold``, ``ops.cholesky``, ``ops.cholesky_solve``, ``InsertGradientOf``,
-``ApplyMomentum`` and matmuls, so it runs in GRAPH mode on CPU and GPU; on Ascend, where MindSpore
-2.10 documents no ``ops.cholesky``, the inverses default to ``ops.MatrixInverse`` (only CPU was
-available to test this module).
+this preconditioner uses only ``ops.unfold``, ``ops.cholesky``, ``ops.cholesky_solve``, ``InsertGradientOf``
+and matmuls, so it runs in GRAPH mode on CPU and GPU; on Ascend, where MindSpore 2.10 documents no
+``ops.cholesky``, the inverses default to ``ops.MatrixInverse`` (only CPU was available to test this module).
 
 Per ``nn.Conv2d`` (group 1) and ``nn.Dense`` (without activation) of the network, with ``N`` the
 batch size, ``P`` the output positions per example (``H_out * W_out`` for a conv, 1 for a dense
@@ -30,23 +36,24 @@ layer) and ``lambda`` the damping of the step:
   ``(sqrt(P) G + sqrt(lambda) I)^-1 grad (sqrt(P) A + sqrt(lambda) I)^-1``. For a dense layer
   ``P = 1``: plainly ``(G + sqrt(lambda) I)^-1 grad (A + sqrt(lambda) I)^-1``.
 * Update direction ``d = G^-1 grad A^-1`` with ``grad`` reshaped to ``C_out x (C_in*kh*kw)``;
-  BatchNorm parameters, biases and unsupported layers use the plain gradient. Then weight decay is
-  added (after preconditioning; not on names containing beta/gamma/bias, the ``optim`` rule), then
-  momentum: ``m = momentum * m + d``, ``w = w - lr * m`` (``ApplyMomentum``).
+  BatchNorm parameters, biases and unsupported layers use the plain gradient. Then the optimizer:
+  for the baseline's Momentum, weight decay is added (after preconditioning; not on names containing
+  beta/gamma/bias, ``optim.momentum.decay_groups``), then ``m = momentum * m + d``, ``w = w - lr * m``.
 
 How the statistics are captured: THOR replaces each supported layer in the network by a
 transparent ``_Capture`` cell (the layer's parameters and names are unchanged). While its
 ``capture`` flag is on, it computes ``A`` from its input in the forward pass and wraps its output in
 ``ops.InsertGradientOf`` whose hook computes ``G`` from the output gradient during the backward pass;
 both are written to non-trainable parameters of the wrapper (``thor_stats.<weight name>.A/G/P``;
-they therefore appear in ``net.get_parameters()`` and in network checkpoints, and are ignored when
-such a checkpoint is loaded into an unwrapped network), which the optimizer reads after the
+they therefore appear in ``net.get_parameters()``; ``is_statistic`` tells them apart from the
+weights, so checkpoints store them with the optimizer state), which the preconditioner reads after the
 gradients exist (``ops.depend`` orders them). An alternative, differentiating w.r.t. zero "probe"
 tensors added to each layer output, would need the output shapes (batch included) fixed up front
 and still a side channel for ``A``; the hook keeps the network's call signature. The flag is a
 Python attribute, read when a graph is compiled: THOR compiles two step cells, the "second-order"
 one with capture on (statistics, inverses and update in one graph) and the "reuse" one with capture
-off (the forward/backward of plain training plus two matmuls per layer with the stored inverses).
+off (the forward/backward of plain training plus two matmuls per layer with the stored inverses),
+each followed by the same optimizer.
 ``frequency`` picks the variant per step; neither ever retraces. With the flag off the wrapper is
 the bare layer, so evaluation graphs compiled on the same network carry no statistics.
 
@@ -62,8 +69,9 @@ discarded when skipped: the rule changes what is used, not the cost). ``trace_sk
 (layer, second-order step) pairs that kept old inverses.
 
 Loss scale: the loss is multiplied by ``loss_scale`` before differentiation (like
-``TrainOneStepCell(sens=loss_scale)``); gradients are divided by it and ``G`` is unscaled as above,
-so updates do not depend on it (exactly, for powers of two).
+``TrainOneStepCell(sens=loss_scale)``); gradients are divided by it before the preconditioner and ``G``
+is unscaled as above, so the optimizer gets loss scale 1 and updates do not depend on it (exactly, for
+powers of two).
 
 Data parallel (``rank_size > 1``, after ``init()`` under msrun): gradients, the loss and the A/G
 statistics are averaged across ranks with ``ops.AllReduce`` before use, so all ranks hold the same
@@ -78,11 +86,17 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipelines.optim.momentum import NO_DECAY_MARKERS
+from pipelines.optim.momentum import create_momentum
 
-STATE_PREFIX = "thor."
-STATS_PREFIX = "thor_stats."
+STATE_PREFIX = "thor."  # the preconditioner's keys in the optimizer state
+STATS_PREFIX = "thor_stats."  # the statistics buffers the wrapped layers add to the network
 INVERSE_METHODS = ("cholesky", "matrix_inverse")
+COUNTERS = ("steps", "second_order_steps", "reuse_steps", "trace_skips")
+
+
+def is_statistic(name: str) -> bool:
+    """Whether the network parameter ``name`` is a statistics buffer of a wrapped layer (optimizer state)."""
+    return name.startswith(STATS_PREFIX)
 
 
 # --------------------------------------------------------------------------------------------
@@ -287,50 +301,38 @@ def wrap_layers(net: nn.Cell, loss_scale: float) -> list[_Capture]:
 
 
 def set_capture(wrappers, on: bool) -> None:
+    """Turn the statistics capture of ``wrappers`` on or off (read when a cell compiles)."""
     for wrapper in wrappers:
         wrapper.capture = on
 
 
 # --------------------------------------------------------------------------------------------
-# the two compiled step variants
+# the preconditioner
 
 
-class _ThorStep(nn.Cell):
-    """One training step; ``second_order`` (static) adds statistics, inverses and the trace rule."""
+class _Precondition(nn.Cell):
+    """``grads -> (THOR directions, trace skips)``; ``second_order`` (static) adds statistics, inverses, trace rule."""
 
-    def __init__(self, trainer: THOR, second_order: bool):
+    def __init__(self, preconditioner: ThorPreconditioner, second_order: bool):
         super().__init__(auto_prefix=False)
         self.second_order = second_order
-        self.net_with_loss = trainer.net_with_loss
-        self.weights = trainer.weights
-        self.momenta = trainer.momenta
-        self.a_inv = trainer.a_inv
-        self.g_inv = trainer.g_inv
-        self.a_stats = trainer.a_stats
-        self.g_stats = trainer.g_stats
-        self.positions = trainer.positions
-        self.layer_of_param = trainer.layer_of_param
-        self.param_of_layer = trainer.param_of_layer
-        self.decay = trainer.decay_flags
-        self.n_layers = len(trainer.param_of_layer)
-        self.n_params = len(trainer.weights)
-        self.block_size = trainer.block_size
-        self.inverse_method = trainer.inverse_method
-        self.weight_decay = float(trainer.weight_decay)
-        self.momentum = float(trainer.momentum)
-        self.loss_scale = float(trainer.loss_scale)
-        self.rank_size = trainer.rank_size
-        self.all_reduce = ops.AllReduce() if trainer.rank_size > 1 else None
-        self.use_trace = trainer.trace_rule is not None
+        self.a_inv = preconditioner.a_inv
+        self.g_inv = preconditioner.g_inv
+        self.a_stats = preconditioner.a_stats
+        self.g_stats = preconditioner.g_stats
+        self.positions = preconditioner.positions
+        self.layer_of_param = preconditioner.layer_of_param
+        self.param_of_layer = preconditioner.param_of_layer
+        self.n_layers = len(preconditioner.param_of_layer)
+        self.block_size = preconditioner.block_size
+        self.inverse_method = preconditioner.inverse_method
+        self.rank_size = preconditioner.rank_size
+        self.all_reduce = ops.AllReduce() if preconditioner.rank_size > 1 else None
+        self.use_trace = preconditioner.trace_rule is not None
         if self.use_trace:
-            self.skip_threshold, self.stop_threshold = (float(t) for t in trainer.trace_rule)
-            self.trace_ref = trainer.trace_ref
-            self.stopped = trainer.stopped
-        self.apply_momentum = ops.ApplyMomentum()
-        self.value_and_grad = ms.value_and_grad(self._scaled_loss, None, self.weights)
-
-    def _scaled_loss(self, images, labels):
-        return self.net_with_loss(images, labels) * self.loss_scale
+            self.skip_threshold, self.stop_threshold = preconditioner.trace_rule
+            self.trace_ref = preconditioner.trace_ref
+            self.stopped = preconditioner.stopped
 
     def _mean_over_ranks(self, value):
         if self.rank_size > 1:
@@ -344,49 +346,48 @@ class _ThorStep(nn.Cell):
         positions = ops.depend(self.positions[i], grad)
         return a, g, positions
 
-    def construct(self, images, labels, lr, damping):
-        scaled_loss, scaled_grads = self.value_and_grad(images, labels)
-        loss = self._mean_over_ranks(scaled_loss / self.loss_scale)
-        grads = ()
-        for grad in scaled_grads:
-            grads += (self._mean_over_ranks(grad / self.loss_scale),)
+    def _refresh(self, i, grad, damping):
+        """Damped inverses of layer ``i`` from this step's statistics (the trace rule may keep the old ones);
+        returns (A^-1 blocks, G^-1 blocks, 1 if the trace rule kept the old ones else 0)."""
+        a, g, positions = self._statistics(i, grad)
+        shift = ops.sqrt(damping / positions)
+        scale = ops.rsqrt(positions)
+        a_damped = a + shift * ops.eye(a.shape[0], a.shape[0], ms.float32)
+        g_damped = g + shift * ops.eye(g.shape[0], g.shape[0], ms.float32)
+        a_inv = block_inverse(a_damped, self.block_size, self.inverse_method) * scale
+        g_inv = block_inverse(g_damped, self.block_size, self.inverse_method) * scale
+        skipped = ops.zeros((), ms.float32)
+        if self.use_trace:
+            trace = (ops.trace(a) + a.shape[0] * shift) * (ops.trace(g) + g.shape[0] * shift)
+            ref = self.trace_ref[i]
+            active = self.stopped[i] < 0.5
+            first = ref <= 0.0
+            change = ops.abs(trace - ref) / ops.maximum(ref, 1e-30)
+            update = ops.logical_or(first, ops.logical_and(active, change > self.skip_threshold))
+            stop = ops.logical_and(ops.logical_not(first), ops.logical_and(active, change < self.stop_threshold))
+            a_inv = ops.where(update, a_inv, self.a_inv[i])
+            g_inv = ops.where(update, g_inv, self.g_inv[i])
+            ops.assign(self.trace_ref[i], ops.where(update, trace, ref))
+            ops.assign(self.stopped[i], ops.where(stop, ops.ones((), ms.float32), self.stopped[i]))
+            skipped = 1.0 - ops.cast(update, ms.float32)
+        ops.assign(self.a_inv[i], a_inv)
+        ops.assign(self.g_inv[i], g_inv)
+        return a_inv, g_inv, skipped
 
+    def construct(self, grads, damping):
         fresh_a = ()
         fresh_g = ()
         skipped = ops.zeros((), ms.float32)
         if self.second_order:
             for i in range(self.n_layers):
-                a, g, positions = self._statistics(i, grads[self.param_of_layer[i]])
-                shift = ops.sqrt(damping / positions)
-                scale = ops.rsqrt(positions)
-                a_damped = a + shift * ops.eye(a.shape[0], a.shape[0], ms.float32)
-                g_damped = g + shift * ops.eye(g.shape[0], g.shape[0], ms.float32)
-                a_inv = block_inverse(a_damped, self.block_size, self.inverse_method) * scale
-                g_inv = block_inverse(g_damped, self.block_size, self.inverse_method) * scale
-                if self.use_trace:
-                    trace = (ops.trace(a) + a.shape[0] * shift) * (ops.trace(g) + g.shape[0] * shift)
-                    ref = self.trace_ref[i]
-                    active = self.stopped[i] < 0.5
-                    first = ref <= 0.0
-                    change = ops.abs(trace - ref) / ops.maximum(ref, 1e-30)
-                    update = ops.logical_or(first, ops.logical_and(active, change > self.skip_threshold))
-                    stop = ops.logical_and(
-                        ops.logical_not(first), ops.logical_and(active, change < self.stop_threshold)
-                    )
-                    a_inv = ops.where(update, a_inv, self.a_inv[i])
-                    g_inv = ops.where(update, g_inv, self.g_inv[i])
-                    ops.assign(self.trace_ref[i], ops.where(update, trace, ref))
-                    ops.assign(self.stopped[i], ops.where(stop, ops.ones((), ms.float32), self.stopped[i]))
-                    skipped = skipped + 1.0 - ops.cast(update, ms.float32)
-                ops.assign(self.a_inv[i], a_inv)
-                ops.assign(self.g_inv[i], g_inv)
+                a_inv, g_inv, kept = self._refresh(i, grads[self.param_of_layer[i]], damping)
                 fresh_a += (a_inv,)
                 fresh_g += (g_inv,)
-
-        updates = ()
-        for j in range(self.n_params):
-            grad = grads[j]
+                skipped = skipped + kept
+        directions = ()
+        for j, grad in enumerate(grads):
             layer = self.layer_of_param[j]
+            direction = grad
             if layer >= 0:
                 if self.second_order:
                     a_inv = fresh_a[layer]
@@ -396,38 +397,33 @@ class _ThorStep(nn.Cell):
                     g_inv = self.g_inv[layer]
                 shape = grad.shape
                 matrix = ops.reshape(grad, (shape[0], -1))
-                grad = ops.reshape(apply_left(g_inv, apply_right(matrix, a_inv)), shape)
-            if self.decay[j]:
-                grad = grad + self.weight_decay * self.weights[j]
-            updates += (self.apply_momentum(self.weights[j], self.momenta[j], lr, grad, self.momentum),)
-        return ops.depend(loss, updates), skipped
+                direction = ops.reshape(apply_left(g_inv, apply_right(matrix, a_inv)), shape)
+            directions += (direction,)
+        return directions, skipped
 
 
-# --------------------------------------------------------------------------------------------
-# the trainer
+class ThorPreconditioner:
+    """THOR's gradient preconditioner (kfac-pytorch's shape): the statistics, inverses and counters of ``net``.
 
-
-class THOR:
-    """Second-order trainer: ``step(images, labels) -> loss`` updates ``net`` in place.
-
-    ``lr_per_step`` / ``damping_per_step`` hold one value per step (the last is reused past the
-    end). Step ``k`` (counted from 0, continued by ``load_state``) is a second-order step when
-    ``k % frequency == 0``, otherwise a reuse step. ``block_size`` None inverts the full A and G,
-    an int their diagonal blocks (Ascend: 128). ``trace_rule`` ``(skip, stop)``, e.g.
-    ``(0.01, 0.001)``, enables the paper's trace rule. Counters: ``second_order_steps``,
-    ``reuse_steps``, ``trace_skips``. ``loss_scale`` multiplies the loss before differentiation.
-    ``inverse_method`` (``block_inverse``): None picks "cholesky", or "matrix_inverse" on Ascend.
+    Wraps every supported layer of ``net`` (in place, see ``wrap_layers``) so that the A/G statistics are captured,
+    and holds two compiled cells that turn the gradients of ``net.trainable_params()`` (in that order, unscaled) into
+    THOR directions: ``second_order_cell`` (refresh the damped inverses from this step's statistics, then apply them)
+    and ``reuse_cell`` (apply the stored ones). ``ThorStep`` picks one per step with ``second_order_now`` and calls
+    ``capture`` / ``count_step`` around it. Step ``k`` (counted from 0, continued by ``load_state``) is second-order
+    when ``k % frequency == 0`` (or no inverses exist yet); its damping is ``damping_per_step[k]`` (the last value past
+    the end). ``block_size`` None inverts the full A and G, an int their diagonal blocks (Ascend: 128).
+    ``trace_rule`` ``(skip, stop)``, e.g. ``(0.01, 0.001)``, enables the paper's trace rule. ``loss_scale``: the factor
+    the differentiated loss carries, removed from G when it is taken. ``inverse_method`` (``block_inverse``): None
+    picks "cholesky", or "matrix_inverse" on Ascend. Counters: ``steps``, ``second_order_steps``, ``reuse_steps``,
+    ``trace_skips``.
     """
 
     def __init__(
         self,
         net: nn.Cell,
-        loss_fn: nn.Cell,
-        lr_per_step: np.ndarray,
         damping_per_step: np.ndarray,
-        momentum: float = 0.9,
-        weight_decay: float = 5e-4,
-        loss_scale: float = 128.0,
+        *,
+        loss_scale: float = 1.0,
         frequency: int = 834,
         block_size: int | None = None,
         trace_rule: tuple[float, float] | None = None,
@@ -442,104 +438,79 @@ class THOR:
             raise ValueError(f"block_size must be None or >= 1, got {block_size}")
         if trace_rule is not None and not 0 <= trace_rule[1] <= trace_rule[0]:
             raise ValueError(f"trace_rule must be (skip, stop) with 0 <= stop <= skip, got {trace_rule}")
-        self.lr_per_step = np.asarray(lr_per_step, np.float32).ravel()
         self.damping_per_step = np.asarray(damping_per_step, np.float32).ravel()
-        if not len(self.lr_per_step) or not len(self.damping_per_step):
-            raise ValueError("lr_per_step and damping_per_step need at least one value")
-        self.net = net
-        self.momentum = momentum
-        self.weight_decay = weight_decay
-        self.loss_scale = float(loss_scale)
-        self.frequency = frequency
-        self.block_size = block_size
-        self.trace_rule = None if trace_rule is None else (float(trace_rule[0]), float(trace_rule[1]))
-        self.rank_size = rank_size
+        if not len(self.damping_per_step):
+            raise ValueError("damping_per_step needs at least one value")
         if inverse_method is None:
             inverse_method = "matrix_inverse" if ms.get_context("device_target") == "Ascend" else "cholesky"
         if inverse_method not in INVERSE_METHODS:
             raise ValueError(f"unknown inverse_method {inverse_method!r}; choose one of {INVERSE_METHODS}")
+        self.frequency = frequency
+        self.block_size = block_size
+        self.trace_rule = None if trace_rule is None else (float(trace_rule[0]), float(trace_rule[1]))
+        self.rank_size = rank_size
         self.inverse_method = inverse_method
 
-        self.wrappers = wrap_layers(net, self.loss_scale)
+        self.wrappers = wrap_layers(net, float(loss_scale))
         if not self.wrappers:
             raise ValueError("the network has no Conv2d (group 1) or Dense (no activation) layer for THOR")
-        self.weights = ms.ParameterTuple(net.trainable_params())
-        index_of = {id(p): j for j, p in enumerate(self.weights)}
+        weights = net.trainable_params()
+        index_of = {id(p): j for j, p in enumerate(weights)}
         self.param_of_layer = tuple(index_of[id(w.layer.weight)] for w in self.wrappers)
-        layer_of = dict.fromkeys(range(len(self.weights)), -1)
+        layer_of = dict.fromkeys(range(len(weights)), -1)
         for i, j in enumerate(self.param_of_layer):
             layer_of[j] = i
-        self.layer_of_param = tuple(layer_of[j] for j in range(len(self.weights)))
-        self.decay_flags = tuple(not any(m in p.name for m in NO_DECAY_MARKERS) for p in self.weights)
+        self.layer_of_param = tuple(layer_of[j] for j in range(len(weights)))
         self.layer_names = [w.layer.weight.name for w in self.wrappers]
 
-        self.momenta = self.weights.clone(prefix="thor_momentum", init="zeros")
         self.a_stats = ms.ParameterTuple([w.a_stat for w in self.wrappers])
         self.g_stats = ms.ParameterTuple([w.g_stat for w in self.wrappers])
         self.positions = ms.ParameterTuple([w.positions for w in self.wrappers])
-        self.a_inv = ms.ParameterTuple(
-            [
-                self._inverse_param(w.in_dim, f"thor_a_inv.{n}")
-                for w, n in zip(self.wrappers, self.layer_names, strict=True)
-            ]
-        )
-        self.g_inv = ms.ParameterTuple(
-            [
-                self._inverse_param(w.out_dim, f"thor_g_inv.{n}")
-                for w, n in zip(self.wrappers, self.layer_names, strict=True)
-            ]
-        )
-        self.trace_ref = ms.ParameterTuple(
-            [
-                ms.Parameter(ms.Tensor(0.0, ms.float32), name=f"thor_trace_ref.{n}", requires_grad=False)
-                for n in self.layer_names
-            ]
-        )
-        self.stopped = ms.ParameterTuple(
-            [
-                ms.Parameter(ms.Tensor(0.0, ms.float32), name=f"thor_stopped.{n}", requires_grad=False)
-                for n in self.layer_names
-            ]
-        )
+        pairs = list(zip(self.wrappers, self.layer_names, strict=True))
+        self.a_inv = ms.ParameterTuple([self._inverse_param(w.in_dim, f"thor_a_inv.{n}") for w, n in pairs])
+        self.g_inv = ms.ParameterTuple([self._inverse_param(w.out_dim, f"thor_g_inv.{n}") for w, n in pairs])
+        self.trace_ref = ms.ParameterTuple([self._scalar_param(f"thor_trace_ref.{n}") for n in self.layer_names])
+        self.stopped = ms.ParameterTuple([self._scalar_param(f"thor_stopped.{n}") for n in self.layer_names])
 
-        self.net_with_loss = nn.WithLossCell(net, loss_fn)
-        self._second_order_step = _ThorStep(self, second_order=True)
-        self._reuse_step = _ThorStep(self, second_order=False)
+        self.second_order_cell = _Precondition(self, second_order=True)
+        self.reuse_cell = _Precondition(self, second_order=False)
         self.steps = 0
         self.second_order_steps = 0
         self.reuse_steps = 0
         self.trace_skips = 0
         self._have_inverses = False
-        net.set_train(True)
 
     def _inverse_param(self, n: int, name: str) -> ms.Parameter:
         nb, b = _blocking(n, self.block_size)
         return ms.Parameter(ms.Tensor(np.zeros((nb, b, b), np.float32)), name=name, requires_grad=False)
 
-    def _value(self, values: np.ndarray) -> ms.Tensor:
-        return ms.Tensor(values[min(self.steps, len(values) - 1)], ms.float32)
+    @staticmethod
+    def _scalar_param(name: str) -> ms.Parameter:
+        return ms.Parameter(ms.Tensor(0.0, ms.float32), name=name, requires_grad=False)
 
-    def step(self, images, labels) -> ms.Tensor:
-        """One training step; returns the (unscaled, rank-averaged) loss."""
-        lr, damping = self._value(self.lr_per_step), self._value(self.damping_per_step)
-        if self.steps % self.frequency == 0 or not self._have_inverses:
-            set_capture(self.wrappers, True)
-            try:
-                loss, skipped = self._second_order_step(images, labels, lr, damping)
-            finally:
-                set_capture(self.wrappers, False)
+    @property
+    def damping(self) -> float:
+        """The damping of the next step (of the last step taken, once the schedule is over)."""
+        return float(self.damping_per_step[min(self.steps, len(self.damping_per_step) - 1)])
+
+    def second_order_now(self) -> bool:
+        """Whether the next step refreshes the statistics and inverses."""
+        return self.steps % self.frequency == 0 or not self._have_inverses
+
+    def capture(self, on: bool) -> None:
+        """Statistics capture on (for a second-order step) or off; the flag is read when a cell compiles."""
+        set_capture(self.wrappers, on)
+
+    def count_step(self, second_order: bool, skipped: ms.Tensor) -> None:
+        """Move the counters past a step; ``skipped``: the layers whose old inverses the trace rule kept."""
+        if second_order:
             self.second_order_steps += 1
             self._have_inverses = True
             if self.trace_rule is not None:
                 self.trace_skips += int(round(float(skipped.asnumpy())))
         else:
-            set_capture(self.wrappers, False)
-            loss, _ = self._reuse_step(images, labels, lr, damping)
             self.reuse_steps += 1
         self.steps += 1
-        return loss
-
-    __call__ = step
 
     @property
     def stopped_layers(self) -> list[str]:
@@ -560,9 +531,8 @@ class THOR:
             for name, w in zip(self.layer_names, self.wrappers, strict=True)
         }
 
-    def _state_params(self):
+    def _state_params(self) -> list[ms.Parameter]:
         return [
-            *self.momenta,
             *self.a_stats,
             *self.g_stats,
             *self.positions,
@@ -573,20 +543,22 @@ class THOR:
         ]
 
     def state(self) -> dict[str, np.ndarray]:
-        """Optimizer state for a checkpoint (numpy): momenta, last statistics, inverses, trace rule, counters.
-
-        The step counter is the position in ``lr_per_step`` / ``damping_per_step`` and in the
-        ``frequency`` cycle, so a trainer given this state by ``load_state`` continues the run.
-        """
+        """The preconditioner's buffers (numpy, names under ``thor.``): last statistics, inverses, trace rule,
+        counters. ``steps`` is the position in ``damping_per_step`` and in the ``frequency`` cycle, so a
+        preconditioner given this state by ``load_state`` continues the run."""
         # asnumpy() can share memory with the parameter on CPU: copy, so later steps do not change it
         state = {STATE_PREFIX + p.name: p.asnumpy().copy() for p in self._state_params()}
-        for counter in ("steps", "second_order_steps", "reuse_steps", "trace_skips"):
+        for counter in COUNTERS:
             state[STATE_PREFIX + counter] = np.array(getattr(self, counter), np.int64)
         state[STATE_PREFIX + "have_inverses"] = np.array(int(self._have_inverses), np.int64)
         return state
 
     def load_state(self, state: dict[str, np.ndarray]) -> None:
-        """Restore what ``state()`` returned (e.g. after a checkpoint round trip); the next step continues."""
+        """Restore what ``state()`` returned (e.g. after a checkpoint round trip); the next step continues.
+
+        Keys other than the preconditioner's (``thor.`` prefix) are ignored, so the whole optimizer state may be
+        passed.
+        """
         missing = [STATE_PREFIX + p.name for p in self._state_params() if STATE_PREFIX + p.name not in state]
         if missing:
             raise ValueError(f"THOR state lacks {missing[:5]}")
@@ -601,6 +573,130 @@ class THOR:
         def scalar(key: str, default: int) -> int:
             return int(np.asarray(state.get(STATE_PREFIX + key, default)).reshape(-1)[0])
 
-        for counter in ("steps", "second_order_steps", "reuse_steps", "trace_skips"):
+        for counter in COUNTERS:
             setattr(self, counter, scalar(counter, 0))
         self._have_inverses = bool(scalar("have_inverses", 1))
+
+
+# --------------------------------------------------------------------------------------------
+# the training step: forward, backward, precondition, optimizer
+
+
+class _PreconditionedStep(nn.Cell):
+    """One compiled step: scaled loss and gradients, unscale (and average over ranks), precondition, optimizer."""
+
+    def __init__(self, net_with_loss: nn.Cell, precondition: _Precondition, optimizer: nn.Optimizer, loss_scale, ranks):
+        super().__init__(auto_prefix=False)
+        self.net_with_loss = net_with_loss
+        self.precondition = precondition
+        self.optimizer = optimizer
+        self.weights = optimizer.parameters
+        self.loss_scale = float(loss_scale)
+        self.rank_size = ranks
+        self.all_reduce = ops.AllReduce() if ranks > 1 else None
+        self.value_and_grad = ms.value_and_grad(self._scaled_loss, None, self.weights)
+
+    def _scaled_loss(self, images, labels):
+        return self.net_with_loss(images, labels) * self.loss_scale
+
+    def _mean_over_ranks(self, value):
+        if self.rank_size > 1:
+            return self.all_reduce(value) / self.rank_size
+        return value
+
+    def construct(self, images, labels, damping):
+        scaled_loss, scaled_grads = self.value_and_grad(images, labels)
+        loss = self._mean_over_ranks(scaled_loss / self.loss_scale)
+        grads = ()
+        for grad in scaled_grads:
+            grads += (self._mean_over_ranks(grad / self.loss_scale),)
+        directions, skipped = self.precondition(grads, damping)
+        return ops.depend(loss, self.optimizer(directions)), skipped
+
+
+class ThorStep:
+    """THOR training step ``(images, labels) -> loss``: gradients, ``preconditioner``, then ``optimizer``.
+
+    The optimizer is an ordinary MindSpore optimizer over ``net.trainable_params()`` (in that order) that receives
+    unscaled gradients (``loss_scale`` 1): ``create_thor_step`` passes the baseline's Momentum, so momentum, weight
+    decay (after preconditioning) and their state are the baseline's. The loss is multiplied by ``loss_scale``
+    before differentiation (like ``TrainOneStepCell(sens=loss_scale)``); gradients are divided by it before the
+    preconditioner and G is unscaled as it is taken, so updates do not depend on it (exactly, for powers of two).
+    The returned loss is unscaled (and averaged over ranks). ``lr_per_step``: the optimizer's schedule, one value
+    per step; the optimizer indexes it by its global step, so a step past its end is refused.
+    """
+
+    def __init__(
+        self,
+        net: nn.Cell,
+        loss_fn: nn.Cell,
+        preconditioner: ThorPreconditioner,
+        optimizer: nn.Optimizer,
+        lr_per_step: np.ndarray,
+        loss_scale: float,
+    ):
+        if [id(p) for p in optimizer.parameters] != [id(p) for p in net.trainable_params()]:
+            raise ValueError("the optimizer must update net.trainable_params() in their order (group order_params)")
+        self.net = net
+        self.preconditioner = preconditioner
+        self.optimizer = optimizer
+        self.lr_per_step = np.asarray(lr_per_step, np.float32).ravel()
+        self.loss_scale = float(loss_scale)
+        net_with_loss = nn.WithLossCell(net, loss_fn)
+        ranks = preconditioner.rank_size
+        self._second_order = _PreconditionedStep(
+            net_with_loss, preconditioner.second_order_cell, optimizer, loss_scale, ranks
+        )
+        self._reuse = _PreconditionedStep(net_with_loss, preconditioner.reuse_cell, optimizer, loss_scale, ranks)
+        net.set_train(True)
+
+    def __call__(self, images, labels) -> ms.Tensor:
+        """One training step; returns the (unscaled, rank-averaged) loss."""
+        preconditioner = self.preconditioner
+        if preconditioner.steps >= len(self.lr_per_step):
+            raise ValueError(
+                f"THOR step {preconditioner.steps + 1} is past the end of its lr schedule "
+                f"({len(self.lr_per_step)} steps); build the schedule for every step of the training"
+            )
+        second_order = preconditioner.second_order_now()
+        damping = ms.Tensor(preconditioner.damping, ms.float32)
+        preconditioner.capture(second_order)
+        try:
+            loss, skipped = (self._second_order if second_order else self._reuse)(images, labels, damping)
+        finally:
+            preconditioner.capture(False)
+        preconditioner.count_step(second_order, skipped)
+        return loss
+
+
+def create_thor_step(
+    net: nn.Cell,
+    loss_fn: nn.Cell,
+    lr_per_step: np.ndarray,
+    damping_per_step: np.ndarray,
+    *,
+    momentum: float = 0.9,
+    weight_decay: float = 5e-4,
+    loss_scale: float = 128.0,
+    frequency: int = 834,
+    block_size: int | None = None,
+    trace_rule: tuple[float, float] | None = None,
+    rank_size: int = 1,
+    inverse_method: str | None = None,
+) -> ThorStep:
+    """THOR for ``net``: the preconditioner, then the baseline's Momentum (``create_momentum``: weight decay
+    except on BatchNorm gamma/beta and biases, ``lr_per_step`` indexed by its global step) with loss scale 1, as the
+    preconditioner already receives unscaled gradients. See ``ThorPreconditioner`` for the other arguments."""
+    preconditioner = ThorPreconditioner(
+        net,
+        damping_per_step,
+        loss_scale=loss_scale,
+        frequency=frequency,
+        block_size=block_size,
+        trace_rule=trace_rule,
+        rank_size=rank_size,
+        inverse_method=inverse_method,
+    )
+    lr_per_step = np.asarray(lr_per_step, np.float32).ravel()
+    optimizer = create_momentum(net, lr_per_step, momentum, weight_decay, 1.0)
+    return ThorStep(net, loss_fn, preconditioner, optimizer, lr_per_step, loss_scale)

@@ -1,0 +1,565 @@
+"""Typed parameters: one pydantic model per section of ``conf/base/parameters*.yml``.
+
+Field names are the YAML keys, nested mappings are nested models (``thor.lr.lr_init`` is
+``ThorParams.lr.lr_init``). Every model is strict (a string is not a number, ``1.0`` is not an
+integer; an integer passes where a float is expected), forbids unknown keys (a typo is an error)
+and is frozen (a node cannot change the configuration another node reads). Choices are
+``Literal``s, ranges ``Field(ge=..., gt=..., le=..., lt=...)``; rules across keys are model
+validators that name the key to change (``CrossKeyProblems``).
+
+``Parameters`` is the whole tree; ``pipelines.hooks`` validates the merged configuration against
+it before any run starts. Nodes take single sections (``runtime: RuntimeParams`` from
+``params:runtime``), which Kedro builds from the same models.
+
+This module imports only pydantic and the standard library: validating a configuration must not
+load MindSpore (seconds) or MLflow.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import ErrorDetails, PydanticCustomError
+
+# The choices. The library modules that act on them keep tuples of the same names
+# (tests/test_config.py checks that both agree).
+DeviceTarget = Literal["CPU", "GPU", "Ascend"]
+ExecutionMode = Literal["graph", "pynative"]
+DataSource = Literal["fashion_mnist", "folder"]
+VerifyMode = Literal["none", "header", "decode"]
+BadFilePolicy = Literal["exclude", "fail"]
+NetworkName = Literal["resnet18", "resnet34", "resnet50", "resnet101", "resnet_narrow"]
+Initialiser = Literal["he_normal", "xavier_uniform", "truncated_normal"]
+LrSchedule = Literal["linear", "cosine", "poly", "steps", "constant"]
+GradCentralization = Literal["auto", "on", "off"]
+TorchvisionArchitecture = Literal["resnet18", "resnet34", "resnet50", "resnet101"]
+RecipeName = Literal["baseline", "dim_reduce", "thor", "adasum"]
+AmpLevel = Literal["O0", "O1", "O2", "O3"]
+
+# MindSpore registers the Centralization kernel in its Ascend plugin only (pipelines.boost.options).
+GRAD_CENTRALIZATION_TARGETS = ("Ascend",)
+# mindspore.boost's Adasum runs on Ascend with 16 devices or more (Send/Receive between 8-device servers).
+BOOST_ADASUM_MIN_DEVICES = 16
+
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+Fraction = Annotated[float, Field(ge=0, lt=1)]  # [0, 1): momentum, label smoothing, shares of steps
+OpenFraction = Annotated[float, Field(gt=0, lt=1)]  # (0, 1)
+
+
+class CrossKeyProblems:
+    """Builds the error of a model validator: (dotted key, problem) pairs, every one reported.
+
+    The pairs travel in the error's context under ``problems``; ``pipelines.hooks`` prints each with
+    the file its key came from.
+    """
+
+    @staticmethod
+    def raise_if_any(problems: list[tuple[str, str]]) -> None:
+        if problems:
+            text = "; ".join(f"{key} {problem}" for key, problem in problems)
+            raise PydanticCustomError("cross_key", "{text}", {"text": text, "problems": problems})
+
+
+class Section(BaseModel):
+    """Base of every parameter model: strict types, no unknown keys, read-only."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class RuntimeParams(Section):
+    device_target: DeviceTarget
+    mode: ExecutionMode
+    seed: int
+
+
+class DistributedParams(Section):
+    """msrun's job: ``worker_num`` devices in all, ``local_worker_num`` on each node."""
+
+    worker_num: PositiveInt
+    local_worker_num: PositiveInt
+    master_addr: str
+    master_port: Annotated[int, Field(ge=1024, le=65535)]
+    node_rank: NonNegativeInt
+    cluster_timeout_s: PositiveInt  # seconds
+    log_dir: str
+
+    @property
+    def nodes(self) -> int:
+        """Number of machines in the job."""
+        return self.worker_num // self.local_worker_num
+
+    @model_validator(mode="after")
+    def _node_layout(self) -> DistributedParams:
+        workers, local, node = self.worker_num, self.local_worker_num, self.node_rank
+        if local > workers:
+            problem = ("distributed.local_worker_num", f"is {local}, more than distributed.worker_num ({workers})")
+        elif workers % local:
+            problem = (
+                "distributed.worker_num",
+                f"is {workers}, not a multiple of distributed.local_worker_num ({local}): every node runs the "
+                "same number of workers",
+            )
+        elif not 0 <= node < self.nodes:
+            problem = (
+                "distributed.node_rank",
+                f"is {node}; with {workers} workers, {local} per node, use 0..{self.nodes - 1}",
+            )
+        else:
+            return self
+        CrossKeyProblems.raise_if_any([problem])
+        return self
+
+
+class SplitDirs(Section):
+    """Sub-folders of ``data.root`` holding each split."""
+
+    train: str
+    val: str
+
+
+class MaxPerClass(Section):
+    """Images kept per class and split; ``None`` keeps all."""
+
+    train: PositiveInt | None
+    val: PositiveInt | None
+
+
+class DataParams(Section):
+    source: DataSource
+    root: str
+    split_dirs: SplitDirs
+    verify: VerifyMode
+    on_bad_file: BadFilePolicy
+    max_per_class: MaxPerClass
+    subset_seed: int
+    image_size: PositiveInt  # pixels
+    crop_scale: Annotated[list[float], Field(min_length=2, max_length=2)]  # area range of the random crop
+    eval_resize_ratio: Annotated[float, Field(gt=0, le=1)]
+    eval_batch_size: PositiveInt
+    num_workers: PositiveInt
+    cache_dir: str  # per-file verdicts (verified.sqlite) and the MindRecord chunks the trainings read
+
+
+class ModelParams(Section):
+    name: NetworkName
+    num_classes: PositiveInt | None  # None: the number of classes in the data
+    conv_init: Initialiser
+    dense_init: Initialiser
+    zero_init_last_bn_gamma: bool
+
+
+class BoostParams(Section):
+    """mindspore.boost options of the Momentum trainings."""
+
+    less_bn: bool
+    grad_centralization: GradCentralization
+    grad_freeze: bool
+    freeze_param_groups: Annotated[int, Field(ge=2)]  # a single group freezes nothing
+    freeze_type: Annotated[int, Field(ge=0, le=1)]  # 0: groups in consecutive runs | 1: interleaved at random
+    freeze_p: Fraction
+    grad_accumulation_steps: PositiveInt  # 1: no accumulation
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any option is on (otherwise the step is a plain TrainOneStepCell)."""
+        return self.less_bn or self.grad_freeze or self.grad_accumulation_steps > 1
+
+    @model_validator(mode="after")
+    def _compatible_options(self) -> BoostParams:
+        problems = []
+        accumulation = self.grad_accumulation_steps
+        if self.grad_freeze and accumulation > 1:
+            problems.append(
+                (
+                    "boost.grad_freeze",
+                    f"and boost.grad_accumulation_steps ({accumulation}) cannot be used together: MindSpore's "
+                    "gradient-freeze cell breaks when it accumulates (_TrainFreezeCell reads an optimizer attribute "
+                    "it never sets); set boost.grad_freeze: false or boost.grad_accumulation_steps: 1",
+                )
+            )
+        if self.less_bn and accumulation > 1:
+            problems.append(
+                (
+                    "boost.less_bn",
+                    f"and boost.grad_accumulation_steps ({accumulation}) cannot be used together: MindSpore then "
+                    "updates the gamma and beta of the BatchNorms LessBN deleted with a spurious gradient, so the "
+                    "checkpoint's network (which keeps those layers) is not the one trained; set boost.less_bn: false "
+                    "or boost.grad_accumulation_steps: 1",
+                )
+            )
+        CrossKeyProblems.raise_if_any(problems)
+        return self
+
+
+class LrParams(Section):
+    """Momentum learning-rate schedule; lr_max is for ``reference_devices`` devices."""
+
+    schedule: LrSchedule
+    lr_init: NonNegativeFloat
+    lr_max: PositiveFloat
+    lr_end: NonNegativeFloat
+    warmup_epochs: NonNegativeFloat
+    reference_devices: PositiveInt
+    milestones: list[int]  # epochs, for schedule: steps
+    step_gamma: float
+
+
+class CheckpointParams(Section):
+    """Full training state written every ``every_epochs`` epochs, the newest ``keep_last`` kept."""
+
+    dir: str
+    every_epochs: PositiveInt
+    keep_last: PositiveInt
+
+
+class MomentumTraining(Section):
+    """The Momentum recipe's keys, shared by baseline, adasum and dim_reduce stage 1."""
+
+    batch_size: PositiveInt  # per device
+    lr: LrParams
+    momentum: Fraction
+    weight_decay: NonNegativeFloat
+    label_smoothing: Fraction
+    loss_scale: PositiveFloat
+    eval_interval: NonNegativeInt  # 0: only after the last epoch
+    checkpoint: CheckpointParams
+
+
+class BaselineParams(MomentumTraining):
+    epochs: PositiveInt
+
+
+class AdasumParams(MomentumTraining):
+    implementation: Literal["own", "mindspore_boost"]
+    exchange: Literal["auto", "allgather", "allreduce"]
+    average_batchnorm_statistics: bool
+    epochs: PositiveInt
+
+
+class TrajectoryParams(Section):
+    """Stage-1 weights kept for the PCA: from ``start_epoch`` every N steps or every N epochs."""
+
+    dir: str
+    start_epoch: PositiveInt  # 1-based
+    every_steps: PositiveInt | None
+    every_epochs: PositiveInt | None
+
+
+class Stage1Params(MomentumTraining):
+    epochs: PositiveInt
+    schedule_epochs: PositiveInt
+    trajectory: TrajectoryParams
+
+
+class CollectParams(Section):
+    n_files: PositiveInt | None  # the last N trajectory files; None: all
+
+
+class PcaParams(Section):
+    n_components: PositiveInt
+
+
+class Stage2Params(Section):
+    """P-BFGS in the PCA subspace."""
+
+    implementation: Literal["own", "mindspore_boost"]
+    epochs: PositiveInt
+    batch_size: PositiveInt
+    rho: OpenFraction
+    max_trials: PositiveInt
+    sigma: OpenFraction
+    gamma: Fraction
+    alpha: NonNegativeFloat
+    loss_scale: PositiveFloat
+    label_smoothing: Fraction
+    checkpoint: CheckpointParams
+
+
+class ControlParams(Section):
+    checkpoint: CheckpointParams
+
+
+class DimReduceParams(Section):
+    stage1: Stage1Params
+    collect: CollectParams
+    pca: PcaParams
+    stage2: Stage2Params
+    control: ControlParams
+
+    @model_validator(mode="after")
+    def _consistent_stages(self) -> DimReduceParams:
+        problems = []
+        stage1, n_files, k = self.stage1, self.collect.n_files, self.pca.n_components
+        if n_files is not None and k >= n_files:
+            problems.append(
+                ("dim_reduce.pca.n_components", f"is {k} but must be below dim_reduce.collect.n_files ({n_files})")
+            )
+        if stage1.epochs > stage1.schedule_epochs:
+            problems.append(
+                ("dim_reduce.stage1.epochs", f"is {stage1.epochs}, beyond schedule_epochs {stage1.schedule_epochs}")
+            )
+        if stage1.trajectory.start_epoch > stage1.epochs:
+            problems.append(
+                ("dim_reduce.stage1.trajectory.start_epoch", f"is after the last stage-1 epoch ({stage1.epochs})")
+            )
+        CrossKeyProblems.raise_if_any(problems)
+        return self
+
+
+class MigrationParity(Section):
+    """One seeded batch of standard-normal images; tolerances are absolute (relative for updates)."""
+
+    image_size: PositiveInt
+    batch_size: Annotated[int, Field(ge=2)]  # training-mode BatchNorm needs two values per channel
+    seed: int
+    lr: PositiveFloat
+    forward_tolerance: PositiveFloat
+    step_weight_tolerance: PositiveFloat
+    step_update_tolerance: PositiveFloat
+    step_noise_factor: PositiveFloat
+
+
+class MigrateParams(Section):
+    state_dict: str
+    architecture: TorchvisionArchitecture
+    num_classes: PositiveInt
+    parity: MigrationParity
+
+
+class ReportRunIds(Section):
+    """An MLflow run id pins a recipe's run; ``None`` takes its latest complete FINISHED run."""
+
+    baseline: str | None
+    dim_reduce: str | None
+    thor: str | None
+    adasum: str | None
+
+
+class ReportParams(Section):
+    recipes: Annotated[list[RecipeName], Field(min_length=1)]
+    target_top1: Annotated[float, Field(gt=0, le=1)]  # a fraction, not a percentage
+    run_ids: ReportRunIds
+
+
+class ThorLr(Section):
+    """lr_init (1 - e/lr_end_epoch)^lr_decay, halved at e >= decay_epoch and again at +1."""
+
+    lr_init: PositiveFloat
+    lr_decay: float
+    lr_end_epoch: PositiveInt
+    decay_epoch: int
+
+
+class ThorDamping(Section):
+    """damping_init * damping_decay^(e/10)."""
+
+    damping_init: PositiveFloat
+    damping_decay: float
+
+
+class ThorMindSpore(Section):
+    """Options of implementation: mindspore (nn.thor + ModelThor)."""
+
+    amp_level: AmpLevel
+    keep_batchnorm_fp32: bool
+    split_indices: list[int]
+    dataset_sink_mode: bool
+
+
+class ThorParams(Section):
+    implementation: Literal["own", "mindspore"]
+    epochs: PositiveInt
+    batch_size: PositiveInt
+    lr: ThorLr
+    damping: ThorDamping
+    momentum: Fraction
+    weight_decay: NonNegativeFloat
+    label_smoothing: Fraction
+    loss_scale: PositiveFloat
+    frequency: Annotated[int, Field(ge=2)]  # 1 would recompute the inverses every step
+    block_size: PositiveInt | None  # None: full inverses
+    trace_rule: Annotated[list[float], Field(min_length=2, max_length=2)] | None  # [skip, stop]
+    zero_init_last_bn_gamma: bool
+    eval_interval: NonNegativeInt
+    checkpoint: CheckpointParams
+    mindspore: ThorMindSpore
+
+
+class Parameters(Section):
+    """The whole merged configuration, with the rules that span sections."""
+
+    runtime: RuntimeParams
+    distributed: DistributedParams
+    data: DataParams
+    model: ModelParams
+    boost: BoostParams
+    adasum: AdasumParams
+    baseline: BaselineParams
+    dim_reduce: DimReduceParams
+    migrate: MigrateParams
+    report: ReportParams
+    thor: ThorParams
+
+    @model_validator(mode="after")
+    def _runnable_on_this_target(self) -> Parameters:
+        problems = []
+        device_target, workers = self.runtime.device_target, self.distributed.worker_num
+        if self.adasum.implementation == "mindspore_boost" and (
+            device_target != "Ascend" or workers < BOOST_ADASUM_MIN_DEVICES
+        ):
+            problems.append(
+                (
+                    "adasum.implementation",
+                    f"is mindspore_boost, which MindSpore runs on Ascend with {BOOST_ADASUM_MIN_DEVICES} devices or "
+                    f"more (Send/Receive between 8-device servers); this run has {workers} {device_target} worker(s): "
+                    "use own",
+                )
+            )
+        if self.boost.less_bn and self.runtime.mode != "graph":
+            problems.append(
+                (
+                    "boost.less_bn",
+                    f"needs runtime.mode graph (it is {self.runtime.mode}): LessBN is a graph-compiler pass and "
+                    "changes nothing in pynative mode",
+                )
+            )
+        if (
+            self.boost.less_bn
+            and self.boost.grad_centralization == "on"
+            and device_target not in GRAD_CENTRALIZATION_TARGETS
+        ):
+            problems.append(
+                (
+                    "boost.grad_centralization",
+                    f"is on, but MindSpore has no Centralization kernel on {device_target} (only on "
+                    f"{', '.join(GRAD_CENTRALIZATION_TARGETS)}); use auto (off there) or off",
+                )
+            )
+        if self.thor.implementation == "mindspore" and device_target == "CPU":
+            problems.append(
+                (
+                    "thor.implementation",
+                    "is mindspore, whose kernels (ThorIm2Col, CholeskyTrsm, UpdateThorGradient) exist only on Ascend "
+                    "and GPU, but runtime.device_target is CPU; use thor.implementation: own (this project's THOR, "
+                    "every backend), or run on Ascend/GPU (--env=ascend, --env=gpu)",
+                )
+            )
+        if self.dim_reduce.stage2.implementation == "mindspore_boost" and workers > 1:
+            problems.append(
+                (
+                    "dim_reduce.stage2.implementation",
+                    "is mindspore_boost, which runs in one process of its own, outside msrun; with "
+                    f"distributed.worker_num {workers} use own (P-BFGS averages gradients and losses across the ranks)",
+                )
+            )
+        CrossKeyProblems.raise_if_any(problems)
+        return self
+
+
+class ParameterError(ValueError):
+    """Parameters that are unknown, mistyped, out of range or inconsistent; one line per problem."""
+
+
+def validate_parameters(raw: Mapping[str, Any], sources: Mapping[str, str] | None = None) -> Parameters:
+    """The merged configuration as ``Parameters``, or a ``ParameterError`` listing every problem.
+
+    ``sources`` maps dotted keys to the file (or ``--params``) that last set them; each problem line
+    ends with its key's source.
+    """
+    try:
+        return Parameters.model_validate(raw)
+    except ValidationError as error:
+        lines = [
+            f"  {key} {problem} ({_source(key, sources or {})})"
+            for details in error.errors()
+            for key, problem in _problems(details)
+        ]
+        raise ParameterError("invalid parameters:\n" + "\n".join(lines)) from None
+
+
+def _problems(details: ErrorDetails) -> list[tuple[str, str]]:
+    """(dotted key, problem) pairs of one pydantic error."""
+    if details["type"] == "cross_key":
+        return [(key, problem) for key, problem in details["ctx"]["problems"]]
+    key = _dotted(details["loc"])
+    if details["type"] == "extra_forbidden":
+        return [(key, "is not a known parameter" + _suggestion(details["loc"]))]
+    if details["type"] == "missing":
+        return [(key, "is missing")]
+    value, ctx = _yaml_text(details["input"]), details.get("ctx", {})
+    if details["type"] == "literal_error":  # ctx: "'own' or 'mindspore_boost'"
+        return [(key, f"is {value}; choose one of {ctx['expected'].replace(' or ', ', ').replace(chr(39), '')}")]
+    if details["type"] in _BOUNDS:
+        bound, symbol = _BOUNDS[details["type"]]
+        limit = ctx[bound]  # pydantic turns a float field's bound into a float: 0 -> 0.0
+        return [(key, f"is {value} but must be {symbol} {int(limit) if float(limit).is_integer() else limit}")]
+    if details["type"] in _TYPES:
+        return [(key, f"is {value} but must be {_TYPES[details['type']]}")]
+    message = details["msg"]  # the rest, e.g. "List should have at least 2 items after validation, not 1"
+    return [(key, f"is {value}: {message[0].lower()}{message[1:]}")]
+
+
+# pydantic error types -> the words of the problem lines
+_BOUNDS = {
+    "greater_than": ("gt", ">"),
+    "greater_than_equal": ("ge", ">="),
+    "less_than": ("lt", "<"),
+    "less_than_equal": ("le", "<="),
+}
+_TYPES = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "list_type": "a list",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "dict_type": "a mapping",
+}
+
+
+def _suggestion(loc: tuple[int | str, ...]) -> str:
+    """``"; did you mean <key>?"`` with the closest known key beside an unknown one, or ``""``."""
+    model: type[BaseModel] = Parameters
+    for part in loc[:-1]:
+        annotation = model.model_fields[str(part)].annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return ""
+        model = annotation
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+    return f"; did you mean {_dotted((*loc[:-1], close[0]))}?" if close else ""
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    """A pydantic location as it is written in ``--params``: ``thor.lr.lr_init``, ``thor.trace_rule[1]``."""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else part
+    return text
+
+
+def _source(key: str, sources: Mapping[str, str]) -> str:
+    """Where ``key`` was set: a list item or an unknown mapping takes its nearest known key's source."""
+    parts = key.split("[", 1)[0].split(".")
+    while parts:
+        dotted = ".".join(parts)
+        if dotted in sources:
+            return sources[dotted]
+        below = next((source for name, source in sources.items() if name.startswith(dotted + ".")), None)
+        if below is not None:
+            return below
+        parts.pop()
+    return "unknown source"
+
+
+def _yaml_text(value: Any) -> str:
+    """A value as it is written in YAML (``null``, ``true``, ``'ten'``)."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return repr(value)

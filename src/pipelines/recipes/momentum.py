@@ -1,0 +1,191 @@
+"""The Momentum recipe on the engine: baseline, adasum, dim_reduce stage 1 and its control.
+
+Recipe (models repo official/cv/ResNet): Momentum with weight decay on convolution and dense weights
+only, the configured per-step lr schedule (``lr_max`` scaled by ``worker_num / reference_devices``),
+label smoothing and a fixed loss scale. Optional: mindspore.boost's LessBN, gradient freeze or gradient
+accumulation in the step (``boost``), or Adasum of the ranks' weight deltas (``adasum``: own collectives,
+or boost's Adasum through ``Model.train``). ``train_momentum`` builds the step and hands everything else
+(resume, epochs, evaluation, checkpoints) to ``engine.loop.train``; other recipes follow the same shape.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import pandas as pd
+
+from pipelines.boost.options import boost_enabled, build_train_step
+from pipelines.distributed.launch import rank_context
+from pipelines.engine.callbacks import Callback
+from pipelines.engine.checkpoint import Checkpoint
+from pipelines.engine.evaluation import evaluate
+from pipelines.engine.loop import Checkpointing, TrainingResult, TrainingSpec, TrainStep, train
+from pipelines.engine.model_bridge import ModelTrainStep
+from pipelines.engine.resume import fingerprint
+from pipelines.models.loss import CrossEntropySmooth
+from pipelines.optim.momentum import create_momentum
+from pipelines.optim.schedules import momentum_lr, scaled_lr_max
+from pipelines.params import (
+    AdasumParams,
+    BoostParams,
+    DataParams,
+    DistributedParams,
+    ModelParams,
+    MomentumTraining,
+    RuntimeParams,
+)
+from pipelines.recipes.common import configure, network_from_checkpoint, num_classes, train_data, val_data
+
+logger = logging.getLogger(__name__)
+
+
+def train_momentum(
+    start: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
+    training: MomentumTraining,
+    *,
+    epochs: int,
+    schedule_epochs: int,
+    continue_from_start: bool = False,
+    boost: BoostParams | None = None,
+    adasum: AdasumParams | None = None,
+    callbacks: Sequence[Callback] = (),
+    leader_callbacks: Sequence[Callback] = (),
+) -> TrainingResult:
+    """Momentum training from ``start`` up to epoch ``epochs`` of a ``schedule_epochs``-epoch lr schedule.
+
+    ``training``: the recipe's section (batch size, lr, momentum, weight decay, label smoothing, loss scale,
+    eval interval, checkpoint folder). Without ``continue_from_start`` only ``start``'s weights are taken
+    and training starts at epoch 0; with it, ``start``'s momentum, step and epoch are continued (the
+    dim_reduce control). ``callbacks`` run on every rank (e.g. ``tracking.EpochMetrics``, which logs only
+    where a run is active); ``leader_callbacks`` only on each node's first worker (files). Returns the
+    final full checkpoint, every epoch's row and the end-of-training figures.
+    """
+    configure(runtime)
+    worker_num = distributed.worker_num
+    run_id = fingerprint(
+        model,
+        data,
+        training.model_dump(exclude={"checkpoint", "eval_interval"}),
+        runtime.seed,
+        worker_num,
+        epochs,
+        schedule_epochs,
+        continue_from_start,
+        start,
+        *([boost] if boost_enabled(boost) else []),  # all off: the fingerprint of a plain run
+    )
+    lr = training.lr
+    classes = num_classes(model, class_index)
+
+    def make_step(start: Checkpoint, steps_per_epoch: int) -> TrainStep:
+        net = network_from_checkpoint(model, class_index, start, "start checkpoint")
+        lr_per_step = momentum_lr(
+            lr.schedule,
+            lr.lr_init,
+            scaled_lr_max(lr.lr_max, worker_num, lr.reference_devices),
+            lr.lr_end,
+            lr.warmup_epochs,
+            schedule_epochs,
+            steps_per_epoch,
+            tuple(lr.milestones),
+            lr.step_gamma,
+        )
+        optimizer = create_momentum(net, lr_per_step, training.momentum, training.weight_decay, training.loss_scale)
+        loss_fn = CrossEntropySmooth(classes, training.label_smoothing)
+        logger.info(
+            "Momentum training of %s: %s schedule, lr max %.4g, loss scale %g",
+            model.name,
+            lr.schedule,
+            lr_per_step.max(),
+            training.loss_scale,
+        )
+        if adasum is not None and adasum.implementation == "mindspore_boost":
+            from pipelines.optim.adasum.boost import boost_adasum_model
+
+            return ModelTrainStep(
+                lambda: boost_adasum_model(net, loss_fn, optimizer, training.loss_scale),
+                net,
+                optimizer,
+                lr_per_step,
+                training.loss_scale,
+            )
+        return MomentumStep(net, loss_fn, optimizer, lr_per_step, training.loss_scale, runtime, boost, adasum)
+
+    validation = val_data(manifest, data)
+    spec = TrainingSpec(
+        epochs=epochs,
+        batch_size=training.batch_size,
+        images_per_step=training.batch_size * worker_num,
+        schedule_epochs=schedule_epochs,
+        eval_interval=training.eval_interval,
+        data_seed=runtime.seed,
+    )
+    checkpoint = training.checkpoint
+    leader = list(leader_callbacks) if rank_context().is_node_leader else []
+    return train(
+        spec,
+        train_data(manifest, data, training.batch_size, runtime.seed),
+        make_step,
+        start=start,
+        fingerprint=run_id,
+        checkpoints=Checkpointing(checkpoint.dir, checkpoint.every_epochs, checkpoint.keep_last),
+        evaluate=lambda step: evaluate(step.network, validation),
+        callbacks=[*callbacks, *leader],
+        continue_from_start=continue_from_start,
+        metadata={"network": model.name},
+    )
+
+
+class MomentumStep(TrainStep):
+    """The per-batch Momentum step: plain, with boost's options, or with Adasum across the ranks.
+
+    The cell is built in ``prepare``, after the optimizer state is restored: gradient freeze takes the
+    rest of the lr schedule from the optimizer's step count.
+    """
+
+    def __init__(
+        self,
+        net,
+        loss_fn,
+        optimizer,
+        lr_per_step,
+        loss_scale: float,
+        runtime: RuntimeParams,
+        boost: BoostParams | None,
+        adasum: AdasumParams | None,
+    ):
+        super().__init__(None, net, optimizer, lr_per_step, loss_scale)
+        self.loss_fn = loss_fn
+        self.device_target = runtime.device_target
+        self.boost = boost
+        self.adasum = adasum
+
+    def prepare(self) -> None:
+        from mindspore import nn
+
+        with_loss = nn.WithLossCell(self.network, self.loss_fn)
+        if self.adasum is None:
+            cell = build_train_step(with_loss, self.optimizer, self.loss_scale, self.boost, self.device_target)
+        else:
+            from pipelines.optim.adasum.collective import AdasumTrainStep  # loads the collectives: only when training
+
+            ranks = rank_context()
+            logger.info("Adasum of the weight deltas across %d ranks (exchange %s)", ranks.size, self.adasum.exchange)
+            cell = AdasumTrainStep(
+                with_loss,
+                self.optimizer,
+                sens=self.loss_scale,
+                rank=ranks.rank,
+                rank_size=ranks.size,
+                exchange=None if self.adasum.exchange == "auto" else self.adasum.exchange,
+                average_statistics=self.adasum.average_batchnorm_statistics,
+            )
+        cell.set_train(True)
+        self.run = cell

@@ -1,0 +1,267 @@
+"""The THOR recipe on the engine: this project's preconditioner + Momentum, or MindSpore's ``nn.thor``.
+
+Recipe (models repo official/cv/ResNet, THOR): the THOR lr and damping schedules (``thor_lr``,
+``thor_damping``), label smoothing, a fixed loss scale, the last BatchNorm gamma of each block
+zero-initialised (``thor.zero_init_last_bn_gamma``), statistics and inverses refreshed every
+``frequency`` steps. ``implementation: own``: ``optim.thor.preconditioner`` (the gradients of every
+Conv2d/Dense preconditioned, then the baseline's Momentum), a step the engine calls per batch;
+``implementation: mindspore``: ``nn.thor`` trained by ``ModelThor`` through ``engine.model_bridge``
+(Ascend/GPU). ``train_thor`` builds the step and hands everything else (resume, epochs, evaluation,
+checkpoints, rows) to ``engine.loop.train``, like ``recipes.momentum``.
+
+Both keep the engine's one state layout: network weights (BatchNorm statistics included) under their
+names; under ``optimizer.`` the optimizer's state and THOR's buffers (statistics, inverses, counters).
+Each epoch's row adds ``thor/damping`` and, for ``own``, ``thor/second_order_step_s`` and
+``thor/reuse_step_s`` (median seconds of the epoch's steps of each kind, data loading included),
+``thor/second_order_steps`` and ``thor/trace_skips`` (totals since the start of training).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from pipelines.engine.callbacks import Callback
+from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint
+from pipelines.engine.evaluation import evaluate
+from pipelines.engine.loop import Checkpointing, TrainingResult, TrainingSpec, TrainStep, train
+from pipelines.engine.model_bridge import ModelTrainStep
+from pipelines.engine.resume import fingerprint
+from pipelines.models.loss import CrossEntropySmooth
+from pipelines.optim.schedules import thor_damping, thor_lr
+from pipelines.optim.thor.preconditioner import ThorStep, create_thor_step, is_statistic
+from pipelines.params import DataParams, DistributedParams, ModelParams, RuntimeParams, ThorParams
+from pipelines.recipes.common import configure, network_from_checkpoint, num_classes, train_data, val_data
+
+logger = logging.getLogger(__name__)
+
+THOR_DAMPING = "thor/damping"  # damping of the epoch's last step
+THOR_SECOND_ORDER_STEP_S = "thor/second_order_step_s"  # median over the epoch's second-order steps
+THOR_REUSE_STEP_S = "thor/reuse_step_s"  # median over the epoch's reuse steps
+THOR_SECOND_ORDER_STEPS = "thor/second_order_steps"  # since the start of training
+THOR_TRACE_SKIPS = "thor/trace_skips"  # (layer, second-order step) pairs that kept old inverses
+
+
+def thor_model(model: ModelParams, thor: ThorParams) -> ModelParams:
+    """The shared model section with THOR's own choice of zero-initialised last BatchNorm gamma."""
+    return model.model_copy(update={"zero_init_last_bn_gamma": thor.zero_init_last_bn_gamma})
+
+
+def thor_schedules(thor: ThorParams, steps_per_epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-step learning rate and damping of ``thor.epochs`` epochs of ``steps_per_epoch`` steps."""
+    lr, damping = thor.lr, thor.damping
+    lr_per_step = thor_lr(lr.lr_init, lr.lr_decay, lr.lr_end_epoch, thor.epochs, steps_per_epoch, lr.decay_epoch)
+    damping_per_step = thor_damping(damping.damping_init, damping.damping_decay, thor.epochs, steps_per_epoch)
+    return lr_per_step, damping_per_step
+
+
+class OwnThorStep(TrainStep):
+    """This project's THOR as the engine's step: ``ThorStep`` per batch; the state adds the preconditioner's buffers.
+
+    The wrapped layers' statistics buffers (``thor_stats.*``) are network parameters of the training net but
+    optimizer state in the checkpoint (``optimizer.thor.thor_stats.*``), so the saved network loads into a plain one.
+    """
+
+    def __init__(self, thor: ThorStep):
+        super().__init__(thor, thor.net, thor.optimizer, thor.lr_per_step, thor.loss_scale)
+        self.thor = thor
+        self.preconditioner = thor.preconditioner
+        self.damping_per_step = thor.preconditioner.damping_per_step
+
+    def capture(self) -> dict[str, np.ndarray]:
+        params = {name: value for name, value in super().capture().items() if not is_statistic(name)}
+        params.update({OPTIMIZER_PREFIX + name: value for name, value in self.preconditioner.state().items()})
+        return params
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        super().restore(checkpoint)
+        self.preconditioner.load_state(checkpoint.optimizer_state())
+
+
+class MindsporeThorStep(ModelTrainStep):
+    """``nn.thor`` trained by ``ModelThor``; the state is ``capture_thor_state``'s (statistics and inverses under
+    ``optimizer.``, the weights as float32 network parameters). ``nn.thor`` keeps its counters to itself:
+    ``preconditioner`` is None."""
+
+    preconditioner = None
+
+    def __init__(self, net, loss_fn, optimizer, lr_per_step, damping_per_step, thor: ThorParams):
+        from pipelines.optim.thor.mindspore_thor import create_thor_model
+
+        options = thor.mindspore
+        super().__init__(
+            lambda: create_thor_model(
+                net,
+                loss_fn,
+                optimizer,
+                loss_scale=thor.loss_scale,
+                amp_level=options.amp_level,
+                keep_batchnorm_fp32=options.keep_batchnorm_fp32,
+            ),
+            net,
+            optimizer,
+            lr_per_step,
+            thor.loss_scale,
+            options.dataset_sink_mode,
+        )
+        self.damping_per_step = np.asarray(damping_per_step)
+
+    def capture(self) -> dict[str, np.ndarray]:
+        from pipelines.optim.thor.mindspore_thor import capture_thor_state
+
+        return capture_thor_state(self.network, self.optimizer, {}).params
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        from pipelines.optim.thor.mindspore_thor import restore_thor_state
+
+        restore_thor_state(self.network, self.optimizer, checkpoint)
+
+
+class ThorFigures(Callback):
+    """Adds THOR's figures to each epoch's row: the damping of its last step (``step.damping_per_step``) and, with
+    this project's preconditioner (``step.preconditioner``), the median step time of each kind and the counters."""
+
+    def bind(self, step: TrainStep) -> None:
+        self.damping_per_step = step.damping_per_step
+        self.preconditioner = step.preconditioner
+        self.steps_per_epoch = 0
+
+    def on_train_begin(self, total_epochs: int, steps_per_epoch: int, start_epoch: int) -> None:
+        self.steps_per_epoch = steps_per_epoch
+
+    def on_epoch_begin(self, epoch: int) -> None:
+        self.times: dict[str, list[float]] = {THOR_SECOND_ORDER_STEP_S: [], THOR_REUSE_STEP_S: []}
+        self.last = time.perf_counter()
+        self.second_order_seen = self._second_order_steps()
+
+    def _second_order_steps(self) -> int:
+        return 0 if self.preconditioner is None else self.preconditioner.second_order_steps
+
+    def on_step_end(self, epoch: int, step: int, loss: float) -> None:
+        now = time.perf_counter()
+        done = self._second_order_steps()
+        kind = THOR_SECOND_ORDER_STEP_S if done > self.second_order_seen else THOR_REUSE_STEP_S
+        self.second_order_seen = done
+        self.times[kind].append(now - self.last)
+        self.last = now
+
+    def epoch_metrics(self, epoch: int) -> dict[str, float]:
+        last_step = min((epoch + 1) * self.steps_per_epoch, len(self.damping_per_step)) - 1
+        figures = {THOR_DAMPING: float(self.damping_per_step[last_step])}
+        if self.preconditioner is not None:
+            figures[THOR_SECOND_ORDER_STEPS] = float(self.preconditioner.second_order_steps)
+            figures[THOR_TRACE_SKIPS] = float(self.preconditioner.trace_skips)
+            figures.update({kind: statistics.median(times) for kind, times in self.times.items() if times})
+        return figures
+
+    def on_train_end(self) -> None:
+        if self.preconditioner is not None:
+            logger.info(
+                "THOR: %d second-order steps, %d reuse steps, %d trace-rule skips",
+                self.preconditioner.second_order_steps,
+                self.preconditioner.reuse_steps,
+                self.preconditioner.trace_skips,
+            )
+
+
+def train_thor(
+    start: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
+    thor: ThorParams,
+    *,
+    callbacks: Sequence[Callback] = (),
+) -> TrainingResult:
+    """THOR training from ``start``'s weights for ``thor.epochs`` epochs (resuming this training's newest
+    checkpoint in ``thor.checkpoint.dir``, if any). ``callbacks`` run on every rank (e.g.
+    ``tracking.EpochMetrics``). Returns the final full checkpoint, every epoch's row and the end figures."""
+    configure(runtime)
+    network = thor_model(model, thor)
+    worker_num = distributed.worker_num
+    # where to write checkpoints and how often to evaluate do not change the training
+    excluded = {"checkpoint", "eval_interval"} | ({"mindspore"} if thor.implementation == "own" else set())
+    run_id = fingerprint(network, data, thor.model_dump(exclude=excluded), runtime.seed, worker_num, start)
+    classes = num_classes(model, class_index)
+
+    def make_step(start: Checkpoint, steps_per_epoch: int) -> TrainStep:
+        net = network_from_checkpoint(network, class_index, start, "start checkpoint")
+        lr_per_step, damping_per_step = thor_schedules(thor, steps_per_epoch)
+        loss_fn = CrossEntropySmooth(classes, thor.label_smoothing)
+        logger.info(
+            "THOR (%s) training of %s, batch %d, frequency %d, lr %.4g -> %.4g, damping %.4g -> %.4g",
+            thor.implementation,
+            model.name,
+            thor.batch_size,
+            thor.frequency,
+            lr_per_step[0],
+            lr_per_step[-1],
+            damping_per_step[0],
+            damping_per_step[-1],
+        )
+        if thor.implementation == "mindspore":
+            from pipelines.optim.thor.mindspore_thor import create_thor_optimizer
+
+            optimizer = create_thor_optimizer(
+                net,
+                lr_per_step,
+                damping_per_step,
+                momentum=thor.momentum,
+                weight_decay=thor.weight_decay,
+                loss_scale=thor.loss_scale,
+                batch_size=thor.batch_size,
+                frequency=thor.frequency,
+                split_indices=thor.mindspore.split_indices,
+            )
+            return MindsporeThorStep(net, loss_fn, optimizer, lr_per_step, damping_per_step, thor)
+        step = create_thor_step(
+            net,
+            loss_fn,
+            lr_per_step,
+            damping_per_step,
+            momentum=thor.momentum,
+            weight_decay=thor.weight_decay,
+            loss_scale=thor.loss_scale,
+            frequency=thor.frequency,
+            block_size=thor.block_size,
+            trace_rule=tuple(thor.trace_rule) if thor.trace_rule else None,
+            rank_size=worker_num,
+        )
+        return OwnThorStep(step)
+
+    validation = val_data(manifest, data)
+
+    def evaluate_step(step: TrainStep) -> dict[str, float]:
+        if isinstance(step, OwnThorStep):  # the wrapped layers capture nothing outside a THOR step
+            return evaluate(step.network, validation)
+        # nn.thor converted the network and amp cast it: evaluate a plain float32 copy of its weights
+        plain = network_from_checkpoint(network, class_index, Checkpoint(step.capture()), "the THOR network")
+        return evaluate(plain, validation)
+
+    spec = TrainingSpec(
+        epochs=thor.epochs,
+        batch_size=thor.batch_size,
+        images_per_step=thor.batch_size * worker_num,
+        eval_interval=thor.eval_interval,
+        data_seed=runtime.seed,
+    )
+    checkpoint = thor.checkpoint
+    return train(
+        spec,
+        train_data(manifest, data, thor.batch_size, runtime.seed),
+        make_step,
+        start=start,
+        fingerprint=run_id,
+        checkpoints=Checkpointing(checkpoint.dir, checkpoint.every_epochs, checkpoint.keep_last),
+        evaluate=evaluate_step,
+        callbacks=[ThorFigures(), *callbacks],
+        metadata={"network": model.name},
+    )
