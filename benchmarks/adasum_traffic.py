@@ -41,8 +41,8 @@ def parameter_layout(name: str) -> tuple[list[int], int]:
     """Element counts of the trainable tensors and the number of BatchNorm statistic elements."""
     import numpy as np
 
-    from pipelines.optim.adasum.collective import batchnorm_statistics
     from pipelines.models.resnet import create_resnet
+    from pipelines.optim.adasum.collective import batchnorm_statistics
 
     net = create_resnet(name, NUM_CLASSES[name])
     sizes = [int(np.prod(p.shape)) for p in net.trainable_params()]
@@ -84,8 +84,8 @@ def build_steps(rank_size: int, batch: int, image_size: int):
     import mindspore as ms
     from mindspore import nn
 
-    from pipelines.optim.adasum.collective import AdasumTrainStep
     from pipelines.models.resnet import create_resnet
+    from pipelines.optim.adasum.collective import AdasumTrainStep
 
     steps = {}
     for mode in ("plain", "adasum"):

@@ -3,8 +3,8 @@
 Both train the same network (fresh copies of one initialisation) on the same Fashion-MNIST
 subset through the same input pipeline; they differ only in the loop:
 
-- pipeline: ``pipelines.engine.loop.fit`` with the callbacks the baseline node uses (progress display,
-  MLflow metrics into a real run in a temporary store, periodic checkpoints);
+- pipeline: ``pipelines.engine.loop.train`` with the callbacks the baseline node uses (progress display,
+  ``tracking.EpochMetrics`` into a real run in a temporary store, periodic checkpoints), one epoch a call;
 - bare: ``mindspore.Model.train`` with ``FixedLossScaleManager`` and no callbacks.
 
 After one untimed warm-up epoch each (graph compilation), the two alternate for ``--repeats``
@@ -38,15 +38,17 @@ def main() -> None:
     from mindspore import nn
     from mindspore.train import FixedLossScaleManager, Model
 
-    from pipelines.lib import fashion_mnist
+    from pipelines.engine.callbacks import PeriodicCheckpoint
+    from pipelines.engine.loop import TrainingSpec, TrainStep, train
+    from pipelines.engine.runtime import configure_mindspore
+    from pipelines.engine.state import capture_state, restore_state
+    from pipelines.images import fashion_mnist
     from pipelines.images.folder import create_dataset, scan_image_tree, subset_manifest
     from pipelines.models.loss import CrossEntropySmooth
-    from pipelines.optim.momentum import create_momentum
-    from pipelines.engine.progress import ProgressReporter
     from pipelines.models.resnet import create_resnet
-    from pipelines.engine.runtime import configure_mindspore
+    from pipelines.optim.momentum import create_momentum
     from pipelines.optim.schedules import momentum_lr
-    from pipelines.engine.loop import MlflowMetrics, PeriodicCheckpoint, capture_state, fit, restore_state
+    from pipelines.tracking import EpochMetrics
 
     configure_mindspore("CPU", "graph", 0)
     fashion_mnist.materialise(args.data_root)
@@ -69,16 +71,18 @@ def main() -> None:
         return net, CrossEntropySmooth(10, 0.1), create_momentum(net, lr, 0.9, 1e-4, loss_scale)
 
     net, loss_fn, optimizer = parts()
-    train_step = nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), optimizer, sens=loss_scale)
-    train_step.set_train(True)
+    cell = nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), optimizer, sens=loss_scale)
+    cell.set_train(True)
+    train_step = TrainStep(cell, net, optimizer, lr)
     workdir = Path(tempfile.mkdtemp(prefix="throughput-"))
     mlflow.set_tracking_uri(f"sqlite:///{workdir / 'mlflow.db'}")
+    # the engine adds the progress display itself; the checkpoint writer is the one it adds per training
     callbacks = [
-        ProgressReporter(args.batch_size),
-        MlflowMetrics(),
+        EpochMetrics(),
         PeriodicCheckpoint(lambda epoch: capture_state(net, optimizer, {"epoch": epoch}), workdir / "ckpt"),
     ]
     pipeline_data = dataset()
+    one_epoch = TrainingSpec(epochs=1, batch_size=args.batch_size, images_per_step=args.batch_size)
 
     bare_net, bare_loss, bare_optimizer = parts()
     model = Model(
@@ -91,7 +95,7 @@ def main() -> None:
 
     def run_pipeline() -> float:
         started = time.perf_counter()
-        fit(train_step, pipeline_data, 1, lr, args.batch_size, callbacks)
+        train(one_epoch, pipeline_data, lambda start, steps_per_epoch: train_step, callbacks=callbacks)
         return images / (time.perf_counter() - started)
 
     def run_bare() -> float:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from mindspore import nn
 
+from pipelines.models.resnet import create_resnet
 from pipelines.optim.adasum.collective import (
     Adasum,
     AdasumTrainStep,
@@ -20,7 +21,6 @@ from pipelines.optim.adasum.collective import (
     check_rank_size,
     communication_bytes_per_step,
 )
-from pipelines.models.resnet import create_resnet
 
 WORKER = Path(__file__).parent / "distributed" / "adasum_worker.py"
 MSRUN_TIMEOUT_S = 600

@@ -9,7 +9,7 @@ from test_pipeline_e2e import TINY_PARAMS, kedro, make_project
 from pipelines.engine.checkpoint import load_checkpoint
 
 # wall-clock figures, the only columns that may differ
-TIMINGS = ["epoch_time_s", "images_per_s"]
+TIMINGS = ["train/epoch_time_s", "train/images_per_s"]
 
 
 def test_two_runs_with_the_same_seed_give_the_same_metrics(tmp_path):
@@ -23,7 +23,7 @@ def test_two_runs_with_the_same_seed_give_the_same_metrics(tmp_path):
         histories.append(pd.read_csv(project / "data/08_reporting/baseline_history.csv").drop(columns=TIMINGS))
         weights.append(load_checkpoint(project / "data/06_models/baseline/final.ckpt").params)
     assert len(histories[0]) == TINY_PARAMS["baseline"]["epochs"]
-    assert {"loss", "lr", "top1", "top5"} <= set(histories[0].columns)
+    assert {"train/loss", "train/lr", "val/top1", "val/top5"} <= set(histories[0].columns)
     pd.testing.assert_frame_equal(histories[0], histories[1], check_exact=True)
     assert weights[0].keys() == weights[1].keys()
     different = [name for name in weights[0] if not (weights[0][name] == weights[1][name]).all()]

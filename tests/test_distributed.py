@@ -11,11 +11,14 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers import write_image_tree
-from test_pipeline_e2e import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project, runs
+from pydantic import ValidationError
+from test_pipeline_e2e import DIM_REDUCE_PARAMS, PROJECT, TINY_PARAMS, kedro, make_project, runs
 
+from pipelines.distributed.launch import DistributedTrainingError, launch, msrun_command
 from pipelines.engine.checkpoint import load_checkpoint
-from pipelines.distributed.launch import DistributedTrainingError, launch, msrun_command, validate_distributed
+from pipelines.params import DistributedParams
 
 pytestmark = pytest.mark.slow
 
@@ -28,6 +31,12 @@ def free_port() -> int:
 
 def two_workers() -> dict:
     return {"worker_num": 2, "local_worker_num": 2, "master_port": free_port()}
+
+
+def distributed_params(**changes) -> DistributedParams:
+    """The ``distributed`` section of conf/base with ``changes``, as the nodes receive it."""
+    base = yaml.safe_load((PROJECT / "conf/base/parameters.yml").read_text())["distributed"]
+    return DistributedParams(**{**base, **changes})
 
 
 def tiny_project(root: Path, params: dict, per_class: dict) -> Path:
@@ -68,20 +77,17 @@ def assert_no_worker_left(project: Path) -> None:
     ],
 )
 def test_inconsistent_worker_counts_are_named(distributed, key):
-    problems = validate_distributed(distributed)
-    assert [k for k, _ in problems] == [key]
+    with pytest.raises(ValidationError) as error:
+        distributed_params(**distributed)
+    (problem,) = error.value.errors()
+    assert [k for k, _ in problem["ctx"]["problems"]] == [key]
 
 
 def test_two_nodes_of_eight_are_valid_and_launch_their_own_workers(tmp_path):
-    distributed = {
-        "worker_num": 16,
-        "local_worker_num": 8,
-        "master_addr": "10.0.0.1",
-        "master_port": 8118,
-        "node_rank": 1,
-        "cluster_timeout_s": 600,
-    }
-    assert validate_distributed(distributed) == []
+    distributed = distributed_params(
+        worker_num=16, local_worker_num=8, master_addr="10.0.0.1", master_port=8118, node_rank=1
+    )
+    assert distributed.nodes == 2
     command = msrun_command(distributed, tmp_path)
     assert command[0] == "msrun"
     for flag in ("--worker_num=16", "--local_worker_num=8", "--master_addr=10.0.0.1", "--node_rank=1"):
@@ -94,15 +100,9 @@ def test_a_rank_that_raises_fails_the_launch_with_its_traceback(tmp_path, monkey
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent / "distributed"))
     from failing_job import fail_on_rank_1
 
-    distributed = {
-        **two_workers(),
-        "master_addr": "127.0.0.1",
-        "node_rank": 0,
-        "cluster_timeout_s": 120,
-        "log_dir": str(tmp_path / "logs"),
-    }
+    distributed = distributed_params(**two_workers(), cluster_timeout_s=120, log_dir=str(tmp_path / "logs"))
     with pytest.raises(DistributedTrainingError, match="rank 1 of the msrun job failed") as failure:
-        launch(fail_on_rank_1, {"distributed": distributed, "runtime": {}}, distributed, "CPU")
+        launch(fail_on_rank_1, {"distributed": distributed, "runtime": None}, distributed, "CPU")
     assert str(failure.value).rstrip().endswith("ValueError: bad shard on rank 1")
     (job,) = (tmp_path / "logs").iterdir()
     pids = [int(p.read_text()) for p in job.glob("rank_*.pid")]
@@ -119,9 +119,10 @@ def test_baseline_on_two_workers_keeps_replicas_identical_in_one_mlflow_run(tmp_
     assert len(found) == 1, "one MLflow run per kedro run, not one per rank"
     run = found[0]
     assert run.info.status == "FINISHED"
-    assert run.data.metrics["replica_max_abs_diff"] == 0.0
-    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == [1, 2]
-    assert "baseline_top1" in run.data.metrics
+    assert run.data.metrics["distributed/replica_max_abs_diff"] == 0.0
+    for key in ("train/loss", "val/top1"):  # logged by rank 0 alone: one value per epoch
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [1, 2], key
+    assert "final/top1" in run.data.metrics
     final = load_checkpoint(project / "data/06_models/baseline/final.ckpt")
     assert final.metadata["epoch"] == 2
     assert_no_worker_left(project)
@@ -206,9 +207,9 @@ def test_adasum_on_two_workers_keeps_replicas_identical(tmp_path):
     assert len(found) == 1
     run = found[0]
     assert run.info.status == "FINISHED" and run.data.tags["pipeline"] == "adasum"
-    assert run.data.metrics["replica_max_abs_diff"] == 0.0
-    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == [1, 2]
-    assert "adasum_top1" in run.data.metrics
+    assert run.data.metrics["distributed/replica_max_abs_diff"] == 0.0
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/loss")) == [1, 2]
+    assert "final/top1" in run.data.metrics
     initial = load_checkpoint(project / "data/06_models/adasum/initial.ckpt").params
     final = load_checkpoint(project / "data/06_models/adasum/final.ckpt").network_params()
     assert any(not (initial[name] == final[name]).all() for name in initial)

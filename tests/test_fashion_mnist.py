@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.lib import fashion_mnist
+from pipelines.images import fashion_mnist
 from pipelines.images.fashion_mnist import CLASS_NAMES, COMPLETE_MARKER, SPLIT_FILES, is_materialised, materialise
 
 COUNTS = {"train": 13, "val": 7}

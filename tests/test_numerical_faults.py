@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from mindspore import nn
 
+from pipelines.engine.loop import LossScaleOverflowError, NonFiniteLossError, TrainingSpec, TrainStep, train
 from pipelines.models.loss import CrossEntropySmooth
-from pipelines.optim.momentum import create_momentum
 from pipelines.optim.dldr.pbfgs import PBFGS, PBFGSConfig
-from pipelines.engine.loop import LossScaleOverflowError, NonFiniteLossError, fit
+from pipelines.optim.momentum import create_momentum
 
 IN, OUT, BATCH, STEPS = 8, 3, 4, 5
 # Inputs of magnitude ~1000 give gradients of ~100, which this scale pushes past float32's 3.4e38;
@@ -28,26 +28,32 @@ def dataset():
     return ds.NumpySlicesDataset({"image": images, "label": labels}, shuffle=False).batch(BATCH)
 
 
-def dense_training(loss_scale: float):
+def dense_training(loss_scale: float) -> TrainStep:
+    """A Dense layer under Momentum with a fixed ``loss_scale``, as the engine trains it."""
     ms.set_seed(0)
     net = nn.Dense(IN, OUT)
     lr = np.full(STEPS, 1e-6, np.float32)
     optimizer = create_momentum(net, lr, 0.9, 0.0, loss_scale)
-    step = nn.TrainOneStepCell(nn.WithLossCell(net, CrossEntropySmooth(OUT, 0.0)), optimizer, sens=loss_scale)
-    step.set_train(True)
-    return net, step, lr
+    cell = nn.TrainOneStepCell(nn.WithLossCell(net, CrossEntropySmooth(OUT, 0.0)), optimizer, sens=loss_scale)
+    cell.set_train(True)
+    return TrainStep(cell, net, optimizer, lr)
+
+
+def train_one_epoch(step: TrainStep) -> list[dict]:
+    spec = TrainingSpec(epochs=1, batch_size=BATCH, images_per_step=BATCH)
+    return train(spec, dataset(), lambda start, steps_per_epoch: step).history
 
 
 def test_the_training_runs_with_loss_scale_1():
-    _, step, lr = dense_training(1.0)
-    history = fit(step, dataset(), 1, lr, BATCH)
-    assert np.isfinite(history[0]["loss"])
+    history = train_one_epoch(dense_training(1.0))
+    assert np.isfinite(history[0]["train/loss"])
 
 
 def test_overflow_in_a_plain_step_is_reported_with_the_loss_scale():
-    _, step, lr = dense_training(TOO_LARGE_SCALE)
+    step = dense_training(TOO_LARGE_SCALE)
+    assert step.loss_scale == TOO_LARGE_SCALE  # read from the cell's sens
     with pytest.raises(NonFiniteLossError) as error:
-        fit(step, dataset(), 1, lr, BATCH)
+        train_one_epoch(step)
     message = str(error.value)
     assert f"at epoch 1, step 2/{STEPS}" in message  # the first update wrote Inf into the weights
     assert "the last good checkpoint is kept" in message
@@ -76,10 +82,11 @@ def test_stage2_with_too_large_a_loss_scale_stops_as_a_loss_scale_error(tmp_path
     from helpers import write_image_tree
     from stage2_job import PROJECT
 
-    from pipelines.common.nodes import create_network
     from pipelines.dim_reduce.nodes import train_stage2
+    from pipelines.engine.state import capture_state
     from pipelines.images.folder import scan_image_tree
-    from pipelines.engine.loop import capture_state
+    from pipelines.params import DataParams, DimReduceParams, DistributedParams, ModelParams, RuntimeParams
+    from pipelines.recipes.common import create_network
 
     tree = write_image_tree(tmp_path / "tree", classes=("a", "b", "c"), per_class={"train": 6, "val": 2})
     scanned = scan_image_tree(tree, {"train": "train", "val": "val"})
@@ -92,13 +99,22 @@ def test_stage2_with_too_large_a_loss_scale_stops_as_a_loss_scale_error(tmp_path
     # the scaled loss (about 1.1 x 3.3e38) overflows float32, and with it the scaled gradients
     stage2.update({"batch_size": BATCH, "loss_scale": 3.3e38})
     stage2["checkpoint"]["dir"] = str(tmp_path / "epochs")
-    net = create_network(params["model"], scanned.class_index)
+    model = ModelParams(**params["model"])
+    net = create_network(model, scanned.class_index)
     start = capture_state(net, None, {"network": "resnet_narrow", "epoch": 1})
     n = sum(int(np.prod(p.shape)) for p in net.trainable_params())
     pca = np.linalg.qr(np.random.default_rng(0).standard_normal((n, 3)))[0].T.astype(np.float32)
-    inputs = (scanned.manifest, scanned.class_index, params["model"], params["data"], params["runtime"])
+    sections = (model, DataParams(**params["data"]), RuntimeParams(**params["runtime"]))
     with pytest.raises(LossScaleOverflowError) as error:
-        train_stage2(start, pca, *inputs, params["distributed"], params["dim_reduce"])
+        train_stage2(
+            start,
+            pca,
+            scanned.manifest,
+            scanned.class_index,
+            *sections,
+            DistributedParams(**params["distributed"]),
+            DimReduceParams(**params["dim_reduce"]),
+        )
     message = str(error.value)
     assert "scaled by the fixed loss scale 3.3e+38 overflowed at epoch 2, step 1/" in message
     assert "dim_reduce.stage2.loss_scale" in message

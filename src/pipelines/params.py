@@ -55,8 +55,8 @@ OpenFraction = Annotated[float, Field(gt=0, lt=1)]  # (0, 1)
 class CrossKeyProblems:
     """Builds the error of a model validator: (dotted key, problem) pairs, every one reported.
 
-    The pairs travel in the error's context under ``problems``; ``pipelines.hooks`` prints each with
-    the file its key came from.
+    The pairs travel in the error's context under ``problems``; ``validate_parameters`` prints each
+    with the file its key came from.
     """
 
     @staticmethod
@@ -494,7 +494,8 @@ def _problems(details: ErrorDetails) -> list[tuple[str, str]]:
         return [(key, "is missing")]
     value, ctx = _yaml_text(details["input"]), details.get("ctx", {})
     if details["type"] == "literal_error":  # ctx: "'own' or 'mindspore_boost'"
-        return [(key, f"is {value}; choose one of {ctx['expected'].replace(' or ', ', ').replace(chr(39), '')}")]
+        allowed = ctx["expected"].replace(" or ", ", ").replace("'", "")
+        return [(key, f"is {value}; choose one of {allowed}")]
     if details["type"] in _BOUNDS:
         bound, symbol = _BOUNDS[details["type"]]
         limit = ctx[bound]  # pydantic turns a float field's bound into a float: 0 -> 0.0

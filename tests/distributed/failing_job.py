@@ -3,7 +3,7 @@
 from pipelines.distributed.launch import rank_context
 
 
-def fail_on_rank_1(distributed: dict, runtime: dict) -> int:
+def fail_on_rank_1(distributed, runtime) -> int:
     if rank_context().rank == 1:
         raise ValueError("bad shard on rank 1")
     return rank_context().rank

@@ -100,25 +100,6 @@ def is_power_of_two(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
 
 
-def validate_distributed(distributed: dict) -> list[tuple[str, str]]:
-    """Problems with the ``distributed`` parameters as (key, message) pairs."""
-    workers, local, node = distributed["worker_num"], distributed["local_worker_num"], distributed["node_rank"]
-    if local > workers:
-        return [("distributed.local_worker_num", f"is {local}, more than distributed.worker_num ({workers})")]
-    if workers % local:
-        return [
-            (
-                "distributed.worker_num",
-                f"is {workers}, not a multiple of distributed.local_worker_num ({local}): every node runs the "
-                "same number of workers",
-            )
-        ]
-    nodes = workers // local
-    if not 0 <= node < nodes:
-        return [("distributed.node_rank", f"is {node}; with {workers} workers, {local} per node, use 0..{nodes - 1}")]
-    return []
-
-
 def msrun_command(distributed: DistributedParams, job_dir: Path) -> list[str]:
     """The ``msrun`` command line that starts this node's workers over ``job_dir``."""
     return [

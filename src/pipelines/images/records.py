@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import io
 import json
 import logging
 import os
@@ -33,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.images.verify import content_problem
+from pipelines.images.verify import content_problem, decode_problem
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ RECORD_FORMAT = "images-v1"  # part of every chunk's hash: change it when the ch
 MAX_CHUNKS = 64  # per split; ImageNet: about 16 classes, 20,000 images, 2 GB per chunk
 RECORD_FILE = "images.mindrecord"
 SKIPPED_FILE = "skipped.json"
+PATHS_FILE = "paths.json"  # the source file of each row, in row order: names a row that fails to decode
 SCHEMA = {"image": {"type": "bytes"}, "label": {"type": "int32"}}
 _WRITE_ROWS = 256  # rows handed to the writer at once: bounds memory to a few batches of images
 SKIPPED_COLUMNS = ["path", "reason"]
@@ -144,6 +146,7 @@ def _convert_chunk(rows: pd.DataFrame, destination: Path, on_bad_file: str) -> N
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
     skipped: list[tuple[str, str]] = []
+    written: list[str] = []
     writer = None
     batch: list[dict] = []
     for path, label, size, mtime_ns in rows[["path", "label", "size", "mtime_ns"]].itertuples(index=False):
@@ -155,6 +158,7 @@ def _convert_chunk(rows: pd.DataFrame, destination: Path, on_bad_file: str) -> N
             skipped.append((path, problem))
             continue
         batch.append({"image": data, "label": int(label)})
+        written.append(path)
         if len(batch) == _WRITE_ROWS:
             writer = _write(writer, partial, batch)
             batch = []
@@ -163,6 +167,7 @@ def _convert_chunk(rows: pd.DataFrame, destination: Path, on_bad_file: str) -> N
     if writer is not None:
         writer.commit()
     (partial / SKIPPED_FILE).write_text(json.dumps(skipped))
+    (partial / PATHS_FILE).write_text(json.dumps(written))
     os.rename(partial, destination)
 
 
@@ -198,3 +203,25 @@ def _remove_abandoned_partials(folder: Path) -> None:
     so no conversion on this host is under way)."""
     for partial in folder.glob(f"*.partial-{socket.gethostname()}-*"):
         shutil.rmtree(partial, ignore_errors=True)
+
+
+def undecodable_rows(record_file: str | Path) -> list[tuple[str, str]]:
+    """(source path, problem) of each row of a chunk whose bytes do not decode.
+
+    MindSpore names only the MindRecord file when a row fails to decode in training; this finds
+    the rows (a chunk is at most a few percent of a split) and the files they were copied from.
+    """
+    from mindspore.mindrecord import FileReader
+
+    record_file = Path(record_file)
+    paths = json.loads((record_file.parent / PATHS_FILE).read_text())
+    reader = FileReader(str(record_file), columns=["image"])
+    try:
+        found = []
+        for index, row in enumerate(reader.get_next()):
+            problem = decode_problem(io.BytesIO(row["image"]))
+            if problem is not None:
+                found.append((paths[index], problem))
+        return found
+    finally:
+        reader.close()

@@ -65,6 +65,8 @@ def train_data(manifest: pd.DataFrame, data: DataParams, batch_size: int, seed: 
         rank_size=ranks.size,
         num_workers=data.num_workers,
         seed=seed,
+        cache_dir=data.cache_dir,
+        on_bad_file=data.on_bad_file,
     )
 
 
@@ -78,6 +80,8 @@ def val_data(manifest: pd.DataFrame, data: DataParams):
         training=False,
         eval_resize_ratio=data.eval_resize_ratio,
         num_workers=data.num_workers,
+        cache_dir=data.cache_dir,
+        on_bad_file=data.on_bad_file,
     )
 
 

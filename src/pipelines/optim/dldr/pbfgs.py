@@ -17,9 +17,6 @@ line-search forward passes leave BatchNorm's moving statistics untouched. The gr
 projections, trial passes and updates run as compiled MindSpore cells on any backend; in data
 parallel the gradient and losses are averaged with AllReduce, so every rank computes the same
 k-dimensional quantities and applies the same update. The k x k BFGS algebra runs on the host.
-
-``PBFGSStep`` is the form the training engine takes: a step ``(images, labels) -> (loss, overflow,
-loss_scale)`` whose state (the trainer's plus the per-step table) goes into the engine's checkpoint.
 """
 
 from __future__ import annotations
@@ -30,14 +27,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipelines.engine.callbacks import Callback
-
 CURVATURE_EPSILON = 1e-20
 STATE_PREFIX = "pbfgs."
-# The per-step table travels in the checkpoint state, so a resumed training reports every step.
-STEP_TABLE_PREFIX = STATE_PREFIX + "steps."
-STEP_COLUMNS = ("epoch", "step", "loss", "step_size", "trials")
-_INTEGER_COLUMNS = ("epoch", "step", "trials")
 
 
 @dataclass(frozen=True)
@@ -302,73 +293,3 @@ def bfgs_inverse_update(inverse_hessian: np.ndarray, step: np.ndarray, change: n
     left = np.eye(len(step), dtype=np.float32) - r * step @ change.T
     return (left @ inverse_hessian @ left.T + r * step @ step.T).astype(np.float32)
 
-
-class PBFGSStep(Callback):
-    """P-BFGS as a training-engine step: ``step(images, labels) -> (loss, overflow, loss_scale)`` tensors.
-
-    Also a loop callback: after each step it adds a row to ``rows`` (``STEP_COLUMNS``: 1-based epoch,
-    global step ``epoch * steps_per_epoch + step + 1``, loss, accepted step size, line-search trials)
-    and passes it to ``on_row`` (e.g. an MLflow logger). ``state``/``load_state`` cover the trainer's
-    state and this table; ``lr`` is the step size the last step accepted (0.0 when it rejected all).
-    """
-
-    def __init__(self, trainer: PBFGS, on_row=None):
-        self.trainer = trainer
-        self.on_row = on_row
-        self.rows: list[dict[str, float | int]] = []
-        self._loss_scale = ms.Tensor(trainer.config.loss_scale, ms.float32)
-
-    def __call__(self, images, labels):
-        # the loop's (loss, overflow, loss scale) form: an overflow stops training as a loss-scale problem
-        result = self.trainer.step(images, labels)
-        return ms.Tensor(result.loss, ms.float32), ms.Tensor(result.overflow), self._loss_scale
-
-    @property
-    def lr(self) -> float:
-        """Accepted step size of the last step (the multiplier of the subspace direction)."""
-        last = self.trainer.last_result
-        return last.step_size if last is not None else 0.0
-
-    def on_train_begin(self, total_epochs: int, steps_per_epoch: int, start_epoch: int) -> None:
-        self.steps_per_epoch = steps_per_epoch
-
-    def on_step_end(self, epoch: int, step: int, loss: float) -> None:
-        result = self.trainer.last_result
-        row = {
-            "epoch": epoch + 1,
-            "step": epoch * self.steps_per_epoch + step + 1,
-            "loss": result.loss,
-            "step_size": result.step_size,
-            "trials": result.trials,
-        }
-        self.rows.append(row)
-        if self.on_row is not None:
-            self.on_row(row)
-
-    def epoch_figures(self, epoch: int) -> dict[str, float]:
-        """Summary of the 0-based ``epoch``'s steps: share that accepted a step, mean step size and trials."""
-        rows = [row for row in self.rows if row["epoch"] == epoch + 1]
-        if not rows:
-            return {}
-        sizes = np.array([row["step_size"] for row in rows], np.float64)
-        return {
-            "pbfgs/accepted_fraction": float((sizes > 0).mean()),
-            "pbfgs/mean_step_size": float(sizes.mean()),
-            "pbfgs/mean_trials": float(np.mean([row["trials"] for row in rows])),
-        }
-
-    def state(self) -> dict[str, np.ndarray]:
-        """The trainer's state and the step table (one float64 array per column)."""
-        table = {
-            STEP_TABLE_PREFIX + column: np.array([row[column] for row in self.rows], np.float64)
-            for column in STEP_COLUMNS
-        }
-        return {**self.trainer.state(), **table}
-
-    def load_state(self, state: dict[str, np.ndarray]) -> None:
-        self.trainer.load_state(state)
-        columns = {column: state[STEP_TABLE_PREFIX + column] for column in STEP_COLUMNS}
-        self.rows = [
-            {c: int(columns[c][i]) if c in _INTEGER_COLUMNS else float(columns[c][i]) for c in STEP_COLUMNS}
-            for i in range(len(columns["step"]))
-        ]
