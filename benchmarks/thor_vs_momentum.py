@@ -26,13 +26,16 @@ import pipelines  # noqa: F401  (sets the CPU speed environment before MindSpore
 PROJECT = Path(__file__).resolve().parents[1]
 
 
-def load_conf() -> dict:
+def load_conf():
+    """The CPU default configuration (``conf/base``), validated into ``pipelines.params.Parameters``."""
     import yaml
+
+    from pipelines.params import validate_parameters
 
     params = {}
     for path in sorted((PROJECT / "conf/base").glob("parameters*.yml")):
         params.update(yaml.safe_load(path.read_text()))
-    return params
+    return validate_parameters(params)
 
 
 def main() -> None:
@@ -47,69 +50,67 @@ def main() -> None:
     import mindspore as ms
     from mindspore import nn
 
-    from pipelines.common.nodes import train_data, val_data
-    from pipelines.lib import fashion_mnist
-    from pipelines.images.folder import scan_image_tree, subset_manifest
     from pipelines.engine.evaluation import evaluate
+    from pipelines.engine.runtime import configure_mindspore
+    from pipelines.engine.state import capture_state, restore_network
+    from pipelines.images import fashion_mnist
+    from pipelines.images.folder import scan_image_tree, subset_manifest
     from pipelines.models.loss import CrossEntropySmooth
     from pipelines.optim.momentum import create_momentum
-    from pipelines.models.resnet import create_resnet_from_config
-    from pipelines.engine.runtime import configure_mindspore
-    from pipelines.optim.schedules import momentum_lr, thor_damping, thor_lr
-    from pipelines.optim.thor.preconditioner import THOR
-    from pipelines.engine.loop import capture_state, restore_state
+    from pipelines.optim.schedules import momentum_lr
+    from pipelines.recipes.common import create_network, train_data, val_data
+    from pipelines.recipes.thor import own_thor_step, thor_model, thor_schedules
 
     conf = load_conf()
-    data, model, baseline, thor_conf = conf["data"], conf["model"], conf["baseline"], conf["thor"]
+    data, model, baseline = conf.data, conf.model, conf.baseline
     configure_mindspore("CPU", "graph", 0)
-    fashion_mnist.materialise(PROJECT / data["root"])
-    scan = scan_image_tree(PROJECT / data["root"], data["split_dirs"], verify="none")
-    manifest = subset_manifest(scan.manifest, data["max_per_class"], data["subset_seed"])
+    fashion_mnist.materialise(PROJECT / data.root)
+    scan = scan_image_tree(PROJECT / data.root, data.split_dirs.model_dump(), verify="none")
+    manifest = subset_manifest(scan.manifest, data.max_per_class.model_dump(), data.subset_seed)
     classes = len(scan.class_index)
-    batch = baseline["batch_size"]
+    batch = baseline.batch_size
     dataset = train_data(manifest, data, batch, 0)
     steps_per_epoch = dataset.get_dataset_size()
-    thor_model = {**model, "zero_init_last_bn_gamma": thor_conf["zero_init_last_bn_gamma"]}
+    thor_network = thor_model(model, conf.thor)
 
-    def initial_weights(config: dict):
+    def initial_weights(config):
         """Same seed for both: identical weights but for THOR's zero-initialised last BN gammas."""
         ms.set_seed(0)
-        return capture_state(create_resnet_from_config(config, classes), None, {})
+        return capture_state(create_network(config, scan.class_index), None, {})
 
-    momentum_initial, thor_initial = initial_weights(model), initial_weights(thor_model)
+    momentum_initial, thor_initial = initial_weights(model), initial_weights(thor_network)
 
     def momentum_setup(epochs: int):
-        net = create_resnet_from_config(model, classes)
-        restore_state(net, momentum_initial)
-        lr = baseline["lr"]
+        net = create_network(model, scan.class_index)
+        restore_network(net, momentum_initial)
+        lr = baseline.lr
         lrs = momentum_lr(
-            lr["schedule"], lr["lr_init"], lr["lr_max"], lr["lr_end"], lr["warmup_epochs"], epochs, steps_per_epoch
+            lr.schedule,
+            lr.lr_init,
+            lr.lr_max,
+            lr.lr_end,
+            lr.warmup_epochs,
+            epochs,
+            steps_per_epoch,
+            tuple(lr.milestones),
+            lr.step_gamma,
         )
-        optimizer = create_momentum(net, lrs, baseline["momentum"], baseline["weight_decay"], baseline["loss_scale"])
+        optimizer = create_momentum(net, lrs, baseline.momentum, baseline.weight_decay, baseline.loss_scale)
         step = nn.TrainOneStepCell(
-            nn.WithLossCell(net, CrossEntropySmooth(classes, baseline["label_smoothing"])),
+            nn.WithLossCell(net, CrossEntropySmooth(classes, baseline.label_smoothing)),
             optimizer,
-            sens=float(baseline["loss_scale"]),
+            sens=float(baseline.loss_scale),
         )
         step.set_train(True)
         return net, step
 
     def thor_setup(epochs: int, frequency: int):
-        net = create_resnet_from_config(thor_model, classes)
-        restore_state(net, thor_initial)
-        lr, damping = thor_conf["lr"], thor_conf["damping"]
-        trainer = THOR(
-            net,
-            CrossEntropySmooth(classes, thor_conf["label_smoothing"]),
-            thor_lr(lr["lr_init"], lr["lr_decay"], lr["lr_end_epoch"], epochs, steps_per_epoch, lr["decay_epoch"]),
-            thor_damping(damping["damping_init"], damping["damping_decay"], epochs, steps_per_epoch),
-            momentum=thor_conf["momentum"],
-            weight_decay=thor_conf["weight_decay"],
-            loss_scale=thor_conf["loss_scale"],
-            frequency=frequency,
-            block_size=thor_conf["block_size"],
-        )
-        return net, trainer
+        """The THOR recipe's step (preconditioner + Momentum) for ``epochs`` epochs at ``frequency``."""
+        thor = conf.thor.model_copy(update={"epochs": epochs, "frequency": frequency})
+        net = create_network(thor_network, scan.class_index)
+        restore_network(net, thor_initial)
+        loss_fn = CrossEntropySmooth(classes, thor.label_smoothing)
+        return net, own_thor_step(net, loss_fn, thor, *thor_schedules(thor, steps_per_epoch)).thor
 
     # 1. step costs: THOR with frequency 2 alternates second-order and reuse steps
     batches = [(x, y) for x, y in dataset.create_tuple_iterator(num_epochs=1)][: 2 * args.steps + 2]
@@ -120,15 +121,15 @@ def main() -> None:
         started = time.perf_counter()
         momentum_step(images, labels).asnumpy()
         momentum_time = time.perf_counter() - started
-        before = thor.second_order_steps
+        before = thor.preconditioner.second_order_steps
         started = time.perf_counter()
-        thor.step(images, labels).asnumpy()
+        thor(images, labels).asnumpy()
         thor_time = time.perf_counter() - started
         if i >= 2:  # the first of each kind compiles
             times["momentum"].append(momentum_time)
-            times["second_order" if thor.second_order_steps > before else "reuse"].append(thor_time)
+            times["second_order" if thor.preconditioner.second_order_steps > before else "reuse"].append(thor_time)
     medians = {kind: statistics.median(values) for kind, values in times.items()}
-    print(f"network {model['name']}, batch {batch}, {data['image_size']}px, medians of {args.steps} steps each:")
+    print(f"network {model.name}, batch {batch}, {data.image_size}px, medians of {args.steps} steps each:")
     for kind, value in medians.items():
         print(f"  {kind:>13} step: {1000 * value:7.1f} ms  ({value / medians['momentum']:.2f} x Momentum)")
     for frequency in map(int, args.frequencies.split(",")):
@@ -143,8 +144,7 @@ def main() -> None:
     # 2. time to target top-1
     validation = val_data(manifest, data)
 
-    thor_net, thor = thor_setup(args.epochs, thor_conf["frequency"])
-    runs = {"THOR": (thor_net, thor.step), "Momentum": momentum_setup(args.epochs)}
+    runs = {"THOR": thor_setup(args.epochs, conf.thor.frequency), "Momentum": momentum_setup(args.epochs)}
     elapsed = dict.fromkeys(runs, 0.0)
     reached: dict[str, tuple[int, float] | None] = dict.fromkeys(runs)
     # epochs alternate between the two so that a load change on a shared machine hits both alike

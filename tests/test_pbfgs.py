@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import mindspore as ms
 import numpy as np
 import pandas as pd
 import pytest
 from mindspore import nn
 
+from pipelines.engine.checkpoint import Checkpoint
 from pipelines.models.loss import CrossEntropySmooth
-from pipelines.optim.dldr.pbfgs import PBFGS, STEP_COLUMNS, PBFGSConfig, PBFGSStep, bfgs_inverse_update
+from pipelines.optim.dldr.pbfgs import PBFGS, PBFGSConfig, bfgs_inverse_update
 from pipelines.models.resnet import create_resnet
+from pipelines.recipes.dldr import STEP_COLUMNS, PBFGSFigures, PBFGSStep
 
 IN, OUT, BATCH = 6, 3, 8
 
@@ -220,6 +224,7 @@ import mindspore as ms
 import mindspore.dataset as ds
 from mindspore import nn
 from pipelines.optim.dldr.boost_stage2 import boost_config, boost_model
+from pipelines.engine.checkpoint import Checkpoint
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.engine.runtime import configure_mindspore
 
@@ -275,54 +280,93 @@ def test_state_is_a_snapshot():
     assert any(not np.array_equal(trainer.state()[k], v) for k, v in frozen.items())
 
 
-def drive_step(step: PBFGSStep, data, start_epoch: int, steps_per_epoch: int) -> None:
-    """Call ``step`` as the training loop does: the step, then its ``on_step_end``."""
-    step.on_train_begin(start_epoch + len(data) // steps_per_epoch, steps_per_epoch, start_epoch)
-    for index, (x, y) in enumerate(data):
+
+def engine_step(net, pca: np.ndarray, config: PBFGSConfig, start_epoch: int, steps_per_epoch: int = 2) -> PBFGSStep:
+    """A stage-2 step continuing, as the engine continues it, from a stage-1 checkpoint of epoch ``start_epoch``."""
+    step = PBFGSStep(PBFGS(net, CrossEntropySmooth(OUT, 0.0), pca, config), steps_per_epoch)
+    step.restore(Checkpoint({"weight": net.weight.asnumpy()}, {"epoch": start_epoch}))
+    return step
+
+
+def run_steps(step: PBFGSStep, data) -> None:
+    for x, y in data:
         loss, overflow, loss_scale = step(ms.Tensor(x), ms.Tensor(y))
-        assert not bool(overflow.asnumpy()) and float(loss_scale.asnumpy()) == step.trainer.config.loss_scale
-        epoch, within = divmod(index, steps_per_epoch)
-        step.on_step_end(start_epoch + epoch, within, float(loss.asnumpy()))
+        assert not bool(overflow.asnumpy()) and float(loss_scale.asnumpy()) == step.loss_scale
+        assert float(loss.asnumpy()) == pytest.approx(step.rows[-1]["loss"])
 
 
-def test_engine_step_records_each_step_and_resumes_with_its_table():
+def test_engine_step_records_each_step_and_resumes_with_its_state():
     config = PBFGSConfig(max_trials=3, sigma=0.9, loss_scale=1024.0)
     pca = orthonormal_rows(4, OUT * IN + OUT, seed=3)
     data = batches(4)
-    logged = []
-    straight = PBFGSStep(PBFGS(dense_net(), CrossEntropySmooth(OUT, 0.0), pca, config), on_row=logged.append)
-    reference = NumpyPBFGS(flat_weights(straight.trainer.net), pca, config)
-    drive_step(straight, data, start_epoch=2, steps_per_epoch=2)
+    straight = engine_step(dense_net(), pca, config, start_epoch=2)
+    reference = NumpyPBFGS(flat_weights(straight.network), pca, config)
+    run_steps(straight, data)
     expected = [reference.step(x, y) for x, y in data]
-    assert [row["epoch"] for row in straight.rows] == [3, 3, 4, 4]
-    assert [row["step"] for row in straight.rows] == [5, 6, 7, 8]  # numbered from the stage's first epoch
-    for row, (loss, step_size, trials) in zip(straight.rows, expected, strict=True):
-        assert row["loss"] == pytest.approx(loss, rel=1e-5) and row["trials"] == trials
-        assert row["step_size"] == pytest.approx(step_size)
-    assert logged == straight.rows and set(logged[0]) == set(STEP_COLUMNS)
-    assert straight.lr == straight.rows[-1]["step_size"]
-    figures = straight.epoch_figures(3)
-    sizes = [row["step_size"] for row in straight.rows[2:]]
-    assert figures["pbfgs/mean_step_size"] == pytest.approx(np.mean(sizes))
-    assert figures["pbfgs/accepted_fraction"] == pytest.approx(np.mean([s > 0 for s in sizes]))
-    assert figures["pbfgs/mean_trials"] == pytest.approx(np.mean([row["trials"] for row in straight.rows[2:]]))
+    table = straight.table()
+    assert list(table.columns) == list(STEP_COLUMNS)
+    assert list(table["epoch"]) == [3, 3, 4, 4] and list(table["step"]) == [5, 6, 7, 8]  # counted from stage 1's start
+    np.testing.assert_allclose(table["loss"], [e[0] for e in expected], rtol=1e-5)
+    np.testing.assert_allclose(table["step_size"], [e[1] for e in expected])
+    assert list(table["trials"]) == [e[2] for e in expected]
+    assert straight.lr(7) == table["step_size"].iloc[-1]  # the true step size, not a schedule's lr
 
-    first = PBFGSStep(PBFGS(dense_net(), CrossEntropySmooth(OUT, 0.0), pca, config))
-    drive_step(first, data[:2], start_epoch=2, steps_per_epoch=2)
+    first = engine_step(dense_net(), pca, config, start_epoch=2)
+    run_steps(first, data[:2])
+    saved = Checkpoint(first.capture(), {"epoch": 3})
+    assert {"optimizer.pbfgs.inverse_hessian", "optimizer.pbfgs.last_step", "optimizer.pbfgs.last_gk"} <= set(
+        saved.params
+    )
+    assert set(saved.network_params()) == {"weight", "bias"}
     resumed_net = dense_net()
-    for target, source in zip(resumed_net.trainable_params(), first.trainer.net.trainable_params(), strict=True):
+    for target, source in zip(resumed_net.trainable_params(), first.network.trainable_params(), strict=True):
         target.set_data(ms.Tensor(source.asnumpy()))
-    resumed = PBFGSStep(PBFGS(resumed_net, CrossEntropySmooth(OUT, 0.0), pca, config))
-    resumed.load_state(first.state())
-    drive_step(resumed, data[2:], start_epoch=3, steps_per_epoch=2)
-    pd.testing.assert_frame_equal(pd.DataFrame(resumed.rows), pd.DataFrame(straight.rows), rtol=1e-5)
-    np.testing.assert_allclose(flat_weights(resumed_net), flat_weights(straight.trainer.net), rtol=1e-6, atol=1e-7)
+    resumed = PBFGSStep(PBFGS(resumed_net, CrossEntropySmooth(OUT, 0.0), pca, config), 2)
+    resumed.restore(saved)
+    run_steps(resumed, data[2:])
+    pd.testing.assert_frame_equal(resumed.table(), table, rtol=1e-5)
+    np.testing.assert_allclose(flat_weights(resumed_net), flat_weights(straight.network), rtol=1e-6, atol=1e-7)
+
+
+def test_epoch_figures_and_step_rows_for_tracking():
+    pca = orthonormal_rows(4, OUT * IN + OUT, seed=3)
+    step = engine_step(dense_net(), pca, PBFGSConfig(max_trials=3, sigma=0.9), start_epoch=0)
+    logged = []
+    figures = PBFGSFigures(on_steps=logged.extend)
+    figures.bind(step)
+    for index, (x, y) in enumerate(batches(4)):
+        step(ms.Tensor(x), ms.Tensor(y))
+        figures.on_step_end(index // 2, index % 2, step.rows[-1]["loss"])
+    assert logged == step.rows
+    second_epoch = step.table().iloc[2:]
+    assert figures.epoch_metrics(1) == pytest.approx(
+        {
+            "pbfgs/accepted_fraction": (second_epoch["step_size"] > 0).mean(),
+            "pbfgs/mean_step_size": second_epoch["step_size"].mean(),
+            "pbfgs/mean_trials": second_epoch["trials"].mean(),
+        }
+    )
+    replayed = []
+    resumed = PBFGSFigures(on_steps=replayed.extend)
+    resumed.bind(step)
+    resumed.on_resume(Path("epoch_0002.ckpt"), [])
+    assert replayed == step.rows  # a resumed run logs the steps before the checkpoint too
+
+
+def test_engine_step_refuses_a_checkpoint_with_part_of_the_state():
+    pca = orthonormal_rows(4, OUT * IN + OUT, seed=3)
+    step = engine_step(dense_net(), pca, PBFGSConfig(), start_epoch=0)
+    run_steps(step, batches(1))
+    state = step.capture()
+    del state["optimizer.pbfgs.inverse_hessian"]
+    with pytest.raises(ValueError, match="lacks P-BFGS state optimizer.pbfgs.inverse_hessian"):
+        engine_step(dense_net(), pca, PBFGSConfig(), start_epoch=0).restore(Checkpoint(state, {"epoch": 1}))
 
 
 def test_engine_step_reports_an_overflow_and_leaves_the_weights():
     net = dense_net()
     before = flat_weights(net)
-    step = PBFGSStep(PBFGS(net, CrossEntropySmooth(OUT, 0.0), orthonormal_rows(4, OUT * IN + OUT, 3), PBFGSConfig()))
+    step = engine_step(net, orthonormal_rows(4, OUT * IN + OUT, 3), PBFGSConfig(), start_epoch=0)
     x, y = batches(1)[0]
     x[0, 0] = np.inf
     _, overflow, _ = step(ms.Tensor(x), ms.Tensor(y))

@@ -17,6 +17,7 @@ import yaml
 from helpers import write_image_tree
 
 from pipelines.engine.checkpoint import load_checkpoint
+from pipelines.engine.loop import EPOCH_KEYS
 
 PROJECT = Path(__file__).resolve().parents[1]
 EPOCHS = 2
@@ -152,6 +153,24 @@ def test_progress_is_logged(baseline_run):
     assert "baseline: top-1" in output
 
 
+def test_adasum_on_one_worker_trains_the_momentum_recipe(tmp_path):
+    adasum = {"epochs": EPOCHS, "batch_size": 4, "lr": {"lr_max": 0.05, "warmup_epochs": 0}, "eval_interval": 1}
+    project, result = run_on_tiny_tree(tmp_path, "adasum", {"train": 8, "val": 3}, {"adasum": adasum})
+    assert "Adasum of the weight deltas across 1 ranks" in result.stdout + result.stderr
+    report = json.loads((project / "data/08_reporting/adasum_eval.json").read_text())
+    assert report["epoch"] == EPOCHS and report["val_images"] == 9
+    final = load_checkpoint(project / "data/06_models/adasum/final.ckpt")
+    assert final.metadata["epoch"] == EPOCHS and any(n.startswith("optimizer.moments.") for n in final.params)
+    history = pd.read_csv(project / "data/08_reporting/adasum_history.csv")
+    assert list(history["epoch"]) == list(range(1, EPOCHS + 1))
+    client, (run,) = runs(project)
+    assert run.info.status == "FINISHED" and run.data.tags["pipeline"] == "adasum"
+    for metric in ("train/loss", "val/top1"):
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, metric)) == [1, 2], metric
+    assert "final/top1" in run.data.metrics
+    assert "distributed/replica_max_abs_diff" not in run.data.metrics  # one rank: nothing to compare
+
+
 def test_missing_device_fails_before_any_work(tmp_path):
     from pipelines.engine.runtime import device_available
 
@@ -236,28 +255,64 @@ def test_dim_reduce_reports_stage1_stage2_and_control(dim_reduce_run):
     selected = pd.read_csv(project / "data/06_models/dim_reduce/selected_trajectory.csv")
     assert len(selected) == 5
     steps = pd.read_csv(project / "data/08_reporting/dim_reduce/stage2_steps.csv")
-    assert len(steps) == 3 and set(steps.columns) >= {"loss", "step_size", "trials"}
-    assert "stage 2 - control" in result.stdout + result.stderr
+    assert list(steps.columns) == ["epoch", "step", "loss", "step_size", "trials"]
+    assert list(steps["epoch"]) == [3, 3, 3] and list(steps["step"]) == [7, 8, 9]  # 3 steps per epoch
+    for training, epochs in (("stage1", [1, 2]), ("stage2", [3]), ("control", [3])):
+        history = pd.read_csv(project / f"data/08_reporting/dim_reduce/{training}_history.csv")
+        assert list(history["epoch"]) == epochs, training
+        assert set(EPOCH_KEYS) <= set(history.columns), training
+    stage2 = pd.read_csv(project / "data/08_reporting/dim_reduce/stage2_history.csv")
+    assert stage2["train/lr"].item() == steps["step_size"].iloc[-1]  # the accepted step size, not a schedule's 1
+    assert stage2["pbfgs/mean_trials"].item() == pytest.approx(steps["trials"].mean())
+    output = result.stdout + result.stderr
+    assert "stage 2 - control" in output
+    assert "Stage 2: 3 steps" in output
+
+
+def kedro_runs(found: list) -> list:
+    """The runs of ``kedro run`` itself, newest first (dim_reduce's trainings are child runs of them)."""
+    return [run for run in found if "mlflow.parentRunId" not in run.data.tags]
+
+
+def child_runs_by_training(client, run) -> dict:
+    children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'")
+    return {child.data.tags["training"]: child for child in children}
 
 
 def test_dim_reduce_mlflow_run(dim_reduce_run):
     project, _ = dim_reduce_run
     client, found = runs(project)
-    run = found[0]
+    (run,) = kedro_runs(found)
     assert run.info.status == "FINISHED" and run.data.tags["pipeline"] == "dim_reduce"
     for metric in (
-        "trajectory_length",
-        "pca_explained_variance_ratio",
-        "stage2_minus_control_top1",
-        "stage1_top1",
-        "stage2_top1",
-        "control_top1",
+        "pca/trajectory_files",
+        "pca/trajectory_length",
+        "pca/explained_variance_ratio",
+        "pca/first_component_ratio",
+        "dim_reduce/stage2_minus_control_top1",
     ):
         assert metric in run.data.metrics, metric
-    assert len(client.get_metric_history(run.info.run_id, "stage2_step_size")) == 3
-    assert len(client.get_metric_history(run.info.run_id, "stage1_loss")) == 2
+    assert not any(key.startswith(("train/", "val/", "final/")) for key in run.data.metrics)
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "pca")}
     assert {"pca/pca_matrix.npy", "pca/pca_explained_variance.csv", "pca/pca_explained_variance.png"} <= artifacts
+    reports = {a.path for a in client.list_artifacts(run.info.run_id, "reports")}
+    assert {"reports/stage2_history.csv", "reports/stage2_steps.csv", "reports/report.csv"} <= reports
+
+    children = child_runs_by_training(client, run)
+    assert set(children) == {"stage1", "stage2", "control"}
+    for training, epochs in (("stage1", [1, 2]), ("stage2", [3]), ("control", [3])):
+        child = children[training]
+        assert child.info.run_name == training and child.info.status == "FINISHED"
+        for key in ("train/loss", "train/lr", "train/images_per_s", "train/epoch_time_s", "val/top1", "val/top5"):
+            logged = client.get_metric_history(child.info.run_id, key)
+            assert sorted(m.step for m in logged) == (epochs if key.startswith("train/") else epochs[-1:]), key
+        assert {"final/top1", "final/top5"} <= set(child.data.metrics), training
+    stage2 = children["stage2"].info.run_id
+    assert [m.step for m in client.get_metric_history(stage2, "pbfgs/step_size")] == [7, 8, 9]
+    assert len(client.get_metric_history(stage2, "pbfgs/trials")) == 3
+    assert "pbfgs/accepted_fraction" in children["stage2"].data.metrics
+    report = pd.read_csv(project / "data/08_reporting/dim_reduce/report.csv").set_index("model")
+    assert children["stage2"].data.metrics["final/top1"] == pytest.approx(report.loc["stage2", "top1"])
 
 
 def test_stage2_reruns_alone_with_mindspore_boost(dim_reduce_run):
@@ -273,8 +328,20 @@ def test_stage2_reruns_alone_with_mindspore_boost(dim_reduce_run):
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
     assert (project / "data/06_models/dim_reduce/stage1.ckpt").stat().st_mtime_ns == before
     steps = pd.read_csv(project / "data/08_reporting/dim_reduce/stage2_steps.csv")
-    assert list(steps.columns) == ["epoch", "step", "loss"] and len(steps) == 3
+    assert list(steps.columns) == ["epoch", "step", "loss"] and list(steps["step"]) == [7, 8, 9]
+    history = pd.read_csv(project / "data/08_reporting/dim_reduce/stage2_history.csv")
+    assert list(history["epoch"]) == [3] and history["train/loss"].item() == pytest.approx(steps["loss"].mean())
+    final = load_checkpoint(project / "data/06_models/dim_reduce/stage2.ckpt")
+    assert final.metadata["epoch"] == 3 and not any(k.startswith("optimizer.") for k in final.network_params())
+    assert "optimizer.boost.bk" in final.params  # boost's DimReduce state, for resuming
+    stage1 = load_checkpoint(project / "data/06_models/dim_reduce/stage1.ckpt")
+    assert set(final.network_params()) == set(stage1.network_params())
     assert not list((project / "data/06_models/dim_reduce").glob("*rank*"))
+    client, found = runs(project)
+    newest = kedro_runs(found)[0]
+    assert newest.info.status == "FINISHED"
+    child = child_runs_by_training(client, newest)["stage2"]  # logged from boost's own process
+    assert [m.step for m in client.get_metric_history(child.info.run_id, "train/loss")] == [3]
 
 
 def test_bad_parameter_fails_before_any_work(tmp_path):
@@ -297,13 +364,13 @@ def test_thor_pipeline_trains_and_reports(tmp_path):
     final = load_checkpoint(project / "data/06_models/thor/final.ckpt")
     assert not any(name.startswith("thor_stats.") for name in final.network_params())
     history = pd.read_csv(project / "data/08_reporting/thor_history.csv")
-    assert list(history["second_order_steps"]) == [2, 3]  # 6 steps per epoch, every 4th is second order
+    assert list(history["thor/second_order_steps"]) == [2, 3]  # 6 steps per epoch, every 4th is second order
     client, found = runs(project)
     run = found[0]
     assert run.info.status == "FINISHED" and run.data.tags["pipeline"] == "thor"
-    for metric in ("thor_loss", "thor_lr", "thor_damping", "thor_second_order_step_s", "thor_reuse_step_s"):
+    for metric in ("train/loss", "train/lr", "thor/damping", "thor/second_order_step_s", "thor/reuse_step_s"):
         assert len(client.get_metric_history(run.info.run_id, metric)) == 2, metric
-    assert "thor_top1" in run.data.metrics
+    assert {"val/top1", "final/top1", "final/top5"} <= set(run.data.metrics)
 
 
 def test_mindspore_thor_is_refused_on_cpu(tmp_path):

@@ -9,7 +9,15 @@ import pytest
 from mindspore import nn
 
 from pipelines.engine.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from pipelines.engine.loop import TrainStep
 from pipelines.optim.dldr.trajectory import TrajectoryRecorder, select_trajectory, verify_trajectory
+
+
+def recorder_of(net, directory, start_epoch: int, **cadence) -> TrajectoryRecorder:
+    """A recorder bound, as the engine binds its callbacks, to a training step of ``net``."""
+    recorder = TrajectoryRecorder(directory, start_epoch, **cadence)
+    recorder.bind(TrainStep(None, net))
+    return recorder
 
 
 def drive(recorder: TrajectoryRecorder, epochs: int, steps: int) -> None:
@@ -27,7 +35,7 @@ def drive(recorder: TrajectoryRecorder, epochs: int, steps: int) -> None:
 def test_records_every_k_steps_from_the_start_epoch(tmp_path):
     net = nn.Dense(3, 2)
     (tmp_path / "traj_99999999.ckpt").write_bytes(b"stale file of an earlier run")
-    recorder = TrajectoryRecorder(net, tmp_path, start_epoch=2, every_steps=3)
+    recorder = recorder_of(net, tmp_path, start_epoch=2, every_steps=3)
     drive(recorder, epochs=3, steps=4)
     index = recorder.index
     # global steps 1..12; epoch 1 (steps 1-4) is skipped; multiples of 3 from epoch 2 on
@@ -41,16 +49,16 @@ def test_records_every_k_steps_from_the_start_epoch(tmp_path):
 
 
 def test_records_every_epoch(tmp_path):
-    recorder = TrajectoryRecorder(nn.Dense(3, 2), tmp_path, start_epoch=1, every_epochs=2)
+    recorder = recorder_of(nn.Dense(3, 2), tmp_path, start_epoch=1, every_epochs=2)
     drive(recorder, epochs=5, steps=2)
     assert list(recorder.index["epoch"]) == [2, 4]
 
 
 def test_cadence_must_be_set_once(tmp_path):
     with pytest.raises(ValueError, match="exactly one"):
-        TrajectoryRecorder(nn.Dense(3, 2), tmp_path, 1, every_steps=2, every_epochs=1)
+        TrajectoryRecorder(tmp_path, 1, every_steps=2, every_epochs=1)
     with pytest.raises(ValueError, match="exactly one"):
-        TrajectoryRecorder(nn.Dense(3, 2), tmp_path, 1)
+        TrajectoryRecorder(tmp_path, 1)
 
 
 def index_of(n: int) -> pd.DataFrame:
@@ -115,16 +123,16 @@ def test_truncated_or_missing_trajectory_file_is_named(tmp_path):
 def test_recorded_weights_follow_training(tmp_path):
     ms.set_seed(0)
     net = nn.Dense(3, 2)
-    recorder = TrajectoryRecorder(net, tmp_path, start_epoch=1, every_steps=1)
+    recorder = recorder_of(net, tmp_path, start_epoch=1, every_steps=1)
     drive(recorder, epochs=1, steps=3)
     values = [load_checkpoint(p).params["bias"] for p in recorder.index["path"]]
     assert np.allclose(values[1] - values[0], 1.0) and np.allclose(values[2] - values[1], 1.0)
 
 
 def test_resumed_recording_keeps_the_files_before_the_resume_epoch(tmp_path):
-    recorder = TrajectoryRecorder(nn.Dense(3, 2), tmp_path, start_epoch=1, every_steps=2)
+    recorder = recorder_of(nn.Dense(3, 2), tmp_path, start_epoch=1, every_steps=2)
     drive(recorder, epochs=3, steps=4)  # global steps 2, 4, ..., 12
-    resumed = TrajectoryRecorder(recorder.net, tmp_path, start_epoch=1, every_steps=2)
+    resumed = recorder_of(recorder.net, tmp_path, start_epoch=1, every_steps=2)
     resumed.on_train_begin(3, 4, 1)  # resuming after epoch 1: steps 2 and 4 stay, the rest goes
     assert list(resumed.index["global_step"]) == [2, 4]
     assert list(resumed.index["epoch"]) == [1, 1] and list(resumed.index["step"]) == [2, 4]

@@ -64,19 +64,22 @@ def set_tags(tags: Mapping[str, str]) -> None:
         mlflow.set_tags(dict(tags))
 
 
-def log_epoch_rows(rows: Sequence[Mapping[str, float]]) -> None:
-    """Log per-epoch rows to the active run: every finite value, step = the row's epoch, at the row's time."""
+def log_epoch_rows(rows: Sequence[Mapping[str, float]], step_key: str = "epoch") -> None:
+    """Log per-epoch rows to the active run: every finite value, step = the row's epoch, at the row's time.
+
+    ``step_key`` names the column that is the step instead (e.g. ``step`` for per-step rows).
+    """
     active = mlflow.active_run()
     if active is None:
         return
     metrics = []
     for row in rows:
         timestamp_ms = int(1000 * row.get(TIMESTAMP_KEY, time.time()))
-        epoch = int(row["epoch"])
+        step = int(row[step_key])
         metrics += [
-            Metric(key, float(value), timestamp_ms, epoch)
+            Metric(key, float(value), timestamp_ms, step)
             for key, value in row.items()
-            if key not in ("epoch", TIMESTAMP_KEY) and _finite(value)
+            if key not in (step_key, TIMESTAMP_KEY) and _finite(value)
         ]
     client = mlflow.MlflowClient()
     for first in range(0, len(metrics), BATCH_LIMIT):

@@ -35,7 +35,7 @@ def create_pipeline(**kwargs) -> Pipeline:
                 node(
                     train_stage2,
                     ["stage1_checkpoint", "pca_matrix", *TRAINING_INPUTS],
-                    ["stage2_checkpoint", "stage2_history"],
+                    ["stage2_checkpoint", "stage2_history", "stage2_steps"],
                     name="train_stage2",
                 ),
                 node(
@@ -52,7 +52,7 @@ def create_pipeline(**kwargs) -> Pipeline:
                 ),
             ]
         )
-        + evaluation_pipeline("stage1_checkpoint", "stage1_eval_report", "stage1")
-        + evaluation_pipeline("stage2_checkpoint", "stage2_eval_report", "stage2")
-        + evaluation_pipeline("control_checkpoint", "control_eval_report", "control")
+        + evaluation_pipeline("stage1_checkpoint", "stage1_eval_report", "stage1", child_run="stage1")
+        + evaluation_pipeline("stage2_checkpoint", "stage2_eval_report", "stage2", child_run="stage2")
+        + evaluation_pipeline("control_checkpoint", "control_eval_report", "control", child_run="control")
     )

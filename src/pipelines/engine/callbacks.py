@@ -39,6 +39,17 @@ class Callback:
     def on_train_end(self) -> None: ...
 
 
+class ConstantFigures(Callback):
+    """Figures that hold for the whole training, added to every epoch's row (e.g. the training data's
+    ``data/skipped_files``); nothing when empty."""
+
+    def __init__(self, figures: Mapping[str, float]):
+        self.figures = dict(figures)
+
+    def epoch_metrics(self, epoch: int) -> dict[str, float]:
+        return dict(self.figures)
+
+
 class PeriodicCheckpoint(Callback):
     """Writes the full training state every ``every_epochs`` epochs, keeping the newest ``keep_last``.
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipelines.images.folder import checked_batches
+
 
 def evaluate(net, dataset, top_k: tuple[int, ...] = (1, 5)) -> dict[str, float]:
     """Accuracy (fractions in [0, 1]) at each ``k`` of ``top_k`` over every image of ``dataset``.
@@ -16,7 +18,7 @@ def evaluate(net, dataset, top_k: tuple[int, ...] = (1, 5)) -> dict[str, float]:
     hits = dict.fromkeys(top_k, 0)
     seen = 0
     try:
-        for images, labels in dataset.create_tuple_iterator(num_epochs=1):
+        for images, labels in checked_batches(dataset.create_tuple_iterator(num_epochs=1)):
             logits = net(images).asnumpy()
             truth = labels.asnumpy()
             ranked = np.argsort(-logits, axis=1)

@@ -34,11 +34,12 @@ import numpy as np
 import pandas as pd
 
 from pipelines.distributed.launch import rank_context, verify_replicas
-from pipelines.engine.callbacks import Callback, PeriodicCheckpoint
+from pipelines.engine.callbacks import Callback, ConstantFigures, PeriodicCheckpoint
 from pipelines.engine.checkpoint import Checkpoint, load_checkpoint
 from pipelines.engine.progress import ProgressReporter
 from pipelines.engine.resume import CHECKPOINT_PREFIX, find_resume_checkpoint
 from pipelines.engine.state import HISTORY_KEY, capture_state, encode_history, history_of, restore_optimizer
+from pipelines.images.folder import checked_batches, dataset_figures
 
 logger = logging.getLogger(__name__)
 
@@ -304,7 +305,7 @@ def train(
         state = {**(metadata or {}), "epoch": epoch, "fingerprint": fingerprint, HISTORY_KEY: encode_history(history)}
         return Checkpoint(step.capture(), state)
 
-    chosen: list[Callback] = [ProgressReporter(spec.batch_size), *callbacks]
+    chosen: list[Callback] = [ProgressReporter(spec.batch_size), ConstantFigures(dataset_figures(dataset)), *callbacks]
     if checkpoints is not None and rank_context().is_node_leader:  # the other ranks hold the same state
         chosen.append(
             PeriodicCheckpoint(capture, checkpoints.directory, checkpoints.every_epochs, checkpoints.keep_last)
@@ -334,7 +335,7 @@ def _train_epochs(step: TrainStep, dataset, runner: EpochRunner, start_epoch: in
                 ds.config.set_seed(data_seed + epoch)  # read when the iterator starts its pipeline
             iterator = dataset.create_tuple_iterator(num_epochs=1)
             runner.epoch_begin(epoch)
-            for index, (images, labels) in enumerate(iterator):
+            for index, (images, labels) in enumerate(checked_batches(iterator)):  # a bad image: one line naming it
                 runner.step_end(epoch, index, step(images, labels))
             runner.epoch_end(epoch)
     finally:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from pipelines.images.records import write_records
+from pipelines.images.records import RECORD_FILE, undecodable_rows, write_records
 from pipelines.images.verify import VERIFY_MODES, FileState, entry_problem, is_hidden_or_system, verify_files
 
 logger = logging.getLogger(__name__)
@@ -32,12 +33,21 @@ STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
 _LOGGED_CLASSES = 30
 
 
+SKIPPED_FILES_METRIC = "data/skipped_files"  # per epoch: files of the manifest changed since ingest and left out
+# MindSpore names the file a failed row came from in its pipeline error.
+_FAILED_FILE = re.compile(r"corresponding data file is: (\S+?)\.?\s")
+
+
 class DataLayoutError(ValueError):
     """The image tree is missing, empty or not laid out as ``<split>/<class>/<image>``."""
 
 
 class BadImageError(ValueError):
     """Files that cannot be used as images were found and the policy is ``fail``."""
+
+
+class InputPipelineError(RuntimeError):
+    """MindSpore's input pipeline failed while a training or evaluation read it."""
 
 
 @dataclass
@@ -282,3 +292,43 @@ def create_dataset(
     dataset = dataset.batch(batch_size, drop_remainder=training)
     dataset.skipped_files = records.skipped
     return dataset
+
+
+def dataset_figures(dataset) -> dict[str, float]:
+    """Figures for every epoch's row of a training over ``dataset`` (from ``create_dataset``):
+    ``data/skipped_files`` when files changed since ingest were left out."""
+    skipped = getattr(dataset, "skipped_files", None)
+    return {SKIPPED_FILES_METRIC: float(len(skipped))} if skipped is not None and len(skipped) else {}
+
+
+def checked_batches(iterator):
+    """The batches of a MindSpore dataset ``iterator``; a failure of the input pipeline becomes
+    an ``InputPipelineError`` of one line naming the image that failed and the setting to change."""
+    while True:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        except RuntimeError as error:
+            raise InputPipelineError(explain_pipeline_error(error)) from None
+        yield batch
+
+
+def explain_pipeline_error(error: RuntimeError) -> str:
+    """One line for a MindSpore input-pipeline error: the source image that does not decode when the
+    failure is in one of our MindRecord chunks, else MindSpore's own message."""
+    text = str(error)
+    lines = [line.strip() for line in text.splitlines() if line.strip().startswith("[ERROR]")]
+    cause = (lines[0].removeprefix("[ERROR]").strip() if lines else text.strip().splitlines()[0]) or repr(error)
+    failed = _FAILED_FILE.search(text)
+    if failed is None or Path(failed.group(1)).name != RECORD_FILE or not Path(failed.group(1)).is_file():
+        return f"the input pipeline failed: {cause}"
+    broken = undecodable_rows(failed.group(1))
+    if not broken:
+        return f"the input pipeline failed: {cause}"
+    path, problem = broken[0]
+    more = f" (and {len(broken) - 1} more file(s) of its chunk)" if len(broken) > 1 else ""
+    return (
+        f"{path} does not decode ({problem}){more}: data.verify 'header' or 'none' lets such a file into "
+        "training; rerun the data pipeline with data.verify: decode, which lists and excludes it"
+    )

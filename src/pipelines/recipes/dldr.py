@@ -19,33 +19,49 @@ Epochs count from the start of stage 1: stage 2 and the control continue at ``st
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 
+import mindspore as ms
 import numpy as np
 import pandas as pd
 
 from pipelines.engine.callbacks import Callback
 from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint
 from pipelines.engine.evaluation import evaluate
+from pipelines.engine.checkpoint import load_checkpoint, save_checkpoint
 from pipelines.engine.loop import Checkpointing, TrainingResult, TrainingSpec, TrainStep, train
+from pipelines.engine.model_bridge import ModelTrainStep
 from pipelines.engine.resume import fingerprint
 from pipelines.engine.state import network_state
 from pipelines.models.loss import CrossEntropySmooth
+from pipelines.optim.dldr.boost_stage2 import boost_config, boost_model, run_in_own_process
 from pipelines.optim.dldr.pbfgs import PBFGS, STATE_PREFIX, PBFGSConfig
-from pipelines.optim.dldr.trajectory import TrajectoryRecorder
+from pipelines.optim.dldr.pca import TrajectoryPCA, fit_trajectory_pca
+from pipelines.optim.dldr.trajectory import TrajectoryRecorder, select_trajectory, verify_trajectory
 from pipelines.params import (
     BoostParams,
+    CollectParams,
     ControlParams,
     DataParams,
     DistributedParams,
     ModelParams,
+    PcaParams,
     RuntimeParams,
     Stage1Params,
     Stage2Params,
 )
-from pipelines.recipes.common import configure, network_from_checkpoint, num_classes, train_data, val_data
+from pipelines.recipes.common import (
+    configure,
+    create_network,
+    network_from_checkpoint,
+    num_classes,
+    train_data,
+    val_data,
+)
 from pipelines.recipes.momentum import train_momentum
 
 logger = logging.getLogger(__name__)
@@ -108,6 +124,35 @@ def train_stage1(
     return result, index
 
 
+def collect_trajectory(
+    trajectory_index: pd.DataFrame,
+    model: ModelParams,
+    class_index: dict[str, int],
+    collect: CollectParams,
+    pca: PcaParams,
+) -> pd.DataFrame:
+    """The last ``collect.n_files`` trajectory files, each checked against the network's trainable parameters."""
+    chosen = select_trajectory(trajectory_index, collect.n_files, pca.n_components)
+    net = create_network(model, class_index)
+    verify_trajectory(chosen["path"].tolist(), {p.name: tuple(p.shape) for p in net.trainable_params()})
+    return chosen
+
+
+def trajectory_pca(
+    selected_trajectory: pd.DataFrame, model: ModelParams, class_index: dict[str, int], pca: PcaParams
+) -> TrajectoryPCA:
+    """The top ``pca.n_components`` principal directions of the selected trajectory files (k x n, float32 rows
+    over the network's trainable parameters in order, flattened)."""
+    names = [p.name for p in create_network(model, class_index).trainable_params()]
+    result = fit_trajectory_pca(selected_trajectory["path"].tolist(), names, pca.n_components)
+    logger.info(
+        "PCA: %d components of %d parameters explain %.1f%% of the trajectory's variance",
+        *result.components.shape,
+        100 * float(np.sum(result.explained_variance_ratio)),
+    )
+    return result
+
+
 def train_control(
     stage1_checkpoint: Checkpoint,
     manifest: pd.DataFrame,
@@ -151,8 +196,6 @@ class PBFGSStep(TrainStep):
     """
 
     def __init__(self, trainer: PBFGS, steps_per_epoch: int):
-        import mindspore as ms
-
         super().__init__(self._train_batch, trainer.net, loss_scale=trainer.config.loss_scale)
         self.trainer = trainer
         self.steps_per_epoch = steps_per_epoch
@@ -161,8 +204,6 @@ class PBFGSStep(TrainStep):
         self._loss_scale = ms.Tensor(trainer.config.loss_scale, ms.float32)
 
     def _train_batch(self, images, labels):
-        import mindspore as ms
-
         result = self.trainer.step(images, labels)
         self.steps_done += 1
         self.rows.append(
@@ -335,3 +376,179 @@ def train_stage2(
         metadata={"network": model.name},
     )
     return result, result.step.table()
+
+
+# boost's DimReduce: its training cell's own state goes under optimizer.boost.<parameter name>.
+BOOST_STATE_PREFIX = "boost."
+BOOST_STEP_COLUMNS = ("epoch", "step", "loss")
+
+
+class BoostDimReduceStep(ModelTrainStep):
+    """``mindspore.boost``'s DimReduce trained by ``Model.train`` (``boost_stage2.boost_model``).
+
+    Boost renames the network's parameters it wraps (``optimizer.<name>``); the state keeps their own names.
+    Under ``optimizer.boost.`` it holds every other parameter of boost's training cell (DimReduce's
+    inverse Hessian ``bk``, last step ``sk``, last projected gradient ``gk_last``, residual momenta, SGD's
+    buffers), which ``prepare`` loads once the cell exists, and under ``optimizer.boost.steps.`` the
+    per-step loss table (``rows``, ``BOOST_STEP_COLUMNS``). Boost does not report its accepted step size,
+    so ``lr`` is unknown (None).
+    """
+
+    def __init__(self, net, loss_fn, config: dict, loss_scale: float):
+        super().__init__(lambda: boost_model(net, loss_fn, config, loss_scale), net, None, None, loss_scale, False)
+        self.names = {id(p): p.name for p in net.get_parameters()}
+        self.rows: list[dict[str, float]] = []
+        self.pending: dict[str, np.ndarray] = {}
+
+    def lr(self, step: int) -> float | None:
+        return None
+
+    def capture(self) -> dict[str, np.ndarray]:
+        params = {self.names[id(p)]: p.asnumpy().copy() for p in self.network.get_parameters()}
+        prefix = OPTIMIZER_PREFIX + BOOST_STATE_PREFIX
+        if self.model is not None:
+            for p in self.model.train_network.get_parameters():
+                if id(p) not in self.names:
+                    params[prefix + p.name] = p.asnumpy().copy()
+        for column in BOOST_STEP_COLUMNS:
+            params[prefix + "steps." + column] = np.array([row[column] for row in self.rows], np.float64)
+        return params
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        state = {
+            name.removeprefix(BOOST_STATE_PREFIX): value
+            for name, value in checkpoint.optimizer_state().items()
+            if name.startswith(BOOST_STATE_PREFIX)
+        }
+        if not state:
+            return  # stage 1's checkpoint: boost starts here
+        table = {column: state.pop("steps." + column) for column in BOOST_STEP_COLUMNS}
+        self.rows = [
+            {c: float(v[i]) if c == "loss" else int(v[i]) for c, v in table.items()} for i in range(len(table["step"]))
+        ]
+        self.pending = state
+
+    def prepare(self) -> None:
+        super().prepare()
+        if self.pending:
+            cell = self.model.train_network
+            arrays = {name: ms.Parameter(ms.Tensor(value), name=name) for name, value in self.pending.items()}
+            not_loaded, _ = ms.load_param_into_net(cell, arrays)
+            own = {p.name for p in cell.get_parameters() if id(p) not in self.names}
+            missing = sorted(own - set(self.pending)) + [n for n in not_loaded if n in own]
+            if missing:
+                raise ValueError(f"the stage-2 checkpoint lacks mindspore.boost state optimizer.boost.{missing[0]}")
+            logger.info("Restored mindspore.boost's DimReduce state (%d parameters)", len(own))
+
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=list(BOOST_STEP_COLUMNS))
+
+
+class BoostStepLosses(Callback):
+    """Adds each step's loss to the bound ``BoostDimReduceStep``'s table (1-based epoch, global step, loss)."""
+
+    def bind(self, step: TrainStep) -> None:
+        self.step = step
+
+    def on_train_begin(self, total_epochs: int, steps_per_epoch: int, start_epoch: int) -> None:
+        self.steps_per_epoch = steps_per_epoch
+
+    def on_step_end(self, epoch: int, step: int, loss: float) -> None:
+        self.step.rows.append({"epoch": epoch + 1, "step": epoch * self.steps_per_epoch + step + 1, "loss": loss})
+
+
+def train_stage2_with_boost(
+    stage1_checkpoint: Checkpoint,
+    pca_matrix: np.ndarray,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
+    stage2: Stage2Params,
+    *,
+    callbacks: Sequence[Callback] = (),
+    run_handoff=None,
+) -> tuple[TrainingResult, pd.DataFrame]:
+    """Stage 2 with ``mindspore.boost``'s DimReduce, in a process of its own, through the engine.
+
+    Same epochs, data, evaluation, checkpoints and resume as ``train_stage2``; ``callbacks`` (picklable) run
+    in that process, where ``run_handoff`` (``distributed.launch.RunHandoff``, optional) makes the caller's
+    tracking run active. Returns the training's result (without its step) and the per-step loss table.
+    """
+    if distributed.worker_num > 1:
+        raise ValueError(
+            "dim_reduce.stage2.implementation mindspore_boost trains in one process; set distributed.worker_num: 1"
+        )
+    with tempfile.TemporaryDirectory(prefix="boost_stage2_") as folder:
+        work = Path(folder)
+        save_checkpoint(stage1_checkpoint, work / "stage1.ckpt")
+        np.save(work / "pca.npy", pca_matrix)  # boost reads it by path and writes its slices beside it
+        logger.info("Stage 2 with mindspore.boost's DimReduce in a process of its own")
+        return run_in_own_process(
+            _train_stage2_with_boost_here,
+            {
+                "start_path": work / "stage1.ckpt",
+                "pca_path": work / "pca.npy",
+                "manifest": manifest,
+                "class_index": class_index,
+                "model": model,
+                "data": data,
+                "runtime": runtime,
+                "distributed": distributed,
+                "stage2": stage2,
+                "callbacks": list(callbacks),
+                "run_handoff": run_handoff,
+            },
+            work,
+        )
+
+
+def _train_stage2_with_boost_here(
+    start_path: Path,
+    pca_path: Path,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
+    stage2: Stage2Params,
+    callbacks: Sequence[Callback],
+    run_handoff,
+) -> tuple[TrainingResult, pd.DataFrame]:
+    """The process side of ``train_stage2_with_boost``."""
+    with run_handoff.attached() if run_handoff is not None else nullcontext():
+        configure(runtime)
+        start = load_checkpoint(start_path)
+        pca_matrix = np.load(pca_path)
+        run_id = fingerprint(model, data, stage2.model_dump(exclude={"checkpoint"}), runtime.seed, 1, start, pca_matrix)
+        config = boost_config(pca_path, pca_matrix.shape[0], stage2.rho, stage2.gamma, stage2.alpha, stage2.sigma)
+        loss_fn = CrossEntropySmooth(num_classes(model, class_index), stage2.label_smoothing)
+
+        def make_step(start: Checkpoint, steps_per_epoch: int) -> BoostDimReduceStep:
+            net = network_from_checkpoint(model, class_index, start, "of stage 1")
+            return BoostDimReduceStep(net, loss_fn, config, stage2.loss_scale)
+
+        validation = val_data(manifest, data)
+        checkpoint = stage2.checkpoint
+        result = train(
+            TrainingSpec(
+                epochs=int(start.metadata.get("epoch", 0)) + stage2.epochs,
+                batch_size=stage2.batch_size,
+                images_per_step=stage2.batch_size,
+                data_seed=runtime.seed,
+            ),
+            train_data(manifest, data, stage2.batch_size, runtime.seed),
+            make_step,
+            start=start,
+            fingerprint=run_id,
+            checkpoints=Checkpointing(Path(checkpoint.dir), checkpoint.every_epochs, checkpoint.keep_last),
+            evaluate=lambda step: evaluate(step.network, validation),
+            callbacks=[BoostStepLosses(), *callbacks],
+            continue_from_start=True,
+            metadata={"network": model.name},
+        )
+        # the step (MindSpore cells) stays here; the caller gets plain data
+        return TrainingResult(result.checkpoint, result.history, result.summary), result.step.table()

@@ -60,6 +60,26 @@ def thor_schedules(thor: ThorParams, steps_per_epoch: int) -> tuple[np.ndarray, 
     return lr_per_step, damping_per_step
 
 
+def own_thor_step(
+    net, loss_fn, thor: ThorParams, lr_per_step: np.ndarray, damping_per_step: np.ndarray, rank_size: int = 1
+) -> OwnThorStep:
+    """This project's THOR for ``net`` with the recipe's settings (``thor``) and schedules."""
+    step = create_thor_step(
+        net,
+        loss_fn,
+        lr_per_step,
+        damping_per_step,
+        momentum=thor.momentum,
+        weight_decay=thor.weight_decay,
+        loss_scale=thor.loss_scale,
+        frequency=thor.frequency,
+        block_size=thor.block_size,
+        trace_rule=tuple(thor.trace_rule) if thor.trace_rule else None,
+        rank_size=rank_size,
+    )
+    return OwnThorStep(step)
+
+
 class OwnThorStep(TrainStep):
     """This project's THOR as the engine's step: ``ThorStep`` per batch; the state adds the preconditioner's buffers.
 
@@ -222,20 +242,7 @@ def train_thor(
                 split_indices=thor.mindspore.split_indices,
             )
             return MindsporeThorStep(net, loss_fn, optimizer, lr_per_step, damping_per_step, thor)
-        step = create_thor_step(
-            net,
-            loss_fn,
-            lr_per_step,
-            damping_per_step,
-            momentum=thor.momentum,
-            weight_decay=thor.weight_decay,
-            loss_scale=thor.loss_scale,
-            frequency=thor.frequency,
-            block_size=thor.block_size,
-            trace_rule=tuple(thor.trace_rule) if thor.trace_rule else None,
-            rank_size=worker_num,
-        )
-        return OwnThorStep(step)
+        return own_thor_step(net, loss_fn, thor, lr_per_step, damping_per_step, worker_num)
 
     validation = val_data(manifest, data)
 

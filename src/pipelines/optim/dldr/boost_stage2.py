@@ -1,23 +1,35 @@
-"""Stage 2 with ``mindspore.boost``'s own dim_reduce, for comparison with this project's P-BFGS.
+"""Stage 2 with ``mindspore.boost``'s own DimReduce, for comparison with this project's P-BFGS.
 
-``mindspore.boost.AutoBoost`` is a process-wide singleton configured by the first ``Model`` of
-a process, so this always runs in a process of its own:
+``boost_config`` enables only dim_reduce with a precomputed projection (``pca_mat_path``), under
+MindSpore's real key names (``n_components``, ``device_number``; the tutorial's
+``n_component``/``device_num`` are silently ignored by MindSpore); ``boost_model`` builds the ``Model``
+whose training step is boost's DimReduce.
 
-    python -m pipelines.optim.dldr.boost_stage2 job.json
-
-The job file names the network, the start checkpoint, the precomputed projection (``.npy``,
-passed as ``pca_mat_path``), the data and the output checkpoint; see ``run_job``. The boost
-configuration uses MindSpore's real key names (``n_components``, ``device_number``; the
-tutorial's ``n_component``/``device_num`` are silently ignored by MindSpore).
+``mindspore.boost.AutoBoost`` is a process-wide singleton configured by the first ``Model`` of a
+process, so boost's stage 2 always trains in a process of its own: ``run_in_own_process(fn, kwargs)``
+pickles the call into a job folder, runs ``python -m pipelines.optim.dldr.boost_stage2 <folder>``
+(which dies with its parent) and returns ``fn``'s result; the child's log goes to this process's console.
 """
 
 from __future__ import annotations
 
-import json
+import importlib
+import logging
+import pickle
+import subprocess
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-import numpy as np
+JOB_FILE = "job.pkl"
+RESULT_FILE = "result.pkl"
+ERROR_FILE = "error.txt"
+
+
+class OwnProcessError(RuntimeError):
+    """The child process failed; the message carries its error text."""
 
 
 def boost_config(
@@ -29,7 +41,10 @@ def boost_config(
     sigma: float,
     device_number: int = 1,
 ) -> dict:
-    """``boost_config_dict`` enabling only dim_reduce with a precomputed projection."""
+    """``boost_config_dict`` enabling only dim_reduce with a precomputed projection.
+
+    Boost writes its per-rank slices of the projection beside ``pca_path`` (``weight_load_dir``).
+    """
     pca_path = Path(pca_path)
     return {
         "boost": {"mode": "manual", "dim_reduce": True},
@@ -63,64 +78,45 @@ def boost_model(net, loss_fn, config: dict, loss_scale: float | None):
     return Model(net, loss_fn, optimizer, metrics={"accuracy"}, boost_level="O1", boost_config_dict=config, **kwargs)
 
 
-def _step_losses_callback():
-    from mindspore.train import Callback
+def run_in_own_process(fn: Callable[..., Any], kwargs: dict[str, Any], job_dir: Path) -> Any:
+    """``fn(**kwargs)`` in a new Python process (``fn`` a module-level function, ``kwargs`` picklable).
 
-    class StepLosses(Callback):
-        """Per-step loss as boost reports it (None without a loss-scale manager: a MindSpore fault)."""
+    ``job_dir`` (existing, empty) holds the job and the result. The child inherits stdout and stderr,
+    is killed when this process dies, and is stopped when this process is interrupted. A failure raises
+    ``OwnProcessError`` with the child's traceback.
+    """
+    job = {"module": fn.__module__, "qualname": fn.__qualname__, "kwargs": kwargs}
+    (job_dir / JOB_FILE).write_bytes(pickle.dumps(job))
+    # setpriv: the child gets SIGKILL if this process dies, even by SIGKILL
+    command = ["setpriv", "--pdeathsig", "KILL", sys.executable, "-m", __name__, str(job_dir)]
+    child = subprocess.Popen(command)
+    try:
+        returncode = child.wait()
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
+    error = job_dir / ERROR_FILE
+    if returncode != 0 or not (job_dir / RESULT_FILE).exists():
+        text = error.read_text() if error.exists() else f"it exited with status {returncode} without a Python error"
+        raise OwnProcessError(f"{fn.__qualname__} failed in its own process: {text.rstrip()}")
+    return pickle.loads((job_dir / RESULT_FILE).read_bytes())
 
-        def __init__(self):
-            self.rows = []
 
-        def on_train_step_end(self, run_context):
-            params = run_context.original_args()
-            outputs = params.net_outputs
-            loss = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
-            value = float(loss.asnumpy()) if loss is not None else float("nan")
-            self.rows.append((params.cur_epoch_num, params.cur_step_num, value))
-
-    return StepLosses()
-
-
-def run_job(job: dict) -> None:
-    """Train ``job["epochs"]`` epochs of boost stage 2 and save the network to ``job["output"]``."""
-    import pandas as pd
-
-    from pipelines.engine.checkpoint import load_checkpoint, save_checkpoint
-    from pipelines.images.folder import create_dataset
-    from pipelines.models.loss import CrossEntropySmooth
-    from pipelines.models.resnet import create_resnet_from_config
-    from pipelines.engine.runtime import configure_mindspore
-    from pipelines.engine.state import capture_state, restore_state
-
-    configure_mindspore(job["device_target"], job["mode"], job["seed"])
-    model = job["model"]
-    net = create_resnet_from_config(model, job["num_classes"])
-    restore_state(net, load_checkpoint(job["start_checkpoint"]))
-    data = job["data"]
-    dataset = create_dataset(
-        pd.read_csv(job["manifest"]),
-        "train",
-        data["image_size"],
-        job["batch_size"],
-        training=True,
-        crop_scale=data["crop_scale"],
-        num_workers=data["num_workers"],
-        seed=job["seed"],
-    )
-    stage2 = job["stage2"]
-    pca = np.load(job["pca_path"])
-    config = boost_config(
-        job["pca_path"], pca.shape[0], stage2["rho"], stage2["gamma"], stage2["alpha"], stage2["sigma"]
-    )
-    trainer = boost_model(
-        net, CrossEntropySmooth(job["num_classes"], stage2["label_smoothing"]), config, stage2["loss_scale"]
-    )
-    losses = _step_losses_callback()
-    trainer.train(job["epochs"], dataset, callbacks=[losses], dataset_sink_mode=False)
-    save_checkpoint(capture_state(net, None, {"network": model["name"], "epoch": job["end_epoch"]}), job["output"])
-    pd.DataFrame(losses.rows, columns=["epoch", "step", "loss"]).to_csv(job["history"], index=False)
+def _run_job(job_dir: Path) -> None:
+    """The child's side of ``run_in_own_process``."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    job = pickle.loads((job_dir / JOB_FILE).read_bytes())
+    try:
+        fn = importlib.import_module(job["module"])
+        for name in job["qualname"].split("."):
+            fn = getattr(fn, name)
+        result = fn(**job["kwargs"])
+    except BaseException:
+        (job_dir / ERROR_FILE).write_text(traceback.format_exc())
+        raise
+    (job_dir / RESULT_FILE).write_bytes(pickle.dumps(result))
 
 
 if __name__ == "__main__":
-    run_job(json.loads(Path(sys.argv[1]).read_text()))
+    _run_job(Path(sys.argv[1]))

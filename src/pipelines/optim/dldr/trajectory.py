@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from pipelines.engine.checkpoint import Checkpoint, CheckpointError, check_compatible, load_checkpoint, save_checkpoint
 from pipelines.engine.callbacks import Callback
+
+if TYPE_CHECKING:
+    from pipelines.engine.loop import TrainStep
 
 INDEX_COLUMNS = ["path", "epoch", "step", "global_step"]
 
@@ -15,15 +19,14 @@ INDEX_COLUMNS = ["path", "epoch", "step", "global_step"]
 class TrajectoryRecorder(Callback):
     """Saves the trainable weights (only) every ``every_steps`` steps or ``every_epochs`` epochs.
 
-    Recording starts at epoch ``start_epoch`` (1-based), as the DLDR tutorial drops early
-    weights. Files are ``<directory>/traj_<global step>.ckpt``, written atomically; ``index``
+    The weights are those of the bound training step's network. Recording starts at epoch
+    ``start_epoch`` (1-based), as the DLDR tutorial drops early weights. Files are ``<directory>/traj_<global step>.ckpt``, written atomically; ``index``
     lists them in order. At the start, files of an earlier run in ``directory`` are removed,
     except, when training resumes at an epoch, the ones recorded before that epoch.
     """
 
     def __init__(
         self,
-        net,
         directory: str | Path,
         start_epoch: int,
         every_steps: int | None = None,
@@ -31,12 +34,14 @@ class TrajectoryRecorder(Callback):
     ):
         if (every_steps is None) == (every_epochs is None):
             raise ValueError("set exactly one of trajectory.every_steps and trajectory.every_epochs")
-        self.net = net
         self.directory = Path(directory)
         self.start_epoch = start_epoch
         self.every_steps = every_steps
         self.every_epochs = every_epochs
         self.rows: list[tuple[str, int, int, int]] = []
+
+    def bind(self, step: TrainStep) -> None:
+        self.net = step.network
 
     def on_train_begin(self, total_epochs: int, steps_per_epoch: int, start_epoch: int) -> None:
         self.steps_per_epoch = steps_per_epoch
