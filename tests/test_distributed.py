@@ -135,11 +135,12 @@ def test_dim_reduce_on_two_workers(tmp_path):
     assert result.returncode == 0, output[-6000:]
     assert output.count("Launching 2 of 2 workers") == 3  # stage 1, stage 2, control
     _, found = runs(project)
-    assert len(found) == 1
-    metrics = found[0].data.metrics
-    assert metrics["stage2_replica_max_abs_diff"] == 0.0
-    assert metrics["stage1_replica_max_abs_diff"] == 0.0
-    assert {"stage1_top1", "stage2_top1", "control_top1"} <= metrics.keys()
+    assert len([r for r in found if "mlflow.parentRunId" not in r.data.tags]) == 1  # one run per kedro run
+    children = {r.data.tags["training"]: r.data.metrics for r in found if r.data.tags.get("mlflow.parentRunId")}
+    assert set(children) == {"stage1", "stage2", "control"}  # one child run per training, not one per rank
+    for training in ("stage1", "stage2", "control"):
+        assert children[training]["distributed/replica_max_abs_diff"] == 0.0, training
+        assert {"final/top1", "final/top5"} <= children[training].keys(), training
     assert_no_worker_left(project)
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -15,8 +18,9 @@ from helpers import class_colour, write_image_tree
 from mindspore import nn
 from PIL import Image
 
-from pipelines.images.folder import create_dataset, scan_image_tree
-from pipelines.images.records import RECORD_FILE, ChangedImageError, write_records
+from pipelines.images import verify as verify_module
+from pipelines.images.folder import InputPipelineError, checked_batches, create_dataset, scan_image_tree
+from pipelines.images.links import ChangedImageError, link_split
 from pipelines.images.verify import FileState, verify_files
 
 SPLITS = {"train": "train", "val": "val"}
@@ -118,6 +122,27 @@ def test_a_training_epoch_over_the_rest_completes(fault_tree, tmp_path):
     assert all(np.isfinite(losses))
 
 
+def test_the_log_gives_per_class_counts_and_the_excluded_files(fault_tree, caplog):
+    root, faults, loads = fault_tree
+    with caplog.at_level(logging.INFO, logger="pipelines.images"):
+        scan_image_tree(root, SPLITS, on_bad_file="exclude")
+    per_class = {name: sum(f"/train/{name}/" in p for p in loads) for name in CLASSES}
+    assert f"train: {sum(per_class.values())} images in 2 classes: ant {per_class['ant']}, bee {per_class['bee']}" in (
+        caplog.text
+    )
+    assert "val: 2 images in 2 classes: ant 1, bee 1" in caplog.text
+    assert f"Excluded {len(faults)} file(s) (" in caplog.text
+    for path in faults:
+        assert f"Bad file {path}: " in caplog.text
+
+
+def test_verification_reports_progress_with_rate_and_eta(jpeg_tree, caplog, monkeypatch):
+    monkeypatch.setattr(verify_module._Progress, "LOG_EVERY_S", 0.0)  # a line per batch, not every 10 s
+    with caplog.at_level(logging.INFO, logger="pipelines.images.verify"):
+        scan_image_tree(jpeg_tree, SPLITS)
+    assert re.search(r"Verifying images \(decode\): 14/14 files \(100\.0%\), \d+ files/s, ETA 0:00", caplog.text)
+
+
 def test_bad_files_fail_the_ingest_naming_each(fault_tree):
     root, faults, _ = fault_tree
     with pytest.raises(ValueError, match=f"{len(faults)} unusable file") as error:
@@ -208,7 +233,7 @@ def test_a_file_broken_after_ingest_stops_with_one_line_naming_it(jpeg_tree, ing
     assert "\n" not in message
     assert str(victim) in message
     assert "data.on_bad_file: exclude" in message
-    assert not list((tmp_path / "cache" / "records").glob("*.partial-*"))  # nothing half written is left
+    assert not list((tmp_path / "cache").rglob("*.partial-*"))  # nothing half built is left
 
 
 def test_with_exclude_a_file_broken_after_ingest_is_skipped_and_counted(jpeg_tree, ingested, tmp_path):
@@ -230,42 +255,68 @@ def test_a_file_changed_after_ingest_that_still_decodes_is_used(jpeg_tree, inges
     assert sum(len(labels) for _, labels in dataset.create_tuple_iterator(num_epochs=1)) == 4
 
 
-# ---------------------------------------------------------------- MindRecord chunks
+def test_an_image_that_fails_in_training_is_named_in_one_line(make_image_tree, tmp_path):
+    """With data.verify: header a file cut short after its header reaches training."""
+    root = make_image_tree(classes=CLASSES, per_class={"train": 3}, fmt="jpg")
+    victim = root / "train" / "bee" / "bee_train_001.jpg"
+    # large enough that MindSpore's libjpeg fails on it (it fills small cut-short images with grey)
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (375, 500, 3), dtype=np.uint8)).save(victim, "JPEG")
+    truncate(victim, keep=0.5)
+    manifest = scan_image_tree(root, {"train": "train"}, verify="header").manifest
+    assert str(victim) in set(manifest["path"])  # the risk of header: it passes ingest
+    dataset = create_dataset(manifest, "train", SIZE, 6, training=True, num_workers=1, cache_dir=tmp_path / "cache")
+    with pytest.raises(InputPipelineError) as error:
+        for _ in checked_batches(dataset.create_tuple_iterator(num_epochs=1)):
+            pass
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(f"{victim} cannot be used (cannot be decoded")
+    assert "data.verify: decode" in message
 
 
-def chunk_folders(cache: Path) -> dict[str, int]:
-    """Chunk folder name -> inode of its MindRecord file (a rewrite changes the inode)."""
-    return {d.name: (d / RECORD_FILE).stat().st_ino for d in (cache / "records").iterdir() if d.is_dir()}
+# ---------------------------------------------------------------- the link trees the native reader reads
 
 
-def test_chunks_are_reused_while_the_rows_are_unchanged(jpeg_tree, ingested, tmp_path):
+def class_folders(cache: Path) -> dict[str, int]:
+    """Class folder name -> its inode (a rebuilt folder has a new one)."""
+    return {d.name: d.stat().st_ino for d in (cache / "links" / "classes").iterdir()}
+
+
+def test_link_folders_are_reused_while_the_rows_are_unchanged(jpeg_tree, ingested, tmp_path):
     cache = tmp_path / "cache"
     train = ingested[ingested["split"] == "train"]
-    first = write_records(train, cache)
-    written = chunk_folders(cache)
-    assert len(written) == len(CLASSES) == len(first.files)  # one chunk per class below 64 classes
-    again = write_records(train, cache)
-    assert again.files == first.files and chunk_folders(cache) == written
-    # a file of one class replaced and ingested again: only that class's chunk is written anew
+    first = link_split(train, cache)
+    assert first.class_indexing == {"00000": 0, "00001": 1}
+    # each label's folder links to its files, in manifest order
+    for name, label in first.class_indexing.items():
+        linked = sorted((first.root / name).iterdir())
+        assert [os.readlink(p) for p in linked] == train.loc[train["label"] == label, "path"].tolist()
+    built = class_folders(cache)
+    assert len(built) == len(CLASSES)
+    again = link_split(train, cache)
+    assert again.root == first.root and class_folders(cache) == built
+    # a file of one class replaced and ingested again: only that class's folder is built anew
     write_image(jpeg_tree / "train" / "bee" / "bee_train_002.jpg", 1, seed=7)
     rescanned = scan_image_tree(jpeg_tree, SPLITS).manifest
-    third = write_records(rescanned[rescanned["split"] == "train"], cache)
-    assert third.files[0] == first.files[0] and third.files[1] != first.files[1]  # ant kept, bee new
-    assert {k: v for k, v in chunk_folders(cache).items() if k in written} == written
+    third = link_split(rescanned[rescanned["split"] == "train"], cache)
+    assert third.root != first.root
+    now = class_folders(cache)
+    assert len(now) == 3 and {k: v for k, v in now.items() if k in built} == built
 
 
-def test_an_interrupted_conversion_restarts_cleanly(ingested, tmp_path):
+def test_an_interrupted_build_restarts_cleanly(ingested, tmp_path):
     cache = tmp_path / "cache"
     train = ingested[ingested["split"] == "train"]
-    write_records(train, cache)
-    # as a killed conversion leaves it: a chunk's partial folder, the finished chunk missing
-    records = cache / "records"
-    chunk = sorted(d for d in records.iterdir() if d.is_dir())[0]
-    partial = chunk.rename(records / f"{chunk.name}.partial-{socket.gethostname()}-999999999")
-    (partial / RECORD_FILE).write_bytes(b"half written")
-    result = write_records(train, cache)
+    first = link_split(train, cache)
+    # as a killed build leaves it: a class folder half built under its partial name, no view
+    classes = cache / "links" / "classes"
+    folder = sorted(classes.iterdir())[0]
+    partial = folder.rename(classes / f"{folder.name}.partial-{socket.gethostname()}-999999999")
+    next(partial.iterdir()).unlink()
+    shutil.rmtree(first.root)
+    again = link_split(train, cache)
     assert not partial.exists()
-    assert chunk.is_dir() and result.rows == len(train)
+    assert folder.is_dir() and again.rows == len(train)
     dataset = create_dataset(ingested, "train", SIZE, 2, training=True, cache_dir=cache)
     assert sum(len(labels) for _, labels in dataset.create_tuple_iterator(num_epochs=1)) == 10
 

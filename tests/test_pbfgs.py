@@ -12,8 +12,8 @@ from mindspore import nn
 
 from pipelines.engine.checkpoint import Checkpoint
 from pipelines.models.loss import CrossEntropySmooth
-from pipelines.optim.dldr.pbfgs import PBFGS, PBFGSConfig, bfgs_inverse_update
 from pipelines.models.resnet import create_resnet
+from pipelines.optim.dldr.pbfgs import PBFGS, PBFGSConfig, bfgs_inverse_update
 from pipelines.recipes.dldr import STEP_COLUMNS, PBFGSFigures, PBFGSStep
 
 IN, OUT, BATCH = 6, 3, 8
@@ -278,7 +278,6 @@ def test_state_is_a_snapshot():
     for name, value in frozen.items():
         np.testing.assert_array_equal(state[name], value, err_msg=name)
     assert any(not np.array_equal(trainer.state()[k], v) for k, v in frozen.items())
-
 
 
 def engine_step(net, pca: np.ndarray, config: PBFGSConfig, start_epoch: int, steps_per_epoch: int = 2) -> PBFGSStep:

@@ -21,6 +21,7 @@ from pipelines.engine.loop import (
     history_table,
     train,
 )
+from pipelines.engine.model_bridge import ModelTrainStep
 from pipelines.engine.resume import find_resume_checkpoint, fingerprint
 from pipelines.engine.state import capture_state, history_of, restore_state
 from pipelines.images.folder import create_dataset, scan_image_tree
@@ -329,6 +330,81 @@ def test_an_interrupted_training_resumes_with_its_state_and_history(tmp_path, tr
     assert [row["epoch"] for row in history_of(result.checkpoint)] == [1, 2, 3]
     for name, value in straight.checkpoint.params.items():
         np.testing.assert_allclose(result.checkpoint.params[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def model_step(start_checkpoint, steps_per_epoch: int, epochs: int, poison: bool = False) -> ModelTrainStep:
+    """The Momentum network of ``build`` trained by ``mindspore.Model.train`` (as MindSpore's THOR is)."""
+    import mindspore as ms
+    from mindspore.train import FixedLossScaleManager, Model
+
+    lr_per_step = momentum_lr("linear", 0.01, 0.1, 0.0, 1, epochs, steps_per_epoch)
+    net, optimizer, _ = build(1, lr_per_step)
+    restore_state(net, start_checkpoint)
+    if poison:
+        net.fc.weight.set_data(ms.Tensor(np.full(net.fc.weight.shape, np.nan, np.float32)))
+    scaling = FixedLossScaleManager(8.0, drop_overflow_update=False)  # build's optimizer divides by 8
+
+    def model():
+        return Model(net, CrossEntropySmooth(CLASSES, 0.1), optimizer, loss_scale_manager=scaling)
+
+    return ModelTrainStep(model, net, optimizer, lr_per_step, 8.0, sink_mode=False)
+
+
+def test_model_train_steps_give_the_same_rows_callbacks_checkpoints_and_resume(tmp_path, manifest, val_data):
+    start = capture_state(build(0, lr_schedule())[0], None, {"epoch": 0})
+    spec = TrainingSpec(epochs=3, batch_size=BATCH, images_per_step=BATCH, eval_interval=2, data_seed=7)
+
+    def run(*callbacks):
+        return train(
+            spec,
+            # Model.train refuses a dataset another Model trained on: a new one per training, as per kedro run
+            create_dataset(manifest, "train", IMAGE_SIZE, BATCH, training=True, num_workers=1),
+            lambda start_checkpoint, steps_per_epoch: model_step(start_checkpoint, steps_per_epoch, 3),
+            start=start,
+            fingerprint="model-train",
+            checkpoints=Checkpointing(tmp_path, every_epochs=1, keep_last=2),
+            evaluate=lambda step: evaluate(step.network, val_data),
+            callbacks=callbacks,
+        )
+
+    recorder = Recorder()
+    with pytest.raises(KeyboardInterrupt):
+        run(recorder, StopAt(2))
+    assert recorder.events[-1] == ("train_end",)  # ended once, although Model.train raised
+    assert [e for e in recorder.events if e[0] == "train_end"] == [("train_end",)]
+    assert [(e, s) for _, e, s in (ev for ev in recorder.events if ev[0] == "step")] == [
+        (e, s) for e in range(2) for s in range(STEPS_PER_EPOCH)
+    ]
+    first_rows = [event[2] for event in recorder.events if event[0] == "epoch_end"]
+    assert ["val/top1" in row for row in first_rows] == [False, True]  # every 2nd epoch
+    lr_per_step = momentum_lr("linear", 0.01, 0.1, 0.0, 1, 3, STEPS_PER_EPOCH)
+    assert [row["train/lr"] for row in first_rows] == pytest.approx([lr_per_step[3], lr_per_step[7]])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_0001.ckpt", "epoch_0002.ckpt"]
+    saved = load_checkpoint(tmp_path / "epoch_0002.ckpt")
+    assert int(saved.optimizer_state()["global_step"].reshape(-1)[0]) == 2 * STEPS_PER_EPOCH
+
+    resumed, recorder = Resumed(), Recorder()
+    result = run(recorder, resumed)
+    assert resumed.resumed == [(tmp_path / "epoch_0002.ckpt", [1, 2])]
+    assert recorder.events[0] == ("train_begin", 3, STEPS_PER_EPOCH, 2)
+    assert [row["epoch"] for row in result.history] == [1, 2, 3]
+    assert result.history[:2] == first_rows
+    assert "val/top1" in result.history[2]  # the last epoch
+    assert int(result.checkpoint.optimizer_state()["global_step"].reshape(-1)[0]) == 3 * STEPS_PER_EPOCH
+
+
+def test_model_train_steps_stop_on_a_non_finite_loss(train_data):
+    spec = TrainingSpec(epochs=2, batch_size=BATCH, images_per_step=BATCH)
+    recorder = Recorder()
+    with pytest.raises(NonFiniteLossError, match=f"at epoch 1, step 1/{STEPS_PER_EPOCH}"):
+        train(
+            spec,
+            train_data,
+            lambda start, steps_per_epoch: model_step(start, steps_per_epoch, 2, poison=True),
+            start=capture_state(build(0, lr_schedule())[0], None, {"epoch": 0}),
+            callbacks=[recorder],
+        )
+    assert not recorder.step_losses and recorder.events[-1] == ("train_end",)
 
 
 def test_history_table_has_epoch_then_the_metric_keys():

@@ -4,10 +4,15 @@ of earlier processes that were killed outright."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import re
+import shlex
 import signal
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -17,12 +22,22 @@ from kedro.framework.hooks import hook_impl
 from mlflow.entities import RunStatus
 from pydantic import BaseModel
 
+from pipelines.cli import NODE_NOTE, Failure
 from pipelines.distributed.launch import hand_off_runs_with
 from pipelines.engine.runtime import DeviceUnavailableError, require_device
 from pipelines.params import ParameterError, validate_parameters
-from pipelines.tracking import MlflowRunHandoff, child_runs, run_identity, set_tags
+from pipelines.tracking import (
+    MlflowRunHandoff,
+    child_runs,
+    run_identity,
+    runs_page_url,
+    set_run_name,
+    set_tags,
+    tag_failure,
+)
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+logger = logging.getLogger(__name__)
 
 
 class Interrupted(click.ClickException):
@@ -54,13 +69,18 @@ def _git_commit(project_path: Path) -> str:
         return "unknown"
 
 
-def _leaf_keys(tree: dict, prefix: str = ""):
-    """Dotted keys of the leaves of a parameters mapping (a list or an empty mapping is a leaf)."""
+def _leaf_items(tree: dict, prefix: str = ""):
+    """(dotted key, value) of the leaves of a parameters mapping (a list or an empty mapping is a leaf)."""
     for key, value in tree.items():
         if isinstance(value, dict) and value:
-            yield from _leaf_keys(value, f"{prefix}{key}.")
+            yield from _leaf_items(value, f"{prefix}{key}.")
         else:
-            yield f"{prefix}{key}"
+            yield f"{prefix}{key}", value
+
+
+def _leaf_keys(tree: dict):
+    """Dotted keys of the leaves of a parameters mapping."""
+    return (key for key, _ in _leaf_items(tree))
 
 
 def _shown_path(path: Path) -> str:
@@ -83,6 +103,65 @@ def parameter_sources(conf_source: str | Path, env: str, runtime_params: dict | 
     return sources
 
 
+def configured_values(conf_source: str | Path, env: str) -> dict:
+    """Dotted key -> value as the parameter files set it (base, then ``env``), before ``--params``."""
+    values = {}
+    for folder in dict.fromkeys(("base", env)):
+        for path in sorted((Path(conf_source) / folder).glob("parameters*.yml")):
+            values.update(_leaf_items(yaml.safe_load(path.read_text()) or {}))
+    return values
+
+
+def configuration_env(conf_source: str | Path, env: str | None) -> str:
+    """The environment the configuration came from: ``env`` when given; without it Kedro applies
+    conf/local on top of conf/base, so ``local`` when conf/local holds a configuration file, else ``base``."""
+    if env:
+        return env
+    local = Path(conf_source) / "local"
+    has_files = local.is_dir() and any(p.suffix in (".yml", ".yaml", ".json") for p in local.rglob("*"))
+    return "local" if has_files else "base"
+
+
+def _short_key(key: str, pipelines: list[str], keys: list[str]) -> str:
+    """The shortest dotted suffix of ``key`` that names it alone: among the keys of its section when the
+    section is one of the run's pipelines (``thor.lr.lr_init`` in a thor run: ``lr_init``), else among ``keys``."""
+    parts = key.split(".")
+    scope = [k for k in keys if k.startswith(parts[0] + ".")] if parts[0] in pipelines else keys
+    for length in range(1, len(parts)):
+        suffix = ".".join(parts[-length:])
+        if len([k for k in scope if k == suffix or k.endswith("." + suffix)]) == 1:
+            return suffix
+    return key
+
+
+def run_name(pipelines: list[str], overrides: dict, keys: list[str], partial: bool) -> str:
+    """The MLflow run's name: the pipelines, each ``--params`` override that changes the configuration
+    (``thor lr_init=0.05``), and ``(partial)`` when node filters (``--nodes``, ``--from-nodes``, …) cut it."""
+    words = ["+".join(pipelines)]
+    for key, value in overrides.items():
+        words.append(f"{_short_key(key, pipelines, keys)}={value if isinstance(value, str) else json.dumps(value)}")
+    return " ".join(words) + (" (partial)" if partial else "")
+
+
+# run_params entries that run only part of the pipelines
+NODE_FILTERS = ("node_names", "from_nodes", "to_nodes", "from_inputs", "to_outputs", "tags", "namespaces")
+
+
+def invoked_command() -> str | None:
+    """The command line of this run when it was started from one (``kedro run …`` with every option)."""
+    context = click.get_current_context(silent=True)
+    if context is None:
+        return None
+    program = "kedro" if context.parent is not None else "python -m pipelines"
+    return shlex.join([program, *sys.argv[1:]])
+
+
+def runner_name(described: str) -> str:
+    """``SequentialRunner`` for Kedro's ``<kedro.runner.sequential_runner.SequentialRunner object at 0x…>``."""
+    found = re.search(r"(\w+) object at 0x", described)
+    return found[1] if found else described
+
+
 class ProjectHooks:
     @hook_impl
     def after_context_created(self, context) -> None:
@@ -101,6 +180,12 @@ class ProjectHooks:
         self._raw_params = raw_params
         self._device_target = params.runtime.device_target
         self._env = env
+        runtime_params = getattr(context, "_runtime_params", None) or {}
+        configured = configured_values(context.config_loader.conf_source, env)
+        self._overrides = {k: v for k, v in _leaf_items(runtime_params) if k not in configured or configured[k] != v}
+        self._config_env = configuration_env(context.config_loader.conf_source, context.env)
+        self._identity = {"model": params.model.name, "image_size": params.data.image_size, "seed": params.runtime.seed}
+        self._context = context
 
     @hook_impl(tryfirst=True)  # before kedro-mlflow's hook logs the node's parameters
     def before_node_run(self, node, inputs: dict) -> None:
@@ -118,15 +203,22 @@ class ProjectHooks:
     @hook_impl(trylast=True)  # after kedro-mlflow's hook has started the run
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
         names = run_params.get("pipeline_names") or [run_params.get("pipeline_name") or "__default__"]
+        partial = any(run_params.get(key) for key in (*NODE_FILTERS, "only_missing_outputs"))
+        set_run_name(run_name(names, self._overrides, list(_leaf_keys(self._raw_params)), partial))
+        command = invoked_command()
         set_tags(
             {
                 "pipeline": "+".join(names),
-                "env": run_params.get("env") or self._env or "local",
+                "env": self._config_env,
                 "device_target": self._device_target,
                 "git_commit": _git_commit(Path(run_params["project_path"])),
+                "runner": runner_name(str(run_params.get("runner") or "SequentialRunner")),
+                **({"kedro_command": command} if command else {}),  # else kedro-mlflow's, without --params/--env
+                **{key: str(value) for key, value in self._identity.items()},
                 **run_identity(),
             }
         )
+        self._data_size_tagged = False
         mark_orphaned_runs_killed()
         active = mlflow.active_run()
         self._run_id = active.info.run_id if active is not None else None
@@ -137,16 +229,53 @@ class ProjectHooks:
         self._previous_handlers = {s: signal.signal(s, _raise_interrupted) for s in STOP_SIGNALS}
 
     @hook_impl
+    def after_dataset_loaded(self, dataset_name: str, data) -> None:
+        self._tag_data_size(dataset_name, data)
+
+    @hook_impl
+    def after_dataset_saved(self, dataset_name: str, data) -> None:
+        self._tag_data_size(dataset_name, data)
+
+    def _tag_data_size(self, dataset_name: str, data) -> None:
+        """Tag the run with the size of the data it uses, from the first manifest it saves or loads."""
+        if getattr(self, "_data_size_tagged", True) or dataset_name.rsplit(".", 1)[-1] != "manifest":
+            return
+        images = data["split"].value_counts()
+        set_tags(
+            {
+                "train_images": str(int(images.get("train", 0))),
+                "val_images": str(int(images.get("val", 0))),
+                "classes": str(data["label"].nunique()),
+            }
+        )
+        self._data_size_tagged = True
+
+    @hook_impl
+    def on_node_error(self, error: Exception, node) -> None:
+        # pipelines.cli's Error: block names the node from this note
+        error.add_note(NODE_NOTE + node.name)
+
+    @hook_impl
     def after_pipeline_run(self, run_params: dict, run_result, pipeline, catalog) -> None:
         self._restore_handlers()
+        # kedro-mlflow's configuration (mlflow.yml's ui: host, port) is on the context
+        ui = getattr(getattr(getattr(self, "_context", None), "mlflow", None), "ui", None)
+        url = runs_page_url(getattr(ui, "host", "127.0.0.1"), getattr(ui, "port", 5000))
+        if url:
+            logger.info("MLflow: the runs table is %s while `mlflow ui` runs (README)", url)
 
     @hook_impl(trylast=True)  # after kedro-mlflow's hook has ended the run FAILED
     def on_pipeline_error(self, error: Exception, run_params: dict, pipeline, catalog) -> None:
         self._restore_handlers()
-        if isinstance(error, Interrupted) and self._run_id is not None:
+        if self._run_id is None:
+            return
+        if isinstance(error, Interrupted):
             client = mlflow.MlflowClient()
             for run_id in [self._run_id, *(child.info.run_id for child in child_runs(self._run_id))]:
                 client.set_terminated(run_id, RunStatus.to_string(RunStatus.KILLED))
+        # the same text as the command's Error: block
+        message = error.format_message() if isinstance(error, click.ClickException) else Failure.of(error).summary()
+        tag_failure(self._run_id, message)
 
     def _restore_handlers(self) -> None:
         for stop_signal, handler in getattr(self, "_previous_handlers", {}).items():

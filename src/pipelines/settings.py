@@ -2,7 +2,11 @@
 
 from kedro.config import OmegaConfigLoader
 
+from .cli import quiet_start
 from .hooks import ProjectHooks
+
+# `kedro` calls it first (pyproject's kedro.init entry point); here for sessions started from Python
+quiet_start()
 
 HOOKS = (ProjectHooks(),)
 

@@ -64,6 +64,33 @@ def set_tags(tags: Mapping[str, str]) -> None:
         mlflow.set_tags(dict(tags))
 
 
+def set_run_name(name: str) -> None:
+    """Rename the active MLflow run, if there is one (the runs table's first column)."""
+    active = mlflow.active_run()
+    if active is not None:
+        mlflow.MlflowClient().update_run(active.info.run_id, name=name)
+
+
+def tag_failure(run_id: str, message: str) -> None:
+    """Tag run ``run_id`` and its child runs that did not finish with ``error`` = ``message``."""
+    client = mlflow.MlflowClient()
+    unfinished = [child.info.run_id for child in child_runs(run_id) if child.info.status != "FINISHED"]
+    for failed in [run_id, *unfinished]:
+        client.set_tag(failed, "error", message)
+
+
+def runs_page_url(host: str, port: str | int) -> str | None:
+    """The MLflow UI's page of the active run's experiment, as the model-training runs table.
+
+    MLflow 3's UI opens experiments as GenAI pages (traces) unless the workflow type, kept in the
+    browser's local storage, is "machine_learning"; the URL parameter sets it for this visit.
+    """
+    active = mlflow.active_run()
+    if active is None:
+        return None
+    return f"http://{host}:{port}/#/experiments/{active.info.experiment_id}/runs?workflowType=machine_learning"
+
+
 def log_epoch_rows(rows: Sequence[Mapping[str, float]], step_key: str = "epoch") -> None:
     """Log per-epoch rows to the active run: every finite value, step = the row's epoch, at the row's time.
 

@@ -85,7 +85,7 @@ class TrainingSpec:
 class Checkpointing:
     """Periodic full checkpoints ``<directory>/epoch_<NNNN>.ckpt`` every ``every_epochs``, newest ``keep_last`` kept."""
 
-    directory: Path
+    directory: str | Path
     every_epochs: int = 1
     keep_last: int = 2
 

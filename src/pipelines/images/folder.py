@@ -4,7 +4,7 @@ A tree is ``<root>/<train_dir>/<class>/<image>`` and ``<root>/<val_dir>/<class>/
 (``train``/``val`` or the tutorials' ``ilsvrc``/``ilsvrc_eval``). Scanning produces a manifest
 table (path, class_name, label, split, size, mtime_ns) that every later step reads, so a file
 found bad at ingest never reaches training, and a file changed since is noticed
-(``pipelines.images.records``). Every file left out is listed in ``bad_files`` with its reason.
+(``pipelines.images.links``). Every file left out is listed in ``bad_files`` with its reason.
 """
 
 from __future__ import annotations
@@ -18,8 +18,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipelines.images.records import RECORD_FILE, undecodable_rows, write_records
-from pipelines.images.verify import VERIFY_MODES, FileState, entry_problem, is_hidden_or_system, verify_files
+from pipelines.images.links import link_split
+from pipelines.images.verify import (
+    VERIFY_MODES,
+    FileState,
+    content_problem,
+    entry_problem,
+    is_hidden_or_system,
+    verify_files,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +38,6 @@ MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
 STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
 # Per-class counts are logged class by class up to this many classes, summarised beyond.
 _LOGGED_CLASSES = 30
-
-
 SKIPPED_FILES_METRIC = "data/skipped_files"  # per epoch: files of the manifest changed since ingest and left out
 # MindSpore names the file a failed row came from in its pipeline error.
 _FAILED_FILE = re.compile(r"corresponding data file is: (\S+?)\.?\s")
@@ -220,7 +225,7 @@ def subset_manifest(manifest: pd.DataFrame, max_per_class: dict[str, int | None]
 
 
 def default_cache_dir() -> Path:
-    """Where ``create_dataset`` keeps MindRecord chunks when the caller names no folder."""
+    """Where ``create_dataset`` keeps its link trees when the caller names no folder."""
     return Path(tempfile.gettempdir()) / f"pipelines-images-{os.getuid()}"
 
 
@@ -241,12 +246,12 @@ def create_dataset(
 ):
     """A batched MindSpore dataset over the manifest rows of ``split``, sharded by rank.
 
-    The rows are read by MindSpore's C++ MindRecord reader from chunks written once under
-    ``cache_dir`` (default: ``default_cache_dir()``; ``pipelines.images.records``), in a seeded
-    global shuffle for training and in (label, manifest) order for evaluation. ``on_bad_file``:
-    what to do with a file changed since ingest that no longer decodes (``fail``: raise naming
-    it; ``exclude``: leave it out). The files left out are the dataset's ``skipped_files``
-    (a table of path, reason).
+    The rows are read by MindSpore's C++ ``ImageFolderDataset`` from a tree of links to exactly
+    those files, built once under ``cache_dir`` (default: ``default_cache_dir()``;
+    ``pipelines.images.links``), in a seeded shuffle for training and in (label, manifest) order for
+    evaluation. ``on_bad_file``: what to do with a file changed since ingest that no longer decodes
+    (``fail``: raise naming it; ``exclude``: leave it out). The files left out are the dataset's
+    ``skipped_files`` (a table of path, reason).
 
     Train: RandomCropDecodeResize, horizontal flip, normalise, HWC->CHW (shuffled, last
     partial batch dropped). Eval: Decode, Resize(image_size / eval_resize_ratio),
@@ -261,18 +266,18 @@ def create_dataset(
     missing = [column for column in MANIFEST_COLUMNS if column not in rows.columns]
     if missing:
         raise DataLayoutError(f"the manifest lacks columns {missing}: rerun the data pipeline to rebuild it")
-    records = write_records(rows, cache_dir or default_cache_dir(), on_bad_file)
-    per_rank = records.rows // rank_size
+    linked = link_split(rows, cache_dir or default_cache_dir(), on_bad_file)
+    per_rank = linked.rows // rank_size
     if training and per_rank < batch_size:
         raise ValueError(
             f"batch_size {batch_size} is larger than the {per_rank} '{split}' images each of "
             f"{rank_size} rank(s) reads; lower batch_size or use more data"
         )
     ds.config.set_seed(seed)
-    dataset = ds.MindDataset(
-        records.files,
-        columns_list=["image", "label"],
+    dataset = ds.ImageFolderDataset(
+        str(linked.root),
         shuffle=training,
+        class_indexing=linked.class_indexing,
         num_shards=rank_size if rank_size > 1 else None,
         shard_id=rank if rank_size > 1 else None,
     )
@@ -290,7 +295,7 @@ def create_dataset(
     image_ops += [vision.Normalize(mean=MEAN, std=STD), vision.HWC2CHW()]
     dataset = dataset.map(operations=image_ops, input_columns="image", num_parallel_workers=num_workers)
     dataset = dataset.batch(batch_size, drop_remainder=training)
-    dataset.skipped_files = records.skipped
+    dataset.skipped_files = linked.skipped
     return dataset
 
 
@@ -315,20 +320,18 @@ def checked_batches(iterator):
 
 
 def explain_pipeline_error(error: RuntimeError) -> str:
-    """One line for a MindSpore input-pipeline error: the source image that does not decode when the
-    failure is in one of our MindRecord chunks, else MindSpore's own message."""
+    """One line for a MindSpore input-pipeline error: the source image that failed and why, when
+    MindSpore names it, else MindSpore's own message."""
     text = str(error)
     lines = [line.strip() for line in text.splitlines() if line.strip().startswith("[ERROR]")]
     cause = (lines[0].removeprefix("[ERROR]").strip() if lines else text.strip().splitlines()[0]) or repr(error)
     failed = _FAILED_FILE.search(text)
-    if failed is None or Path(failed.group(1)).name != RECORD_FILE or not Path(failed.group(1)).is_file():
+    if failed is None:
         return f"the input pipeline failed: {cause}"
-    broken = undecodable_rows(failed.group(1))
-    if not broken:
-        return f"the input pipeline failed: {cause}"
-    path, problem = broken[0]
-    more = f" (and {len(broken) - 1} more file(s) of its chunk)" if len(broken) > 1 else ""
+    source = os.path.realpath(failed.group(1))  # the link tree's entry -> the image itself
+    problem = content_problem(source, "decode") or cause
     return (
-        f"{path} does not decode ({problem}){more}: data.verify 'header' or 'none' lets such a file into "
-        "training; rerun the data pipeline with data.verify: decode, which lists and excludes it"
+        f"{source} cannot be used ({problem}): it changed on disk after ingest, or data.verify 'header' or "
+        "'none' let it in; restore it, or rerun the data pipeline with data.verify: decode, which lists and "
+        "excludes it"
     )

@@ -26,7 +26,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 from PIL import Image, UnidentifiedImageError
 
@@ -78,14 +77,9 @@ def entry_problem(entry: os.DirEntry) -> tuple[str | None, os.stat_result | None
 def content_problem(path: str | Path, level: str) -> str | None:
     """Why the content of ``path`` cannot be used at ``level`` (``header`` or ``decode``), or None."""
     try:
-        handle = open(path, "rb")  # noqa: SIM115 (closed by decode_problem's with block)
+        handle = open(path, "rb")  # noqa: SIM115 (closed by the with block below)
     except OSError as error:
         return f"cannot be opened: {error.strerror or error}"
-    return decode_problem(handle, level)
-
-
-def decode_problem(handle: BinaryIO, level: str = "decode") -> str | None:
-    """Why the image in the open binary ``handle`` (closed here) cannot be used at ``level``, or None."""
     try:
         with handle, Image.open(handle) as image:
             if image.format not in DECODABLE_FORMATS:

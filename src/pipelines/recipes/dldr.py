@@ -30,9 +30,8 @@ import numpy as np
 import pandas as pd
 
 from pipelines.engine.callbacks import Callback
-from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint
+from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
 from pipelines.engine.evaluation import evaluate
-from pipelines.engine.checkpoint import load_checkpoint, save_checkpoint
 from pipelines.engine.loop import Checkpointing, TrainingResult, TrainingSpec, TrainStep, train
 from pipelines.engine.model_bridge import ModelTrainStep
 from pipelines.engine.resume import fingerprint
@@ -431,13 +430,13 @@ class BoostDimReduceStep(ModelTrainStep):
     def prepare(self) -> None:
         super().prepare()
         if self.pending:
-            cell = self.model.train_network
-            arrays = {name: ms.Parameter(ms.Tensor(value), name=name) for name, value in self.pending.items()}
-            not_loaded, _ = ms.load_param_into_net(cell, arrays)
-            own = {p.name for p in cell.get_parameters() if id(p) not in self.names}
-            missing = sorted(own - set(self.pending)) + [n for n in not_loaded if n in own]
+            # set by identity: load_param_into_net would match the network's renamed parameters by name too
+            own = {p.name: p for p in self.model.train_network.get_parameters() if id(p) not in self.names}
+            missing = sorted(set(own) - set(self.pending))
             if missing:
                 raise ValueError(f"the stage-2 checkpoint lacks mindspore.boost state optimizer.boost.{missing[0]}")
+            for name, parameter in own.items():
+                parameter.set_data(ms.Tensor(self.pending[name].reshape(parameter.shape), parameter.dtype))
             logger.info("Restored mindspore.boost's DimReduce state (%d parameters)", len(own))
 
     def table(self) -> pd.DataFrame:

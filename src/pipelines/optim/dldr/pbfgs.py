@@ -292,4 +292,3 @@ def bfgs_inverse_update(inverse_hessian: np.ndarray, step: np.ndarray, change: n
     r = 1.0 / curvature
     left = np.eye(len(step), dtype=np.float32) - r * step @ change.T
     return (left @ inverse_hessian @ left.T + r * step @ step.T).astype(np.float32)
-

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from pipelines.engine.checkpoint import Checkpoint, CheckpointError, check_compatible, load_checkpoint, save_checkpoint
 from pipelines.engine.callbacks import Callback
+from pipelines.engine.checkpoint import Checkpoint, CheckpointError, check_compatible, load_checkpoint, save_checkpoint
 
 if TYPE_CHECKING:
     from pipelines.engine.loop import TrainStep
@@ -20,9 +20,10 @@ class TrajectoryRecorder(Callback):
     """Saves the trainable weights (only) every ``every_steps`` steps or ``every_epochs`` epochs.
 
     The weights are those of the bound training step's network. Recording starts at epoch
-    ``start_epoch`` (1-based), as the DLDR tutorial drops early weights. Files are ``<directory>/traj_<global step>.ckpt``, written atomically; ``index``
-    lists them in order. At the start, files of an earlier run in ``directory`` are removed,
-    except, when training resumes at an epoch, the ones recorded before that epoch.
+    ``start_epoch`` (1-based), as the DLDR tutorial drops early weights. Files are
+    ``<directory>/traj_<global step>.ckpt``, written atomically; ``index`` lists them in order.
+    At the start, files of an earlier run in ``directory`` are removed, except, when training
+    resumes at an epoch, the ones recorded before that epoch.
     """
 
     def __init__(
