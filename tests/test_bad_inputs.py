@@ -175,9 +175,12 @@ def checkpoints_of_a_different_network(root: Path):
         trainable = {p.name: p.asnumpy().copy() for p in five_classes.trainable_params()}
         save_checkpoint(Checkpoint(trainable, {"global_step": step}), paths[-1])
     index = pd.DataFrame({"path": [str(p) for p in paths], "epoch": 1, "step": 1, "global_step": [10, 20, 30]})
-    dim_reduce = {"collect": {"n_files": None}, "pca": {"n_components": 2}}
+    from pipelines.params import DimReduceParams, ModelParams
+
+    base = yaml.safe_load((PROJECT / "conf/base/parameters_dim_reduce.yml").read_text())["dim_reduce"]
+    dim_reduce = DimReduceParams(**{**base, "collect": {"n_files": None}, "pca": {"n_components": 2}})
     model = yaml.safe_load((PROJECT / "conf/base/parameters.yml").read_text())["model"]
-    model["name"] = "resnet_narrow"
+    model = ModelParams(**{**model, "name": "resnet_narrow"})
     three_classes = {name: label for label, name in enumerate(CLASSES)}
 
     def action():

@@ -371,8 +371,8 @@ def test_kedro_rerun_reads_nothing_and_a_file_broken_after_ingest_is_named_or_sk
     # fail: the run stops before training with one line naming the file and the setting to change
     code, log = run("--pipelines=baseline", "--from-nodes=train_momentum")  # initial weights as they were
     assert code != 0
-    named = [line for line in log.splitlines() if line.startswith("ChangedImageError: ")]
-    assert named, log[-3000:]
+    named = [line for line in log.splitlines() if line.startswith("Error: ")]  # the command's Error: block
+    assert named and "(ChangedImageError in node " in log, log[-3000:]
     assert str(victim) in named[-1] and "changed on disk after ingest" in named[-1]
     assert named[-1].rstrip().endswith("or set data.on_bad_file: exclude to skip it")
     _, found = baseline_runs()

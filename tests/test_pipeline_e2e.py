@@ -341,6 +341,7 @@ def test_stage2_reruns_alone_with_mindspore_boost(dim_reduce_run):
     newest = kedro_runs(found)[0]
     assert newest.info.status == "FINISHED"
     child = child_runs_by_training(client, newest)["stage2"]  # logged from boost's own process
+    assert child.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(child.info.run_id, "train/loss")] == [3]
 
 
@@ -349,8 +350,8 @@ def test_bad_parameter_fails_before_any_work(tmp_path):
     result = kedro(project, "run", "--pipelines=baseline", "--params=baseline.epochz=3", timeout=120)
     output = result.stdout + result.stderr
     assert result.returncode != 0
-    assert "baseline.epochz is not a known parameter (typo?) (--params)" in output
-    assert f"baseline.lr.lr_max is -1.0 but must be > 0 ({project / 'conf' / 'local' / 'parameters.yml'})" in output
+    assert "baseline.epochz is not a known parameter; did you mean baseline.epochs? (--params)" in output
+    assert f"baseline.lr.lr_max is -1.0 but must be > 0 ({Path('conf') / 'local' / 'parameters.yml'})" in output
     assert "Traceback" not in output
     assert not (project / "data").exists()
     assert runs(project)[1] == []  # no MLflow run was started

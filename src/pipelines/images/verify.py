@@ -98,7 +98,7 @@ def _check_task(paths: Sequence[str], level: str) -> list[str | None]:
     return [content_problem(path, level) for path in paths]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per file of the tree: slots keep it small
 class FileState:
     """A file as found by the scan: the cache key of its verdict."""
 
