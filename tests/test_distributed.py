@@ -237,8 +237,8 @@ def test_thor_on_two_workers_averages_statistics_and_keeps_replicas_identical(tm
     _, found = runs(project)
     assert len(found) == 1
     metrics = found[0].data.metrics
-    assert metrics["thor_replica_max_abs_diff"] == 0.0
-    assert "thor_top1" in metrics
+    assert metrics["distributed/replica_max_abs_diff"] == 0.0
+    assert "final/top1" in metrics
     assert_no_worker_left(project)
 
 

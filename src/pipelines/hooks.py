@@ -260,8 +260,8 @@ class ProjectHooks:
         self._restore_handlers()
         # kedro-mlflow's configuration (mlflow.yml's ui: host, port) is on the context
         ui = getattr(getattr(getattr(self, "_context", None), "mlflow", None), "ui", None)
-        url = runs_page_url(getattr(ui, "host", "127.0.0.1"), getattr(ui, "port", 5000))
-        if url:
+        if getattr(self, "_run_id", None) is not None:
+            url = runs_page_url(getattr(ui, "host", "127.0.0.1"), getattr(ui, "port", 5000), self._run_id)
             logger.info("MLflow: the runs table is %s while `mlflow ui` runs (README)", url)
 
     @hook_impl(trylast=True)  # after kedro-mlflow's hook has ended the run FAILED

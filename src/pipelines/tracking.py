@@ -79,16 +79,14 @@ def tag_failure(run_id: str, message: str) -> None:
         client.set_tag(failed, "error", message)
 
 
-def runs_page_url(host: str, port: str | int) -> str | None:
-    """The MLflow UI's page of the active run's experiment, as the model-training runs table.
+def runs_page_url(host: str, port: str | int, run_id: str) -> str:
+    """The MLflow UI's page of run ``run_id``'s experiment, as the model-training runs table.
 
     MLflow 3's UI opens experiments as GenAI pages (traces) unless the workflow type, kept in the
     browser's local storage, is "machine_learning"; the URL parameter sets it for this visit.
     """
-    active = mlflow.active_run()
-    if active is None:
-        return None
-    return f"http://{host}:{port}/#/experiments/{active.info.experiment_id}/runs?workflowType=machine_learning"
+    experiment_id = mlflow.MlflowClient().get_run(run_id).info.experiment_id
+    return f"http://{host}:{port}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 
 def log_epoch_rows(rows: Sequence[Mapping[str, float]], step_key: str = "epoch") -> None:
