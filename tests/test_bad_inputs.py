@@ -20,8 +20,10 @@ from test_pipeline_e2e import TINY_PARAMS, kedro, make_project, runs
 from test_training import build
 
 from pipelines.engine.checkpoint import Checkpoint, CheckpointError, save_checkpoint
+from pipelines.engine.loop import Checkpointing, NonFiniteLossError, TrainingSpec, TrainStep, train
+from pipelines.engine.resume import find_resume_checkpoint
 from pipelines.images.folder import BadImageError, DataLayoutError, create_dataset, scan_image_tree
-from pipelines.engine.loop import NonFiniteLossError, PeriodicCheckpoint, capture_state, find_resume_checkpoint, fit
+from pipelines.params import DataParams
 
 SPLITS = {"train": "train", "val": "val"}
 CLASSES = ("ant", "bee", "cat")
@@ -46,7 +48,7 @@ def build_manifest_node(image_root: Path) -> Callable[[], object]:
     from pipelines.data.nodes import build_manifest
 
     data = yaml.safe_load((PROJECT / "conf/base/parameters.yml").read_text())["data"]
-    return lambda: build_manifest(str(image_root), {**data, "on_bad_file": "fail"})
+    return lambda: build_manifest(str(image_root), DataParams(**{**data, "on_bad_file": "fail"}))
 
 
 def kedro_project(root: Path, params: dict) -> Path:
@@ -210,12 +212,18 @@ def nan_loss(root: Path):
     steps = dataset.get_dataset_size()
     # a sane first epoch, then an lr that blows the weights up
     lr = np.concatenate([np.full(steps, 0.01), np.full(steps, 1e30)]).astype(np.float32)
-    net, optimizer, step = build(0, lr, loss_scale=1.0)
-    saver = PeriodicCheckpoint(lambda epoch: capture_state(net, optimizer, {"epoch": epoch}), root / "epochs")
-    fit(step, dataset, 1, lr, 4, [saver])  # writes epoch_0001.ckpt, the last good checkpoint
+    net, optimizer, cell = build(0, lr, loss_scale=1.0)
+    checkpoints = Checkpointing(root / "epochs", every_epochs=1, keep_last=2)
+
+    def run(epochs: int):
+        spec = TrainingSpec(epochs=epochs, batch_size=4, images_per_step=4, schedule_epochs=2)
+        make_step = lambda start, steps_per_epoch: TrainStep(cell, net, optimizer, lr)  # noqa: E731
+        return train(spec, dataset, make_step, fingerprint="nan", checkpoints=checkpoints)
+
+    run(1)  # writes epoch_0001.ckpt, the last good checkpoint
 
     def action():
-        message = raised(NonFiniteLossError, lambda: fit(step, dataset, 2, lr, 4, [saver], start_epoch=1))
+        message = raised(NonFiniteLossError, lambda: run(2))
         assert sorted(p.name for p in (root / "epochs").iterdir()) == ["epoch_0001.ckpt"]
         return message
 
