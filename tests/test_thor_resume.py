@@ -111,7 +111,7 @@ def test_killed_thor_run_resumes_and_matches_an_uninterrupted_one(tmp_path, tree
     client, found = runs(killed)
     assert sorted(r.info.status for r in found) == ["FINISHED", "KILLED"]
     finished = next(r for r in found if r.info.status == "FINISHED")
-    assert finished.data.tags["thor_resumed_from"].endswith(f"{CHECKPOINTS}/{saved[-1]}")
+    assert finished.data.tags["resumed_from"].endswith(f"{CHECKPOINTS}/{saved[-1]}")
     # the resumed run's per-epoch series hold epochs 1..E, the earlier ones logged from the checkpoint's history
     for key in ("train/loss", "val/top1", THOR_SECOND_ORDER_STEPS):
         series = sorted((m.step, m.value) for m in client.get_metric_history(finished.info.run_id, key))

@@ -115,14 +115,11 @@ class EpochMetrics(Callback):
     """Logs each epoch's row to the active MLflow run as it ends (step = epoch, at the row's time).
 
     On resume it logs the rows of the epochs before, carried by the checkpoint, and tags the run
-    ``resumed_tag`` = the checkpoint's path, so the resumed run holds every epoch from 1.
+    ``resumed_from`` = the checkpoint's path, so the resumed run holds every epoch from 1.
     """
 
-    def __init__(self, resumed_tag: str = "resumed_from"):
-        self.resumed_tag = resumed_tag
-
     def on_resume(self, source: Path, history: Sequence[Mapping[str, float]]) -> None:
-        set_tags({self.resumed_tag: str(source)})
+        set_tags({"resumed_from": str(source)})
         log_epoch_rows(history)
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:

@@ -184,8 +184,8 @@ def _torch_model(state_dict: Mapping[str, np.ndarray], architecture: str, num_cl
 
 
 def _mindspore_net(checkpoint: Checkpoint, architecture: str, num_classes: int):
-    from pipelines.models.resnet import create_resnet
     from pipelines.engine.state import restore_state
+    from pipelines.models.resnet import create_resnet
 
     net = create_resnet(architecture, num_classes)
     restore_state(net, checkpoint)

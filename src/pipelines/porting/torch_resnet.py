@@ -9,8 +9,8 @@ bottleneck's stride sits on its 3x3 convolution): ``conv1``, ``bn1``, ``layer1.0
 
 from __future__ import annotations
 
-from pipelines.porting.layouts import TORCH_INSTALL_HINT, TORCHVISION_ARCHITECTURES
 from pipelines.models.resnet import RESNET_LAYOUTS
+from pipelines.porting.layouts import TORCH_INSTALL_HINT, TORCHVISION_ARCHITECTURES
 
 try:
     import torch

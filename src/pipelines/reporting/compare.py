@@ -412,7 +412,7 @@ def compare(
         history = recipe_history(recipe, run["run_id"], metrics)
         histories.append(history)
         final = final_accuracy(metrics[(recipe.trainings or (recipe.name,))[-1]])
-        resumed = any(key.endswith("resumed_from") for r in (run, *trained.values()) for key in r["tags"])
+        resumed = any(key == "resumed_from" for r in (run, *trained.values()) for key in r["tags"])
         rows[recipe.name] = table_row(recipe, run, recipe_curve(history), final, target_top1, resumed)
         settings[recipe.name] = data_and_model(run)
         logger.info("Report: %s from run %s", recipe.name, run["run_id"])

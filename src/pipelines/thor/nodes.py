@@ -44,6 +44,6 @@ def train_thor(
         runtime,
         distributed,
         thor,
-        callbacks=[EpochMetrics(resumed_tag="thor_resumed_from")],
+        callbacks=[EpochMetrics()],
     )
     return training_outputs(result)
