@@ -42,3 +42,9 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   echo "Installing the 'migrate' extra (PyTorch CPU: about 750 MB installed)"
   .venv/bin/python -m pip install -q -e ".[migrate]"
 fi
+
+# The optional 'notebook' extra (JupyterLab, about 80 MB installed): notebooks/compare_recipes.ipynb in JupyterLab.
+if ! .venv/bin/python -c "import jupyterlab" 2>/dev/null; then
+  echo "Installing the 'notebook' extra (JupyterLab)"
+  .venv/bin/python -m pip install -q -e ".[notebook]"
+fi

@@ -22,8 +22,8 @@ COMMANDS = (
     ("--pipelines=dim_reduce",),
     ("--pipelines=thor",),
     ("--pipelines=adasum",),
-    ("--pipelines=thor", "--nodes=evaluate_thor"),  # FINISHED, but without the training's metrics
-    ("--pipelines=dim_reduce", "--nodes=train_stage2"),  # FINISHED, but without stage 1
+    ("--pipelines=thor", "--nodes=thor.evaluate"),  # FINISHED, but without the training's metrics
+    ("--pipelines=dim_reduce", "--nodes=dim_reduce.stage2.train"),  # FINISHED, but without stage 1
 )
 
 

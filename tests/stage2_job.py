@@ -83,7 +83,7 @@ def main(work: Path, tree: Path, implementation: str) -> None:
             params.data,
             params.runtime,
             params.distributed,
-            params.dim_reduce,
+            params.dim_reduce.stage2,
         )
     save_checkpoint(checkpoint, work / "stage2.ckpt")
     history.to_csv(work / "stage2_history.csv", index=False)

@@ -186,7 +186,10 @@ def checkpoints_of_a_different_network(root: Path):
     three_classes = {name: label for label, name in enumerate(CLASSES)}
 
     def action():
-        return raised(CheckpointError, lambda: collect_trajectory(index, three_classes, model, dim_reduce))
+        return raised(
+            CheckpointError,
+            lambda: collect_trajectory(index, three_classes, model, dim_reduce.collect, dim_reduce.pca),
+        )
 
     return action, [f"checkpoint {paths[0]} does not match the network", "fc.bias has shape (5,) instead of (3,)"]
 

@@ -39,11 +39,11 @@ PAGE_TIMEOUT_S = 90  # a page's scripts, on 2 shared cores
 SERVER_START_TIMEOUT_S = 180  # mlflow server imports for ~30 s on a busy machine
 # The baseline pipeline's task nodes, named here so that the check cannot pass on an empty graph.
 BASELINE_TASKS = {
-    "locate_image_tree",
-    "build_manifest",
-    "build_baseline_network",
-    "train_momentum",
-    "evaluate_baseline",
+    "data.locate_image_tree",
+    "data.build_manifest",
+    "baseline.build_network",
+    "baseline.train",
+    "baseline.evaluate",
 }
 
 

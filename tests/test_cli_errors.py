@@ -104,7 +104,7 @@ def corrupt_pth(root: Path):
 def missing_checkpoint(root: Path):
     project = project_on(root)
     expected = Expected(["final.ckpt does not exist", "Rerun the nodes that write it"], "FAILED")
-    return project, run(project, "--pipelines=baseline", "--nodes=evaluate_baseline"), expected
+    return project, run(project, "--pipelines=baseline", "--nodes=baseline.evaluate"), expected
 
 
 def corrupt_checkpoint(root: Path):
@@ -113,7 +113,7 @@ def corrupt_checkpoint(root: Path):
     final.parent.mkdir(parents=True)
     final.write_bytes(os.urandom(3000))
     expected = Expected(["final.ckpt is truncated or corrupt", "delete a truncated or corrupt file"], "FAILED")
-    return project, run(project, "--pipelines=baseline", "--nodes=evaluate_baseline"), expected
+    return project, run(project, "--pipelines=baseline", "--nodes=baseline.evaluate"), expected
 
 
 def missing_device(root: Path):
@@ -148,7 +148,7 @@ def failed_msrun_rank(root: Path):
     outcome = run(
         project,
         "--pipelines=baseline",
-        "--from-nodes=build_baseline_network",
+        "--from-nodes=baseline.build_network",
         f"--params={workers},data.on_bad_file=fail",
     )
     texts = ["of the msrun job failed (logs: logs/msrun/", "worker_", str(removed), "rerun the same command"]

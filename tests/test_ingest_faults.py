@@ -353,7 +353,7 @@ def test_kedro_rerun_reads_nothing_and_a_file_broken_after_ingest_is_named_or_sk
     victim = tree / "train" / "dog" / "dog_train_005.jpg"
     truncate(victim, keep=0.3)
     # The training nodes alone: a run's data nodes would ingest again and list the file in bad_files.
-    training_only = ("--pipelines=baseline", "--from-nodes=build_baseline_network")
+    training_only = ("--pipelines=baseline", "--from-nodes=baseline.build_network")
 
     def baseline_runs() -> list:
         client, found = runs(project)
@@ -369,7 +369,7 @@ def test_kedro_rerun_reads_nothing_and_a_file_broken_after_ingest_is_named_or_sk
     models = files_under(project / "data" / "06_models")
 
     # fail: the run stops before training with one line naming the file and the setting to change
-    code, log = run("--pipelines=baseline", "--from-nodes=train_momentum")  # initial weights as they were
+    code, log = run("--pipelines=baseline", "--from-nodes=baseline.train")  # initial weights as they were
     assert code != 0
     named = [line for line in log.splitlines() if line.startswith("Error: ")]  # the command's Error: block
     assert named and "(ChangedImageError in node " in log, log[-3000:]

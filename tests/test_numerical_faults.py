@@ -113,7 +113,7 @@ def test_stage2_with_too_large_a_loss_scale_stops_as_a_loss_scale_error(tmp_path
             scanned.class_index,
             *sections,
             DistributedParams(**params["distributed"]),
-            DimReduceParams(**params["dim_reduce"]),
+            DimReduceParams(**params["dim_reduce"]).stage2,
         )
     message = str(error.value)
     assert "scaled by the fixed loss scale 3.3e+38 overflowed at epoch 2, step 1/" in message

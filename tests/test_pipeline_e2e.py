@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -111,8 +112,9 @@ def test_outputs_are_written(baseline_run):
     carried = pd.DataFrame(json.loads(final.metadata["history"]))
     assert carried["timestamp"].is_monotonic_increasing
     pd.testing.assert_frame_equal(carried.drop(columns="timestamp"), history, check_dtype=False)
-    # only the newest periodic checkpoint is kept, and no temporary file is left behind
-    assert [p.name for p in (project / "data/06_models/baseline/epochs").iterdir()] == [f"epoch_{EPOCHS:04d}.ckpt"]
+    # the periodic checkpoints (the newest kept while training) are removed once final.ckpt is saved, and no
+    # temporary file is left behind
+    assert list((project / "data/06_models/baseline/epochs").iterdir()) == []
 
 
 def test_training_changed_the_weights(baseline_run):
@@ -145,6 +147,23 @@ def test_mlflow_run_holds_params_metrics_artifacts_tags(baseline_run):
     artifacts |= {a.path for a in client.list_artifacts(run.info.run_id, "reports")}
     assert {"checkpoints/final.ckpt", "reports/baseline_eval.json", "reports/baseline_history.csv"} <= artifacts
 
+
+
+def test_artifacts_above_the_size_limit_are_logged_as_path_size_and_hash(tmp_path):
+    # tracking.artifact_max_mb 0: no file goes into MLflow; the run names each by path, size and sha256 instead
+    params = {"baseline": {**TINY_PARAMS["baseline"], "epochs": 1}, "tracking": {"artifact_max_mb": 0}}
+    project, _ = run_on_tiny_tree(tmp_path, "baseline", {"train": 4, "val": 2}, params)
+    client, (run,) = runs(project)
+    assert client.list_artifacts(run.info.run_id) == []
+    for folder, path in (
+        ("checkpoints", "data/06_models/baseline/final.ckpt"),
+        ("reports", "data/08_reporting/baseline_history.csv"),
+        ("reports", "data/08_reporting/baseline_eval.json"),
+    ):
+        file, key = project / path, f"artifact/{folder}/{Path(path).name}"
+        assert run.data.tags[f"{key}/path"] == str(file.resolve())
+        assert run.data.tags[f"{key}/bytes"] == str(file.stat().st_size)
+        assert run.data.tags[f"{key}/sha256"] == hashlib.sha256(file.read_bytes()).hexdigest()
 
 def test_progress_is_logged(baseline_run):
     _, result = baseline_run
@@ -196,27 +215,28 @@ def test_viz_shows_nodes_and_datasets(tmp_path):
     result = kedro(project, "viz", "build", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     graph = json.loads((project / "build" / "api" / "main").read_text())
-    names = {n["name"]: n["type"] for n in graph["nodes"]}
+    # a task node's name is its last part (``train``), its full name the namespaced one
+    names = {n.get("full_name", n["name"]): n["type"] for n in graph["nodes"]}
     for task in (
-        "locate_image_tree",
-        "build_manifest",
-        "build_baseline_network",
-        "train_momentum",
-        "evaluate_baseline",
+        "data.locate_image_tree",
+        "data.build_manifest",
+        "baseline.build_network",
+        "baseline.train",
+        "baseline.evaluate",
     ):
         assert names[task] == "task"
     for dataset in (
         "manifest",
         "class_index",
-        "baseline_initial_weights",
-        "baseline_final_checkpoint",
-        "baseline_eval_report",
+        "baseline.initial_weights",
+        "baseline.final_checkpoint",
+        "baseline.eval_report",
     ):
         assert names[dataset] == "data"
     edges = {(e["source"], e["target"]) for e in graph["edges"]}
-    ids = {n["name"]: n["id"] for n in graph["nodes"]}
-    assert (ids["train_momentum"], ids["baseline_final_checkpoint"]) in edges
-    assert (ids["baseline_final_checkpoint"], ids["evaluate_baseline"]) in edges
+    ids = {n.get("full_name", n["name"]): n["id"] for n in graph["nodes"]}
+    assert (ids["baseline.train"], ids["baseline.final_checkpoint"]) in edges
+    assert (ids["baseline.final_checkpoint"], ids["baseline.evaluate"]) in edges
 
 
 DIM_REDUCE_PARAMS = {
@@ -296,7 +316,7 @@ def test_dim_reduce_mlflow_run(dim_reduce_run):
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "pca")}
     assert {"pca/pca_matrix.npy", "pca/pca_explained_variance.csv", "pca/pca_explained_variance.png"} <= artifacts
     reports = {a.path for a in client.list_artifacts(run.info.run_id, "reports")}
-    assert {"reports/stage2_history.csv", "reports/stage2_steps.csv", "reports/report.csv"} <= reports
+    assert reports == {"reports/report.csv"}  # each training's files are artifacts of its own child run
 
     children = child_runs_by_training(client, run)
     assert set(children) == {"stage1", "stage2", "control"}
@@ -307,6 +327,11 @@ def test_dim_reduce_mlflow_run(dim_reduce_run):
             logged = client.get_metric_history(child.info.run_id, key)
             assert sorted(m.step for m in logged) == (epochs if key.startswith("train/") else epochs[-1:]), key
         assert {"final/top1", "final/top5"} <= set(child.data.metrics), training
+        artifacts = {
+            a.path for folder in ("checkpoints", "reports") for a in client.list_artifacts(child.info.run_id, folder)
+        }
+        expected = {f"checkpoints/{training}.ckpt", f"reports/{training}_history.csv", f"reports/{training}_eval.json"}
+        assert artifacts == expected | ({"reports/stage2_steps.csv"} if training == "stage2" else set()), training
     stage2 = children["stage2"].info.run_id
     assert [m.step for m in client.get_metric_history(stage2, "pbfgs/step_size")] == [7, 8, 9]
     assert len(client.get_metric_history(stage2, "pbfgs/trials")) == 3
@@ -322,7 +347,7 @@ def test_stage2_reruns_alone_with_mindspore_boost(dim_reduce_run):
         project,
         "run",
         "--pipelines=dim_reduce",
-        "--nodes=train_stage2",
+        "--nodes=dim_reduce.stage2.train",
         "--params=dim_reduce.stage2.implementation=mindspore_boost",
     )
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]

@@ -35,7 +35,7 @@ def quiet_project(tmp_path_factory):
     project = make_project(root / "project", {**TINY_PARAMS, "data": {**TINY_PARAMS["data"], "root": str(tree)}})
     default = kedro(project, "run")
     assert default.returncode == 0, default.stdout[-5000:] + default.stderr[-5000:]
-    partial_args = ("--pipelines=baseline", "--nodes=evaluate_baseline", "--params=data.eval_batch_size=4")
+    partial_args = ("--pipelines=baseline", "--nodes=baseline.evaluate", "--params=data.eval_batch_size=4")
     partial = kedro(project, "run", *partial_args)
     assert partial.returncode == 0, partial.stdout[-5000:] + partial.stderr[-5000:]
     return project, {"default": default, "partial": partial}
@@ -55,9 +55,9 @@ def test_runs_are_named_and_tagged(quiet_project):
     project, results = quiet_project
     _, (partial, default) = runs(project)  # newest first
     assert default.info.run_name == default.data.tags["pipeline"] == "__default__"
-    assert partial.info.run_name == "baseline eval_batch_size=4 (partial)"
+    assert partial.info.run_name == "baseline data.eval_batch_size=4 (partial)"
     assert default.data.tags["kedro_command"] == "kedro run"
-    command = "kedro run --pipelines=baseline --nodes=evaluate_baseline --params=data.eval_batch_size=4"
+    command = "kedro run --pipelines=baseline --nodes=baseline.evaluate --params=data.eval_batch_size=4"
     assert partial.data.tags["kedro_command"] == command
     for run in (default, partial):
         tags = run.data.tags
@@ -73,10 +73,11 @@ def test_runs_are_named_and_tagged(quiet_project):
 def test_run_names_show_the_overrides_that_change_the_configuration():
     keys = ["thor.lr.lr_init", "thor.epochs", "baseline.epochs", "baseline.lr.lr_init", "model.name", "data.root"]
     assert run_name(["thor"], {"thor.lr.lr_init": 0.05}, keys, partial=False) == "thor lr_init=0.05"
-    # outside the pipeline's own section a key is named by as much of it as tells it apart
-    overrides = {"baseline.epochs": 3, "model.name": "resnet18", "data.root": "/data"}
+    # outside the pipeline's own section a key keeps its parent, and more where that is ambiguous
+    keys += ["dim_reduce.stage2.lr.lr_init", "dim_reduce.stage2.alpha"]
+    overrides = {"baseline.epochs": 3, "model.name": "resnet18", "dim_reduce.stage2.lr.lr_init": 1.0}
     assert run_name(["thor"], overrides, keys, partial=True) == (
-        "thor baseline.epochs=3 name=resnet18 root=/data (partial)"
+        "thor baseline.epochs=3 model.name=resnet18 stage2.lr.lr_init=1.0 (partial)"
     )
     assert run_name(["data", "baseline"], {"baseline.lr.lr_init": [1, 2]}, keys, partial=False) == (
         "data+baseline lr_init=[1, 2]"

@@ -1,5 +1,7 @@
 """Fault injection: a training run killed with SIGKILL mid-epoch resumes from its last checkpoint, and the
-resumed run's MLflow series and history table hold every epoch from 1, the killed part included."""
+resumed run's MLflow series and history table hold every epoch from 1, the killed part included. Checkpoint
+housekeeping: finished trainings leave no periodic checkpoints, and a ``--nodes`` rerun of a finished stage
+moves nothing aside."""
 
 from __future__ import annotations
 
@@ -7,8 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 from helpers import kill_kedro_mid_epoch, write_image_tree
-from test_pipeline_e2e import TINY_PARAMS, kedro, make_project, runs
+from test_pipeline_e2e import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project, runs
 
+from pipelines.dim_reduce.pipeline import create_pipeline
 from pipelines.engine.checkpoint import load_checkpoint
 
 EPOCHS = 6
@@ -87,3 +90,44 @@ def test_killed_run_resumes_and_matches_an_uninterrupted_one(tmp_path, tree):
     assert history["train/epoch_time_s"].sum() == pytest.approx(sum(times[e][0] for e in epochs))
     assert history["train/epoch_time_s"][:resumed_epoch].sum() == pytest.approx(killed_time)
     assert (history["train/epoch_time_s"] > 0).all()
+
+
+def training_node(pipeline, function: str) -> str:
+    """The name the pipeline gives the node of ``function`` (node names carry the pipeline's namespaces)."""
+    (name,) = [n.name for n in pipeline.nodes if n.func.__name__ == function]
+    return name
+
+
+def test_finished_trainings_leave_no_epoch_checkpoints_and_a_nodes_rerun_moves_nothing_aside(tmp_path):
+    tree = write_image_tree(tmp_path / "tree", classes=("cat", "dog", "fox"), per_class={"train": 4, "val": 2})
+    params = {**TINY_PARAMS, **DIM_REDUCE_PARAMS, "data": {**TINY_PARAMS["data"], "root": str(tree)}}
+    project = make_project(tmp_path / "project", params)
+    full = kedro(project, "run", "--pipelines=dim_reduce")
+    assert full.returncode == 0, full.stdout[-3000:] + full.stderr[-3000:]
+    models = project / "data/06_models/dim_reduce"
+    for training in ("stage1", "stage2", "control"):
+        assert load_checkpoint(models / f"{training}.ckpt").metadata["checkpoint_dir"].endswith(f"{training}_epochs")
+        assert not list((models / f"{training}_epochs").iterdir()), training  # no epoch_*.ckpt, no stale-*
+    output = full.stdout + full.stderr
+    assert "removed its periodic checkpoints from data/06_models/dim_reduce/stage2_epochs (1 files)" in output
+    # one start line per training with its true lr, one compile line per compiled graph: stage 1, the control
+    # and stage 2 each compile a training graph and, after their last epoch, an evaluation graph; so do the
+    # three evaluation nodes
+    assert "Momentum: epochs 1-2 of a 3-epoch schedule, 3 steps/epoch, batch 4 per rank, lr 0.05 at" in output
+    assert "Momentum: epochs 3-3 of a 3-epoch schedule" in output
+    assert "P-BFGS: epochs 3-3 of a 3-epoch schedule, 3 steps/epoch, batch 4 per rank, lr: the step size" in output
+    assert output.count("Compiling the training graph…") == 2  # stage 1 and the control
+    assert output.count("Compiling the training graph (P-BFGS: gradient, line search, update)…") == 1
+    assert output.count("Compiling the evaluation graph…") == 6
+
+    # the README's rerun of the finished stage 2 with another alpha: nothing of the finished run is "stale"
+    before = load_checkpoint(models / "stage2.ckpt").metadata["fingerprint"]
+    stage2 = training_node(create_pipeline(), "train_stage2")
+    alpha = "--params=dim_reduce.stage2.alpha=0.01"
+    rerun = kedro(project, "run", "--pipelines=dim_reduce", f"--nodes={stage2}", alpha)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    output = rerun.stdout + rerun.stderr
+    assert "another configuration" not in output and "Resuming" not in output
+    assert not list(models.glob("*_epochs/stale-*"))
+    assert not list((models / "stage2_epochs").iterdir())
+    assert load_checkpoint(models / "stage2.ckpt").metadata["fingerprint"] != before  # trained anew with alpha 0.01

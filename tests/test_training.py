@@ -22,7 +22,7 @@ from pipelines.engine.loop import (
     train,
 )
 from pipelines.engine.model_bridge import ModelTrainStep
-from pipelines.engine.resume import find_resume_checkpoint, fingerprint
+from pipelines.engine.resume import find_resume_checkpoint, fingerprint, remove_finished_checkpoints
 from pipelines.engine.state import capture_state, history_of, restore_state
 from pipelines.images.folder import create_dataset, scan_image_tree
 from pipelines.models.loss import CrossEntropySmooth
@@ -538,3 +538,116 @@ def test_a_finished_training_is_not_resumed(tmp_path):
     write_epoch(tmp_path, 5, "abc")
     assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5) is None
     assert not list(tmp_path.iterdir())  # a new run's epoch_0001 must not be rotated away by old files
+
+
+def test_a_finished_training_removes_its_periodic_checkpoints_once_its_final_state_is_saved(tmp_path, train_data):
+    folder = tmp_path / "epochs"
+    write_epoch(tmp_path / "other", 1, "other")  # another training's folder is left alone
+    spec = TrainingSpec(epochs=3, batch_size=BATCH, images_per_step=BATCH)
+    result = train(
+        spec,
+        train_data,
+        lambda start, steps_per_epoch: TrainStep(constant_step(), nn_dense()),
+        fingerprint="abc",
+        checkpoints=Checkpointing(folder, every_epochs=1, keep_last=2),
+    )
+    assert result.checkpoint.metadata["checkpoint_dir"] == str(folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["epoch_0002.ckpt", "epoch_0003.ckpt"]  # until it is saved
+    save_checkpoint(result.checkpoint, tmp_path / "final.ckpt")  # what the catalog does, before the hook runs
+    write_epoch(folder, 9, "not-this-training")  # never happens in practice, but must survive
+    assert remove_finished_checkpoints(result.checkpoint) == [folder / "epoch_0002.ckpt", folder / "epoch_0003.ckpt"]
+    assert sorted(p.name for p in folder.iterdir()) == ["epoch_0009.ckpt"]
+    assert load_checkpoint(tmp_path / "final.ckpt").metadata["epoch"] == 3  # the final checkpoint stays
+    assert [p.name for p in (tmp_path / "other").iterdir()] == ["epoch_0001.ckpt"]
+    # a checkpoint that names no folder (start weights, a migrated network) removes nothing
+    assert remove_finished_checkpoints(Checkpoint({}, {"epoch": 3, "fingerprint": "abc"})) == []
+
+
+def nn_dense():
+    from mindspore import nn
+
+    return nn.Dense(1, 1)
+
+
+def make_stale(folder, names) -> None:
+    for name in names:
+        (folder / name).mkdir(parents=True)
+        write_epoch(folder / name, 1, name)
+
+
+def test_stale_folders_beyond_keep_stale_are_removed_oldest_first(tmp_path, caplog):
+    keep = 2
+    old = [f"stale-20200101-00000{i}" for i in range(keep + 2)]
+    make_stale(tmp_path, old)
+    with caplog.at_level("INFO", logger="pipelines.engine.resume"):
+        assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5, keep_stale=keep) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == old[-keep:]
+    removed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Removed ")]
+    assert len(removed) == 2 and str(tmp_path / old[0]) in removed[0] and str(tmp_path / old[1]) in removed[1]
+
+    # checkpoints of another configuration make a new stale folder, the newest of the ones kept
+    write_epoch(tmp_path, 2, "other")
+    assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5, keep_stale=keep) is None
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert len(kept) == keep and kept[0] == old[-1] and kept[1] > old[-1]
+    assert [p.name for p in (tmp_path / kept[1]).iterdir()] == ["epoch_0002.ckpt"]
+
+
+def test_two_moves_in_the_same_second_make_two_stale_folders(tmp_path):
+    for run_id in ("first", "second"):
+        write_epoch(tmp_path, 2, run_id)
+        assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5) is None
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("stale-")]) == 2
+
+
+def compile_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling ")]
+
+
+def test_one_compile_line_per_compiled_cell_and_a_start_line_with_the_true_lr(tmp_path, train_data, val_data, caplog):
+    with caplog.at_level("INFO", logger="pipelines.engine"):
+        momentum_training(tmp_path, train_data, val_data)  # 3 epochs, evaluated after each
+    assert compile_lines(caplog) == ["Compiling the training graph…", "Compiling the evaluation graph…"]
+    lr = momentum_lr("linear", 0.01, 0.1, 0.0, 1, 3, STEPS_PER_EPOCH)
+    start = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training: epochs")]
+    assert start == [
+        f"training: epochs 1-3 of a 3-epoch schedule, {STEPS_PER_EPOCH} steps/epoch, batch {BATCH} per rank, "
+        f"lr {lr[0]:.4g} at the first step to {lr[-1]:.4g} at the last"
+    ]
+
+
+def test_thor_announces_its_two_compiled_steps_once_each(caplog):
+    import mindspore as ms
+    from test_thor import TinyNet, batch, make_thor
+
+    from pipelines.recipes.thor import OwnThorStep
+
+    step = OwnThorStep(make_thor(TinyNet(), steps=5, frequency=2))
+    with caplog.at_level("INFO", logger="pipelines.engine"):
+        for index in range(5):  # second-order steps 1, 3, 5; reusing steps 2, 4
+            x, y = batch(index)
+            step(ms.Tensor(x), ms.Tensor(y))
+    assert compile_lines(caplog) == [
+        "Compiling the training graph (THOR, second-order step)…",
+        "Compiling the training graph (THOR, step reusing the inverses)…",
+    ]
+    assert step.recipe == "THOR"
+
+
+def test_pbfgs_announces_its_graphs_once_and_starts_with_its_line_search_lr(caplog):
+    import mindspore as ms
+    from test_pbfgs import IN, OUT, batches, dense_net, orthonormal_rows
+
+    from pipelines.models.loss import CrossEntropySmooth
+    from pipelines.optim.dldr.pbfgs import PBFGS, PBFGSConfig
+    from pipelines.recipes.dldr import PBFGSStep
+
+    config = PBFGSConfig(rho=0.5, max_trials=3)
+    trainer = PBFGS(dense_net(), CrossEntropySmooth(OUT, 0.0), orthonormal_rows(3, OUT * IN + OUT, 2), config)
+    step = PBFGSStep(trainer, steps_per_epoch=3)
+    with caplog.at_level("INFO", logger="pipelines.engine"):
+        for x, y in batches(3):
+            step(ms.Tensor(x), ms.Tensor(y))
+    assert compile_lines(caplog) == ["Compiling the training graph (P-BFGS: gradient, line search, update)…"]
+    assert step.lr_summary(0, 2) == "lr: the step size each step's line search accepts, 0.5^k with k < 3"
+    assert step.lr(2) == step.trainer.last_result.step_size  # what train/lr and the progress line show

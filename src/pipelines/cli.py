@@ -265,13 +265,16 @@ class RunFailed(click.ClickException):
     """A failed ``kedro run``, shown by click as one ``Error:`` block on stderr (exit status 1)."""
 
     def __init__(self, failure: Failure, log_files: list[str], verbose: bool):
-        where = [f"{failure.error_class}" + (f" in node {failure.node}" if failure.node else "")]
-        if log_files and not verbose:
-            where.append(f"traceback in {', '.join(log_files)}, or rerun with --verbose")
+        named = failure.lines[0].startswith(f"{failure.error_class}: ")  # an error without advice names its class
+        where = f"in node {failure.node}" if failure.node else None
+        what = " ".join(w for w in (None if named else failure.error_class, where) if w)
+        details = [what] if what else []
+        if not verbose and log_files:
+            details.append(f"traceback in {', '.join(log_files)}, or rerun with --verbose")
         elif not verbose:
-            where.append("rerun with --verbose for the traceback")
-        lines = [*failure.lines, *([failure.advice] if failure.advice else []), f"({'; '.join(where)})"]
-        super().__init__("\n".join(lines))
+            details.append("--verbose shows the traceback")
+        lines = [*failure.lines, *([failure.advice] if failure.advice else [])]
+        super().__init__("\n".join([*lines, f"({'; '.join(details)})"] if details else lines))
 
 
 def interrupted(signum: int) -> click.ClickException:
@@ -305,6 +308,12 @@ def cli() -> None:
 def run(verbose: bool, **options) -> None:
     """Kedro's ``run`` with one ``Error:`` block for a failure (see the module docstring)."""
     demote_records(FAILURE_RECORDS)
+    if not (options["pipeline"] or options["pipelines"]):
+        # kedro-viz's run commands name a node or dataset, no pipeline: `--to-nodes='dim_reduce.stage2.train'`
+        from pipelines.pipeline_registry import pipelines_named_by
+
+        filters = ("node_names", "from_nodes", "to_nodes", "from_inputs", "to_outputs", "namespaces")
+        options["pipelines"] = pipelines_named_by(name for key in filters for name in options[key])
     try:
         kedro_run.callback(**options)
     except click.ClickException:

@@ -24,6 +24,8 @@ from pydantic import BaseModel
 
 from pipelines.cli import NODE_NOTE, Failure
 from pipelines.distributed.launch import hand_off_runs_with
+from pipelines.engine.checkpoint import Checkpoint
+from pipelines.engine.resume import remove_finished_checkpoints
 from pipelines.engine.runtime import DeviceUnavailableError, require_device
 from pipelines.params import ParameterError, validate_parameters
 from pipelines.tracking import (
@@ -124,10 +126,12 @@ def configuration_env(conf_source: str | Path, env: str | None) -> str:
 
 def _short_key(key: str, pipelines: list[str], keys: list[str]) -> str:
     """The shortest dotted suffix of ``key`` that names it alone: among the keys of its section when the
-    section is one of the run's pipelines (``thor.lr.lr_init`` in a thor run: ``lr_init``), else among ``keys``."""
+    section is one of the run's pipelines (``thor.lr.lr_init`` in a thor run: ``lr_init``), else among
+    ``keys`` and with its parent at least (``model.name``)."""
     parts = key.split(".")
-    scope = [k for k in keys if k.startswith(parts[0] + ".")] if parts[0] in pipelines else keys
-    for length in range(1, len(parts)):
+    own = parts[0] in pipelines
+    scope = [k for k in keys if k.startswith(parts[0] + ".")] if own else keys
+    for length in range(1 if own else 2, len(parts)):
         suffix = ".".join(parts[-length:])
         if len([k for k in scope if k == suffix or k.endswith("." + suffix)]) == 1:
             return suffix
@@ -202,6 +206,7 @@ class ProjectHooks:
 
     @hook_impl(trylast=True)  # after kedro-mlflow's hook has started the run
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        self._catalog = catalog  # after_dataset_saved asks it whether a dataset is stored
         names = run_params.get("pipeline_names") or [run_params.get("pipeline_name") or "__default__"]
         partial = any(run_params.get(key) for key in (*NODE_FILTERS, "only_missing_outputs"))
         set_run_name(run_name(names, self._overrides, list(_leaf_keys(self._raw_params)), partial))
@@ -235,6 +240,17 @@ class ProjectHooks:
     @hook_impl
     def after_dataset_saved(self, dataset_name: str, data) -> None:
         self._tag_data_size(dataset_name, data)
+        if isinstance(data, Checkpoint) and self._stored(dataset_name):
+            # a training's final state is on disk: its periodic checkpoints are no longer the only copy
+            remove_finished_checkpoints(data)
+
+    def _stored(self, dataset_name: str) -> bool:
+        """Whether the catalog keeps ``dataset_name`` in storage (not in memory) and it is there, as Kedro's
+        runner decides it (``_EPHEMERAL``: MemoryDataset, the default for a name the catalog lacks)."""
+        catalog = getattr(self, "_catalog", None)
+        if catalog is None or dataset_name not in catalog:
+            return False
+        return not getattr(catalog.get(dataset_name), "_EPHEMERAL", False) and catalog.exists(dataset_name)
 
     def _tag_data_size(self, dataset_name: str, data) -> None:
         """Tag the run with the size of the data it uses, from the first manifest it saves or loads."""

@@ -144,6 +144,8 @@ class DataParams(Section):
     eval_batch_size: PositiveInt
     num_workers: PositiveInt
     cache_dir: str  # per-file verdicts (verified.sqlite) and the MindRecord chunks the trainings read
+    # the val images of the evaluation every <recipe>.eval_every_steps steps, drawn with subset_seed; None: all
+    step_eval_images: PositiveInt | None = None
 
 
 class ModelParams(Section):
@@ -211,11 +213,14 @@ class LrParams(Section):
 
 
 class CheckpointParams(Section):
-    """Full training state written every ``every_epochs`` epochs, the newest ``keep_last`` kept."""
+    """Full training state written every ``every_epochs`` epochs, the newest ``keep_last`` kept (removed once
+    the training's final checkpoint is saved); of the ``stale-*`` folders, where another configuration's
+    checkpoints are moved, the newest ``keep_stale`` kept."""
 
     dir: str
     every_epochs: PositiveInt
     keep_last: PositiveInt
+    keep_stale: PositiveInt = 3  # the newest set moved aside is always kept
 
 
 class MomentumTraining(Section):
@@ -229,6 +234,7 @@ class MomentumTraining(Section):
     loss_scale: PositiveFloat
     eval_interval: NonNegativeInt  # 0: only after the last epoch
     checkpoint: CheckpointParams
+    eval_every_steps: NonNegativeInt = 0  # also evaluate on data.step_eval_images every N steps; 0: off
 
 
 class BaselineParams(MomentumTraining):
@@ -389,6 +395,15 @@ class ThorParams(Section):
     eval_interval: NonNegativeInt
     checkpoint: CheckpointParams
     mindspore: ThorMindSpore
+    eval_every_steps: NonNegativeInt = 0  # also evaluate on data.step_eval_images every N steps; 0: off
+
+
+class TrackingParams(Section):
+    """What MLflow keeps beside metrics and parameters."""
+
+    # MB (10^6 bytes): a catalog dataset marked as an artifact is copied into the MLflow run up to this size; a
+    # larger file (the PCA matrix: about 3.3 GB on ImageNet) is logged as its path, size and sha256 instead
+    artifact_max_mb: NonNegativeFloat
 
 
 class Parameters(Section):
@@ -405,6 +420,7 @@ class Parameters(Section):
     migrate: MigrateParams
     report: ReportParams
     thor: ThorParams
+    tracking: TrackingParams
 
     @model_validator(mode="after")
     def _runnable_on_this_target(self) -> Parameters:

@@ -1,26 +1,57 @@
-"""Project pipelines."""
+"""Project pipelines: each registered under the name of its folder, which is also its namespace.
+
+Every node and dataset of a pipeline is named ``<pipeline>.…`` (``dim_reduce.stage2.train``,
+``baseline.final_checkpoint``), except the data pipeline's manifest and class index, which every training reads.
+So a name alone says which pipeline to run: ``pipelines_named_by`` is how ``kedro run`` resolves the run commands
+kedro-viz offers, which name a node or a dataset but no pipeline (``kedro run --to-nodes='dim_reduce.stage2.train'``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
 
 from kedro.pipeline import Pipeline
 
-from .adasum.pipeline import create_pipeline as create_adasum
-from .baseline.pipeline import create_pipeline as create_baseline
-from .data.pipeline import create_pipeline as create_data
-from .dim_reduce.pipeline import create_pipeline as create_dim_reduce
-from .migrate.pipeline import create_pipeline as create_migrate
-from .report.pipeline import create_pipeline as create_report
-from .thor.pipeline import create_pipeline as create_thor
+# The registered names besides __default__ (tests/test_registry.py checks them against register_pipelines()).
+PIPELINE_NAMES = ("data", "baseline", "dim_reduce", "thor", "adasum", "report", "migrate")
+DEFAULT = ("data", "baseline")
 
 
 def register_pipelines() -> dict[str, Pipeline]:
+    """Each recipe after the data pipeline; ``__default__`` is ``baseline``."""
+    # Imported here, not at the top: ``pipelines_named_by`` serves the command line before any run, and the
+    # pipeline modules load MindSpore through their nodes.
+    from .adasum.pipeline import create_pipeline as create_adasum
+    from .baseline.pipeline import create_pipeline as create_baseline
+    from .data.pipeline import create_pipeline as create_data
+    from .dim_reduce.pipeline import create_pipeline as create_dim_reduce
+    from .migrate.pipeline import create_pipeline as create_migrate
+    from .report.pipeline import create_pipeline as create_report
+    from .thor.pipeline import create_pipeline as create_thor
+
     data = create_data()
-    baseline = create_baseline()
+    baseline = data + create_baseline()
     return {
         "data": data,
-        "baseline": data + baseline,
+        "baseline": baseline,
         "dim_reduce": data + create_dim_reduce(),
         "thor": data + create_thor(),
         "adasum": data + create_adasum(),
         "report": create_report(),
         "migrate": create_migrate(),
-        "__default__": data + baseline,
+        "__default__": baseline,
     }
+
+
+def pipelines_named_by(names: Iterable[str]) -> list[str]:
+    """The pipelines that node, dataset or parameter ``names`` belong to, by their first namespace part
+    (``dim_reduce.stage2.train``, ``params:dim_reduce.stage2``: ``dim_reduce``), in registry order.
+
+    For ``kedro run`` without ``--pipelines``: its node and dataset filters then run in these pipelines instead of
+    ``__default__``. Empty when ``__default__`` holds every name (the data and baseline pipelines' names, the
+    shared ``manifest``), so such a command runs as it always did; a name of no pipeline is left to Kedro's error.
+    """
+    named = {name.removeprefix("params:").split(".")[0] for name in names if "." in name}
+    if named <= set(DEFAULT):
+        return []
+    return [pipeline for pipeline in PIPELINE_NAMES if pipeline in named]

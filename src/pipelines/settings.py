@@ -3,12 +3,13 @@
 from kedro.config import OmegaConfigLoader
 
 from .cli import quiet_start
+from .datasets.artifacts import ArtifactHooks
 from .hooks import ProjectHooks
 
 # `kedro` calls it first (pyproject's kedro.init entry point); here for sessions started from Python
 quiet_start()
 
-HOOKS = (ProjectHooks(),)
+HOOKS = (ProjectHooks(), ArtifactHooks())
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader
 # Environments override base key by key: conf/ascend/parameters.yml may set only

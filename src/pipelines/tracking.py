@@ -31,7 +31,7 @@ from mlflow.entities import Metric, Run
 from mlflow.exceptions import MlflowException
 
 from pipelines.engine.callbacks import Callback
-from pipelines.engine.loop import TIMESTAMP_KEY
+from pipelines.engine.loop import STEP_KEY, TIMESTAMP_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,12 @@ def set_tags(tags: Mapping[str, str]) -> None:
     """Set ``tags`` on the active MLflow run, if there is one."""
     if mlflow.active_run() is not None:
         mlflow.set_tags(dict(tags))
+
+
+def log_artifact(path: str | Path, artifact_path: str) -> None:
+    """Copy the file ``path`` into the active run's artifacts, folder ``artifact_path``, if there is a run."""
+    if mlflow.active_run() is not None:
+        mlflow.log_artifact(str(path), artifact_path)
 
 
 def set_run_name(name: str) -> None:
@@ -124,6 +130,9 @@ class EpochMetrics(Callback):
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
         log_epoch_rows([metrics])
+
+    def on_step_evaluation(self, row: Mapping[str, float]) -> None:
+        log_epoch_rows([row], step_key=STEP_KEY)  # val/step_top1, train/elapsed_s, ... at step = global step
 
 
 def run_identity() -> dict[str, str]:

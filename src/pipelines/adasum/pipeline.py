@@ -1,24 +1,27 @@
-"""``adasum`` pipeline: build -> Momentum training with Adasum across ranks -> evaluation."""
+"""``adasum`` pipeline: build -> Momentum training with Adasum across ranks -> evaluation, the modular pipeline
+``adasum``."""
 
 from kedro.pipeline import Pipeline, node, pipeline
 
-from pipelines.shared import build_network_pipeline, evaluation_pipeline, training_inputs
+from pipelines.shared import build_network_node, evaluation_node, namespaced, training_inputs
 
-from .nodes import train_adasum
+from .nodes import evaluate_adasum, train_adasum
 
 
 def create_pipeline(**kwargs) -> Pipeline:
-    return (
-        build_network_pipeline("adasum_initial_weights", name="build_adasum_network")
-        + pipeline(
+    """Nodes ``adasum.build_network``, ``adasum.train``, ``adasum.evaluate``."""
+    return namespaced(
+        pipeline(
             [
+                build_network_node(),
                 node(
                     train_adasum,
-                    ["adasum_initial_weights", *training_inputs("adasum")],
-                    ["adasum_final_checkpoint", "adasum_history"],
-                    name="train_adasum",
+                    ["initial_weights", *training_inputs("adasum")],
+                    ["final_checkpoint", "history"],
+                    name="train",
                 ),
+                evaluation_node(evaluate_adasum),
             ]
-        )
-        + evaluation_pipeline("adasum_final_checkpoint", "adasum_eval_report", "adasum")
+        ),
+        "adasum",
     )

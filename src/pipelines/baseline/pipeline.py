@@ -1,24 +1,26 @@
-"""``baseline`` pipeline: build -> Momentum training -> evaluation."""
+"""``baseline`` pipeline: build -> Momentum training -> evaluation, the modular pipeline ``baseline``."""
 
 from kedro.pipeline import Pipeline, node, pipeline
 
-from pipelines.shared import build_network_pipeline, evaluation_pipeline, training_inputs
+from pipelines.shared import build_network_node, evaluation_node, namespaced, training_inputs
 
-from .nodes import train_baseline
+from .nodes import evaluate_baseline, train_baseline
 
 
 def create_pipeline(**kwargs) -> Pipeline:
-    return (
-        build_network_pipeline("baseline_initial_weights", name="build_baseline_network")
-        + pipeline(
+    """Nodes ``baseline.build_network``, ``baseline.train``, ``baseline.evaluate``."""
+    return namespaced(
+        pipeline(
             [
+                build_network_node(),
                 node(
                     train_baseline,
-                    ["baseline_initial_weights", *training_inputs("baseline"), "params:boost"],
-                    ["baseline_final_checkpoint", "baseline_history"],
-                    name="train_momentum",
+                    ["initial_weights", *training_inputs("baseline", "boost")],
+                    ["final_checkpoint", "history"],
+                    name="train",
                 ),
+                evaluation_node(evaluate_baseline),
             ]
-        )
-        + evaluation_pipeline("baseline_final_checkpoint", "baseline_eval_report", "baseline")
+        ),
+        "baseline",
     )

@@ -19,16 +19,26 @@ from pipelines.distributed.launch import data_parallel
 from pipelines.engine.checkpoint import Checkpoint
 from pipelines.engine.loop import TIMESTAMP_KEY
 from pipelines.optim.dldr.pca import explained_variance_figure, explained_variance_table
-from pipelines.params import BoostParams, DataParams, DimReduceParams, DistributedParams, ModelParams, RuntimeParams
+from pipelines.params import (
+    BoostParams,
+    CollectParams,
+    ControlParams,
+    DataParams,
+    DistributedParams,
+    ModelParams,
+    PcaParams,
+    RuntimeParams,
+    Stage1Params,
+    Stage2Params,
+)
 from pipelines.recipes import dldr
-from pipelines.shared import training_outputs
+from pipelines.shared import evaluate_and_log, training_outputs
 
 logger = logging.getLogger(__name__)
 
 STAGE2_MINUS_CONTROL_TOP1 = "dim_reduce/stage2_minus_control_top1"
 
 
-@data_parallel
 def train_stage1(
     initial_weights: Checkpoint,
     manifest: pd.DataFrame,
@@ -37,13 +47,33 @@ def train_stage1(
     data: DataParams,
     runtime: RuntimeParams,
     distributed: DistributedParams,
-    dim_reduce: DimReduceParams,
+    stage1: Stage1Params,
     boost: BoostParams,
 ) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
     """Momentum to ``stage1.epochs`` of a ``stage1.schedule_epochs`` schedule, keeping the weight trajectory.
 
-    Returns the full checkpoint of the last step, the per-epoch history and the trajectory index.
+    Returns the full checkpoint of the last step, the per-epoch history and the trajectory index. With
+    ``distributed.worker_num`` above 1 it trains on that many msrun workers.
     """
+    return _train_stage1_on_every_rank(
+        initial_weights, manifest, class_index, model, data, runtime, distributed, stage1, boost
+    )
+
+
+# Each node's function is a plain one, so that kedro-viz shows this file and its code (a decorated function's
+# code object is the decorator's); the msrun workers run these.
+@data_parallel
+def _train_stage1_on_every_rank(
+    initial_weights: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
+    stage1: Stage1Params,
+    boost: BoostParams,
+) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
     with tracking.training_run("stage1"):
         result, index = dldr.train_stage1(
             initial_weights,
@@ -53,7 +83,7 @@ def train_stage1(
             data,
             runtime,
             distributed,
-            dim_reduce.stage1,
+            stage1,
             boost,
             callbacks=[tracking.EpochMetrics()],
         )
@@ -66,10 +96,11 @@ def collect_trajectory(
     trajectory_index: pd.DataFrame,
     class_index: dict[str, int],
     model: ModelParams,
-    dim_reduce: DimReduceParams,
+    collect: CollectParams,
+    pca: PcaParams,
 ) -> pd.DataFrame:
     """The last ``collect.n_files`` trajectory files, checked against the network's parameters."""
-    chosen = dldr.collect_trajectory(trajectory_index, model, class_index, dim_reduce.collect, dim_reduce.pca)
+    chosen = dldr.collect_trajectory(trajectory_index, model, class_index, collect, pca)
     tracking.log_metrics({"pca/trajectory_length": len(chosen)})
     return chosen
 
@@ -78,10 +109,10 @@ def fit_pca(
     selected_trajectory: pd.DataFrame,
     class_index: dict[str, int],
     model: ModelParams,
-    dim_reduce: DimReduceParams,
+    pca: PcaParams,
 ) -> tuple[np.ndarray, pd.DataFrame, Figure]:
     """k x n projection of the centred trajectory, its explained-variance table and plot."""
-    result = dldr.trajectory_pca(selected_trajectory, model, class_index, dim_reduce.pca)
+    result = dldr.trajectory_pca(selected_trajectory, model, class_index, pca)
     table = explained_variance_table(result)
     tracking.log_metrics(
         {
@@ -110,7 +141,6 @@ def _log_pbfgs_steps(rows: Sequence[Mapping[str, float]]) -> None:
     )
 
 
-@data_parallel
 def train_stage2(
     stage1_checkpoint: Checkpoint,
     pca_matrix: np.ndarray,
@@ -120,15 +150,32 @@ def train_stage2(
     data: DataParams,
     runtime: RuntimeParams,
     distributed: DistributedParams,
-    dim_reduce: DimReduceParams,
+    stage2: Stage2Params,
 ) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
     """P-BFGS in the PCA subspace for ``stage2.epochs`` epochs from the stage-1 weights (``implementation:
     mindspore_boost``: ``mindspore.boost``'s DimReduce instead, in a process of its own).
 
     Returns the final checkpoint, the per-epoch history and the per-step table. A rerun of the same
-    configuration resumes from the newest checkpoint in ``stage2.checkpoint.dir``.
+    configuration resumes from the newest checkpoint in ``stage2.checkpoint.dir``. With
+    ``distributed.worker_num`` above 1 it trains on that many msrun workers.
     """
-    stage2 = dim_reduce.stage2
+    return _train_stage2_on_every_rank(
+        stage1_checkpoint, pca_matrix, manifest, class_index, model, data, runtime, distributed, stage2
+    )
+
+
+@data_parallel
+def _train_stage2_on_every_rank(
+    stage1_checkpoint: Checkpoint,
+    pca_matrix: np.ndarray,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
+    stage2: Stage2Params,
+) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
     inputs = (stage1_checkpoint, pca_matrix, manifest, class_index, model, data, runtime, distributed, stage2)
     with tracking.training_run("stage2"):
         if stage2.implementation == "mindspore_boost":
@@ -141,7 +188,6 @@ def train_stage2(
     return checkpoint, history, steps
 
 
-@data_parallel
 def train_control(
     stage1_checkpoint: Checkpoint,
     manifest: pd.DataFrame,
@@ -150,10 +196,34 @@ def train_control(
     data: DataParams,
     runtime: RuntimeParams,
     distributed: DistributedParams,
-    dim_reduce: DimReduceParams,
+    stage1: Stage1Params,
+    stage2: Stage2Params,
+    control: ControlParams,
     boost: BoostParams,
 ) -> tuple[Checkpoint, pd.DataFrame]:
-    """Momentum continued from the stage-1 checkpoint for as many epochs as stage 2 trains."""
+    """Momentum continued from the stage-1 checkpoint (stage 1's recipe) for as many epochs as stage 2 trains.
+
+    With ``distributed.worker_num`` above 1 it trains on that many msrun workers.
+    """
+    return _train_control_on_every_rank(
+        stage1_checkpoint, manifest, class_index, model, data, runtime, distributed, stage1, stage2, control, boost
+    )
+
+
+@data_parallel
+def _train_control_on_every_rank(
+    stage1_checkpoint: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
+    stage1: Stage1Params,
+    stage2: Stage2Params,
+    control: ControlParams,
+    boost: BoostParams,
+) -> tuple[Checkpoint, pd.DataFrame]:
     with tracking.training_run("control"):
         result = dldr.train_control(
             stage1_checkpoint,
@@ -163,13 +233,49 @@ def train_control(
             data,
             runtime,
             distributed,
-            dim_reduce.stage1,
-            dim_reduce.stage2,
-            dim_reduce.control,
+            stage1,
+            stage2,
+            control,
             boost,
             callbacks=[tracking.EpochMetrics()],
         )
         return training_outputs(result)
+
+
+def evaluate_stage1(
+    checkpoint: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+) -> dict:
+    """Top-1/top-5 of stage 1's checkpoint on val, logged as ``final/top1``, ``final/top5`` of its child run."""
+    return evaluate_and_log(checkpoint, manifest, class_index, model, data, runtime, "stage1", child_run="stage1")
+
+
+def evaluate_stage2(
+    checkpoint: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+) -> dict:
+    """Top-1/top-5 of stage 2's checkpoint on val, logged as ``final/top1``, ``final/top5`` of its child run."""
+    return evaluate_and_log(checkpoint, manifest, class_index, model, data, runtime, "stage2", child_run="stage2")
+
+
+def evaluate_control(
+    checkpoint: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+) -> dict:
+    """Top-1/top-5 of the control's checkpoint on val, logged as ``final/top1``, ``final/top5`` of its child run."""
+    return evaluate_and_log(checkpoint, manifest, class_index, model, data, runtime, "control", child_run="control")
 
 
 def compare_runs(stage1_report: dict, stage2_report: dict, control_report: dict) -> pd.DataFrame:

@@ -24,7 +24,9 @@ class Callback:
     training continues from a checkpoint, with the rows of the epochs before; ``on_train_begin``;
     per epoch ``on_epoch_begin``, ``on_step_end`` per step, ``epoch_metrics`` (figures of the
     callback's own added to the epoch's row, e.g. ``thor/damping``) and ``on_epoch_end`` with the
-    complete row; ``on_train_end`` once, also when training raised.
+    complete row; ``on_train_end`` once, also when training raised. ``on_step_evaluation(row)`` after
+    each evaluation every ``eval_every_steps`` steps (right after that step's ``on_step_end``; on resume
+    also once per earlier row, after ``on_resume``).
     """
 
     def bind(self, step: TrainStep) -> None: ...
@@ -36,6 +38,7 @@ class Callback:
         return {}
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None: ...
+    def on_step_evaluation(self, row: Mapping[str, float]) -> None: ...
     def on_train_end(self) -> None: ...
 
 

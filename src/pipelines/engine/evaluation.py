@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipelines.engine.progress import announce_compile
 from pipelines.images.folder import checked_batches
 
 
@@ -15,6 +16,7 @@ def evaluate(net, dataset, top_k: tuple[int, ...] = (1, 5)) -> dict[str, float]:
     """
     was_training = net.training
     net.set_train(False)
+    announce_compile(net, "the evaluation graph")
     hits = dict.fromkeys(top_k, 0)
     seen = 0
     try:

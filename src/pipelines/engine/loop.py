@@ -11,7 +11,13 @@ network, optimizer, schedule) and how to evaluate; ``train`` runs the rest, the 
    an uninterrupted one would), timing, NaN/Inf and loss-scale overflow checks, evaluation every
    ``eval_interval`` epochs and after the last, callbacks, checkpoints every ``checkpoints.every_epochs``
    epochs written by the node's first worker (the newest ``keep_last`` kept);
-4. return the final state (same layout as the periodic checkpoints) and every epoch's row from epoch 1.
+4. return the final state (same layout as the periodic checkpoints, its ``checkpoint_dir`` metadata naming
+   the periodic checkpoints' folder) and every epoch's row from epoch 1. Whoever saves the final state then
+   calls ``resume.remove_finished_checkpoints`` (the project's hooks do, after the catalog saved it).
+
+Before its first step a training logs one start line (what it trains, epochs, steps per epoch, batch, the
+lr it starts and ends with), and in GRAPH mode one "Compiling …" line before each long compile
+(``progress.announce_compile``): here for a step that is one cell, in the step itself for a step of several.
 
 A step that ``mindspore.Model.train`` must drive (MindSpore's THOR, boost's Adasum) is a
 ``model_bridge.ModelTrainStep``; the bridge feeds the same rows, callbacks and checkpoints.
@@ -23,6 +29,7 @@ epoch, so a resumed run can log the earlier epochs at their real time).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -36,8 +43,8 @@ import pandas as pd
 from pipelines.distributed.launch import rank_context, verify_replicas
 from pipelines.engine.callbacks import Callback, ConstantFigures, PeriodicCheckpoint
 from pipelines.engine.checkpoint import Checkpoint, load_checkpoint
-from pipelines.engine.progress import ProgressReporter
-from pipelines.engine.resume import CHECKPOINT_PREFIX, find_resume_checkpoint
+from pipelines.engine.progress import ProgressReporter, announce_compile
+from pipelines.engine.resume import CHECKPOINT_DIR_KEY, CHECKPOINT_PREFIX, KEEP_STALE, find_resume_checkpoint
 from pipelines.engine.state import HISTORY_KEY, capture_state, encode_history, history_of, restore_optimizer
 from pipelines.images.folder import checked_batches, dataset_figures
 
@@ -51,6 +58,14 @@ VAL_TOP1 = "val/top1"  # fractions in [0, 1], on evaluation epochs only
 VAL_TOP5 = "val/top5"
 EPOCH_KEYS = (TRAIN_LOSS, TRAIN_LR, TRAIN_IMAGES_PER_S, TRAIN_EPOCH_TIME_S, VAL_TOP1, VAL_TOP5)
 TIMESTAMP_KEY = "timestamp"
+# Evaluation every ``TrainingSpec.eval_every_steps`` steps on a fixed val subset: one row per evaluation
+# (``TrainingResult.step_history``, MLflow step = global step), for time-to-target at step resolution.
+STEP_KEY = "step"  # global step, 1-based, counted from epoch 1
+VAL_STEP_TOP1 = "val/step_top1"  # fractions in [0, 1] on the subset
+VAL_STEP_TOP5 = "val/step_top5"
+TRAIN_ELAPSED_S = "train/elapsed_s"  # training seconds from epoch 1 to this step, every evaluation excluded
+EVAL_TIME_S = "eval/time_s"  # seconds this evaluation took (not part of any training time)
+STEP_HISTORY_KEY = "step_history"  # checkpoint metadata: JSON list of the step rows so far
 REPLICA_DIVERGENCE = "distributed/replica_max_abs_diff"
 
 
@@ -70,7 +85,8 @@ class TrainingSpec:
     ``schedule_epochs``: length of the lr schedule (default ``epochs``; dim_reduce stage 1 stops at 70 of 90).
     ``batch_size``: per rank; ``images_per_step``: all ranks together. ``eval_interval``: evaluate every N
     epochs (0: only after the last). ``data_seed``: seeds epoch ``e``'s shuffle and augmentation with
-    ``data_seed + e`` (None: MindSpore's global seed, one stream).
+    ``data_seed + e`` (None: MindSpore's global seed, one stream). ``eval_every_steps``: also evaluate
+    every N global steps with ``train``'s ``evaluate_steps`` (0: never).
     """
 
     epochs: int
@@ -79,15 +95,23 @@ class TrainingSpec:
     schedule_epochs: int | None = None
     eval_interval: int = 0
     data_seed: int | None = None
+    eval_every_steps: int = 0
 
 
 @dataclass(frozen=True)
 class Checkpointing:
-    """Periodic full checkpoints ``<directory>/epoch_<NNNN>.ckpt`` every ``every_epochs``, newest ``keep_last`` kept."""
+    """Periodic full checkpoints ``<directory>/epoch_<NNNN>.ckpt`` every ``every_epochs``, newest ``keep_last`` kept;
+    of the ``stale-*`` folders (another configuration's checkpoints, moved aside) the newest ``keep_stale``."""
 
     directory: str | Path
     every_epochs: int = 1
     keep_last: int = 2
+    keep_stale: int = KEEP_STALE
+
+    @classmethod
+    def of(cls, params) -> Checkpointing:
+        """From a recipe's ``checkpoint`` parameters (``params.CheckpointParams``: the same four keys)."""
+        return cls(Path(params.dir), params.every_epochs, params.keep_last, params.keep_stale)
 
 
 class TrainStep:
@@ -101,8 +125,10 @@ class TrainStep:
     Optimizers with other state (THOR, P-BFGS) override ``capture`` and ``restore``. The engine calls
     ``restore`` (when continuing), then ``prepare`` once before the first batch: a step whose cell depends
     on the restored state (e.g. boost's gradient freeze takes the rest of the schedule from the
-    optimizer's step count) builds it there.
+    optimizer's step count) builds it there. ``recipe`` names the optimizer in the training's start line.
     """
+
+    recipe = "training"
 
     def __init__(
         self,
@@ -127,6 +153,13 @@ class TrainStep:
             return None
         return float(self.lr_per_step[min(step, len(self.lr_per_step) - 1)])
 
+    def lr_summary(self, first_step: int, last_step: int) -> str:
+        """The lr at global steps ``first_step`` and ``last_step`` (0-based), as the start line shows it."""
+        first, last = self.lr(first_step), self.lr(last_step)
+        if first is None or last is None:
+            return "no lr schedule"
+        return f"lr {first:.4g}" if first == last else f"lr {first:.4g} at the first step to {last:.4g} at the last"
+
     def capture(self) -> dict[str, np.ndarray]:
         """Copies of the network's parameters and the optimizer's state (under ``optimizer.``)."""
         return capture_state(self.network, self.optimizer, {}).params
@@ -143,12 +176,14 @@ class TrainStep:
 @dataclass
 class TrainingResult:
     """The final state (the checkpoint layout), every epoch's row from epoch 1, end-of-training figures
-    (``distributed/replica_max_abs_diff`` with several ranks) and the trained step."""
+    (``distributed/replica_max_abs_diff`` with several ranks), the trained step and every step evaluation's
+    row from epoch 1 (``step``, ``val/step_top1``, ``val/step_top5``, ``train/elapsed_s``, ``eval/time_s``)."""
 
     checkpoint: Checkpoint
     history: list[dict[str, float]]
     summary: dict[str, float] = field(default_factory=dict)
     step: TrainStep | None = None
+    step_history: list[dict[str, float]] = field(default_factory=list)
 
 
 class EpochRunner:
@@ -163,6 +198,8 @@ class EpochRunner:
         callbacks: Sequence[Callback],
         evaluate: Callable[[TrainStep], Mapping[str, float]] | None,
         history: list[dict[str, float]],
+        evaluate_steps: Callable[[TrainStep], Mapping[str, float]] | None = None,
+        step_history: list[dict[str, float]] | None = None,
     ):
         self.spec = spec
         self.step = step
@@ -170,6 +207,8 @@ class EpochRunner:
         self.callbacks = list(callbacks)
         self.evaluate = evaluate
         self.history = history
+        self.evaluate_steps = evaluate_steps if spec.eval_every_steps else None
+        self.step_history = [] if step_history is None else step_history
         self.ended = False
 
     def train_begin(self, start_epoch: int) -> None:
@@ -180,6 +219,7 @@ class EpochRunner:
         for callback in self.callbacks:
             callback.on_epoch_begin(epoch)
         self.loss_sum, self.loss_count = 0.0, 0
+        self.evaluating_s = 0.0  # step evaluations of this epoch, taken out of its training time
         self.started = time.perf_counter()
 
     def step_end(self, epoch: int, index: int, output) -> None:
@@ -202,10 +242,33 @@ class EpochRunner:
         self.loss_count += 1
         for callback in self.callbacks:
             callback.on_step_end(epoch, index, loss)
+        global_step = epoch * self.steps_per_epoch + index + 1
+        if self.evaluate_steps is not None and global_step % self.spec.eval_every_steps == 0:
+            self._evaluate_at(epoch, global_step)
+
+    def _evaluate_at(self, epoch: int, global_step: int) -> None:
+        """Evaluate on the step subset; the row's training time excludes this and every earlier evaluation."""
+        before = time.perf_counter()
+        earlier_epochs = sum(row[TRAIN_EPOCH_TIME_S] for row in self.history if row["epoch"] <= epoch)
+        trained_s = earlier_epochs + before - self.started - self.evaluating_s
+        accuracy = self.evaluate_steps(self.step)
+        took = time.perf_counter() - before
+        self.evaluating_s += took
+        row = {
+            STEP_KEY: global_step,
+            VAL_STEP_TOP1: float(accuracy["top1"]),
+            VAL_STEP_TOP5: float(accuracy["top5"]),
+            TRAIN_ELAPSED_S: trained_s,
+            EVAL_TIME_S: took,
+            TIMESTAMP_KEY: time.time(),
+        }
+        self.step_history.append(row)
+        for callback in self.callbacks:
+            callback.on_step_evaluation(row)
 
     def epoch_end(self, epoch: int) -> dict[str, float]:
         """The epoch's row: training figures, evaluation when due, the callbacks' own figures."""
-        elapsed = time.perf_counter() - self.started
+        elapsed = time.perf_counter() - self.started - self.evaluating_s
         row: dict[str, float] = {
             "epoch": epoch + 1,
             TRAIN_LOSS: self.loss_sum / self.loss_count if self.loss_count else math.nan,
@@ -260,6 +323,7 @@ def train(
     callbacks: Sequence[Callback] = (),
     continue_from_start: bool = False,
     metadata: Mapping[str, int | float | bool | str] | None = None,
+    evaluate_steps: Callable[[TrainStep], Mapping[str, float]] | None = None,
 ) -> TrainingResult:
     """Train from ``start`` (or the newest checkpoint of this training) to ``spec.epochs``.
 
@@ -269,17 +333,22 @@ def train(
     (``resume.fingerprint``); with ``checkpoints`` the training resumes from, and writes, periodic
     checkpoints. ``evaluate(step)`` returns ``top1`` and ``top5``. ``continue_from_start``: ``start``
     is another training's checkpoint whose optimizer state and epoch this one continues. ``metadata``
-    goes into every checkpoint beside ``epoch``, ``fingerprint`` and ``history``.
+    goes into every checkpoint beside ``epoch``, ``fingerprint`` and ``history``. ``evaluate_steps(step)``:
+    the evaluation every ``spec.eval_every_steps`` steps (a fixed val subset), its rows ``step_history``.
     """
     stop = spec.epochs
     schedule = spec.schedule_epochs or spec.epochs
     history: list[dict[str, float]] = []
+    step_history: list[dict[str, float]] = []
     resume_from = None
     if checkpoints is not None:
-        resume_from = find_resume_checkpoint(checkpoints.directory, CHECKPOINT_PREFIX, fingerprint, stop)
+        resume_from = find_resume_checkpoint(
+            checkpoints.directory, CHECKPOINT_PREFIX, fingerprint, stop, checkpoints.keep_stale
+        )
     if resume_from is not None:
         start = load_checkpoint(resume_from)
         history = history_of(start)
+        step_history = json.loads(start.metadata.get(STEP_HISTORY_KEY, "[]"))
         logger.info("Resuming from %s (epoch %d of %d)", resume_from, start.metadata["epoch"], stop)
     continuing = resume_from is not None or continue_from_start
     start_epoch = int(start.metadata.get("epoch", 0)) if continuing and start is not None else 0
@@ -293,16 +362,22 @@ def train(
         step.restore(start)
     step.prepare()
     logger.info(
-        "Training epochs %d-%d of a %d-epoch schedule, %d steps/epoch, batch %d per rank",
+        "%s: epochs %d-%d of a %d-epoch schedule, %d steps/epoch, batch %d per rank, %s",
+        step.recipe,
         start_epoch + 1,
         stop,
         schedule,
         steps_per_epoch,
         spec.batch_size,
+        step.lr_summary(start_epoch * steps_per_epoch, stop * steps_per_epoch - 1),
     )
 
     def capture(epoch: int) -> Checkpoint:
         state = {**(metadata or {}), "epoch": epoch, "fingerprint": fingerprint, HISTORY_KEY: encode_history(history)}
+        if checkpoints is not None:  # where the periodic checkpoints are, to remove once the final state is saved
+            state[CHECKPOINT_DIR_KEY] = str(checkpoints.directory)
+        if step_history:
+            state[STEP_HISTORY_KEY] = encode_history(step_history)
         return Checkpoint(step.capture(), state)
 
     chosen: list[Callback] = [ProgressReporter(spec.batch_size), ConstantFigures(dataset_figures(dataset)), *callbacks]
@@ -314,20 +389,25 @@ def train(
         callback.bind(step)
         if resume_from is not None:
             callback.on_resume(resume_from, history)
-    runner = EpochRunner(spec, step, steps_per_epoch, chosen, evaluate, history)
+            for row in step_history:  # the earlier epochs' step evaluations, e.g. for the run's metrics
+                callback.on_step_evaluation(row)
+    runner = EpochRunner(spec, step, steps_per_epoch, chosen, evaluate, history, evaluate_steps, step_history)
     from pipelines.engine.model_bridge import ModelTrainStep, train_with_model  # loads mindspore.train
 
     if isinstance(step, ModelTrainStep):
         train_with_model(step, dataset, runner, start_epoch)
     else:
         _train_epochs(step, dataset, runner, start_epoch)
-    return TrainingResult(capture(stop), history, _replica_divergence(step.network), step)
+    return TrainingResult(capture(stop), history, _replica_divergence(step.network), step, step_history)
 
 
 def _train_epochs(step: TrainStep, dataset, runner: EpochRunner, start_epoch: int) -> None:
     import mindspore.dataset as ds
+    from mindspore import nn
 
     data_seed = runner.spec.data_seed
+    if isinstance(step.run, nn.Cell) and start_epoch < runner.spec.epochs:  # a step of several cells: in the step
+        announce_compile(step.run)
     runner.train_begin(start_epoch)
     try:
         for epoch in range(start_epoch, runner.spec.epochs):

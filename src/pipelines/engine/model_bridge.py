@@ -13,6 +13,7 @@ from collections.abc import Callable
 from mindspore.train import Callback as MindsporeCallback
 
 from pipelines.engine.loop import EpochRunner, TrainStep
+from pipelines.engine.progress import announce_compile
 
 
 class ModelTrainStep(TrainStep):
@@ -88,6 +89,8 @@ def train_with_model(step: ModelTrainStep, dataset, runner: EpochRunner, start_e
     if runner.spec.data_seed is not None:
         ds.config.set_seed(runner.spec.data_seed + start_epoch)  # one shuffle stream for all epochs of model.train
     bridge = EpochCallbacks(runner, start_epoch)
+    if start_epoch < runner.spec.epochs:
+        announce_compile(step.model)  # Model.train compiles its graphs when it starts
     try:
         step.model.train(
             runner.spec.epochs,

@@ -3,12 +3,16 @@
 On a terminal it draws a rich progress bar on rich's global console, the one Kedro's
 RichHandler prints through, so log records scroll above the bar instead of through it.
 Elsewhere (CI, files) it logs one line every ``log_every_fraction`` of an epoch.
+
+``announce_compile`` says when a cell is about to be compiled (GRAPH mode), which on its first call
+takes seconds on CPU and minutes for a large network, so a training is not silent meanwhile.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import weakref
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -16,6 +20,28 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from pipelines.engine.callbacks import Callback
 
 logger = logging.getLogger(__name__)
+
+
+# What was announced for each cell (or step); weak, so that announcing keeps no network alive.
+_announced: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def announce_compile(owner, what: str = "the training graph") -> None:
+    """Log "Compiling <what>…" once per ``owner`` and ``what``, in GRAPH mode only.
+
+    MindSpore compiles a cell the first time it runs in GRAPH mode (per train/eval mode); call this
+    just before that call. ``owner``: the cell, or the step whose first call (of the kind ``what``
+    names) compiles; any object that accepts weak references. In PyNative mode nothing is compiled
+    and nothing is logged.
+    """
+    import mindspore as ms
+
+    said = _announced.setdefault(owner, set())
+    if what in said:
+        return
+    said.add(what)
+    if ms.get_context("mode") == ms.GRAPH_MODE:
+        logger.info("Compiling %s…", what)
 
 
 def _format_seconds(seconds: float) -> str:

@@ -1,7 +1,9 @@
 """Which checkpoint a training resumes from: fingerprints, the newest unfinished checkpoint, stale files.
 
 A training's periodic checkpoints carry the fingerprint of its configuration and start weights; a
-rerun of the same training continues from the newest of them, any other training leaves them be.
+rerun of the same training continues from the newest of them, any other training moves them aside
+to a ``stale-<time>/`` folder (the newest ``keep_stale`` of those are kept). Once a finished
+training's final state is saved, ``remove_finished_checkpoints`` removes its periodic checkpoints.
 """
 
 from __future__ import annotations
@@ -9,18 +11,25 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 
 from pipelines.distributed.launch import barrier, rank_context
-from pipelines.engine.checkpoint import Checkpoint, load_checkpoint
+from pipelines.engine.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 
 logger = logging.getLogger(__name__)
 
 # Periodic checkpoints of every training are <checkpoint dir>/epoch_<NNNN>.ckpt.
 CHECKPOINT_PREFIX = "epoch"
+# Checkpoint metadata: the folder of the training's periodic checkpoints, so that whoever saves its
+# final state (the catalog, through pipelines.hooks) can remove them afterwards.
+CHECKPOINT_DIR_KEY = "checkpoint_dir"
+# Checkpoints of another configuration are moved to <checkpoint dir>/stale-<time>/.
+STALE_PREFIX = "stale-"
+KEEP_STALE = 3  # stale folders kept per checkpoint folder unless told otherwise (checkpoint.keep_stale)
 
 
 def fingerprint(*parts) -> str:
@@ -46,21 +55,23 @@ def fingerprint(*parts) -> str:
 
 
 def find_resume_checkpoint(
-    directory: str | Path, prefix: str, expected_fingerprint: str, stop_epoch: int
+    directory: str | Path, prefix: str, expected_fingerprint: str, stop_epoch: int, keep_stale: int = KEEP_STALE
 ) -> Path | None:
     """The newest ``<prefix>_*.ckpt`` in ``directory`` of the same, unfinished training, if any.
 
     Checkpoints of a different configuration are moved to ``<directory>/stale-<time>/``
-    rather than deleted or overwritten; those of the same training that already reached
-    ``stop_epoch`` are removed (its result is the final checkpoint), so a rerun trains anew.
-    An unreadable checkpoint raises ``CheckpointError`` naming it. With several ranks the node's
-    first worker tidies the folder while the others wait, then they look without tidying.
+    rather than deleted or overwritten, and of those folders the newest ``keep_stale`` are kept;
+    those of the same training that already reached ``stop_epoch`` are removed (its result is the
+    final checkpoint), so a rerun trains anew. An unreadable checkpoint raises ``CheckpointError``
+    naming it. With several ranks the node's first worker tidies the folder while the others wait,
+    then they look without tidying.
     """
     ranks = rank_context()
-    if ranks.size == 1:
-        return _find_resume_checkpoint(directory, prefix, expected_fingerprint, stop_epoch, tidy=True)
     if ranks.is_node_leader:
         found = _find_resume_checkpoint(directory, prefix, expected_fingerprint, stop_epoch, tidy=True)
+        trim_stale(directory, keep_stale)
+    if ranks.size == 1:
+        return found
     barrier()
     if ranks.is_node_leader:
         return found
@@ -87,9 +98,68 @@ def _find_resume_checkpoint(
         return None
     if not tidy:
         return None
-    stale = directory / time.strftime("stale-%Y%m%d-%H%M%S")
-    stale.mkdir()
+    stale = _new_stale_folder(directory)
     for path in found:
         path.rename(stale / path.name)
     logger.warning("Checkpoints in %s come from another configuration; moved them to %s", directory, stale)
     return None
+
+
+def _new_stale_folder(directory: Path) -> Path:
+    """A new ``stale-<time>`` folder in ``directory``; names sort in the order they were made."""
+    name = time.strftime(f"{STALE_PREFIX}%Y%m%d-%H%M%S")
+    stale, suffix = directory / name, 1
+    while stale.exists():  # a second move within the same second
+        stale, suffix = directory / f"{name}-{suffix}", suffix + 1
+    stale.mkdir()
+    return stale
+
+
+def trim_stale(directory: str | Path, keep: int) -> list[Path]:
+    """Remove all but the newest ``keep`` ``stale-*`` folders of ``directory``; returns those removed.
+
+    They hold checkpoints of other configurations, moved aside by ``find_resume_checkpoint``;
+    the oldest go first, each with a log line.
+    """
+    folders = sorted(p for p in Path(directory).glob(f"{STALE_PREFIX}*") if p.is_dir())
+    removed = folders[: max(len(folders) - keep, 0)]
+    for folder in removed:
+        shutil.rmtree(folder)
+        logger.info(
+            "Removed %s, the oldest of the folders of set-aside checkpoints (checkpoint.keep_stale keeps %d)",
+            folder,
+            keep,
+        )
+    return removed
+
+
+def remove_finished_checkpoints(final: Checkpoint, prefix: str = CHECKPOINT_PREFIX) -> list[Path]:
+    """Remove the periodic checkpoints of the training whose final state ``final`` is; returns those removed.
+
+    Call it only once ``final`` has been saved (``pipelines.hooks`` does, after the catalog saved it),
+    so that the periodic checkpoints are never the only copy of the finished state. The folder is
+    ``final``'s ``checkpoint_dir`` metadata (none: nothing to do). Only checkpoints with ``final``'s
+    fingerprint and an epoch up to its own are removed: another training's are left alone, and so is a
+    file that cannot be read (the next run of that folder names it). With several ranks only each
+    node's first worker removes, as only it writes them.
+    """
+    directory = final.metadata.get(CHECKPOINT_DIR_KEY)
+    run_id = final.metadata.get("fingerprint")
+    if not directory or not run_id or not rank_context().is_node_leader:
+        return []
+    removed = []
+    for path in sorted(Path(directory).glob(f"{prefix}_*.ckpt")):
+        try:
+            metadata = load_checkpoint(path).metadata
+        except CheckpointError:  # gone already (another node, shared folder) or unreadable
+            continue
+        if metadata.get("fingerprint") == run_id and metadata.get("epoch", 0) <= final.metadata.get("epoch", 0):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    if removed:
+        logger.info(
+            "The finished training's final state is saved; removed its periodic checkpoints from %s (%d files)",
+            directory,
+            len(removed),
+        )
+    return removed

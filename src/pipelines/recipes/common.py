@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import pandas as pd
 
@@ -83,6 +84,29 @@ def val_data(manifest: pd.DataFrame, data: DataParams):
         cache_dir=data.cache_dir,
         on_bad_file=data.on_bad_file,
     )
+
+
+def step_val_data(manifest: pd.DataFrame, data: DataParams):
+    """The val subset of the evaluation every K steps: ``data.step_eval_images`` images (None: all) drawn with
+    ``data.subset_seed``, so every recipe and seed of a study is scored on the same images."""
+    val = manifest[manifest["split"] == "val"]
+    size = data.step_eval_images
+    if size is not None and size < len(val):
+        val = val.sample(n=size, random_state=data.subset_seed).sort_index()
+    return val_data(pd.concat([manifest[manifest["split"] != "val"], val]), data)
+
+
+def step_evaluation(
+    manifest: pd.DataFrame, data: DataParams, every_steps: int, evaluate_on: Callable | None = None
+) -> Callable | None:
+    """The engine's ``evaluate_steps``: ``evaluate_on(step)`` rebound to the step subset (``step_val_data``),
+    default top-1/top-5 of ``step.network``; None when ``every_steps`` is 0 (nothing is built)."""
+    if not every_steps:
+        return None
+    subset = step_val_data(manifest, data)
+    if evaluate_on is None:
+        return lambda step: evaluate(step.network, subset)
+    return lambda step: evaluate_on(step, subset)
 
 
 def build_network(model: ModelParams, class_index: dict[str, int], runtime: RuntimeParams) -> Checkpoint:

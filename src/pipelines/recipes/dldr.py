@@ -34,6 +34,7 @@ from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_check
 from pipelines.engine.evaluation import evaluate
 from pipelines.engine.loop import Checkpointing, TrainingResult, TrainingSpec, TrainStep, train
 from pipelines.engine.model_bridge import ModelTrainStep
+from pipelines.engine.progress import announce_compile
 from pipelines.engine.resume import fingerprint
 from pipelines.engine.state import network_state
 from pipelines.models.loss import CrossEntropySmooth
@@ -194,6 +195,8 @@ class PBFGSStep(TrainStep):
     ``lr`` is the step size the last step accepted, the factor its subspace direction was applied with.
     """
 
+    recipe = "P-BFGS"
+
     def __init__(self, trainer: PBFGS, steps_per_epoch: int):
         super().__init__(self._train_batch, trainer.net, loss_scale=trainer.config.loss_scale)
         self.trainer = trainer
@@ -203,6 +206,7 @@ class PBFGSStep(TrainStep):
         self._loss_scale = ms.Tensor(trainer.config.loss_scale, ms.float32)
 
     def _train_batch(self, images, labels):
+        announce_compile(self.trainer, "the training graph (P-BFGS: gradient, line search, update)")
         result = self.trainer.step(images, labels)
         self.steps_done += 1
         self.rows.append(
@@ -222,6 +226,10 @@ class PBFGSStep(TrainStep):
         """The step size the last step accepted (P-BFGS has no schedule; ``step`` is not needed)."""
         last = self.trainer.last_result
         return None if last is None else last.step_size
+
+    def lr_summary(self, first_step: int, last_step: int) -> str:
+        config = self.trainer.config
+        return f"lr: the step size each step's line search accepts, {config.rho:g}^k with k < {config.max_trials}"
 
     def capture(self) -> dict[str, np.ndarray]:
         params = network_state(self.network)
@@ -368,7 +376,7 @@ def train_stage2(
         make_step,
         start=stage1_checkpoint,
         fingerprint=run_id,
-        checkpoints=Checkpointing(Path(checkpoint.dir), checkpoint.every_epochs, checkpoint.keep_last),
+        checkpoints=Checkpointing.of(checkpoint),
         evaluate=lambda step: evaluate(step.network, validation),
         callbacks=[PBFGSFigures(on_steps), *callbacks],
         continue_from_start=True,
@@ -392,6 +400,8 @@ class BoostDimReduceStep(ModelTrainStep):
     per-step loss table (``rows``, ``BOOST_STEP_COLUMNS``). Boost does not report its accepted step size,
     so ``lr`` is unknown (None).
     """
+
+    recipe = "DimReduce (mindspore.boost)"
 
     def __init__(self, net, loss_fn, config: dict, loss_scale: float):
         super().__init__(lambda: boost_model(net, loss_fn, config, loss_scale), net, None, None, loss_scale, False)
@@ -543,7 +553,7 @@ def _train_stage2_with_boost_here(
             make_step,
             start=start,
             fingerprint=run_id,
-            checkpoints=Checkpointing(Path(checkpoint.dir), checkpoint.every_epochs, checkpoint.keep_last),
+            checkpoints=Checkpointing.of(checkpoint),
             evaluate=lambda step: evaluate(step.network, validation),
             callbacks=[BoostStepLosses(), *callbacks],
             continue_from_start=True,

@@ -35,7 +35,14 @@ from pipelines.params import (
     MomentumTraining,
     RuntimeParams,
 )
-from pipelines.recipes.common import configure, network_from_checkpoint, num_classes, train_data, val_data
+from pipelines.recipes.common import (
+    configure,
+    network_from_checkpoint,
+    num_classes,
+    step_evaluation,
+    train_data,
+    val_data,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +79,7 @@ def train_momentum(
     run_id = fingerprint(
         model,
         data,
-        training.model_dump(exclude={"checkpoint", "eval_interval"}),
+        training.model_dump(exclude={"checkpoint", "eval_interval", "eval_every_steps"}),
         runtime.seed,
         worker_num,
         epochs,
@@ -109,13 +116,15 @@ def train_momentum(
         if adasum is not None and adasum.implementation == "mindspore_boost":
             from pipelines.optim.adasum.boost import boost_adasum_model
 
-            return ModelTrainStep(
+            step = ModelTrainStep(
                 lambda: boost_adasum_model(net, loss_fn, optimizer, training.loss_scale),
                 net,
                 optimizer,
                 lr_per_step,
                 training.loss_scale,
             )
+            step.recipe = "Momentum with Adasum (mindspore.boost)"
+            return step
         return MomentumStep(net, loss_fn, optimizer, lr_per_step, training.loss_scale, runtime, boost, adasum)
 
     validation = val_data(manifest, data)
@@ -126,6 +135,7 @@ def train_momentum(
         schedule_epochs=schedule_epochs,
         eval_interval=training.eval_interval,
         data_seed=runtime.seed,
+        eval_every_steps=training.eval_every_steps,
     )
     checkpoint = training.checkpoint
     leader = list(leader_callbacks) if rank_context().is_node_leader else []
@@ -135,11 +145,12 @@ def train_momentum(
         make_step,
         start=start,
         fingerprint=run_id,
-        checkpoints=Checkpointing(checkpoint.dir, checkpoint.every_epochs, checkpoint.keep_last),
+        checkpoints=Checkpointing.of(checkpoint),
         evaluate=lambda step: evaluate(step.network, validation),
         callbacks=[*callbacks, *leader],
         continue_from_start=continue_from_start,
         metadata={"network": model.name},
+        evaluate_steps=step_evaluation(manifest, data, training.eval_every_steps),
     )
 
 
@@ -149,6 +160,8 @@ class MomentumStep(TrainStep):
     The cell is built in ``prepare``, after the optimizer state is restored: gradient freeze takes the
     rest of the lr schedule from the optimizer's step count.
     """
+
+    recipe = "Momentum"
 
     def __init__(
         self,

@@ -31,12 +31,20 @@ from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint
 from pipelines.engine.evaluation import evaluate
 from pipelines.engine.loop import Checkpointing, TrainingResult, TrainingSpec, TrainStep, train
 from pipelines.engine.model_bridge import ModelTrainStep
+from pipelines.engine.progress import announce_compile
 from pipelines.engine.resume import fingerprint
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.schedules import thor_damping, thor_lr
 from pipelines.optim.thor.preconditioner import ThorStep, create_thor_step, is_statistic
 from pipelines.params import DataParams, DistributedParams, ModelParams, RuntimeParams, ThorParams
-from pipelines.recipes.common import configure, network_from_checkpoint, num_classes, train_data, val_data
+from pipelines.recipes.common import (
+    configure,
+    network_from_checkpoint,
+    num_classes,
+    step_evaluation,
+    train_data,
+    val_data,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -87,11 +95,19 @@ class OwnThorStep(TrainStep):
     optimizer state in the checkpoint (``optimizer.thor.thor_stats.*``), so the saved network loads into a plain one.
     """
 
+    recipe = "THOR"
+
     def __init__(self, thor: ThorStep):
         super().__init__(thor, thor.net, thor.optimizer, thor.lr_per_step, thor.loss_scale)
         self.thor = thor
         self.preconditioner = thor.preconditioner
         self.damping_per_step = thor.preconditioner.damping_per_step
+
+    def __call__(self, images, labels):
+        # THOR compiles its second-order step and the steps between separately, each on its first use
+        kind = "second-order step" if self.preconditioner.second_order_now() else "step reusing the inverses"
+        announce_compile(self, f"the training graph (THOR, {kind})")
+        return self.run(images, labels)
 
     def capture(self) -> dict[str, np.ndarray]:
         params = {name: value for name, value in super().capture().items() if not is_statistic(name)}
@@ -108,6 +124,7 @@ class MindsporeThorStep(ModelTrainStep):
     ``optimizer.``, the weights as float32 network parameters). ``nn.thor`` keeps its counters to itself:
     ``preconditioner`` is None."""
 
+    recipe = "THOR (MindSpore nn.thor)"
     preconditioner = None
 
     def __init__(self, net, loss_fn, optimizer, lr_per_step, damping_per_step, thor: ThorParams):
@@ -170,6 +187,9 @@ class ThorFigures(Callback):
         self.times[kind].append(now - self.last)
         self.last = now
 
+    def on_step_evaluation(self, row) -> None:
+        self.last = time.perf_counter()  # the next step's time starts after the evaluation
+
     def epoch_metrics(self, epoch: int) -> dict[str, float]:
         last_step = min((epoch + 1) * self.steps_per_epoch, len(self.damping_per_step)) - 1
         figures = {THOR_DAMPING: float(self.damping_per_step[last_step])}
@@ -208,7 +228,9 @@ def train_thor(
     network = thor_model(model, thor)
     worker_num = distributed.worker_num
     # where to write checkpoints and how often to evaluate do not change the training
-    excluded = {"checkpoint", "eval_interval"} | ({"mindspore"} if thor.implementation == "own" else set())
+    excluded = {"checkpoint", "eval_interval", "eval_every_steps"} | (
+        {"mindspore"} if thor.implementation == "own" else set()
+    )
     run_id = fingerprint(network, data, thor.model_dump(exclude=excluded), runtime.seed, worker_num, start)
     classes = num_classes(model, class_index)
 
@@ -246,12 +268,12 @@ def train_thor(
 
     validation = val_data(manifest, data)
 
-    def evaluate_step(step: TrainStep) -> dict[str, float]:
+    def evaluate_on(step: TrainStep, dataset) -> dict[str, float]:
         if isinstance(step, OwnThorStep):  # the wrapped layers capture nothing outside a THOR step
-            return evaluate(step.network, validation)
+            return evaluate(step.network, dataset)
         # nn.thor converted the network and amp cast it: evaluate a plain float32 copy of its weights
         plain = network_from_checkpoint(network, class_index, Checkpoint(step.capture()), "the THOR network")
-        return evaluate(plain, validation)
+        return evaluate(plain, dataset)
 
     spec = TrainingSpec(
         epochs=thor.epochs,
@@ -259,6 +281,7 @@ def train_thor(
         images_per_step=thor.batch_size * worker_num,
         eval_interval=thor.eval_interval,
         data_seed=runtime.seed,
+        eval_every_steps=thor.eval_every_steps,
     )
     checkpoint = thor.checkpoint
     return train(
@@ -267,8 +290,9 @@ def train_thor(
         make_step,
         start=start,
         fingerprint=run_id,
-        checkpoints=Checkpointing(checkpoint.dir, checkpoint.every_epochs, checkpoint.keep_last),
-        evaluate=evaluate_step,
+        checkpoints=Checkpointing.of(checkpoint),
+        evaluate=lambda step: evaluate_on(step, validation),
         callbacks=[ThorFigures(), *callbacks],
         metadata={"network": model.name},
+        evaluate_steps=step_evaluation(manifest, data, thor.eval_every_steps, evaluate_on),
     )

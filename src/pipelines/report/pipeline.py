@@ -1,24 +1,31 @@
-"""``report`` pipeline: MLflow runs of the recipes -> comparison table -> figures."""
+"""``report`` pipeline: MLflow runs of the recipes -> comparison table -> figures, the modular pipeline
+``report``."""
 
 from kedro.pipeline import Pipeline, node, pipeline
+
+from pipelines.shared import namespaced
 
 from .nodes import compare_recipes, plot_recipes
 
 
 def create_pipeline(**kwargs) -> Pipeline:
-    return pipeline(
-        [
-            node(
-                compare_recipes,
-                "params:report",
-                ["report_table", "report_histories", "report_explained_variance"],
-                name="compare_recipes",
-            ),
-            node(
-                plot_recipes,
-                ["report_histories", "report_explained_variance", "params:report"],
-                ["report_top1_vs_epoch", "report_top1_vs_time", "report_loss", "report_explained_variance_plot"],
-                name="plot_recipes",
-            ),
-        ]
+    """Nodes ``report.compare_recipes``, ``report.plot_recipes``."""
+    return namespaced(
+        pipeline(
+            [
+                node(
+                    compare_recipes,
+                    "params:report",
+                    ["table", "histories", "explained_variance"],
+                    name="compare_recipes",
+                ),
+                node(
+                    plot_recipes,
+                    ["histories", "explained_variance", "params:report"],
+                    ["top1_vs_epoch_plot", "top1_vs_time_plot", "loss_plot", "explained_variance_plot"],
+                    name="plot_recipes",
+                ),
+            ]
+        ),
+        "report",
     )

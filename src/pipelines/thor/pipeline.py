@@ -1,26 +1,31 @@
-"""``thor`` pipeline: build -> THOR training -> evaluation."""
+"""``thor`` pipeline: build -> THOR training -> evaluation, the modular pipeline ``thor``."""
 
 from kedro.pipeline import Pipeline, node, pipeline
 
-from pipelines.shared import evaluation_pipeline, training_inputs
+from pipelines.shared import evaluation_node, namespaced, training_inputs
 
-from .nodes import build_thor_network, train_thor
+from .nodes import build_thor_network, evaluate_thor, train_thor
 
 
 def create_pipeline(**kwargs) -> Pipeline:
-    return pipeline(
-        [
-            node(
-                build_thor_network,
-                ["params:model", "params:thor", "class_index", "params:runtime"],
-                "thor_initial_weights",
-                name="build_thor_network",
-            ),
-            node(
-                train_thor,
-                ["thor_initial_weights", *training_inputs("thor")],
-                ["thor_final_checkpoint", "thor_history"],
-                name="train_thor",
-            ),
-        ]
-    ) + evaluation_pipeline("thor_final_checkpoint", "thor_eval_report", "thor")
+    """Nodes ``thor.build_network``, ``thor.train``, ``thor.evaluate``."""
+    return namespaced(
+        pipeline(
+            [
+                node(
+                    build_thor_network,
+                    ["params:model", "params:thor.zero_init_last_bn_gamma", "class_index", "params:runtime"],
+                    "initial_weights",
+                    name="build_network",
+                ),
+                node(
+                    train_thor,
+                    ["initial_weights", *training_inputs("thor")],
+                    ["final_checkpoint", "history"],
+                    name="train",
+                ),
+                evaluation_node(evaluate_thor),
+            ]
+        ),
+        "thor",
+    )

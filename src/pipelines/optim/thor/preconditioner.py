@@ -64,9 +64,14 @@ recomputed: relative change ``|t - t_ref| / t_ref`` above ``skip`` recomputes (a
 ``t_ref = t``); at most ``skip`` keeps the old inverses for this step; below ``stop`` keeps them for
 good (the layer is never refreshed again). Every layer is computed at its first second-order step.
 Comparing with the last refresh rather than the previous check lets slow drift trigger a refresh.
-The rule is applied in the compiled graph with ``ops.where`` (every inverse is still computed and
-discarded when skipped: the rule changes what is used, not the cost). ``trace_skips`` counts
-(layer, second-order step) pairs that kept old inverses.
+The rule saves the work it skips: with a trace rule a second-order step runs in three parts, the
+forward/backward with statistics capture (returning the gradients and every layer's ``t``), the
+decision per layer on the host, one compiled damped inversion per refreshed layer only, then the
+reuse step's preconditioning with the stored inverses and the optimizer. (One fused graph cannot skip
+work: MindSpore computes both branches of an ``ops.where``.) ``trace_skips`` counts (layer,
+second-order step) pairs that kept old inverses, ``inverses_computed`` the (layer, step) pairs whose
+A and G inverses were computed; without a trace rule every layer is computed at every second-order
+step, in the one fused graph.
 
 Loss scale: the loss is multiplied by ``loss_scale`` before differentiation (like
 ``TrainOneStepCell(sens=loss_scale)``); gradients are divided by it before the preconditioner and ``G``
@@ -91,7 +96,7 @@ from pipelines.optim.momentum import create_momentum
 STATE_PREFIX = "thor."  # the preconditioner's keys in the optimizer state
 STATS_PREFIX = "thor_stats."  # the statistics buffers the wrapped layers add to the network
 INVERSE_METHODS = ("cholesky", "matrix_inverse")
-COUNTERS = ("steps", "second_order_steps", "reuse_steps", "trace_skips")
+COUNTERS = ("steps", "second_order_steps", "reuse_steps", "trace_skips", "inverses_computed")
 
 
 def is_statistic(name: str) -> bool:
@@ -311,7 +316,8 @@ def set_capture(wrappers, on: bool) -> None:
 
 
 class _Precondition(nn.Cell):
-    """``grads -> (THOR directions, trace skips)``; ``second_order`` (static) adds statistics, inverses, trace rule."""
+    """``grads -> THOR directions``; ``second_order`` (static) first refreshes every layer's inverses from this
+    step's statistics (the fused step without a trace rule)."""
 
     def __init__(self, preconditioner: ThorPreconditioner, second_order: bool):
         super().__init__(auto_prefix=False)
@@ -328,11 +334,6 @@ class _Precondition(nn.Cell):
         self.inverse_method = preconditioner.inverse_method
         self.rank_size = preconditioner.rank_size
         self.all_reduce = ops.AllReduce() if preconditioner.rank_size > 1 else None
-        self.use_trace = preconditioner.trace_rule is not None
-        if self.use_trace:
-            self.skip_threshold, self.stop_threshold = preconditioner.trace_rule
-            self.trace_ref = preconditioner.trace_ref
-            self.stopped = preconditioner.stopped
 
     def _mean_over_ranks(self, value):
         if self.rank_size > 1:
@@ -347,43 +348,22 @@ class _Precondition(nn.Cell):
         return a, g, positions
 
     def _refresh(self, i, grad, damping):
-        """Damped inverses of layer ``i`` from this step's statistics (the trace rule may keep the old ones);
-        returns (A^-1 blocks, G^-1 blocks, 1 if the trace rule kept the old ones else 0)."""
+        """Damped inverses of layer ``i`` from this step's statistics, stored; returns (A^-1 blocks, G^-1 blocks)."""
         a, g, positions = self._statistics(i, grad)
-        shift = ops.sqrt(damping / positions)
-        scale = ops.rsqrt(positions)
-        a_damped = a + shift * ops.eye(a.shape[0], a.shape[0], ms.float32)
-        g_damped = g + shift * ops.eye(g.shape[0], g.shape[0], ms.float32)
-        a_inv = block_inverse(a_damped, self.block_size, self.inverse_method) * scale
-        g_inv = block_inverse(g_damped, self.block_size, self.inverse_method) * scale
-        skipped = ops.zeros((), ms.float32)
-        if self.use_trace:
-            trace = (ops.trace(a) + a.shape[0] * shift) * (ops.trace(g) + g.shape[0] * shift)
-            ref = self.trace_ref[i]
-            active = self.stopped[i] < 0.5
-            first = ref <= 0.0
-            change = ops.abs(trace - ref) / ops.maximum(ref, 1e-30)
-            update = ops.logical_or(first, ops.logical_and(active, change > self.skip_threshold))
-            stop = ops.logical_and(ops.logical_not(first), ops.logical_and(active, change < self.stop_threshold))
-            a_inv = ops.where(update, a_inv, self.a_inv[i])
-            g_inv = ops.where(update, g_inv, self.g_inv[i])
-            ops.assign(self.trace_ref[i], ops.where(update, trace, ref))
-            ops.assign(self.stopped[i], ops.where(stop, ops.ones((), ms.float32), self.stopped[i]))
-            skipped = 1.0 - ops.cast(update, ms.float32)
+        a_inv = damped_inverse(a, damping, positions, self.block_size, self.inverse_method)
+        g_inv = damped_inverse(g, damping, positions, self.block_size, self.inverse_method)
         ops.assign(self.a_inv[i], a_inv)
         ops.assign(self.g_inv[i], g_inv)
-        return a_inv, g_inv, skipped
+        return a_inv, g_inv
 
     def construct(self, grads, damping):
         fresh_a = ()
         fresh_g = ()
-        skipped = ops.zeros((), ms.float32)
         if self.second_order:
             for i in range(self.n_layers):
-                a_inv, g_inv, kept = self._refresh(i, grads[self.param_of_layer[i]], damping)
+                a_inv, g_inv = self._refresh(i, grads[self.param_of_layer[i]], damping)
                 fresh_a += (a_inv,)
                 fresh_g += (g_inv,)
-                skipped = skipped + kept
         directions = ()
         for j, grad in enumerate(grads):
             layer = self.layer_of_param[j]
@@ -399,7 +379,62 @@ class _Precondition(nn.Cell):
                 matrix = ops.reshape(grad, (shape[0], -1))
                 direction = ops.reshape(apply_left(g_inv, apply_right(matrix, a_inv)), shape)
             directions += (direction,)
-        return directions, skipped
+        return directions
+
+
+def damped_inverse(stat, damping, positions, block_size, method):
+    """``P^-1/2 (X + sqrt(damping / P) I)^-1`` of a statistic ``X`` (A or G), as ``block_inverse`` blocks."""
+    shift = ops.sqrt(damping / positions)
+    damped = stat + shift * ops.eye(stat.shape[0], stat.shape[0], ms.float32)
+    return block_inverse(damped, block_size, method) * ops.rsqrt(positions)
+
+
+class _LayerInverse(nn.Cell):
+    """One layer's damped inverse (``damped_inverse``) of its rank-mean statistic: the trace rule's per-layer
+    refresh, compiled once per statistic shape."""
+
+    def __init__(self, block_size: int | None, method: str, rank_size: int):
+        super().__init__(auto_prefix=False)
+        self.block_size = block_size
+        self.method = method
+        self.rank_size = rank_size
+        self.all_reduce = ops.AllReduce() if rank_size > 1 else None
+
+    def construct(self, stat, damping, positions):
+        if self.rank_size > 1:
+            stat = self.all_reduce(stat) / self.rank_size
+        return damped_inverse(stat, damping, positions, self.block_size, self.method)
+
+
+class _DampedTraces(nn.Cell):
+    """Per layer ``t = tr(A + sI) tr(G + sI)`` of this step's rank-mean statistics (the trace rule's measure)."""
+
+    def __init__(self, preconditioner: ThorPreconditioner):
+        super().__init__(auto_prefix=False)
+        self.a_stats = preconditioner.a_stats
+        self.g_stats = preconditioner.g_stats
+        self.positions = preconditioner.positions
+        self.param_of_layer = preconditioner.param_of_layer
+        self.n_layers = len(preconditioner.param_of_layer)
+        self.rank_size = preconditioner.rank_size
+        self.all_reduce = ops.AllReduce() if preconditioner.rank_size > 1 else None
+
+    def _mean_over_ranks(self, value):
+        if self.rank_size > 1:
+            return self.all_reduce(value) / self.rank_size
+        return value
+
+    def construct(self, grads, damping):
+        traces = ()
+        for i in range(self.n_layers):
+            grad = grads[self.param_of_layer[i]]  # the statistics are read once the gradients exist
+            a = ops.depend(self.a_stats[i], grad)
+            g = ops.depend(self.g_stats[i], grad)
+            shift = ops.sqrt(damping / ops.depend(self.positions[i], grad))
+            trace_a = self._mean_over_ranks(ops.trace(a)) + a.shape[0] * shift  # tr of the rank mean
+            trace_g = self._mean_over_ranks(ops.trace(g)) + g.shape[0] * shift
+            traces += (trace_a * trace_g,)
+        return ops.stack(traces)
 
 
 class ThorPreconditioner:
@@ -474,10 +509,14 @@ class ThorPreconditioner:
 
         self.second_order_cell = _Precondition(self, second_order=True)
         self.reuse_cell = _Precondition(self, second_order=False)
+        self.traces_cell = _DampedTraces(self)
+        self.layer_inverse = _LayerInverse(block_size, inverse_method, rank_size)
         self.steps = 0
         self.second_order_steps = 0
         self.reuse_steps = 0
         self.trace_skips = 0
+        self.inverses_computed = 0
+        self.refreshed_layers: list[str] = []  # the layers whose inverses the last second-order step computed
         self._have_inverses = False
 
     def _inverse_param(self, n: int, name: str) -> ms.Parameter:
@@ -501,16 +540,42 @@ class ThorPreconditioner:
         """Statistics capture on (for a second-order step) or off; the flag is read when a cell compiles."""
         set_capture(self.wrappers, on)
 
-    def count_step(self, second_order: bool, skipped: ms.Tensor) -> None:
-        """Move the counters past a step; ``skipped``: the layers whose old inverses the trace rule kept."""
+    def count_step(self, second_order: bool) -> None:
+        """Move the counters past a step (a fused second-order step computed every layer's inverses)."""
         if second_order:
             self.second_order_steps += 1
             self._have_inverses = True
-            if self.trace_rule is not None:
-                self.trace_skips += int(round(float(skipped.asnumpy())))
+            if self.trace_rule is None:
+                self.inverses_computed += len(self.wrappers)
+                self.refreshed_layers = list(self.layer_names)
         else:
             self.reuse_steps += 1
         self.steps += 1
+
+    def refresh_by_trace_rule(self, traces: np.ndarray, damping: ms.Tensor) -> None:
+        """The trace rule at a second-order step whose statistics are captured: per layer, compare ``traces``
+        (``_DampedTraces``) with the trace at its last refresh; compute the inverses of the layers that changed
+        by more than ``skip`` (and of layers never computed), keep the others' untouched, stop layers that changed
+        by less than ``stop``. Updates ``trace_skips``, ``inverses_computed``, ``refreshed_layers``."""
+        skip, stop = self.trace_rule
+        refs = np.array([float(p.asnumpy()) for p in self.trace_ref], np.float32)
+        stopped = np.array([float(p.asnumpy()) for p in self.stopped], np.float32) > 0.5
+        first = refs <= 0.0
+        change = np.abs(traces - refs) / np.maximum(refs, np.float32(1e-30))
+        update = first | (~stopped & (change > skip))
+        stopping = ~first & ~stopped & (change < stop)
+        self.refreshed_layers = []
+        for i in np.flatnonzero(update):
+            wrapper = self.wrappers[i]
+            positions = wrapper.positions
+            self.a_inv[i].set_data(self.layer_inverse(wrapper.a_stat, damping, positions))
+            self.g_inv[i].set_data(self.layer_inverse(wrapper.g_stat, damping, positions))
+            self.trace_ref[i].set_data(ms.Tensor(traces[i], ms.float32))
+            self.refreshed_layers.append(self.layer_names[i])
+        for i in np.flatnonzero(stopping):
+            self.stopped[i].set_data(ms.Tensor(1.0, ms.float32))
+        self.inverses_computed += int(update.sum())
+        self.trace_skips += int((~update).sum())
 
     @property
     def stopped_layers(self) -> list[str]:
@@ -582,19 +647,16 @@ class ThorPreconditioner:
 # the training step: forward, backward, precondition, optimizer
 
 
-class _PreconditionedStep(nn.Cell):
-    """One compiled step: scaled loss and gradients, unscale (and average over ranks), precondition, optimizer."""
+class _Gradients(nn.Cell):
+    """Scaled loss and gradients, unscaled (and averaged over ranks): ``(images, labels) -> (loss, grads)``."""
 
-    def __init__(self, net_with_loss: nn.Cell, precondition: _Precondition, optimizer: nn.Optimizer, loss_scale, ranks):
+    def __init__(self, net_with_loss: nn.Cell, weights, loss_scale, ranks):
         super().__init__(auto_prefix=False)
         self.net_with_loss = net_with_loss
-        self.precondition = precondition
-        self.optimizer = optimizer
-        self.weights = optimizer.parameters
         self.loss_scale = float(loss_scale)
         self.rank_size = ranks
         self.all_reduce = ops.AllReduce() if ranks > 1 else None
-        self.value_and_grad = ms.value_and_grad(self._scaled_loss, None, self.weights)
+        self.value_and_grad = ms.value_and_grad(self._scaled_loss, None, weights)
 
     def _scaled_loss(self, images, labels):
         return self.net_with_loss(images, labels) * self.loss_scale
@@ -604,14 +666,53 @@ class _PreconditionedStep(nn.Cell):
             return self.all_reduce(value) / self.rank_size
         return value
 
-    def construct(self, images, labels, damping):
+    def construct(self, images, labels):
         scaled_loss, scaled_grads = self.value_and_grad(images, labels)
         loss = self._mean_over_ranks(scaled_loss / self.loss_scale)
         grads = ()
         for grad in scaled_grads:
             grads += (self._mean_over_ranks(grad / self.loss_scale),)
-        directions, skipped = self.precondition(grads, damping)
-        return ops.depend(loss, self.optimizer(directions)), skipped
+        return loss, grads
+
+
+class _PreconditionedStep(nn.Cell):
+    """One compiled step: gradients (``_Gradients``), precondition, optimizer."""
+
+    def __init__(self, gradients: _Gradients, precondition: _Precondition, optimizer: nn.Optimizer):
+        super().__init__(auto_prefix=False)
+        self.gradients = gradients
+        self.precondition = precondition
+        self.optimizer = optimizer
+
+    def construct(self, images, labels, damping):
+        loss, grads = self.gradients(images, labels)
+        return ops.depend(loss, self.optimizer(self.precondition(grads, damping)))
+
+
+class _CapturingGradients(nn.Cell):
+    """The trace rule's first part of a second-order step: gradients with the statistics captured, and each
+    layer's damped trace (``_DampedTraces``)."""
+
+    def __init__(self, gradients: _Gradients, traces: _DampedTraces):
+        super().__init__(auto_prefix=False)
+        self.gradients = gradients
+        self.traces = traces
+
+    def construct(self, images, labels, damping):
+        loss, grads = self.gradients(images, labels)
+        return loss, grads, self.traces(grads, damping)
+
+
+class _PreconditionedUpdate(nn.Cell):
+    """The trace rule's last part: the stored inverses applied to given gradients, then the optimizer."""
+
+    def __init__(self, precondition: _Precondition, optimizer: nn.Optimizer):
+        super().__init__(auto_prefix=False)
+        self.precondition = precondition
+        self.optimizer = optimizer
+
+    def construct(self, grads, damping):
+        return self.optimizer(self.precondition(grads, damping))
 
 
 class ThorStep:
@@ -642,12 +743,14 @@ class ThorStep:
         self.optimizer = optimizer
         self.lr_per_step = np.asarray(lr_per_step, np.float32).ravel()
         self.loss_scale = float(loss_scale)
-        net_with_loss = nn.WithLossCell(net, loss_fn)
-        ranks = preconditioner.rank_size
-        self._second_order = _PreconditionedStep(
-            net_with_loss, preconditioner.second_order_cell, optimizer, loss_scale, ranks
+        gradients = _Gradients(
+            nn.WithLossCell(net, loss_fn), optimizer.parameters, loss_scale, preconditioner.rank_size
         )
-        self._reuse = _PreconditionedStep(net_with_loss, preconditioner.reuse_cell, optimizer, loss_scale, ranks)
+        self._second_order = _PreconditionedStep(gradients, preconditioner.second_order_cell, optimizer)
+        self._reuse = _PreconditionedStep(gradients, preconditioner.reuse_cell, optimizer)
+        if preconditioner.trace_rule is not None:
+            self._capturing = _CapturingGradients(gradients, preconditioner.traces_cell)
+            self._update = _PreconditionedUpdate(preconditioner.reuse_cell, optimizer)
         net.set_train(True)
 
     def __call__(self, images, labels) -> ms.Tensor:
@@ -660,12 +763,28 @@ class ThorStep:
             )
         second_order = preconditioner.second_order_now()
         damping = ms.Tensor(preconditioner.damping, ms.float32)
+        if second_order and preconditioner.trace_rule is not None:
+            return self._trace_rule_step(images, labels, damping)
         preconditioner.capture(second_order)
         try:
-            loss, skipped = (self._second_order if second_order else self._reuse)(images, labels, damping)
+            loss = (self._second_order if second_order else self._reuse)(images, labels, damping)
         finally:
             preconditioner.capture(False)
-        preconditioner.count_step(second_order, skipped)
+        preconditioner.count_step(second_order)
+        return loss
+
+    def _trace_rule_step(self, images, labels, damping: ms.Tensor) -> ms.Tensor:
+        """A second-order step under the trace rule: statistics and traces, the refreshed layers' inverses only,
+        then the update with the stored inverses (see the module docstring)."""
+        preconditioner = self.preconditioner
+        preconditioner.capture(True)
+        try:
+            loss, grads, traces = self._capturing(images, labels, damping)
+        finally:
+            preconditioner.capture(False)
+        preconditioner.refresh_by_trace_rule(traces.asnumpy(), damping)
+        self._update(grads, damping)
+        preconditioner.count_step(True)
         return loss
 
 
