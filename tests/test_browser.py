@@ -38,6 +38,10 @@ ARTIFACTS = PROJECT / "test-artifacts" / "browser"
 PAGE_TIMEOUT_S = 90  # a page's scripts, on 2 shared cores
 SERVER_START_TIMEOUT_S = 180  # mlflow server imports for ~30 s on a busy machine
 # The baseline pipeline's task nodes, named here so that the check cannot pass on an empty graph.
+FLOWCHART_NODES = "svg g.pipeline-node[data-node-fullname]"
+LAYER_NAMES = ".pipeline-flowchart__layer-names--visible .pipeline-layer-name"
+DIM_REDUCE_STAGES = ("stage1", "trajectory_pca", "stage2", "control", "evaluation")
+LAYERS = ("raw", "intermediate", "primary", "model_input", "models", "model_output", "reporting")
 BASELINE_TASKS = {
     "data.locate_image_tree",
     "data.build_manifest",
@@ -133,18 +137,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def mlflow_ui(filled_project, tmp_path) -> Iterator[str]:
-    """``mlflow server`` on a free localhost port over the project's store; yields its URL, always stopped after."""
+@contextlib.contextmanager
+def mlflow_server(project: Path, log: Path) -> Iterator[str]:
+    """``mlflow server`` on a free localhost port over ``project``'s store; yields its URL, always stopped after."""
     port = free_port()
-    log = tmp_path / "mlflow_server.log"
     command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    command += ["--backend-store-uri", f"sqlite:///{filled_project / 'mlflow.db'}"]
+    command += ["--backend-store-uri", f"sqlite:///{project / 'mlflow.db'}"]
     with log.open("w") as out:
         # its own process group: the server runs uvicorn in a child process, and both must go at the end
         server = subprocess.Popen(
             command,
-            cwd=filled_project,
+            cwd=project,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -176,33 +179,91 @@ def mlflow_ui(filled_project, tmp_path) -> Iterator[str]:
             server.wait(timeout=10)
 
 
+@pytest.fixture
+def mlflow_ui(filled_project, tmp_path) -> Iterator[str]:
+    """The MLflow UI over the tiny baseline run's store."""
+    with mlflow_server(filled_project, tmp_path / "mlflow_server.log") as url:
+        yield url
+
+
 def test_kedro_viz_site_shows_the_pipeline(filled_project, browser):
     graph = json.loads((filled_project / "build" / "api" / "main").read_text())
-    # the site opens on __default__ with parameters hidden: every other node of that pipeline is drawn
-    expected = {
-        (n["name"], n["type"])
-        for n in graph["nodes"]
-        if "__default__" in n.get("pipelines", []) and n["type"] in ("task", "data")
-    }
-    assert BASELINE_TASKS <= {name for name, kind in expected if kind == "task"}
-    # no first-visit feature tour over the flowchart
-    before_each_page(browser, "localStorage.setItem('KedroViz', JSON.stringify({showFeatureHints: false}));")
+    # the site opens on __default__ with parameters hidden; with every modular pipeline expanded, every other
+    # node of that pipeline is drawn (a task node by the last part of its name, ``train``)
+    pipeline_nodes = [n for n in graph["nodes"] if "__default__" in n.get("pipelines", [])]
+    expected = {(n["name"], n["type"]) for n in pipeline_nodes if n["type"] in ("task", "data")}
+    assert BASELINE_TASKS <= {n["full_name"] for n in pipeline_nodes if n["type"] == "task"}
+    no_feature_tour(browser)
     with static_site(filled_project / "build") as url:
-        browser.get(url)
-        drawn = "svg g.pipeline-node[data-node-fullname]"
+        browser.get(f"{url}/?expandAllPipelines=true")
         wait_for(
             browser,
-            lambda d: len(d.find_elements(By.CSS_SELECTOR, drawn)) >= len(expected),
+            lambda d: len(d.find_elements(By.CSS_SELECTOR, FLOWCHART_NODES)) >= len(expected),
             "kedro_viz",
             f"{len(expected)} flowchart nodes",
         )
         time.sleep(1)  # the nodes fade in
         screenshot(browser, "kedro_viz")
-        nodes = browser.find_elements(By.CSS_SELECTOR, drawn)
+        nodes = browser.find_elements(By.CSS_SELECTOR, FLOWCHART_NODES)
         shown = {(n.get_attribute("data-node-fullname"), n.get_attribute("data-node-type")) for n in nodes}
         labels = {t.text for t in browser.find_elements(By.CSS_SELECTOR, "svg g.pipeline-node text")}
     assert shown == expected
     assert {name for name, _ in expected} <= labels  # the names are drawn, not only carried as attributes
+
+
+def no_feature_tour(driver: webdriver.Chrome) -> None:
+    """No first-visit feature tour over the flowchart."""
+    before_each_page(driver, "localStorage.setItem('KedroViz', JSON.stringify({showFeatureHints: false}));")
+
+
+def drawn(driver: webdriver.Chrome, kind: str) -> set[str]:
+    """The ``data-node-fullname`` of every flowchart node of type ``kind`` (task, data, modularPipeline)."""
+    nodes = driver.find_elements(By.CSS_SELECTOR, f"{FLOWCHART_NODES}[data-node-type='{kind}']")
+    return {node.get_attribute("data-node-fullname") for node in nodes}
+
+
+def click_node(driver: webdriver.Chrome, full_name: str) -> None:
+    """Click the flowchart node ``full_name`` (a collapsed modular pipeline expands)."""
+    driver.find_element(By.CSS_SELECTOR, f"{FLOWCHART_NODES}[data-node-fullname='{full_name}']").click()
+
+
+def test_kedro_viz_shows_dim_reduce_stages_collapsed_with_layers(filled_project, browser):
+    graph = json.loads((filled_project / "build" / "api" / "pipelines" / "dim_reduce").read_text())
+    (stage2_train,) = [n["id"] for n in graph["nodes"] if n.get("full_name") == "dim_reduce.stage2.train"]
+    stages = {f"dim_reduce.{stage}" for stage in DIM_REDUCE_STAGES}
+    no_feature_tour(browser)
+    with static_site(filled_project / "build") as url:
+        browser.get(f"{url}/?pid=dim_reduce")
+        # every namespace starts collapsed: the data pipeline and dim_reduce are one box each, no task is drawn
+        wait_for(browser, lambda d: drawn(d, "modularPipeline") == {"data", "dim_reduce"}, "kedro_viz_dim_reduce", "")
+        time.sleep(1)  # the nodes fade in
+        screenshot(browser, "kedro_viz_dim_reduce")
+        assert drawn(browser, "task") == set()
+
+        click_node(browser, "dim_reduce")
+        wait_for(browser, lambda d: drawn(d, "modularPipeline") == {"data", *stages}, "kedro_viz_dim_reduce_stages", "")
+        time.sleep(1)
+        screenshot(browser, "kedro_viz_dim_reduce_stages")
+        assert drawn(browser, "task") == set()  # the stages are collapsed too
+        # the catalog's layers: the layers button is on and the bands are drawn, named in the layers' order
+        layers_button = browser.find_element(By.CSS_SELECTOR, "button.pipeline-menu-button--layers")
+        assert layers_button.is_enabled() and "pipeline-icon-toolbar__button--active" in layers_button.get_attribute(
+            "class"
+        )
+        names = [li.text for li in browser.find_elements(By.CSS_SELECTOR, LAYER_NAMES)]
+        assert {"intermediate", "models", "reporting"} <= set(names)
+        assert names == sorted(names, key=LAYERS.index)
+        assert len(browser.find_elements(By.CSS_SELECTOR, "g.pipeline-flowchart__layers rect.pipeline-layer")) == len(
+            names
+        )
+
+        click_node(browser, "dim_reduce.stage2")
+        stage2 = f"{FLOWCHART_NODES}[data-id='{stage2_train}']"
+        wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, stage2), "kedro_viz_stage2_expanded", "stage 2")
+        time.sleep(1)
+        screenshot(browser, "kedro_viz_stage2_expanded")
+        assert drawn(browser, "modularPipeline") == {"data", *stages} - {"dim_reduce.stage2"}
+        assert drawn(browser, "task") == {"train"}  # dim_reduce.stage2.train, by the last part of its name
 
 
 def test_mlflow_ui_shows_the_run_and_its_metrics(filled_project, mlflow_ui, browser):

@@ -406,6 +406,31 @@ class TrackingParams(Section):
     artifact_max_mb: NonNegativeFloat
 
 
+StudyRecipe = Literal["baseline", "thor"]
+
+
+class StudyParams(Section):
+    """A multi-seed comparison of recipes (``kedro run --pipelines=study``): every recipe and seed on the same data,
+    epoch budget and evaluation; each (recipe, seed) run's result is kept in ``dir`` and never rerun."""
+
+    recipes: Annotated[list[StudyRecipe], Field(min_length=1)]  # the first is the reference of the paired differences
+    seeds: Annotated[list[int], Field(min_length=1)]  # runtime.seed of each run
+    epochs: PositiveInt  # every recipe's budget (replaces <recipe>.epochs)
+    eval_every_steps: PositiveInt  # evaluation on data.step_eval_images every N steps (time to target)
+    target_top1: Annotated[float, Field(gt=0, le=1)]  # a fraction, not a percentage
+    dir: str  # one result file per finished run, and the runs' checkpoints
+
+    @model_validator(mode="after")
+    def _distinct(self) -> StudyParams:
+        problems = []
+        for key, values in (("study.recipes", self.recipes), ("study.seeds", self.seeds)):
+            repeated = sorted({value for value in values if values.count(value) > 1})
+            if repeated:
+                problems.append((key, f"repeats {repeated}: each run is one (recipe, seed) pair"))
+        CrossKeyProblems.raise_if_any(problems)
+        return self
+
+
 class Parameters(Section):
     """The whole merged configuration, with the rules that span sections."""
 
@@ -420,6 +445,7 @@ class Parameters(Section):
     migrate: MigrateParams
     report: ReportParams
     thor: ThorParams
+    study: StudyParams
     tracking: TrackingParams
 
     @model_validator(mode="after")

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from kedro.pipeline import Pipeline
 
 # The registered names besides __default__ (tests/test_registry.py checks them against register_pipelines()).
-PIPELINE_NAMES = ("data", "baseline", "dim_reduce", "thor", "adasum", "report", "migrate")
+PIPELINE_NAMES = ("data", "baseline", "dim_reduce", "thor", "adasum", "report", "migrate", "study")
 DEFAULT = ("data", "baseline")
 
 
@@ -27,6 +27,7 @@ def register_pipelines() -> dict[str, Pipeline]:
     from .dim_reduce.pipeline import create_pipeline as create_dim_reduce
     from .migrate.pipeline import create_pipeline as create_migrate
     from .report.pipeline import create_pipeline as create_report
+    from .study.pipeline import create_pipeline as create_study
     from .thor.pipeline import create_pipeline as create_thor
 
     data = create_data()
@@ -39,6 +40,7 @@ def register_pipelines() -> dict[str, Pipeline]:
         "adasum": data + create_adasum(),
         "report": create_report(),
         "migrate": create_migrate(),
+        "study": data + create_study(),
         "__default__": baseline,
     }
 

@@ -783,7 +783,7 @@ class ThorStep:
         finally:
             preconditioner.capture(False)
         preconditioner.refresh_by_trace_rule(traces.asnumpy(), damping)
-        self._update(grads, damping)
+        self._update(ms.mutable(grads), damping)  # mutable: a tuple of new tensors must not recompile the cell
         preconditioner.count_step(True)
         return loss
 

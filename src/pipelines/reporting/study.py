@@ -1,0 +1,137 @@
+"""Statistics of a multi-seed study (``kedro run --pipelines=study``): per-run figures, t-intervals, paired
+differences and the top-1 against training time figure. Plain data in, plain data out (numpy, pandas, scipy,
+matplotlib); no MindSpore, no MLflow.
+
+Accuracies are fractions in [0, 1]; times are training seconds with every evaluation excluded (the engine's
+``train/elapsed_s``). Time to target is read at step resolution: the first evaluation every K steps (on the
+fixed val subset) whose top-1 reaches the target; epochs to target is that step over the steps per epoch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from scipy import stats
+
+from pipelines.engine.loop import STEP_KEY, TRAIN_ELAPSED_S, VAL_STEP_TOP1
+
+# columns of the per-run table, each summarised per recipe by ``summarise``
+MEASURES = ("final_top1", "final_top5", "time_to_target_s", "epochs_to_target")
+CONFIDENCE = 0.95
+
+
+def first_crossing(step_rows: Sequence[Mapping[str, float]], target_top1: float) -> Mapping[str, float] | None:
+    """The first step-evaluation row (in step order) whose ``val/step_top1`` reaches ``target_top1``, or None."""
+    for row in sorted(step_rows, key=lambda row: row[STEP_KEY]):
+        if row[VAL_STEP_TOP1] >= target_top1:
+            return row
+    return None
+
+
+def run_figures(record: Mapping, target_top1: float) -> dict[str, float]:
+    """The per-run measures of a study run's record (``final_top1``, ``final_top5``, ``steps_per_epoch``,
+    ``step_history``): final accuracies, time and epochs to ``target_top1`` (NaN when never reached)."""
+    crossing = first_crossing(record["step_history"], target_top1)
+    return {
+        "final_top1": float(record["final_top1"]),
+        "final_top5": float(record["final_top5"]),
+        "time_to_target_s": math.nan if crossing is None else float(crossing[TRAIN_ELAPSED_S]),
+        "epochs_to_target": math.nan if crossing is None else crossing[STEP_KEY] / record["steps_per_epoch"],
+    }
+
+
+def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float, float, int]:
+    """(mean, low, high, n) of the finite ``values``: Student-t interval of the mean at ``confidence``.
+
+    With one value the bounds are NaN (no spread to estimate); with none, everything is NaN and n is 0.
+    """
+    finite = np.asarray([v for v in values if math.isfinite(v)], np.float64)
+    n = len(finite)
+    if n == 0:
+        return math.nan, math.nan, math.nan, 0
+    mean = float(finite.mean())
+    if n == 1:
+        return mean, math.nan, math.nan, 1
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * finite.std(ddof=1) / math.sqrt(n))
+    return mean, mean - half, mean + half, n
+
+
+def summarise(runs: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataFrame:
+    """Per recipe (in order of appearance): ``runs`` (seeds), then per measure of ``MEASURES`` its mean,
+    ``_ci_low``, ``_ci_high`` and ``_n`` (the runs with a value: time and epochs to target count only the runs
+    that reached it)."""
+    rows = []
+    for recipe, group in runs.groupby("recipe", sort=False):
+        row: dict[str, float | str | int] = {"recipe": recipe, "runs": len(group)}
+        for measure in MEASURES:
+            mean, low, high, n = t_interval(group[measure].tolist(), confidence)
+            row.update({measure: mean, f"{measure}_ci_low": low, f"{measure}_ci_high": high, f"{measure}_n": n})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def paired_differences(runs: pd.DataFrame, reference: str = "baseline", confidence: float = CONFIDENCE) -> pd.DataFrame:
+    """Each other recipe against ``reference`` on the same seeds: per seed the ratio of times to target
+    (``time_to_target_ratio``, recipe / reference, seeds where both reached it) and the differences of final
+    top-1 and top-5 (``final_top1_difference``, recipe - reference, same epochs); mean and t-interval of each.
+
+    Columns: ``comparison`` (``thor vs baseline``), ``measure``, ``mean``, ``ci_low``, ``ci_high``, ``n``.
+    """
+    by_seed = runs.set_index(["recipe", "seed"])
+    base = by_seed.loc[reference] if reference in by_seed.index.get_level_values(0) else None
+    rows = []
+    for recipe in runs["recipe"].drop_duplicates():
+        if recipe == reference or base is None:
+            continue
+        other = by_seed.loc[recipe]
+        seeds = sorted(set(other.index) & set(base.index))
+        measures = {
+            "time_to_target_ratio": [other.at[s, "time_to_target_s"] / base.at[s, "time_to_target_s"] for s in seeds],
+            "final_top1_difference": [other.at[s, "final_top1"] - base.at[s, "final_top1"] for s in seeds],
+            "final_top5_difference": [other.at[s, "final_top5"] - base.at[s, "final_top5"] for s in seeds],
+        }
+        for measure, values in measures.items():
+            mean, low, high, n = t_interval(values, confidence)
+            rows.append(
+                {"comparison": f"{recipe} vs {reference}", "measure": measure, "mean": mean}
+                | {"ci_low": low, "ci_high": high, "n": n}
+            )
+    return pd.DataFrame(rows, columns=["comparison", "measure", "mean", "ci_low", "ci_high", "n"])
+
+
+def curves_figure(
+    curves: pd.DataFrame, target_top1: float | None = None, points: int = 60, confidence: float = CONFIDENCE
+) -> Figure:
+    """Top-1 on the step subset against training seconds: per recipe each seed's curve (thin) and the mean over
+    seeds with its t-interval as a band, on a common time grid up to the shortest run's last evaluation
+    (linear interpolation between evaluations). ``curves``: columns recipe, seed, elapsed_s, top1."""
+    figure = Figure(figsize=(7, 4.5), tight_layout=True)
+    axes = figure.add_subplot()
+    for index, (recipe, group) in enumerate(curves.groupby("recipe", sort=False)):
+        colour = f"C{index}"
+        series = [run.sort_values("elapsed_s") for _, run in group.groupby("seed")]
+        for run in series:
+            axes.plot(run["elapsed_s"], run["top1"], color=colour, alpha=0.25, linewidth=0.8)
+        end = min(run["elapsed_s"].max() for run in series)
+        start = max(run["elapsed_s"].min() for run in series)
+        if len(series) > 1 and end > start:
+            grid = np.linspace(start, end, points)
+            values = np.stack([np.interp(grid, run["elapsed_s"], run["top1"]) for run in series])
+            mean = values.mean(axis=0)
+            half = stats.t.ppf(0.5 + confidence / 2, len(series) - 1) * values.std(axis=0, ddof=1)
+            half /= math.sqrt(len(series))
+            axes.fill_between(grid, mean - half, mean + half, color=colour, alpha=0.25)
+            axes.plot(grid, mean, color=colour, label=f"{recipe} (mean of {len(series)} seeds, {confidence:.0%} CI)")
+        else:
+            axes.plot([], [], color=colour, label=recipe)
+    if target_top1 is not None:
+        axes.axhline(target_top1, color="grey", linestyle="--", linewidth=0.8, label=f"target {target_top1:g}")
+    axes.set_xlabel("training time (s, evaluations excluded)")
+    axes.set_ylabel("val top-1 (step-evaluation subset)")
+    axes.legend(loc="lower right")
+    axes.grid(alpha=0.3)
+    return figure

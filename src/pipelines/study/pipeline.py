@@ -1,0 +1,37 @@
+"""``study`` pipeline: the recipes over several seeds -> statistics -> figure, the modular pipeline ``study``."""
+
+from kedro.pipeline import Pipeline, node, pipeline
+
+from pipelines.shared import namespaced
+
+from .nodes import plot_study, run_study, summarise_study
+
+
+def create_pipeline(**kwargs) -> Pipeline:
+    """Nodes ``study.run``, ``study.summarise``, ``study.plot``."""
+    return namespaced(
+        pipeline(
+            [
+                node(
+                    run_study,
+                    [
+                        "manifest",
+                        "class_index",
+                        "params:model",
+                        "params:data",
+                        "params:runtime",
+                        "params:distributed",
+                        "params:baseline",
+                        "params:thor",
+                        "params:boost",
+                        "params:study",
+                    ],
+                    ["runs", "curves"],
+                    name="run",
+                ),
+                node(summarise_study, ["runs", "params:study"], ["summary", "paired"], name="summarise"),
+                node(plot_study, ["curves", "params:study"], "top1_vs_time_plot", name="plot"),
+            ]
+        ),
+        "study",
+    )

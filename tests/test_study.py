@@ -1,0 +1,180 @@
+"""The ``study`` pipeline: statistics against closed forms, and a tiny real study (2 recipes x 2 seeds) that is
+killed after its first finished run and rerun: the rerun does not repeat that run, the CI columns follow from
+the per-run values logged in MLflow, and time to target is the first crossing in the logged step series."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+from helpers import write_image_tree
+from scipy import stats
+from test_pipeline_e2e import TINY_PARAMS, kedro, make_project
+
+from pipelines.reporting.study import first_crossing, paired_differences, summarise, t_interval
+
+TARGET = 0.34  # just above chance with 3 classes
+STUDY = {
+    "recipes": ["baseline", "thor"],
+    "seeds": [0, 1],
+    "epochs": 2,
+    "eval_every_steps": 2,
+    "target_top1": TARGET,
+    "dir": "data/07_model_output/study",
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# statistics
+
+
+def test_t_interval_is_the_student_t_interval():
+    values = [0.81, 0.84, 0.86, 0.83]
+    mean, low, high, n = t_interval(values)
+    half = stats.t.ppf(0.975, 3) * np.std(values, ddof=1) / 2
+    assert n == 4 and mean == pytest.approx(np.mean(values))
+    assert (low, high) == pytest.approx((mean - half, mean + half))
+    # NaN (never reached the target) is left out; one value has no interval
+    assert t_interval([0.5, math.nan])[3] == 1 and math.isnan(t_interval([0.5, math.nan])[1])
+    assert t_interval([])[3] == 0
+
+
+def test_first_crossing_is_the_earliest_step_at_or_above_the_target():
+    rows = [{"step": s, "val/step_top1": v, "train/elapsed_s": 2.0 * s} for s, v in ((6, 0.9), (2, 0.4), (4, 0.5))]
+    assert first_crossing(rows, 0.5)["step"] == 4
+    assert first_crossing(rows, 0.4)["train/elapsed_s"] == 4.0
+    assert first_crossing(rows, 0.95) is None
+
+
+def test_summary_and_paired_differences():
+    runs = pd.DataFrame(
+        {
+            "recipe": ["baseline"] * 3 + ["thor"] * 3,
+            "seed": [0, 1, 2] * 2,
+            "final_top1": [0.80, 0.82, 0.84, 0.83, 0.84, 0.88],
+            "final_top5": [0.99] * 6,
+            "time_to_target_s": [100.0, 120.0, math.nan, 60.0, 90.0, 70.0],
+            "epochs_to_target": [1.0, 1.2, math.nan, 0.5, 0.9, 0.7],
+        }
+    )
+    summary = summarise(runs).set_index("recipe")
+    assert summary.loc["baseline", "runs"] == 3 and summary.loc["baseline", "time_to_target_s_n"] == 2
+    assert summary.loc["thor", "final_top1"] == pytest.approx(np.mean([0.83, 0.84, 0.88]))
+    paired = paired_differences(runs).set_index("measure")
+    ratio = paired.loc["time_to_target_ratio"]
+    assert ratio["n"] == 2 and ratio["mean"] == pytest.approx(np.mean([0.6, 0.75]))  # seed 2 never reached it
+    difference = paired.loc["final_top1_difference"]
+    assert difference["mean"] == pytest.approx(np.mean([0.03, 0.02, 0.04]))
+    assert difference["ci_low"] < difference["mean"] < difference["ci_high"]
+
+
+# ------------------------------------------------------------------------------------------------
+# a tiny real study, killed and rerun
+
+
+def kill_after_first_result(project: Path, results: Path) -> None:
+    """``kedro run --pipelines=study``, SIGKILLed (whole process group) once its first run's result file exists."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kedro", "run", "--pipelines=study"],
+        cwd=project,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.time() + 600
+    while not list(results.glob("*.json")):
+        assert process.poll() is None, "the study ended before it could be interrupted"
+        assert time.time() < deadline, "no finished run within 10 minutes"
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    root = tmp_path_factory.mktemp("study")
+    tree = write_image_tree(root / "tree", classes=("cat", "dog", "fox"), per_class={"train": 8, "val": 3})
+    params = {
+        **TINY_PARAMS,
+        "data": {**TINY_PARAMS["data"], "root": str(tree), "step_eval_images": 6},
+        "thor": {"batch_size": 4, "frequency": 4},
+        "study": STUDY,
+    }
+    project = make_project(root / "project", params)
+    results = project / STUDY["dir"] / "runs"
+    kill_after_first_result(project, results)
+    finished = {path.name: (path.stat().st_mtime_ns, path.read_text()) for path in results.glob("*.json")}
+    rerun = kedro(project, "run", "--pipelines=study")
+    assert rerun.returncode == 0, rerun.stdout[-5000:] + rerun.stderr[-5000:]
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
+    return project, finished, rerun, client
+
+
+def test_a_killed_study_resumes_without_rerunning_a_finished_run(study):
+    project, finished, rerun, client = study
+    results = project / STUDY["dir"] / "runs"
+    assert finished and len(list(results.glob("*.json"))) == 4
+    for name, (mtime, text) in finished.items():  # untouched by the rerun
+        assert results.joinpath(name).stat().st_mtime_ns == mtime and results.joinpath(name).read_text() == text
+    assert not list(results.glob("*.tmp"))
+    experiment = client.get_experiment_by_name("resnet-recipes")
+    parents = client.search_runs(
+        [experiment.experiment_id], "tags.pipeline = 'study'", order_by=["attributes.start_time DESC"]
+    )
+    children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'")
+    trained_again = {child.data.tags["study_key"] + ".json" for child in children}
+    assert not trained_again & set(finished)  # the finished runs were read, not trained again
+    assert len(trained_again) == 4 - len(finished)
+    assert "finished earlier" in rerun.stdout + rerun.stderr
+
+
+def test_ci_columns_follow_from_the_logged_per_run_values(study):
+    project, _, _, client = study
+    runs = pd.read_csv(project / "data/08_reporting/study/runs.csv")
+    summary = pd.read_csv(project / "data/08_reporting/study/summary.csv").set_index("recipe")
+    assert sorted(zip(runs["recipe"], runs["seed"], strict=True)) == [(r, s) for r in STUDY["recipes"] for s in (0, 1)]
+    for recipe, group in runs.groupby("recipe"):
+        logged = []
+        for run_id in group["mlflow_run_id"]:
+            child = client.get_run(run_id)
+            assert child.data.tags["recipe"] == recipe
+            logged.append(child.data.metrics["final/top1"])
+        mean = np.mean(logged)
+        half = stats.t.ppf(0.975, len(logged) - 1) * np.std(logged, ddof=1) / math.sqrt(len(logged))
+        row = summary.loc[recipe]
+        assert row["final_top1"] == pytest.approx(mean)
+        assert row["final_top1_ci_low"] == pytest.approx(mean - half, nan_ok=True)
+        assert row["final_top1_ci_high"] == pytest.approx(mean + half, nan_ok=True)
+        assert row["final_top1_n"] == 2
+
+
+def test_time_to_target_is_the_first_crossing_of_the_logged_step_series(study):
+    project, _, _, client = study
+    runs = pd.read_csv(project / "data/08_reporting/study/runs.csv")
+    reached = 0
+    for _, run in runs.iterrows():
+        top1 = {m.step: m.value for m in client.get_metric_history(run["mlflow_run_id"], "val/step_top1")}
+        elapsed = {m.step: m.value for m in client.get_metric_history(run["mlflow_run_id"], "train/elapsed_s")}
+        evaluation_s = client.get_metric_history(run["mlflow_run_id"], "eval/time_s")
+        steps = sorted(top1)
+        assert steps == list(range(2, 2 * len(steps) + 1, 2))  # every eval_every_steps, across both epochs
+        assert len(evaluation_s) == len(steps) and all(m.value > 0 for m in evaluation_s)
+        assert all(elapsed[a] < elapsed[b] for a, b in zip(steps, steps[1:], strict=False))
+        crossing = next((step for step in steps if top1[step] >= TARGET), None)
+        if crossing is None:
+            assert math.isnan(run["time_to_target_s"]) and math.isnan(run["epochs_to_target"])
+            continue
+        reached += 1
+        assert run["time_to_target_s"] == pytest.approx(elapsed[crossing])
+        assert run["epochs_to_target"] == pytest.approx(crossing / run["steps_per_epoch"])
+    assert reached >= 1
+    assert (project / "data/08_reporting/study/top1_vs_time.png").stat().st_size > 0
