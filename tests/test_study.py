@@ -119,6 +119,7 @@ def study(tmp_path_factory):
     return project, finished, rerun, client
 
 
+@pytest.mark.slow
 def test_a_killed_study_resumes_without_rerunning_a_finished_run(study):
     project, finished, rerun, client = study
     results = project / STUDY["dir"] / "runs"
@@ -137,6 +138,7 @@ def test_a_killed_study_resumes_without_rerunning_a_finished_run(study):
     assert "finished earlier" in rerun.stdout + rerun.stderr
 
 
+@pytest.mark.slow
 def test_ci_columns_follow_from_the_logged_per_run_values(study):
     project, _, _, client = study
     runs = pd.read_csv(project / "data/08_reporting/study/runs.csv")
@@ -157,6 +159,7 @@ def test_ci_columns_follow_from_the_logged_per_run_values(study):
         assert row["final_top1_n"] == 2
 
 
+@pytest.mark.slow
 def test_time_to_target_is_the_first_crossing_of_the_logged_step_series(study):
     project, _, _, client = study
     runs = pd.read_csv(project / "data/08_reporting/study/runs.csv")

@@ -10,8 +10,9 @@ console and one ``Error:`` block for a run that fails.
   packages' own code, and move third-party INFO records that repeat what the user already knows
   to DEBUG.
 
-Kedro-facing: imports click and Kedro, never MindSpore or MLflow (Kedro imports this module for
-every ``kedro`` command), and the error classes only through the modules already loaded.
+Kedro-facing and light, since Kedro imports it for every ``kedro`` command: click and Kedro, never
+MindSpore; MLflow only as kedro-mlflow's plugin loads it anyway. Error classes are known by name,
+so that telling an error imports nothing.
 """
 
 from __future__ import annotations

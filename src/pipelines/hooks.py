@@ -4,6 +4,7 @@ of earlier processes that were killed outright."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -55,10 +56,50 @@ class Interrupted(click.ClickException):
         self.exit_code = 128 + signum
 
 
+# Where an exception raised by the stop signal would be swallowed, or logged at length, instead of
+# stopping the run cleanly: (module, function; None: any). There the stop waits, looking again every
+# DEFERRED_STOP_POLL_S, until the code has returned.
+UNSAFE_TO_RAISE = (
+    ("logging", None),  # Handler.emit prints "--- Logging error ---" and a traceback, and goes on
+    ("rich", None),  # Kedro's console handler
+    ("mindspore", "compile"),  # the graph compiler logs it with an IR dump (stderr, rank_0/om/analyze_fail.ir)
+    ("mindspore.train.serialization", None),  # save_checkpoint logs it at CRITICAL before passing it on
+)
+DEFERRED_STOP_POLL_S = 0.2
+
+
+def _is_unsafe(module: str, function: str) -> bool:
+    return any(
+        (module == unsafe or module.startswith(unsafe + ".")) and only in (None, function)
+        for unsafe, only in UNSAFE_TO_RAISE
+    )
+
+
+def _unsafe_to_raise(frame) -> bool:
+    """Whether ``frame`` or a caller of it is one of ``UNSAFE_TO_RAISE``."""
+    while frame is not None:
+        if _is_unsafe(frame.f_globals.get("__name__", ""), frame.f_code.co_name):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _raise_interrupted(signum: int, frame) -> None:
     # a second signal while the run winds down stops the process at once
     for stop_signal in STOP_SIGNALS:
         signal.signal(stop_signal, signal.SIG_DFL)
+    if _unsafe_to_raise(frame):
+        signal.signal(signal.SIGALRM, functools.partial(_raise_deferred, signum))
+        signal.setitimer(signal.ITIMER_REAL, DEFERRED_STOP_POLL_S)
+        return
+    raise Interrupted(signum)
+
+
+def _raise_deferred(signum: int, _alarm: int, frame) -> None:
+    if _unsafe_to_raise(frame):
+        signal.setitimer(signal.ITIMER_REAL, DEFERRED_STOP_POLL_S)
+        return
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
     raise Interrupted(signum)
 
 
@@ -283,7 +324,7 @@ class ProjectHooks:
     @hook_impl(trylast=True)  # after kedro-mlflow's hook has ended the run FAILED
     def on_pipeline_error(self, error: Exception, run_params: dict, pipeline, catalog) -> None:
         self._restore_handlers()
-        if self._run_id is None:
+        if getattr(self, "_run_id", None) is None:
             return
         if isinstance(error, Interrupted):
             client = mlflow.MlflowClient()
@@ -294,6 +335,7 @@ class ProjectHooks:
         tag_failure(self._run_id, message)
 
     def _restore_handlers(self) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)  # no deferred stop after the run
         for stop_signal, handler in getattr(self, "_previous_handlers", {}).items():
             signal.signal(stop_signal, handler)
         self._previous_handlers = {}

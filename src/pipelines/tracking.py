@@ -77,12 +77,16 @@ def set_run_name(name: str) -> None:
         mlflow.MlflowClient().update_run(active.info.run_id, name=name)
 
 
+# MLflow refuses longer tag values (mlflow.utils.validation.MAX_TAG_VAL_LENGTH)
+TAG_VALUE_LIMIT = 8000
+
+
 def tag_failure(run_id: str, message: str) -> None:
     """Tag run ``run_id`` and its child runs that did not finish with ``error`` = ``message``."""
     client = mlflow.MlflowClient()
     unfinished = [child.info.run_id for child in child_runs(run_id) if child.info.status != "FINISHED"]
     for failed in [run_id, *unfinished]:
-        client.set_tag(failed, "error", message)
+        client.set_tag(failed, "error", message[:TAG_VALUE_LIMIT])
 
 
 def runs_page_url(host: str, port: str | int, run_id: str) -> str:

@@ -13,7 +13,8 @@ Both keep the engine's one state layout: network weights (BatchNorm statistics i
 names; under ``optimizer.`` the optimizer's state and THOR's buffers (statistics, inverses, counters).
 Each epoch's row adds ``thor/damping`` and, for ``own``, ``thor/second_order_step_s`` and
 ``thor/reuse_step_s`` (median seconds of the epoch's steps of each kind, data loading included),
-``thor/second_order_steps`` and ``thor/trace_skips`` (totals since the start of training).
+``thor/second_order_steps``, ``thor/trace_skips`` and ``thor/inverses_computed`` (totals since the start of
+training).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ THOR_SECOND_ORDER_STEP_S = "thor/second_order_step_s"  # median over the epoch's
 THOR_REUSE_STEP_S = "thor/reuse_step_s"  # median over the epoch's reuse steps
 THOR_SECOND_ORDER_STEPS = "thor/second_order_steps"  # since the start of training
 THOR_TRACE_SKIPS = "thor/trace_skips"  # (layer, second-order step) pairs that kept old inverses
+THOR_INVERSES_COMPUTED = "thor/inverses_computed"  # (layer, second-order step) pairs that computed inverses
 
 
 def thor_model(model: ModelParams, thor: ThorParams) -> ModelParams:
@@ -196,6 +198,7 @@ class ThorFigures(Callback):
         if self.preconditioner is not None:
             figures[THOR_SECOND_ORDER_STEPS] = float(self.preconditioner.second_order_steps)
             figures[THOR_TRACE_SKIPS] = float(self.preconditioner.trace_skips)
+            figures[THOR_INVERSES_COMPUTED] = float(self.preconditioner.inverses_computed)
             figures.update({kind: statistics.median(times) for kind, times in self.times.items() if times})
         return figures
 

@@ -450,7 +450,8 @@ class ThorPreconditioner:
     ``trace_rule`` ``(skip, stop)``, e.g. ``(0.01, 0.001)``, enables the paper's trace rule. ``loss_scale``: the factor
     the differentiated loss carries, removed from G when it is taken. ``inverse_method`` (``block_inverse``): None
     picks "cholesky", or "matrix_inverse" on Ascend. Counters: ``steps``, ``second_order_steps``, ``reuse_steps``,
-    ``trace_skips``.
+    ``trace_skips``, ``inverses_computed`` ((layer, step) pairs whose inverses were computed; ``refreshed_layers``
+    names those of the last second-order step).
     """
 
     def __init__(
