@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from report_store import recipe_runs, tracking_uri, trainings
 from selenium import webdriver
 from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.chrome.service import Service
@@ -235,13 +237,23 @@ def test_kedro_viz_shows_dim_reduce_stages_collapsed_with_layers(filled_project,
     with static_site(filled_project / "build") as url:
         browser.get(f"{url}/?pid=dim_reduce")
         # every namespace starts collapsed: the data pipeline and dim_reduce are one box each, no task is drawn
-        wait_for(browser, lambda d: drawn(d, "modularPipeline") == {"data", "dim_reduce"}, "kedro_viz_dim_reduce", "")
+        wait_for(
+            browser,
+            lambda d: drawn(d, "modularPipeline") == {"data", "dim_reduce"},
+            "kedro_viz_dim_reduce",
+            "the data and dim_reduce boxes",
+        )
         time.sleep(1)  # the nodes fade in
         screenshot(browser, "kedro_viz_dim_reduce")
         assert drawn(browser, "task") == set()
 
         click_node(browser, "dim_reduce")
-        wait_for(browser, lambda d: drawn(d, "modularPipeline") == {"data", *stages}, "kedro_viz_dim_reduce_stages", "")
+        wait_for(
+            browser,
+            lambda d: drawn(d, "modularPipeline") == {"data", *stages},
+            "kedro_viz_dim_reduce_stages",
+            "the stages",
+        )
         time.sleep(1)
         screenshot(browser, "kedro_viz_dim_reduce_stages")
         assert drawn(browser, "task") == set()  # the stages are collapsed too
@@ -272,13 +284,7 @@ def test_mlflow_ui_shows_the_run_and_its_metrics(filled_project, mlflow_ui, brow
     (run,) = client.search_runs([experiment.experiment_id])
     metrics = run.data.metrics
     assert {"train/loss", "val/top1", "val/top5", "final/top1"} <= set(metrics)  # the metric schema
-    # the classic run views (not the GenAI ones a new experiment opens on), without the assistant panel
-    before_each_page(
-        browser,
-        "localStorage.setItem('mlflow.workflowType_v1', JSON.stringify('machine_learning'));"
-        "localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false');"
-        "localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true');",
-    )
+    classic_mlflow_views(browser)
 
     browser.get(f"{mlflow_ui}/#/experiments/{experiment.experiment_id}/runs")
     run_link = f"a[href*='/runs/{run.info.run_id}']"
@@ -307,3 +313,67 @@ def test_mlflow_ui_shows_the_run_and_its_metrics(filled_project, mlflow_ui, brow
     assert set(shown) == set(metrics)
     for name, value in metrics.items():
         assert float(shown[name]) == pytest.approx(value, rel=1e-9, abs=1e-12), name
+
+
+def classic_mlflow_views(driver: webdriver.Chrome) -> None:
+    """The classic run views (not the GenAI ones a new experiment opens on), without the assistant panel."""
+    before_each_page(
+        driver,
+        "localStorage.setItem('mlflow.workflowType_v1', JSON.stringify('machine_learning'));"
+        "localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false');"
+        "localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true');",
+    )
+
+
+@pytest.fixture
+def recipe_ui(recipe_store, tmp_path) -> Iterator[str]:
+    """The MLflow UI over the store of every recipe's runs (tests/report_store.py)."""
+    with mlflow_server(recipe_store, tmp_path / "mlflow_server.log") as url:
+        yield url
+
+
+def run_row(name: str) -> str:
+    """XPath of the runs table's row of the run named ``name``."""
+    return f"//*[@role='row'][.//a[.='{name}']]"
+
+
+def chart_legends(driver: webdriver.Chrome) -> list[set[str]]:
+    """The legend (``<run name> (<metric>)`` lines) of each chart card drawn in the runs page's chart view."""
+    cards = driver.find_elements(By.CSS_SELECTOR, "[data-testid='draggable-chart-cards-grid'] > div")
+    return [{line for line in card.text.splitlines() if line.endswith(")")} for card in cards]
+
+
+def test_mlflow_compare_view_draws_val_top1_of_every_recipe(recipe_store, recipe_ui, browser):
+    client = mlflow.MlflowClient(tracking_uri(recipe_store))
+    # the runs that trained each recipe: baseline and thor log into the kedro run itself (the newer partial thor
+    # rerun evaluated only), dim_reduce's stage 2 and control into child runs of its complete run
+    baseline = recipe_runs(recipe_store, "baseline")[0]
+    thor = next(run for run in recipe_runs(recipe_store, "thor") if "val/top1" in run.data.metrics)
+    dim_reduce = next(run for run in recipe_runs(recipe_store, "dim_reduce") if "control" in trainings(client, run))
+    children = trainings(client, dim_reduce)
+    lines = {"baseline": baseline, "thor": thor, "stage2": children["stage2"], "control": children["control"]}
+    assert {name: run.info.run_name for name, run in lines.items()} == {name: name for name in lines}
+    assert all(client.get_metric_history(run.info.run_id, "val/top1") for run in lines.values())
+    only_these = "attributes.run_id IN ({})".format(", ".join(f"'{run.info.run_id}'" for run in lines.values()))
+    classic_mlflow_views(browser)
+
+    # the runs page's chart view, which compares the runs shown in its table
+    query = urllib.parse.urlencode({"searchFilter": only_these, "compareRunsMode": "CHART"})
+    browser.get(f"{recipe_ui}/#/experiments/{baseline.info.experiment_id}/runs?{query}")
+    wait_for(browser, lambda d: d.find_elements(By.XPATH, run_row("dim_reduce")), "mlflow_compare_top1", "the runs")
+    # the child runs sit under their parent: expand it, and hide the parent itself (it trained nothing)
+    browser.find_element(By.XPATH, f"{run_row('dim_reduce')}//button[contains(@data-component-id, 'runname')]").click()
+    wait_for(browser, lambda d: d.find_elements(By.XPATH, run_row("control")), "mlflow_compare_top1", "the child runs")
+    visibility = "//label[input[contains(@class, 'is-visibility-toggle-checkbox')]]"
+    browser.find_element(By.XPATH, run_row("dim_reduce") + visibility).click()
+    browser.find_element(By.CSS_SELECTOR, "input[placeholder='Search metric charts']").send_keys("val/top1")
+    expected = {f"{name} (val/top1)" for name in lines}
+
+    def with_every_line(driver) -> list[set[str]] | None:
+        found = chart_legends(driver)
+        return found if expected in found else None
+
+    legends = wait_for(browser, with_every_line, "mlflow_compare_top1", f"a val/top1 chart with {sorted(expected)}")
+    time.sleep(1)  # the lines are drawn
+    screenshot(browser, "mlflow_compare_top1")
+    assert legends == [expected]  # one chart, a line for each recipe's training

@@ -64,6 +64,8 @@ UNSAFE_TO_RAISE = (
     ("rich", None),  # Kedro's console handler
     ("mindspore", "compile"),  # the graph compiler logs it with an IR dump (stderr, rank_0/om/analyze_fail.ir)
     ("mindspore.train.serialization", None),  # save_checkpoint logs it at CRITICAL before passing it on
+    ("mlflow", None),  # the tracking store passes it on as an MlflowException, mid-transaction
+    ("sqlalchemy", None),
 )
 DEFERRED_STOP_POLL_S = 0.2
 
