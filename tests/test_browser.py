@@ -28,7 +28,7 @@ import mlflow
 import pytest
 from report_store import recipe_runs, tracking_uri, trainings
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -370,7 +370,10 @@ def test_mlflow_compare_view_draws_val_top1_of_every_recipe(recipe_store, recipe
     expected = {f"{name} (val/top1)" for name in lines}
 
     def with_every_line(driver) -> list[set[str]] | None:
-        found = chart_legends(driver)
+        try:
+            found = chart_legends(driver)
+        except StaleElementReferenceException:  # a card redrawn while it was read
+            return None
         return found if expected in found else None
 
     legends = wait_for(browser, with_every_line, "mlflow_compare_top1", f"a val/top1 chart with {sorted(expected)}")
