@@ -21,8 +21,9 @@ from matplotlib.figure import Figure
 
 from pipelines import tracking
 from pipelines.engine.callbacks import Callback
+from pipelines.engine.checkpoint import Checkpoint
 from pipelines.engine.loop import STEP_KEY, TRAIN_ELAPSED_S, TRAIN_EPOCH_TIME_S, VAL_STEP_TOP1, VAL_STEP_TOP5
-from pipelines.engine.resume import fingerprint
+from pipelines.engine.resume import fingerprint, remove_finished_checkpoints
 from pipelines.params import (
     BaselineParams,
     BoostParams,
@@ -109,10 +110,12 @@ def run_study(
                 logger.info("study: %s finished earlier (%s), not run again", key, path)
                 record = json.loads(path.read_text())
             else:
-                record = _train_one(
+                record, final = _train_one(
                     recipe, seed, key, manifest, class_index, model, data, runtime, distributed, section, boost, study
                 )
                 _write_atomically(path, record)
+                # the result file holds all the study needs: the run's epoch checkpoints (kept for a resume) go
+                remove_finished_checkpoints(final)
             runs.append({"recipe": recipe, "seed": seed, **run_figures(record, study.target_top1)} | _run_facts(record))
             curves += [
                 {
@@ -141,8 +144,8 @@ def _train_one(
     section: BaselineParams | ThorParams,
     boost: BoostParams,
     study: StudyParams,
-) -> dict:
-    """Train one (recipe, seed) run in its MLflow child run; its record for the result file."""
+) -> tuple[dict, Checkpoint]:
+    """Train one (recipe, seed) run in its MLflow child run; its record for the result file, and its final state."""
     seeded = runtime.model_copy(update={"seed": seed})
     checkpoint = section.checkpoint.model_copy(update={"dir": str(Path(study.dir) / "checkpoints" / key)})
     section = section.model_copy(update={"checkpoint": checkpoint})
@@ -175,7 +178,7 @@ def _train_one(
         last = result.history[-1]  # the engine evaluates on the whole val split after the last epoch
         final = {"top1": last["val/top1"], "top5": last["val/top5"]}
         tracking.log_final(final)
-    return {
+    record = {
         "recipe": recipe,
         "seed": seed,
         "key": key,
@@ -186,6 +189,7 @@ def _train_one(
         "history": result.history,
         "step_history": result.step_history,
     }
+    return record, result.checkpoint
 
 
 def _run_facts(record: dict) -> dict:
