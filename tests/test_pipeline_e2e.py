@@ -148,7 +148,6 @@ def test_mlflow_run_holds_params_metrics_artifacts_tags(baseline_run):
     assert {"checkpoints/final.ckpt", "reports/baseline_eval.json", "reports/baseline_history.csv"} <= artifacts
 
 
-
 def test_artifacts_above_the_size_limit_are_logged_as_path_size_and_hash(tmp_path):
     # tracking.artifact_max_mb 0: no file goes into MLflow; the run names each by path, size and sha256 instead
     params = {"baseline": {**TINY_PARAMS["baseline"], "epochs": 1}, "tracking": {"artifact_max_mb": 0}}
@@ -164,6 +163,7 @@ def test_artifacts_above_the_size_limit_are_logged_as_path_size_and_hash(tmp_pat
         assert run.data.tags[f"{key}/path"] == str(file.resolve())
         assert run.data.tags[f"{key}/bytes"] == str(file.stat().st_size)
         assert run.data.tags[f"{key}/sha256"] == hashlib.sha256(file.read_bytes()).hexdigest()
+
 
 def test_progress_is_logged(baseline_run):
     _, result = baseline_run
