@@ -15,13 +15,20 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from scipy import stats
 
 from pipelines.engine.loop import STEP_KEY, TRAIN_ELAPSED_S, VAL_STEP_TOP1
 
 # columns of the per-run table, each summarised per recipe by ``summarise``
 MEASURES = ("final_top1", "final_top5", "time_to_target_s", "epochs_to_target")
 CONFIDENCE = 0.95
+
+
+def _t_quantile(probability: float, degrees_of_freedom: int) -> float:
+    """Student's t quantile."""
+    # scipy loaded on use: its array-API layer probes for torch, and the registry must import without it
+    from scipy import stats
+
+    return float(stats.t.ppf(probability, degrees_of_freedom))
 
 
 def first_crossing(step_rows: Sequence[Mapping[str, float]], target_top1: float) -> Mapping[str, float] | None:
@@ -56,7 +63,7 @@ def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple
     mean = float(finite.mean())
     if n == 1:
         return mean, math.nan, math.nan, 1
-    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * finite.std(ddof=1) / math.sqrt(n))
+    half = float(_t_quantile(0.5 + confidence / 2, n - 1) * finite.std(ddof=1) / math.sqrt(n))
     return mean, mean - half, mean + half, n
 
 
@@ -122,7 +129,7 @@ def curves_figure(
             grid = np.linspace(start, end, points)
             values = np.stack([np.interp(grid, run["elapsed_s"], run["top1"]) for run in series])
             mean = values.mean(axis=0)
-            half = stats.t.ppf(0.5 + confidence / 2, len(series) - 1) * values.std(axis=0, ddof=1)
+            half = _t_quantile(0.5 + confidence / 2, len(series) - 1) * values.std(axis=0, ddof=1)
             half /= math.sqrt(len(series))
             axes.fill_between(grid, mean - half, mean + half, color=colour, alpha=0.25)
             axes.plot(grid, mean, color=colour, label=f"{recipe} (mean of {len(series)} seeds, {confidence:.0%} CI)")
