@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 from helpers import write_image_tree
 from scipy import stats
-from test_pipeline_e2e import TINY_PARAMS, kedro, make_project
+from test_pipeline_e2e import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project
 
 from pipelines.reporting.study import first_crossing, paired_differences, summarise, t_interval
 
@@ -132,7 +132,7 @@ def test_a_killed_study_resumes_without_rerunning_a_finished_run(study):
         [experiment.experiment_id], "tags.pipeline = 'study'", order_by=["attributes.start_time DESC"]
     )
     children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'")
-    trained_again = {child.data.tags["study_key"] + ".json" for child in children}
+    trained_again = {f"{child.data.tags['study_key']}.{child.data.tags['result']}.json" for child in children}
     assert not trained_again & set(finished)  # the finished runs were read, not trained again
     assert len(trained_again) == 4 - len(finished)
     assert "finished earlier" in rerun.stdout + rerun.stderr
@@ -148,7 +148,7 @@ def test_ci_columns_follow_from_the_logged_per_run_values(study):
         logged = []
         for run_id in group["mlflow_run_id"]:
             child = client.get_run(run_id)
-            assert child.data.tags["recipe"] == recipe
+            assert child.data.tags["result"] == recipe
             logged.append(child.data.metrics["final/top1"])
         mean = np.mean(logged)
         half = stats.t.ppf(0.975, len(logged) - 1) * np.std(logged, ddof=1) / math.sqrt(len(logged))
@@ -181,3 +181,51 @@ def test_time_to_target_is_the_first_crossing_of_the_logged_step_series(study):
         assert run["epochs_to_target"] == pytest.approx(crossing / run["steps_per_epoch"])
     assert reached >= 1
     assert (project / "data/08_reporting/study/top1_vs_time.png").stat().st_size > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# dim_reduce in a study: stage 2 against its control, from one stage 1 per seed
+
+
+@pytest.fixture(scope="module")
+def dim_reduce_study(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dim_reduce_study")
+    tree = write_image_tree(root / "tree", classes=("cat", "dog", "fox"), per_class={"train": 8, "val": 3})
+    params = {
+        **TINY_PARAMS,
+        **DIM_REDUCE_PARAMS,
+        "data": {**TINY_PARAMS["data"], "root": str(tree), "step_eval_images": 6},
+        "study": STUDY | {"recipes": ["dim_reduce"]},
+    }
+    project = make_project(root / "project", params)
+    result = kedro(project, "run", "--pipelines=study")
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
+    return project, client
+
+
+@pytest.mark.slow
+def test_dim_reduce_study_pairs_stage2_with_its_control(dim_reduce_study):
+    project, client = dim_reduce_study
+    runs = pd.read_csv(project / "data/08_reporting/study/runs.csv")
+    assert sorted(zip(runs["recipe"], runs["seed"], strict=True)) == [
+        ("control", 0),
+        ("control", 1),
+        ("stage2", 0),
+        ("stage2", 1),
+    ]
+    by_seed = runs.set_index(["recipe", "seed"])["final_top1"]
+    differences = [by_seed["stage2", s] - by_seed["control", s] for s in (0, 1)]
+    paired = pd.read_csv(project / "data/08_reporting/study/paired.csv").set_index(["comparison", "measure"])
+    row = paired.loc[("stage2 vs control", "final_top1_difference")]
+    assert row["n"] == 2 and row["mean"] == pytest.approx(np.mean(differences))
+    for _, run in runs.iterrows():
+        child = client.get_run(run["mlflow_run_id"])
+        assert child.data.tags["result"] == run["recipe"] and child.data.tags["recipe"] == "dim_reduce"
+        assert child.data.metrics["final/top1"] == pytest.approx(run["final_top1"])
+        steps = sorted(m.step for m in client.get_metric_history(run["mlflow_run_id"], "val/step_top1"))
+        # stage 2 and the control are evaluated alike, every 2 steps, counting on from stage 1's steps
+        first_epoch_after_stage1 = run["steps_per_epoch"] * DIM_REDUCE_PARAMS["dim_reduce"]["stage1"]["epochs"]
+        assert steps and min(steps) > first_epoch_after_stage1 and all(s % 2 == 0 for s in steps)
+    results = project / STUDY["dir"] / "runs"
+    assert sorted(p.name.rsplit(".", 2)[1] for p in results.glob("*.json")) == ["control"] * 2 + ["stage2"] * 2

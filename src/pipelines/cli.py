@@ -17,6 +17,7 @@ so that telling an error imports nothing.
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 import signal
@@ -287,6 +288,45 @@ def interrupted(signum: int) -> click.ClickException:
 
 # ----------------------------------------------------------------- the command
 
+
+def split_params(ctx: click.Context, param: click.Parameter, value: str | dict) -> dict:
+    """``--params`` as Kedro reads it (``key=value`` items, dotted keys nest), except that a comma inside
+    brackets belongs to its value: ``--params="study.seeds=[0,1,2],study.epochs=3"`` gives a list of three
+    seeds (Kedro's own splitter cuts every comma, so a list could not be passed)."""
+    from omegaconf import OmegaConf
+
+    if isinstance(value, dict):
+        return value
+    items, depth, current = [], 0, ""
+    for char in value or "":
+        depth += (char in "[{") - (char in "]}")
+        if char == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    items.append(current)
+    dot_list = []
+    for item in filter(None, (item.strip() for item in items)):
+        key, equals, val = item.partition("=")
+        if not equals or not key.strip():
+            ctx.fail(f"Invalid format of `{param.name}` option: item `{item}` must be key=value, e.g. study.epochs=3.")
+        dot_list.append(f"{key.strip()}={val}")
+    return OmegaConf.to_container(OmegaConf.from_dotlist(dot_list))
+
+
+def _with_list_params(option: click.Parameter) -> click.Parameter:
+    if option.name != "params":
+        return option
+    keeping_lists = copy.copy(option)
+    keeping_lists.callback = split_params
+    keeping_lists.help = (
+        "Override parameters: key=value items separated by commas, nested keys with dots, lists in brackets: "
+        '--params="study.seeds=[0,1,2],thor.frequency=20".'
+    )
+    return keeping_lists
+
+
 VERBOSE = click.Option(
     ["--verbose", "-v"],
     is_flag=True,
@@ -302,7 +342,7 @@ def cli() -> None:
 
 @cli.command(
     name="run",
-    params=[*kedro_run.params, VERBOSE],
+    params=[*map(_with_list_params, kedro_run.params), VERBOSE],
     help=kedro_run.help,
     context_settings=CONTEXT_SETTINGS,
 )

@@ -285,6 +285,8 @@ class Stage2Params(Section):
     loss_scale: PositiveFloat
     label_smoothing: Fraction
     checkpoint: CheckpointParams
+    # also evaluate on data.step_eval_images every N steps, stage 2 and the control alike (own only); 0: off
+    eval_every_steps: NonNegativeInt = 0
 
 
 class ControlParams(Section):
@@ -313,6 +315,13 @@ class DimReduceParams(Section):
         if stage1.trajectory.start_epoch > stage1.epochs:
             problems.append(
                 ("dim_reduce.stage1.trajectory.start_epoch", f"is after the last stage-1 epoch ({stage1.epochs})")
+            )
+        if self.stage2.eval_every_steps and self.stage2.implementation != "own":
+            problems.append(
+                (
+                    "dim_reduce.stage2.eval_every_steps",
+                    "needs dim_reduce.stage2.implementation own (boost's DimReduce trains whole epochs in Model.train)",
+                )
             )
         CrossKeyProblems.raise_if_any(problems)
         return self
@@ -406,16 +415,19 @@ class TrackingParams(Section):
     artifact_max_mb: NonNegativeFloat
 
 
-StudyRecipe = Literal["baseline", "thor"]
+# dim_reduce gives two result rows, stage2 and control (P-BFGS against Momentum from the same stage 1)
+StudyRecipe = Literal["baseline", "thor", "dim_reduce"]
 
 
 class StudyParams(Section):
     """A multi-seed comparison of recipes (``kedro run --pipelines=study``): every recipe and seed on the same data,
     epoch budget and evaluation; each (recipe, seed) run's result is kept in ``dir`` and never rerun."""
 
-    recipes: Annotated[list[StudyRecipe], Field(min_length=1)]  # the first is the reference of the paired differences
+    # paired differences: thor against baseline, dim_reduce's stage2 against its control
+    recipes: Annotated[list[StudyRecipe], Field(min_length=1)]
     seeds: Annotated[list[int], Field(min_length=1)]  # runtime.seed of each run
-    epochs: PositiveInt  # every recipe's budget (replaces <recipe>.epochs)
+    epochs: PositiveInt  # baseline's and thor's budget (replaces <recipe>.epochs); dim_reduce keeps its stages'
+    # epoch counts
     eval_every_steps: PositiveInt  # evaluation on data.step_eval_images every N steps (time to target)
     target_top1: Annotated[float, Field(gt=0, le=1)]  # a fraction, not a percentage
     dir: str  # one result file per finished run, and the runs' checkpoints

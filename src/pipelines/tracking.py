@@ -173,6 +173,23 @@ def training_run(name: str) -> Iterator[mlflow.ActiveRun | None]:
     mlflow.end_run()
 
 
+class StudyRuns:
+    """MLflow for a study (``recipes.study.StudyTracking``): each training a child run of the study's run, with
+    its tags, per-epoch rows (``EpochMetrics``) and final accuracy."""
+
+    @contextmanager
+    def run(self, name: str, tags: Mapping[str, str]) -> Iterator[str | None]:
+        with training_run(name) as run:
+            set_tags(tags)
+            yield None if run is None else run.info.run_id
+
+    def callbacks(self) -> list[Callback]:
+        return [EpochMetrics()]
+
+    def log_final(self, accuracy: Mapping[str, float]) -> None:
+        log_final(accuracy)
+
+
 def child_runs(run_id: str) -> list:
     """The child runs (``training_run``) of run ``run_id``."""
     client = mlflow.MlflowClient()

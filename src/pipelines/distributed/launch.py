@@ -34,7 +34,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pipelines.engine.checkpoint import atomic_path
+from pipelines.engine.checkpoint import write_atomically
 
 if TYPE_CHECKING:
     from pipelines.params import DistributedParams
@@ -118,15 +118,6 @@ def msrun_command(distributed: DistributedParams, job_dir: Path) -> list[str]:
         "pipelines.distributed.worker",
         str(job_dir),
     ]
-
-
-def _write_atomically(path: Path, payload: bytes) -> None:
-    tmp = atomic_path(path)
-    try:
-        tmp.write_bytes(payload)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _die_with_parent(sig: int) -> None:
@@ -228,7 +219,7 @@ def launch(
         "local_worker_num": distributed.local_worker_num,
         "run_handoff": run_handoff,
     }
-    _write_atomically(job_dir / JOB_FILE, pickle.dumps(job))
+    write_atomically(job_dir / JOB_FILE, pickle.dumps(job))
     # setpriv: msrun gets SIGINT, on which it stops its workers, if this process dies (even by SIGKILL)
     command = ["setpriv", "--pdeathsig", "INT", *msrun_command(distributed, job_dir)]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -300,9 +291,9 @@ def run_worker(job_dir: Path) -> None:
         with handoff.attached() if handoff is not None else contextlib.nullcontext():
             result = fn(**job["kwargs"])
         if _context.is_node_leader:
-            _write_atomically(job_dir / RESULT_FILE, pickle.dumps(result))
+            write_atomically(job_dir / RESULT_FILE, pickle.dumps(result))
     except BaseException:
-        _write_atomically(job_dir / f"rank_{rank_id}.error", traceback.format_exc().encode())
+        write_atomically(job_dir / f"rank_{rank_id}.error", traceback.format_exc().encode())
         raise
     (job_dir / f"rank_{rank_id}.done").touch()
 

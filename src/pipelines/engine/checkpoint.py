@@ -44,6 +44,16 @@ def atomic_path(path: Path) -> Path:
     return path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
 
 
+def write_atomically(path: Path, payload: bytes) -> None:
+    """Write ``payload`` to ``path`` so that readers (and a rerun after a kill) see the whole file or none."""
+    tmp = atomic_path(path)
+    try:
+        tmp.write_bytes(payload)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def save_checkpoint(checkpoint: Checkpoint, path: str | Path) -> None:
     """Write ``checkpoint`` to ``path`` so that readers see either the old file or the whole new one."""
     import mindspore as ms

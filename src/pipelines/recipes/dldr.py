@@ -59,6 +59,7 @@ from pipelines.recipes.common import (
     create_network,
     network_from_checkpoint,
     num_classes,
+    step_evaluation,
     train_data,
     val_data,
 )
@@ -177,7 +178,8 @@ def train_control(
         data,
         runtime,
         distributed,
-        stage1.model_copy(update={"checkpoint": control.checkpoint}),
+        # evaluated every K steps as stage 2 is, so the two compare at step resolution
+        stage1.model_copy(update={"checkpoint": control.checkpoint, "eval_every_steps": stage2.eval_every_steps}),
         epochs=stage1.epochs + stage2.epochs,
         schedule_epochs=stage1.schedule_epochs,
         continue_from_start=True,
@@ -339,7 +341,7 @@ def train_stage2(
     run_id = fingerprint(
         model,
         data,
-        stage2.model_dump(exclude={"checkpoint"}),
+        stage2.model_dump(exclude={"checkpoint", "eval_every_steps"}),
         runtime.seed,
         worker_num,
         stage1_checkpoint,
@@ -368,6 +370,7 @@ def train_stage2(
         batch_size=stage2.batch_size,
         images_per_step=stage2.batch_size * worker_num,
         data_seed=runtime.seed,
+        eval_every_steps=stage2.eval_every_steps,
     )
     checkpoint = stage2.checkpoint
     result = train(
@@ -381,6 +384,7 @@ def train_stage2(
         callbacks=[PBFGSFigures(on_steps), *callbacks],
         continue_from_start=True,
         metadata={"network": model.name},
+        evaluate_steps=step_evaluation(manifest, data, stage2.eval_every_steps),
     )
     return result, result.step.table()
 

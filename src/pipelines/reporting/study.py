@@ -20,6 +20,9 @@ from pipelines.engine.loop import STEP_KEY, TRAIN_ELAPSED_S, VAL_STEP_TOP1
 
 # columns of the per-run table, each summarised per recipe by ``summarise``
 MEASURES = ("final_top1", "final_top5", "time_to_target_s", "epochs_to_target")
+# the paired comparisons, result row -> its reference on the same seeds: THOR against Momentum, and dim_reduce's
+# P-BFGS stage 2 against Momentum continued from the same stage-1 checkpoint for the same epochs
+PAIRS = {"thor": "baseline", "stage2": "control"}
 CONFIDENCE = 0.95
 
 
@@ -81,20 +84,22 @@ def summarise(runs: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataFram
     return pd.DataFrame(rows)
 
 
-def paired_differences(runs: pd.DataFrame, reference: str = "baseline", confidence: float = CONFIDENCE) -> pd.DataFrame:
-    """Each other recipe against ``reference`` on the same seeds: per seed the ratio of times to target
+def paired_differences(
+    runs: pd.DataFrame, pairs: Mapping[str, str] = PAIRS, confidence: float = CONFIDENCE
+) -> pd.DataFrame:
+    """Each recipe of ``pairs`` present with its reference, on the seeds both ran: per seed the ratio of times to target
     (``time_to_target_ratio``, recipe / reference, seeds where both reached it) and the differences of final
     top-1 and top-5 (``final_top1_difference``, recipe - reference, same epochs); mean and t-interval of each.
 
     Columns: ``comparison`` (``thor vs baseline``), ``measure``, ``mean``, ``ci_low``, ``ci_high``, ``n``.
     """
     by_seed = runs.set_index(["recipe", "seed"])
-    base = by_seed.loc[reference] if reference in by_seed.index.get_level_values(0) else None
+    present = set(runs["recipe"])
     rows = []
-    for recipe in runs["recipe"].drop_duplicates():
-        if recipe == reference or base is None:
+    for recipe, reference in pairs.items():
+        if recipe not in present or reference not in present:
             continue
-        other = by_seed.loc[recipe]
+        other, base = by_seed.loc[recipe], by_seed.loc[reference]
         seeds = sorted(set(other.index) & set(base.index))
         measures = {
             "time_to_target_ratio": [other.at[s, "time_to_target_s"] / base.at[s, "time_to_target_s"] for s in seeds],

@@ -4,7 +4,7 @@ from kedro.pipeline import Pipeline, node, pipeline
 
 from pipelines.shared import namespaced
 
-from .nodes import plot_study, run_study, summarise_study
+from .nodes import plot_study, run_recipes, summarise_study
 
 
 def create_pipeline(**kwargs) -> Pipeline:
@@ -13,7 +13,7 @@ def create_pipeline(**kwargs) -> Pipeline:
         pipeline(
             [
                 node(
-                    run_study,
+                    run_recipes,
                     [
                         "manifest",
                         "class_index",
@@ -23,13 +23,14 @@ def create_pipeline(**kwargs) -> Pipeline:
                         "params:distributed",
                         "params:baseline",
                         "params:thor",
+                        "params:dim_reduce",
                         "params:boost",
                         "params:study",
                     ],
                     ["runs", "curves"],
                     name="run",
                 ),
-                node(summarise_study, ["runs", "params:study"], ["summary", "paired"], name="summarise"),
+                node(summarise_study, "runs", ["summary", "paired"], name="summarise"),
                 node(plot_study, ["curves", "params:study"], "top1_vs_time_plot", name="plot"),
             ]
         ),
