@@ -60,6 +60,7 @@ GRIDS: dict[str, dict[str, dict[str, object]]] = {
     },
 }
 RECIPES = {"thor": ["baseline", "thor"], "dim_reduce": ["dim_reduce"]}
+SUBJECT = {"thor": "thor", "dim_reduce": "stage2"}  # the row compared across settings
 # (comparison, measure, goal test, no-effect value): the issue's goals
 GOALS = {
     ("thor vs baseline", "time_to_target_ratio"): (lambda mean, high: high < 1 and mean <= 0.6),
@@ -83,20 +84,72 @@ def run_setting(grid: str, name: str, overrides: dict[str, object], seeds: list[
     return paired
 
 
-def markdown(rows: pd.DataFrame) -> str:
+def markdown(grid: str, done: pd.DataFrame) -> str:
+    """Each setting's paired comparisons, recomputed from its per-run table with the study's own statistics."""
+    from pipelines.reporting.study import paired_differences
+
     lines = [
         "| setting | overrides | comparison | measure | mean [95 % CI] | n | goal | study wall (s) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for _, row in rows.iterrows():
-        goal = GOALS.get((row["comparison"], row["measure"]))
-        bound = row["ci_high"] if "ratio" in row["measure"] else row["ci_low"]
-        met = "" if goal is None else ("met" if goal(row["mean"], bound) else "not met")
-        cell = interval(row["mean"], row["ci_low"], row["ci_high"], "difference" in row["measure"])
+    for setting, rows in done.groupby("setting", sort=False):
+        first = rows.iloc[0]
+        for _, row in paired_differences(pd.read_csv(RESULTS / grid / setting / "runs.csv")).iterrows():
+            goal = GOALS.get((row["comparison"], row["measure"]))
+            bound = row["ci_high"] if "ratio" in row["measure"] else row["ci_low"]
+            met = "" if goal is None else ("met" if goal(row["mean"], bound) else "not met")
+            cell = interval(row["mean"], row["ci_low"], row["ci_high"], "difference" in row["measure"])
+            lines.append(
+                f"| {setting} | `{first['overrides']}` | {row['comparison']} | {row['measure']} | {cell} | "
+                f"{row['n']} | {met} | {first['study_wall_s']:.0f} |"
+            )
+    return "\n".join(lines)
+
+
+def against_small(grid: str, row: str) -> str:
+    """Each setting's ``row`` (thor, stage2) against the grid's ``small`` setting's on the same seeds: the
+    per-seed differences of final top-1 and ratios of time to target, mean [95 % CI] (e.g. the trace rule's
+    cost in accuracy)."""
+    from pipelines.reporting.study import t_interval
+
+    def runs_of(setting: str) -> pd.DataFrame:
+        runs = pd.read_csv(RESULTS / grid / setting / "runs.csv")
+        return runs[runs["recipe"] == row].set_index("seed")
+
+    reference = runs_of("small")
+    lines = [f"| setting | {row} final top-1 vs small | {row} time to target / small | n |", "|---|---|---|---|"]
+    for folder in sorted((RESULTS / grid).iterdir()):
+        if folder.name == "small" or not (folder / "runs.csv").exists():
+            continue
+        runs = runs_of(folder.name)
+        seeds = sorted(set(runs.index) & set(reference.index))
+        top1 = t_interval([runs.at[s, "final_top1"] - reference.at[s, "final_top1"] for s in seeds])
+        ratio = t_interval([runs.at[s, "time_to_target_s"] / reference.at[s, "time_to_target_s"] for s in seeds])
         lines.append(
-            f"| {row['setting']} | `{row['overrides']}` | {row['comparison']} | {row['measure']} | {cell} | "
-            f"{row['n']} | {met} | {row['study_wall_s']:.0f} |"
+            f"| {folder.name} | {interval(*top1[:3], points=True)} | {interval(*ratio[:3], False)} | {top1[3]} |"
         )
+    return "\n".join(lines)
+
+
+def summary_table(grid: str) -> str:
+    """Per setting and result row: mean final top-1 and time to target with their 95 % CIs."""
+    lines = [
+        "| setting | row | final top-1 % | time to target (s) | epochs to target | reached |",
+        "|---|---|---|---|---|---|",
+    ]
+    for folder in sorted((RESULTS / grid).iterdir()):
+        if not (folder / "summary.csv").exists():
+            continue
+        for _, row in pd.read_csv(folder / "summary.csv").iterrows():
+            top1, time_s, epochs = (
+                f"{scale * row[m]:.{digits}f} [{scale * row[f'{m}_ci_low']:.{digits}f}, "
+                f"{scale * row[f'{m}_ci_high']:.{digits}f}]"
+                for m, scale, digits in (("final_top1", 100, 2), ("time_to_target_s", 1, 1), ("epochs_to_target", 1, 2))
+            )
+            lines.append(
+                f"| {folder.name} | {row['recipe']} | {top1} | {time_s} | {epochs} | "
+                f"{row['time_to_target_s_n']}/{row['runs']} |"
+            )
     return "\n".join(lines)
 
 
@@ -119,7 +172,10 @@ def main() -> None:
             done = pd.concat([done, run_setting(args.grid, name, GRIDS[args.grid][name], seeds)], ignore_index=True)
             table.parent.mkdir(parents=True, exist_ok=True)
             done.to_csv(table, index=False)
-    print(markdown(done) if len(done) else "nothing run yet")
+    if not len(done):
+        print("nothing run yet")
+        return
+    print(markdown(args.grid, done), summary_table(args.grid), against_small(args.grid, SUBJECT[args.grid]), sep="\n\n")
 
 
 if __name__ == "__main__":

@@ -34,10 +34,12 @@ def params_argument(overrides: dict[str, object]) -> str:
     return ",".join(f"{key}={text(value)}" for key, value in overrides.items())
 
 
-def run_study(overrides: dict[str, object], env: str | None = None) -> StudyOutcome:
+def run_study(overrides: dict[str, object], env: str | None = None, extra_params: str = "") -> StudyOutcome:
+    """``kedro run --pipelines=study`` with ``overrides``, then ``extra_params`` (``--params`` text, which wins)."""
     command = [str(Path(sys.executable).parent / "kedro"), "run", "--pipelines=study"]
     command += [f"--env={env}"] if env else []
-    command += [f"--params={params_argument(overrides)}"] if overrides else []
+    params = ",".join(filter(None, (params_argument(overrides), extra_params)))
+    command += [f"--params={params}"] if params else []
     print("$ " + " ".join(command), flush=True)
     started = time.perf_counter()
     subprocess.run(command, cwd=PROJECT, check=True)

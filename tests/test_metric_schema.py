@@ -11,7 +11,7 @@ import pytest
 from helpers import write_image_tree
 from test_pipeline_e2e import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project, runs
 
-EPOCH_KEYS = ("train/loss", "train/lr", "train/images_per_s", "train/epoch_time_s")
+EPOCH_KEYS = ("train/loss", "train/lr", "train/images_per_s", "train/epoch_time_s", "train/compile_s")
 EPOCHS = TINY_PARAMS["baseline"]["epochs"]
 THOR_PARAMS = {"thor": {"epochs": EPOCHS, "batch_size": 4, "frequency": 4, "eval_interval": 1}}
 
@@ -56,12 +56,20 @@ def assert_schema(client, run, epochs: list[int]) -> None:
     assert all("/" in key for key in run.data.metrics), sorted(run.data.metrics)
 
 
+def assert_compiled_in_the_first_epoch_only(history: pd.DataFrame) -> None:
+    """The steps that compiled a graph are timed apart (``train/compile_s``): all in epoch 1, none later."""
+    compile_s = history["train/compile_s"]
+    assert compile_s.iloc[0] > 0 and (compile_s.iloc[1:] == 0).all()
+    assert (history["train/epoch_time_s"] > 0).all()
+
+
 def test_baseline_logs_the_schema(project):
     client, run = run_pipeline(project, "baseline")
     assert_schema(client, run, list(range(1, EPOCHS + 1)))
     assert steps(client, run, "val/top1") == list(range(1, EPOCHS + 1))  # eval_interval 1
     history = pd.read_csv(project / "data/08_reporting/baseline_history.csv")
     assert list(history.columns) == ["epoch", *EPOCH_KEYS, "val/top1", "val/top5"]
+    assert_compiled_in_the_first_epoch_only(history)
 
 
 def test_thor_logs_the_same_schema_with_its_own_figures_under_thor(project):
@@ -72,6 +80,7 @@ def test_thor_logs_the_same_schema_with_its_own_figures_under_thor(project):
     history = pd.read_csv(project / "data/08_reporting/thor_history.csv")
     assert list(history.columns[: len(EPOCH_KEYS) + 3]) == ["epoch", *EPOCH_KEYS, "val/top1", "val/top5"]
     assert all(c.startswith("thor/") for c in history.columns[len(EPOCH_KEYS) + 3 :])
+    assert_compiled_in_the_first_epoch_only(history)  # its second-order and reuse graphs: steps 1 and 2
 
 
 def test_the_baseline_and_thor_runs_overlay_on_the_same_keys(project):

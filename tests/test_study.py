@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -187,45 +188,81 @@ def test_time_to_target_is_the_first_crossing_of_the_logged_step_series(study):
 # dim_reduce in a study: stage 2 against its control, from one stage 1 per seed
 
 
-@pytest.fixture(scope="module")
-def dim_reduce_study(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dim_reduce_study")
+def run_tiny_study(root: Path, recipe: str, params: dict) -> tuple[Path, mlflow.MlflowClient]:
+    """``kedro run --pipelines=study`` of ``recipe`` over seeds 0 and 1 on a tiny tree, with ``params`` on top."""
     tree = write_image_tree(root / "tree", classes=("cat", "dog", "fox"), per_class={"train": 8, "val": 3})
     params = {
         **TINY_PARAMS,
-        **DIM_REDUCE_PARAMS,
+        **params,
         "data": {**TINY_PARAMS["data"], "root": str(tree), "step_eval_images": 6},
-        "study": STUDY | {"recipes": ["dim_reduce"]},
+        "study": STUDY | {"recipes": [recipe]},
     }
     project = make_project(root / "project", params)
     result = kedro(project, "run", "--pipelines=study")
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
-    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
-    return project, client
+    return project, mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
+
+
+def assert_paired(project: Path, row: str, reference: str) -> pd.DataFrame:
+    """The study's runs hold ``row`` and ``reference`` for seeds 0 and 1, and ``paired.csv``'s final top-1
+    difference of ``row vs reference`` is the mean of the per-seed differences; returns the runs."""
+    runs = pd.read_csv(project / "data/08_reporting/study/runs.csv")
+    assert sorted(zip(runs["recipe"], runs["seed"], strict=True)) == sorted(
+        (name, seed) for name in (row, reference) for seed in (0, 1)
+    )
+    by_seed = runs.set_index(["recipe", "seed"])["final_top1"]
+    paired = pd.read_csv(project / "data/08_reporting/study/paired.csv").set_index(["comparison", "measure"])
+    difference = paired.loc[(f"{row} vs {reference}", "final_top1_difference")]
+    assert difference["n"] == 2
+    assert difference["mean"] == pytest.approx(np.mean([by_seed[row, s] - by_seed[reference, s] for s in (0, 1)]))
+    return runs
+
+
+@pytest.fixture(scope="module")
+def dim_reduce_study(tmp_path_factory):
+    return run_tiny_study(tmp_path_factory.mktemp("dim_reduce_study"), "dim_reduce", DIM_REDUCE_PARAMS)
 
 
 @pytest.mark.slow
 def test_dim_reduce_study_pairs_stage2_with_its_control(dim_reduce_study):
     project, client = dim_reduce_study
-    runs = pd.read_csv(project / "data/08_reporting/study/runs.csv")
-    assert sorted(zip(runs["recipe"], runs["seed"], strict=True)) == [
-        ("control", 0),
-        ("control", 1),
-        ("stage2", 0),
-        ("stage2", 1),
-    ]
-    by_seed = runs.set_index(["recipe", "seed"])["final_top1"]
-    differences = [by_seed["stage2", s] - by_seed["control", s] for s in (0, 1)]
-    paired = pd.read_csv(project / "data/08_reporting/study/paired.csv").set_index(["comparison", "measure"])
-    row = paired.loc[("stage2 vs control", "final_top1_difference")]
-    assert row["n"] == 2 and row["mean"] == pytest.approx(np.mean(differences))
+    runs = assert_paired(project, "stage2", "control")
     for _, run in runs.iterrows():
         child = client.get_run(run["mlflow_run_id"])
         assert child.data.tags["result"] == run["recipe"] and child.data.tags["recipe"] == "dim_reduce"
         assert child.data.metrics["final/top1"] == pytest.approx(run["final_top1"])
         steps = sorted(m.step for m in client.get_metric_history(run["mlflow_run_id"], "val/step_top1"))
         # stage 2 and the control are evaluated alike, every 2 steps, counting on from stage 1's steps
-        first_epoch_after_stage1 = run["steps_per_epoch"] * DIM_REDUCE_PARAMS["dim_reduce"]["stage1"]["epochs"]
-        assert steps and min(steps) > first_epoch_after_stage1 and all(s % 2 == 0 for s in steps)
+        stage1_steps = run["steps_per_epoch"] * DIM_REDUCE_PARAMS["dim_reduce"]["stage1"]["epochs"]
+        assert steps and min(steps) > stage1_steps and all(s % 2 == 0 for s in steps)
     results = project / STUDY["dir"] / "runs"
     assert sorted(p.name.rsplit(".", 2)[1] for p in results.glob("*.json")) == ["control"] * 2 + ["stage2"] * 2
+
+
+# ------------------------------------------------------------------------------------------------
+# adasum in a study: Adasum against averaged gradients, each on two msrun ranks from the same start
+
+
+@pytest.fixture(scope="module")
+def adasum_study(tmp_path_factory):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    params = {
+        "distributed": {"master_port": port},
+        "adasum": {"batch_size": 4, "lr": {"lr_max": 0.05, "warmup_epochs": 0}},
+    }
+    return run_tiny_study(tmp_path_factory.mktemp("adasum_study"), "adasum", params)
+
+
+@pytest.mark.slow
+def test_adasum_study_pairs_adasum_with_allreduce_on_the_same_ranks(adasum_study):
+    project, client = adasum_study
+    runs = assert_paired(project, "adasum", "allreduce")
+    for _, run in runs.iterrows():
+        child = client.get_run(run["mlflow_run_id"])  # rank 0 logged into the study's child run
+        assert child.info.status == "FINISHED"
+        assert child.data.tags["result"] == run["recipe"] and child.data.tags["workers"] == "2"
+        assert child.data.metrics["final/top1"] == pytest.approx(run["final_top1"])
+        steps = [m.step for m in client.get_metric_history(run["mlflow_run_id"], "val/step_top1")]
+        assert steps and all(step % STUDY["eval_every_steps"] == 0 for step in steps)

@@ -415,8 +415,9 @@ class TrackingParams(Section):
     artifact_max_mb: NonNegativeFloat
 
 
-# dim_reduce gives two result rows, stage2 and control (P-BFGS against Momentum from the same stage 1)
-StudyRecipe = Literal["baseline", "thor", "dim_reduce"]
+# dim_reduce gives two result rows, stage2 and control (P-BFGS against Momentum from the same stage 1); adasum
+# two, adasum and allreduce (the adasum section's training on study.adasum_workers msrun ranks, both ways)
+StudyRecipe = Literal["baseline", "thor", "dim_reduce", "adasum"]
 
 
 class StudyParams(Section):
@@ -431,6 +432,7 @@ class StudyParams(Section):
     eval_every_steps: PositiveInt  # evaluation on data.step_eval_images every N steps (time to target)
     target_top1: Annotated[float, Field(gt=0, le=1)]  # a fraction, not a percentage
     dir: str  # one result file per finished run, and the runs' checkpoints
+    adasum_workers: Annotated[int, Field(ge=2)] = 2  # msrun ranks of adasum's trainings: a power of two
 
     @model_validator(mode="after")
     def _distinct(self) -> StudyParams:

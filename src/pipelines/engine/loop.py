@@ -43,7 +43,7 @@ import pandas as pd
 from pipelines.distributed.launch import rank_context, verify_replicas
 from pipelines.engine.callbacks import Callback, ConstantFigures, PeriodicCheckpoint
 from pipelines.engine.checkpoint import Checkpoint, load_checkpoint
-from pipelines.engine.progress import ProgressReporter, announce_compile
+from pipelines.engine.progress import ProgressReporter, announce_compile, take_compile_announcements
 from pipelines.engine.resume import CHECKPOINT_DIR_KEY, CHECKPOINT_PREFIX, KEEP_STALE, find_resume_checkpoint
 from pipelines.engine.state import HISTORY_KEY, capture_state, encode_history, history_of, restore_optimizer
 from pipelines.images.folder import checked_batches, dataset_figures
@@ -53,17 +53,20 @@ logger = logging.getLogger(__name__)
 TRAIN_LOSS = "train/loss"  # mean training loss over the epoch
 TRAIN_LR = "train/lr"  # learning rate of the epoch's last step
 TRAIN_IMAGES_PER_S = "train/images_per_s"  # all ranks together
-TRAIN_EPOCH_TIME_S = "train/epoch_time_s"  # training only, evaluation excluded
+TRAIN_EPOCH_TIME_S = "train/epoch_time_s"  # training only: evaluations and graph compilations excluded
+# seconds of the epoch's steps that compiled a graph (a cell's first call in GRAPH mode: seconds on CPU, a fixed
+# cost that a short run would otherwise charge to its optimizer), logged apart from the training time
+TRAIN_COMPILE_S = "train/compile_s"
 VAL_TOP1 = "val/top1"  # fractions in [0, 1], on evaluation epochs only
 VAL_TOP5 = "val/top5"
-EPOCH_KEYS = (TRAIN_LOSS, TRAIN_LR, TRAIN_IMAGES_PER_S, TRAIN_EPOCH_TIME_S, VAL_TOP1, VAL_TOP5)
+EPOCH_KEYS = (TRAIN_LOSS, TRAIN_LR, TRAIN_IMAGES_PER_S, TRAIN_EPOCH_TIME_S, TRAIN_COMPILE_S, VAL_TOP1, VAL_TOP5)
 TIMESTAMP_KEY = "timestamp"
 # Evaluation every ``TrainingSpec.eval_every_steps`` steps on a fixed val subset: one row per evaluation
 # (``TrainingResult.step_history``, MLflow step = global step), for time-to-target at step resolution.
 STEP_KEY = "step"  # global step, 1-based, counted from epoch 1
 VAL_STEP_TOP1 = "val/step_top1"  # fractions in [0, 1] on the subset
 VAL_STEP_TOP5 = "val/step_top5"
-TRAIN_ELAPSED_S = "train/elapsed_s"  # training seconds from epoch 1 to this step, every evaluation excluded
+TRAIN_ELAPSED_S = "train/elapsed_s"  # training seconds from epoch 1 to this step, evaluations and compilations excluded
 EVAL_TIME_S = "eval/time_s"  # seconds this evaluation took (not part of any training time)
 STEP_HISTORY_KEY = "step_history"  # checkpoint metadata: JSON list of the step rows so far
 REPLICA_DIVERGENCE = "distributed/replica_max_abs_diff"
@@ -220,10 +223,15 @@ class EpochRunner:
             callback.on_epoch_begin(epoch)
         self.loss_sum, self.loss_count = 0.0, 0
         self.evaluating_s = 0.0  # step evaluations of this epoch, taken out of its training time
+        self.compiling_s = 0.0  # steps of this epoch that compiled a graph, taken out too
         self.started = time.perf_counter()
 
-    def step_end(self, epoch: int, index: int, output) -> None:
-        """Check one step's output (loss, or loss, overflow flag and loss scale) and pass the loss on."""
+    def step_end(self, epoch: int, index: int, output, compiled_from: float | None = None) -> None:
+        """Check one step's output (loss, or loss, overflow flag and loss scale) and pass the loss on.
+
+        ``compiled_from``: the ``perf_counter`` time at which a step that compiled a graph was called; its
+        whole time (compilation and the step's own work, until the loss is read) goes to ``train/compile_s``.
+        """
         where = f"at epoch {epoch + 1}, step {index + 1}/{self.steps_per_epoch}"
         loss_scale = self.step.loss_scale
         if isinstance(output, tuple):
@@ -231,6 +239,8 @@ class EpochRunner:
             if overflow:
                 raise _overflow_error(where, loss_scale)
         loss = float(output.asnumpy())
+        if compiled_from is not None:
+            self.compiling_s += time.perf_counter() - compiled_from
         if not math.isfinite(loss):
             remedy = "Lower the learning rate"
             if loss_scale > 1:
@@ -250,7 +260,7 @@ class EpochRunner:
         """Evaluate on the step subset; the row's training time excludes this and every earlier evaluation."""
         before = time.perf_counter()
         earlier_epochs = sum(row[TRAIN_EPOCH_TIME_S] for row in self.history if row["epoch"] <= epoch)
-        trained_s = earlier_epochs + before - self.started - self.evaluating_s
+        trained_s = earlier_epochs + before - self.started - self.evaluating_s - self.compiling_s
         accuracy = self.evaluate_steps(self.step)
         took = time.perf_counter() - before
         self.evaluating_s += took
@@ -268,7 +278,7 @@ class EpochRunner:
 
     def epoch_end(self, epoch: int) -> dict[str, float]:
         """The epoch's row: training figures, evaluation when due, the callbacks' own figures."""
-        elapsed = time.perf_counter() - self.started - self.evaluating_s
+        elapsed = time.perf_counter() - self.started - self.evaluating_s - self.compiling_s
         row: dict[str, float] = {
             "epoch": epoch + 1,
             TRAIN_LOSS: self.loss_sum / self.loss_count if self.loss_count else math.nan,
@@ -278,6 +288,7 @@ class EpochRunner:
             row[TRAIN_LR] = lr
         row[TRAIN_IMAGES_PER_S] = self.steps_per_epoch * self.spec.images_per_step / elapsed
         row[TRAIN_EPOCH_TIME_S] = elapsed
+        row[TRAIN_COMPILE_S] = self.compiling_s
         interval = self.spec.eval_interval
         if self.evaluate is not None and (epoch + 1 == self.spec.epochs or (interval and (epoch + 1) % interval == 0)):
             accuracy = self.evaluate(self.step)
@@ -406,6 +417,7 @@ def _train_epochs(step: TrainStep, dataset, runner: EpochRunner, start_epoch: in
     from mindspore import nn
 
     data_seed = runner.spec.data_seed
+    take_compile_announcements()  # earlier ones (another training's evaluation) are not this training's
     if isinstance(step.run, nn.Cell) and start_epoch < runner.spec.epochs:  # a step of several cells: in the step
         announce_compile(step.run)
     runner.train_begin(start_epoch)
@@ -416,8 +428,12 @@ def _train_epochs(step: TrainStep, dataset, runner: EpochRunner, start_epoch: in
             iterator = dataset.create_tuple_iterator(num_epochs=1)
             runner.epoch_begin(epoch)
             for index, (images, labels) in enumerate(checked_batches(iterator)):  # a bad image: one line naming it
-                runner.step_end(epoch, index, step(images, labels))
+                called = time.perf_counter()
+                output = step(images, labels)
+                runner.step_end(epoch, index, output, called if take_compile_announcements() else None)
+                take_compile_announcements()  # the step evaluation's own graph is evaluation time
             runner.epoch_end(epoch)
+            take_compile_announcements()
     finally:
         runner.train_end()
 

@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 # What was announced for each cell (or step); weak, so that announcing keeps no network alive.
 _announced: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_compiles_announced = 0  # since the last take_compile_announcements()
 
 
 def announce_compile(owner, what: str = "the training graph") -> None:
@@ -41,7 +42,17 @@ def announce_compile(owner, what: str = "the training graph") -> None:
         return
     said.add(what)
     if ms.get_context("mode") == ms.GRAPH_MODE:
+        global _compiles_announced  # noqa: PLW0603 - MindSpore's compile cache is process-wide too
+        _compiles_announced += 1
         logger.info("Compiling %s…", what)
+
+
+def take_compile_announcements() -> int:
+    """How many compilations were announced since the last call; the training loop asks after each step, so
+    that a step which compiled a graph is timed apart (``train/compile_s``)."""
+    global _compiles_announced  # noqa: PLW0603
+    taken, _compiles_announced = _compiles_announced, 0
+    return taken
 
 
 def _format_seconds(seconds: float) -> str:

@@ -2,7 +2,10 @@
 
 Recipes: ``baseline`` (Momentum) and ``thor`` train ``StudyPlan.epochs`` epochs each; ``dim_reduce`` trains
 its own stage 1, fits the PCA of its trajectory, then P-BFGS stage 2 and, from the same stage-1 checkpoint,
-the Momentum control for the same epochs, giving two result rows, ``stage2`` and ``control``. Every training
+the Momentum control for the same epochs, giving two result rows, ``stage2`` and ``control``; ``adasum``
+trains the adasum section's Momentum for ``StudyPlan.epochs`` on ``StudyPlan.adasum_workers`` msrun ranks
+twice, combining the ranks' updates by Adasum (row ``adasum``) and by averaging gradients (``allreduce``),
+from the same initial weights. Every training
 evaluates every ``eval_every_steps`` steps on the fixed val subset (``data.step_eval_images``), so time to
 target is read at step resolution.
 
@@ -24,11 +27,13 @@ from typing import Protocol
 
 import pandas as pd
 
+from pipelines.distributed.launch import data_parallel, is_power_of_two
 from pipelines.engine.callbacks import Callback
-from pipelines.engine.checkpoint import write_atomically
+from pipelines.engine.checkpoint import Checkpoint, write_atomically
 from pipelines.engine.loop import TrainingResult
 from pipelines.engine.resume import fingerprint, remove_finished_checkpoints
 from pipelines.params import (
+    AdasumParams,
     BaselineParams,
     BoostParams,
     DataParams,
@@ -45,8 +50,14 @@ from pipelines.recipes.thor import thor_model, train_thor
 
 logger = logging.getLogger(__name__)
 
-# The result rows a recipe of the study gives: dim_reduce's stage 2 and its control are compared as a pair.
-RESULT_ROWS = {"baseline": ("baseline",), "thor": ("thor",), "dim_reduce": ("stage2", "control")}
+# The result rows a recipe of the study gives: dim_reduce's stage 2 and its control are compared as a pair, and
+# Adasum against plain data parallelism (gradients averaged by AllReduce) on the same ranks and settings.
+RESULT_ROWS = {
+    "baseline": ("baseline",),
+    "thor": ("thor",),
+    "dim_reduce": ("stage2", "control"),
+    "adasum": ("adasum", "allreduce"),
+}
 
 
 class StudyTracking(Protocol):
@@ -77,6 +88,7 @@ class StudyInputs:
     baseline: BaselineParams
     thor: ThorParams
     dim_reduce: DimReduceParams
+    adasum: AdasumParams
     boost: BoostParams
 
 
@@ -87,6 +99,7 @@ class StudyPlan:
     epochs: int  # baseline's and thor's budget; dim_reduce keeps its stage1.epochs + stage2.epochs
     eval_every_steps: int
     directory: Path
+    adasum_workers: int = 2  # msrun ranks of adasum's two trainings (on this node)
 
 
 class _StepsPerEpoch(Callback):
@@ -109,6 +122,11 @@ def run_study(inputs: StudyInputs, plan: StudyPlan, tracking: StudyTracking) -> 
         raise ValueError(
             f"study runs its trainings in this process, one device: distributed.worker_num is "
             f"{inputs.distributed.worker_num}, set it to 1 for the study"
+        )
+    if "adasum" in plan.recipes and not (plan.adasum_workers > 1 and is_power_of_two(plan.adasum_workers)):
+        raise ValueError(
+            f"study.adasum_workers is {plan.adasum_workers}; Adasum combines ranks recursively in pairs: "
+            "use a power of two from 2 (2, 4, 8, ...)"
         )
     if "dim_reduce" in plan.recipes and inputs.dim_reduce.stage2.implementation != "own":
         raise ValueError(
@@ -141,6 +159,7 @@ def _configuration(inputs: StudyInputs, plan: StudyPlan, recipe: str, seed: int)
     sections = {
         "baseline": (_baseline(inputs, plan).model_dump(exclude={"checkpoint"}), inputs.boost),
         "thor": (_thor(inputs, plan).model_dump(exclude={"checkpoint"}),),
+        "adasum": (_adasum(inputs, plan).model_dump(exclude={"checkpoint"}), plan.adasum_workers),
         "dim_reduce": (
             inputs.dim_reduce.model_dump(
                 exclude={
@@ -162,6 +181,10 @@ def _baseline(inputs: StudyInputs, plan: StudyPlan) -> BaselineParams:
 
 def _thor(inputs: StudyInputs, plan: StudyPlan) -> ThorParams:
     return inputs.thor.model_copy(update={"epochs": plan.epochs, "eval_every_steps": plan.eval_every_steps})
+
+
+def _adasum(inputs: StudyInputs, plan: StudyPlan) -> AdasumParams:
+    return inputs.adasum.model_copy(update={"epochs": plan.epochs, "eval_every_steps": plan.eval_every_steps})
 
 
 def _checkpoint_dir(section, folder: Path):
@@ -254,4 +277,76 @@ def _train_dim_reduce(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str,
     return records, finals
 
 
-_TRAINERS = {"baseline": _train_single("baseline"), "thor": _train_single("thor"), "dim_reduce": _train_dim_reduce}
+def _train_adasum(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str, tracking: StudyTracking):
+    """Adasum and plain data parallelism, each one msrun job of ``plan.adasum_workers`` ranks, same start."""
+    runtime = inputs.runtime.model_copy(update={"seed": seed})
+    workers = plan.adasum_workers
+    distributed = inputs.distributed.model_copy(update={"worker_num": workers, "local_worker_num": workers})
+    initial = build_network(inputs.model, inputs.class_index, runtime)
+    records, finals = {}, []
+    for row in RESULT_ROWS["adasum"]:
+        section = _adasum(inputs, plan)
+        section = section.model_copy(
+            update={"checkpoint": _checkpoint_dir(section, plan.directory / "checkpoints" / key / row)}
+        )
+        tags = {"recipe": "adasum", "result": row, "seed": str(seed), "study_key": key, "workers": str(workers)}
+        with tracking.run(f"{row}-seed{seed}", tags) as run_id:
+            trained = _train_on_ranks(
+                initial,
+                inputs.manifest,
+                inputs.class_index,
+                inputs.model,
+                inputs.data,
+                runtime,
+                distributed,
+                section,
+                row == "adasum",
+                tracking,
+            )
+            records[row] = {"recipe": row, "seed": seed, "key": key, "mlflow_run_id": run_id} | trained["figures"]
+            tracking.log_final({"top1": records[row]["final_top1"], "top5": records[row]["final_top5"]})
+        finals.append(trained["checkpoint"])
+    return records, finals
+
+
+@data_parallel
+def _train_on_ranks(
+    initial: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
+    section: AdasumParams,
+    with_adasum: bool,
+    tracking: StudyTracking,
+) -> dict:
+    """One msrun rank's Momentum training, updates combined by Adasum or by averaged gradients; what the study
+    keeps of it (picklable: it travels back from rank 0)."""
+    steps = _StepsPerEpoch()
+    result = train_momentum(
+        initial,
+        manifest,
+        class_index,
+        model,
+        data,
+        runtime,
+        distributed,
+        section,
+        epochs=section.epochs,
+        schedule_epochs=section.epochs,
+        adasum=section if with_adasum else None,
+        callbacks=[*tracking.callbacks(), steps],
+    )
+    figures = _record("", 0, "", None, result, steps)
+    return {"figures": {k: figures[k] for k in _FIGURES}, "checkpoint": result.checkpoint}
+
+
+_FIGURES = ("final_top1", "final_top5", "steps_per_epoch", "history", "step_history")
+_TRAINERS = {
+    "baseline": _train_single("baseline"),
+    "thor": _train_single("thor"),
+    "dim_reduce": _train_dim_reduce,
+    "adasum": _train_adasum,
+}

@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 from pipelines import tracking
 from pipelines.engine.loop import STEP_KEY, TRAIN_ELAPSED_S, TRAIN_EPOCH_TIME_S, VAL_STEP_TOP1, VAL_STEP_TOP5
 from pipelines.params import (
+    AdasumParams,
     BaselineParams,
     BoostParams,
     DataParams,
@@ -53,6 +54,7 @@ def run_recipes(
     baseline: BaselineParams,
     thor: ThorParams,
     dim_reduce: DimReduceParams,
+    adasum: AdasumParams,
     boost: BoostParams,
     study: StudyParams,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -62,8 +64,12 @@ def run_recipes(
     to ``study.target_top1`` at step resolution, training seconds) and the step-evaluation curves
     (``CURVE_COLUMNS``: top-1/top-5 on the step subset against training seconds).
     """
-    inputs = StudyInputs(manifest, class_index, model, data, runtime, distributed, baseline, thor, dim_reduce, boost)
-    plan = StudyPlan(study.recipes, study.seeds, study.epochs, study.eval_every_steps, Path(study.dir))
+    inputs = StudyInputs(
+        manifest, class_index, model, data, runtime, distributed, baseline, thor, dim_reduce, adasum, boost
+    )
+    plan = StudyPlan(
+        study.recipes, study.seeds, study.epochs, study.eval_every_steps, Path(study.dir), study.adasum_workers
+    )
     records = run_study(inputs, plan, tracking.StudyRuns())
     runs = [
         {"recipe": r["recipe"], "seed": r["seed"]}
@@ -93,8 +99,8 @@ def run_recipes(
 
 def summarise_study(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per result row mean and 95 % t-interval of each measure, and the paired differences (thor against
-    baseline, stage2 against control); the means go to the study's MLflow run (``study/<recipe>/<measure>``,
-    ``study/<recipe>_vs_<reference>/<measure>``)."""
+    baseline, stage2 against control, adasum against allreduce); the means go to the study's MLflow run
+    (``study/<recipe>/<measure>``, ``study/<recipe>_vs_<reference>/<measure>``)."""
     summary = summarise(runs)
     paired = paired_differences(runs)
     metrics = {

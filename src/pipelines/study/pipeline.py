@@ -24,6 +24,7 @@ def create_pipeline(**kwargs) -> Pipeline:
                         "params:baseline",
                         "params:thor",
                         "params:dim_reduce",
+                        "params:adasum",
                         "params:boost",
                         "params:study",
                     ],
