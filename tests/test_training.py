@@ -410,9 +410,9 @@ def test_model_train_steps_stop_on_a_non_finite_loss(train_data):
 def test_history_table_has_epoch_then_the_metric_keys():
     rows = [
         {"epoch": 1, "train/loss": 2.0, "train/lr": 0.1, "train/images_per_s": 9.0, "train/epoch_time_s": 1.0,
-         TIMESTAMP_KEY: 100.0},
+         "train/compile_s": 3.0, TIMESTAMP_KEY: 100.0},
         {"epoch": 2, "train/loss": 1.0, "train/lr": 0.05, "train/images_per_s": 9.0, "train/epoch_time_s": 1.0,
-         "val/top1": 0.5, "val/top5": 1.0, TIMESTAMP_KEY: 101.0},
+         "train/compile_s": 0.0, "val/top1": 0.5, "val/top5": 1.0, TIMESTAMP_KEY: 101.0},
     ]  # fmt: skip
     table = history_table(rows)
     assert list(table.columns) == ["epoch", *EPOCH_KEYS]
