@@ -150,6 +150,15 @@ def test_cross_key_rules_report_every_broken_rule():
         ({"boost.less_bn": True, "runtime.mode": "pynative"}, "boost.less_bn needs runtime.mode graph"),
         ({"boost.less_bn": True, "boost.grad_centralization": "on"}, "boost.grad_centralization is on, but"),
         ({"dim_reduce.stage2.implementation": "mindspore_boost", "distributed.worker_num": 2}, "dim_reduce.stage2"),
+        (
+            {"dim_reduce.stage2.implementation": "mindspore_boost", "study.recipes": ["dim_reduce"]},
+            "dim_reduce.stage2.implementation is mindspore_boost, but study.recipes",
+        ),
+        ({"study.recipes": ["adasum"], "study.adasum_workers": 6}, "study.adasum_workers is 6"),
+        (
+            {"dim_reduce.stage2.eval_every_steps": 10, "dim_reduce.stage2.implementation": "mindspore_boost"},
+            "dim_reduce.stage2.eval_every_steps",
+        ),
     ],
 )
 def test_rules_across_sections_name_the_key_to_change(changes, key):

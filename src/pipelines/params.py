@@ -441,6 +441,9 @@ class StudyParams(Section):
             repeated = sorted({value for value in values if values.count(value) > 1})
             if repeated:
                 problems.append((key, f"repeats {repeated}: each run is one (recipe, seed) pair"))
+        workers = self.adasum_workers
+        if "adasum" in self.recipes and workers & (workers - 1):
+            problems.append(("study.adasum_workers", f"is {workers}; Adasum combines ranks in pairs: use 2, 4, 8, ..."))
         CrossKeyProblems.raise_if_any(problems)
         return self
 
@@ -504,6 +507,14 @@ class Parameters(Section):
                     "is mindspore, whose kernels (ThorIm2Col, CholeskyTrsm, UpdateThorGradient) exist only on Ascend "
                     "and GPU, but runtime.device_target is CPU; use thor.implementation: own (this project's THOR, "
                     "every backend), or run on Ascend/GPU (--env=ascend, --env=gpu)",
+                )
+            )
+        if "dim_reduce" in self.study.recipes and self.dim_reduce.stage2.implementation != "own":
+            problems.append(
+                (
+                    "dim_reduce.stage2.implementation",
+                    "is mindspore_boost, but study.recipes has dim_reduce, whose stage 2 the study evaluates every "
+                    "study.eval_every_steps steps: use own (or take dim_reduce out of study.recipes)",
                 )
             )
         if self.dim_reduce.stage2.implementation == "mindspore_boost" and workers > 1:

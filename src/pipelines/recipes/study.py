@@ -27,7 +27,7 @@ from typing import Protocol
 
 import pandas as pd
 
-from pipelines.distributed.launch import data_parallel, is_power_of_two
+from pipelines.distributed.launch import data_parallel
 from pipelines.engine.callbacks import Callback
 from pipelines.engine.checkpoint import Checkpoint, write_atomically
 from pipelines.engine.loop import TrainingResult
@@ -122,16 +122,6 @@ def run_study(inputs: StudyInputs, plan: StudyPlan, tracking: StudyTracking) -> 
         raise ValueError(
             f"study runs its trainings in this process, one device: distributed.worker_num is "
             f"{inputs.distributed.worker_num}, set it to 1 for the study"
-        )
-    if "adasum" in plan.recipes and not (plan.adasum_workers > 1 and is_power_of_two(plan.adasum_workers)):
-        raise ValueError(
-            f"study.adasum_workers is {plan.adasum_workers}; Adasum combines ranks recursively in pairs: "
-            "use a power of two from 2 (2, 4, 8, ...)"
-        )
-    if "dim_reduce" in plan.recipes and inputs.dim_reduce.stage2.implementation != "own":
-        raise ValueError(
-            "study.recipes has dim_reduce, whose stage 2 the study evaluates every study.eval_every_steps steps: "
-            f"set dim_reduce.stage2.implementation to own (it is {inputs.dim_reduce.stage2.implementation})"
         )
     results = plan.directory / "runs"
     results.mkdir(parents=True, exist_ok=True)
