@@ -181,19 +181,22 @@ def _checkpoint_dir(section, folder: Path):
     return section.checkpoint.model_copy(update={"dir": str(folder)})
 
 
-def _record(recipe: str, seed: int, key: str, run_id: str | None, result: TrainingResult, steps: _StepsPerEpoch):
+def _figures(result: TrainingResult, steps: _StepsPerEpoch) -> dict:
+    """What the study keeps of a training (plain data: it travels back from an msrun rank 0 too)."""
     last = result.history[-1]  # the engine evaluates on the whole val split after the last epoch
     return {
-        "recipe": recipe,
-        "seed": seed,
-        "key": key,
-        "mlflow_run_id": run_id,
         "final_top1": last["val/top1"],
         "final_top5": last["val/top5"],
         "steps_per_epoch": steps.steps_per_epoch,
         "history": result.history,
         "step_history": result.step_history,
     }
+
+
+def _record(recipe: str, seed: int, key: str, run_id: str | None, figures: dict, tracking: StudyTracking) -> dict:
+    """A result row's record; its final accuracy goes to the active child run."""
+    tracking.log_final({"top1": figures["final_top1"], "top5": figures["final_top5"]})
+    return {"recipe": recipe, "seed": seed, "key": key, "mlflow_run_id": run_id, **figures}
 
 
 def _train_single(recipe: str):
@@ -221,8 +224,7 @@ def _train_single(recipe: str):
                     boost=inputs.boost,
                     callbacks=callbacks,
                 )
-            record = _record(recipe, seed, key, run_id, result, steps)
-            tracking.log_final({"top1": record["final_top1"], "top5": record["final_top5"]})
+            record = _record(recipe, seed, key, run_id, _figures(result, steps), tracking)
         return {recipe: record}, [result.checkpoint]
 
     return train_one
@@ -261,8 +263,7 @@ def _train_dim_reduce(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str,
                 result = train_control(
                     first.checkpoint, *common, stage1, stage2, control, inputs.boost, callbacks=callbacks
                 )
-            records[row] = _record(row, seed, key, run_id, result, steps)
-            tracking.log_final({"top1": records[row]["final_top1"], "top5": records[row]["final_top5"]})
+            records[row] = _record(row, seed, key, run_id, _figures(result, steps), tracking)
         finals.append(result.checkpoint)
     return records, finals
 
@@ -293,8 +294,7 @@ def _train_adasum(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str, tra
                 row == "adasum",
                 tracking,
             )
-            records[row] = {"recipe": row, "seed": seed, "key": key, "mlflow_run_id": run_id} | trained["figures"]
-            tracking.log_final({"top1": records[row]["final_top1"], "top5": records[row]["final_top5"]})
+            records[row] = _record(row, seed, key, run_id, trained["figures"], tracking)
         finals.append(trained["checkpoint"])
     return records, finals
 
@@ -329,11 +329,9 @@ def _train_on_ranks(
         adasum=section if with_adasum else None,
         callbacks=[*tracking.callbacks(), steps],
     )
-    figures = _record("", 0, "", None, result, steps)
-    return {"figures": {k: figures[k] for k in _FIGURES}, "checkpoint": result.checkpoint}
+    return {"figures": _figures(result, steps), "checkpoint": result.checkpoint}
 
 
-_FIGURES = ("final_top1", "final_top5", "steps_per_epoch", "history", "step_history")
 _TRAINERS = {
     "baseline": _train_single("baseline"),
     "thor": _train_single("thor"),
