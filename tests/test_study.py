@@ -218,6 +218,19 @@ def assert_paired(project: Path, row: str, reference: str) -> pd.DataFrame:
     return runs
 
 
+def child_run_steps(client: mlflow.MlflowClient, runs: pd.DataFrame, recipe: str) -> list[list[int]]:
+    """Each run's MLflow child run is FINISHED, tagged with its recipe and result row, holds the final top-1 of
+    ``runs``; returns each one's steps of ``val/step_top1``."""
+    steps = []
+    for _, run in runs.iterrows():
+        child = client.get_run(run["mlflow_run_id"])
+        assert child.info.status == "FINISHED"
+        assert child.data.tags["result"] == run["recipe"] and child.data.tags["recipe"] == recipe
+        assert child.data.metrics["final/top1"] == pytest.approx(run["final_top1"])
+        steps.append(sorted(m.step for m in client.get_metric_history(run["mlflow_run_id"], "val/step_top1")))
+    return steps
+
+
 @pytest.fixture(scope="module")
 def dim_reduce_study(tmp_path_factory):
     return run_tiny_study(tmp_path_factory.mktemp("dim_reduce_study"), "dim_reduce", DIM_REDUCE_PARAMS)
@@ -227,11 +240,7 @@ def dim_reduce_study(tmp_path_factory):
 def test_dim_reduce_study_pairs_stage2_with_its_control(dim_reduce_study):
     project, client = dim_reduce_study
     runs = assert_paired(project, "stage2", "control")
-    for _, run in runs.iterrows():
-        child = client.get_run(run["mlflow_run_id"])
-        assert child.data.tags["result"] == run["recipe"] and child.data.tags["recipe"] == "dim_reduce"
-        assert child.data.metrics["final/top1"] == pytest.approx(run["final_top1"])
-        steps = sorted(m.step for m in client.get_metric_history(run["mlflow_run_id"], "val/step_top1"))
+    for (_, run), steps in zip(runs.iterrows(), child_run_steps(client, runs, "dim_reduce"), strict=True):
         # stage 2 and the control are evaluated alike, every 2 steps, counting on from stage 1's steps
         stage1_steps = run["steps_per_epoch"] * DIM_REDUCE_PARAMS["dim_reduce"]["stage1"]["epochs"]
         assert steps and min(steps) > stage1_steps and all(s % 2 == 0 for s in steps)
@@ -259,10 +268,7 @@ def adasum_study(tmp_path_factory):
 def test_adasum_study_pairs_adasum_with_allreduce_on_the_same_ranks(adasum_study):
     project, client = adasum_study
     runs = assert_paired(project, "adasum", "allreduce")
-    for _, run in runs.iterrows():
-        child = client.get_run(run["mlflow_run_id"])  # rank 0 logged into the study's child run
-        assert child.info.status == "FINISHED"
-        assert child.data.tags["result"] == run["recipe"] and child.data.tags["workers"] == "2"
-        assert child.data.metrics["final/top1"] == pytest.approx(run["final_top1"])
-        steps = [m.step for m in client.get_metric_history(run["mlflow_run_id"], "val/step_top1")]
+    # rank 0 of each msrun job logged into the study's child run
+    for steps in child_run_steps(client, runs, "adasum"):
         assert steps and all(step % STUDY["eval_every_steps"] == 0 for step in steps)
+    assert {client.get_run(run_id).data.tags["workers"] for run_id in runs["mlflow_run_id"]} == {"2"}
