@@ -105,6 +105,7 @@ def test_outputs_are_written(baseline_run):
         "train/lr",
         "train/images_per_s",
         "train/epoch_time_s",
+        "train/compile_s",
         "val/top1",
         "val/top5",
     ]
