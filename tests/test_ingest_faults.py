@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -378,3 +380,54 @@ def test_kedro_rerun_reads_nothing_and_a_file_broken_after_ingest_is_named_or_sk
     _, found = baseline_runs()
     assert sorted(r.info.status for r in found) == ["FAILED", "FINISHED"]
     assert files_under(project / "data" / "06_models") == models  # every checkpoint kept as it was
+
+
+# The process side of the next test: the verification pool open (first batch done), the parent blocked.
+_POOL_SCRIPT = """
+import sys
+import pipelines  # noqa: F401  (sets MindSpore's environment first, as every entry point does)
+from pathlib import Path
+from pipelines.images.verify import FileState, check_contents
+paths = sorted(Path(sys.argv[1]).rglob("*.png"))
+files = [FileState(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
+batches = check_contents(files, "decode", workers=2)
+next(batches)
+print("verifying", flush=True)
+sys.stdin.read()
+"""
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_verification_workers_end_with_a_killed_parent(make_image_tree):
+    """``kill -9`` of the process that verifies (``kedro run``'s data node) leaves nothing of its pool behind:
+    the workers are its own children and end with it, and so does multiprocessing's resource tracker."""
+    root = make_image_tree(classes=("a", "b"), per_class={"train": 200}, size=4, noise=0)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _POOL_SCRIPT, str(root)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout.readline() == "verifying\n"  # the pool is up and has answered
+        children = _children(parent.pid)
+        assert len(children) >= 2, f"expected the verification workers among the children, found {children}"
+        handles = {pid: os.pidfd_open(pid) for pid in children}
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        # a pidfd becomes readable when its process ends
+        alive = dict(handles)
+        while alive:
+            ready, _, _ = select.select(list(alive.values()), [], [], 30)
+            assert ready, f"processes {sorted(alive)} outlived their killed parent by 30 s"
+            alive = {pid: fd for pid, fd in alive.items() if fd not in ready}
+    finally:
+        parent.kill()

@@ -14,7 +14,6 @@ interrupted, every worker is stopped before the interruption propagates.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import importlib
 import inspect
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pipelines.engine.checkpoint import write_atomically
+from pipelines.processes import die_with_parent
 
 if TYPE_CHECKING:
     from pipelines.params import DistributedParams
@@ -45,7 +45,6 @@ JOB_FILE = "job.pkl"
 RESULT_FILE = "result.pkl"
 POLL_S = 0.5
 STOP_GRACE_S = 10.0
-_PR_SET_PDEATHSIG = 1
 
 
 class DistributedTrainingError(RuntimeError):
@@ -118,12 +117,6 @@ def msrun_command(distributed: DistributedParams, job_dir: Path) -> list[str]:
         "pipelines.distributed.worker",
         str(job_dir),
     ]
-
-
-def _die_with_parent(sig: int) -> None:
-    """Ask Linux to send ``sig`` to this process when its parent dies (no orphaned workers)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, sig)
 
 
 def _alive(pid: int) -> bool:
@@ -275,7 +268,7 @@ def _init_worker(device_target: str, local_worker_num: int) -> RankContext:
 def run_worker(job_dir: Path) -> None:
     """Entry point of one msrun worker: init collectives, run the job's function, report back."""
     global _context  # noqa: PLW0603 - the rank is a fact about the whole process
-    _die_with_parent(signal.SIGKILL)
+    die_with_parent(signal.SIGKILL)
     job = pickle.loads((job_dir / JOB_FILE).read_bytes())
     rank_id = int(os.environ.get("RANK_ID", "0"))
     (job_dir / f"rank_{rank_id}.pid").write_text(str(os.getpid()))

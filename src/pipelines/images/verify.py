@@ -18,9 +18,9 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import sqlite3
 import stat
-import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
+
+from pipelines.processes import die_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -215,8 +217,7 @@ def check_contents(files: Sequence[FileState], level: str, workers: int | None =
 
     Runs in ``workers`` processes (default: every core) unless there are only a few files.
     PIL releases the GIL while decoding, but opening and parsing headers hold it, so processes
-    (started from a clean forkserver, not forked from a process that may hold MindSpore's
-    threads) scale where threads would not.
+    (spawned, not forked from a process that may hold MindSpore's threads) scale where threads would not.
     """
     workers = workers or worker_count()
     if workers == 1 or len(files) <= _INLINE_MAX_FILES:
@@ -224,8 +225,12 @@ def check_contents(files: Sequence[FileState], level: str, workers: int | None =
             batch = files[start : start + _TASK_FILES]
             yield list(zip(batch, _check_task([f.path for f in batch], level), strict=True))
         return
-    context = multiprocessing.get_context("forkserver" if sys.platform != "win32" else "spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    # spawned, so that each worker is this process's own child and ends with it (a kill -9 of kedro run leaves no
+    # orphan decoding on); a forkserver would be the workers' parent and outlive this process
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(
+        max_workers=workers, mp_context=context, initializer=die_with_parent, initargs=(signal.SIGKILL, os.getpid())
+    ) as pool:
         batches = {}
         for start in range(0, len(files), _TASK_FILES):
             batch = files[start : start + _TASK_FILES]
