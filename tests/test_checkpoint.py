@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import socket
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -9,11 +15,14 @@ from pipelines.engine.checkpoint import (
     METADATA_KEY,
     Checkpoint,
     CheckpointError,
+    CheckpointSpaceError,
     atomic_path,
     check_compatible,
     load_checkpoint,
+    remove_abandoned_temporaries,
     save_checkpoint,
 )
+from pipelines.engine.resume import find_resume_checkpoint
 
 
 @pytest.fixture
@@ -178,3 +187,57 @@ def test_failed_save_leaves_the_existing_checkpoint_untouched(tmp_path, checkpoi
 def test_non_scalar_metadata_error_names_the_offending_key(tmp_path):
     with pytest.raises(CheckpointError, match="milestones"):
         save_checkpoint(Checkpoint({"w": np.zeros(1, np.float32)}, {"milestones": [1]}), tmp_path / "m.ckpt")
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    process = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(process.stdout)
+
+
+def test_a_resume_removes_the_temporaries_an_interrupted_save_left(tmp_path, checkpoint):
+    """A kill or a full disk during a save leaves our temporary or MindSpore's own (``.tmp.tmp``); the next look
+    for a checkpoint to resume from removes those of dead processes of this host, and nothing else."""
+    folder = tmp_path / "epochs"
+    save_checkpoint(
+        Checkpoint(checkpoint.params, {**checkpoint.metadata, "fingerprint": "f"}), folder / "epoch_0001.ckpt"
+    )
+    host = socket.gethostname()
+    dead, alive = dead_pid(), os.getpid()
+    abandoned = [folder / f".epoch_0002.{host}-{dead}.tmp.tmp", folder / f".epoch_0002.{host}-{dead}.tmp.ckpt"]
+    kept = [folder / f".epoch_0002.{host}-{alive}.tmp.ckpt", folder / f".epoch_0002.otherhost-{dead}.tmp.ckpt"]
+    for path in abandoned + kept:
+        path.write_bytes(b"partial")
+    found = find_resume_checkpoint(folder, "epoch", "f", stop_epoch=5)
+    assert found == folder / "epoch_0001.ckpt"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(["epoch_0001.ckpt", *(p.name for p in kept)])
+    assert remove_abandoned_temporaries(folder) == []
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MB tmpfs (needs root, as CI runs): a real full disk."""
+    mount = tmp_path / "small_disk"
+    mount.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if result.returncode != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"mounting a tmpfs failed under CI: {result.stderr.decode()}")
+        pytest.skip(f"cannot mount a tmpfs here (not root?): {result.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_disk_names_the_folder_and_the_space_a_checkpoint_needs_and_leaves_nothing(small_disk):
+    folder = small_disk / "epochs"
+    small = Checkpoint({"w": np.zeros(1000, np.float32)}, {"epoch": 1})
+    save_checkpoint(small, folder / "epoch_0001.ckpt")
+    large = Checkpoint({"w": np.zeros(600_000, np.float32)}, {"epoch": 2})  # 2.4 MB
+    with pytest.raises(CheckpointSpaceError) as raised:
+        save_checkpoint(large, folder / "epoch_0002.ckpt")
+    message = str(raised.value)
+    assert raised.value.errno == errno.ENOSPC
+    assert f"no space left on the device of {folder}" in message
+    assert "needs about 2.4 MB" in message and "MB are free" in message and "rerun the same command" in message
+    assert sorted(p.name for p in folder.iterdir()) == ["epoch_0001.ckpt"]  # no temporary of either kind
+    assert load_checkpoint(folder / "epoch_0001.ckpt").metadata["epoch"] == 1

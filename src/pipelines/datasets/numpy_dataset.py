@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from kedro.io import AbstractDataset, DatasetError
 
-from pipelines.engine.checkpoint import atomic_path
+from pipelines.engine.checkpoint import atomic_path, remove_abandoned_temporaries
 
 
 class NumpyArrayDataset(AbstractDataset[np.ndarray, np.ndarray]):
@@ -38,6 +38,7 @@ class NumpyArrayDataset(AbstractDataset[np.ndarray, np.ndarray]):
 
     def save(self, data: np.ndarray) -> None:
         self._filepath.parent.mkdir(parents=True, exist_ok=True)
+        remove_abandoned_temporaries(self._filepath.parent)
         tmp = atomic_path(self._filepath)
         try:
             with open(tmp, "wb") as handle:

@@ -6,8 +6,11 @@ Kedro nodes as a catalog dataset and be inspected without building a network.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,9 +42,55 @@ class Checkpoint:
         return {k.removeprefix(OPTIMIZER_PREFIX): v for k, v in self.params.items() if k.startswith(OPTIMIZER_PREFIX)}
 
 
+class CheckpointSpaceError(OSError):
+    """The disk holding a checkpoint's folder is full; the message names the folder and the space needed."""
+
+
+# Temporaries are ``.<name>.<host>-<pid>.tmp<suffix>``; MindSpore's ``save_checkpoint`` writes its own
+# ``.<name>.<host>-<pid>.tmp.tmp`` before renaming it onto ours, and a kill or a full disk can leave either.
+TEMPORARY_MARK = ".tmp"
+
+
 def atomic_path(path: Path) -> Path:
     """Temporary sibling of ``path``; write there, then ``os.replace`` onto ``path``."""
-    return path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    return path.with_name(f".{path.stem}.{socket.gethostname()}-{os.getpid()}{TEMPORARY_MARK}{path.suffix}")
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_abandoned_temporaries(directory: str | Path) -> list[Path]:
+    """Remove the temporaries in ``directory`` left by a process of this host that no longer runs (a kill, or
+    a full disk during a save); returns those removed. Another host's (a shared folder) and a live process's
+    are left alone."""
+    directory = Path(directory)
+    prefix = f"{socket.gethostname()}-"
+    removed = []
+    for path in directory.glob(f".*{TEMPORARY_MARK}*") if directory.is_dir() else ():
+        owner = path.name.split(TEMPORARY_MARK, 1)[0].rsplit(".", 1)[-1]
+        pid = owner.removeprefix(prefix)
+        if owner.startswith(prefix) and pid.isdigit() and not _process_alive(int(pid)):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _space_error(path: Path, needed_bytes: int) -> CheckpointSpaceError:
+    free = shutil.disk_usage(path.parent).free
+    return CheckpointSpaceError(
+        errno.ENOSPC,
+        f"no space left on the device of {path.parent} to write {path.name}: a checkpoint of this training needs "
+        f"about {needed_bytes / 1e6:.1f} MB and {free / 1e6:.1f} MB are free. Free space there (or point the "
+        "training's checkpoint.dir at a larger disk), then rerun the same command: it resumes from the last "
+        "checkpoint written",
+    )
 
 
 def write_atomically(path: Path, payload: bytes) -> None:
@@ -50,6 +99,10 @@ def write_atomically(path: Path, payload: bytes) -> None:
     try:
         tmp.write_bytes(payload)
         os.replace(tmp, path)
+    except OSError as error:
+        if error.errno == errno.ENOSPC:
+            raise _space_error(path, len(payload)) from error
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -65,6 +118,7 @@ def save_checkpoint(checkpoint: Checkpoint, path: str | Path) -> None:
     if bad_meta:
         raise CheckpointError(f"checkpoint metadata must be int/float/bool/str, got {bad_meta}")
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_abandoned_temporaries(path.parent)
     tmp = atomic_path(path)
     metadata = {**checkpoint.metadata, SCALARS_KEY: sorted(k for k, v in checkpoint.params.items() if np.ndim(v) == 0)}
     entries = [
@@ -73,8 +127,13 @@ def save_checkpoint(checkpoint: Checkpoint, path: str | Path) -> None:
     try:
         ms.save_checkpoint(entries, str(tmp), append_dict={METADATA_KEY: json.dumps(metadata)})
         os.replace(tmp, path)
+    except OSError as error:
+        if error.errno == errno.ENOSPC:
+            raise _space_error(path, sum(np.asarray(value).nbytes for value in checkpoint.params.values())) from error
+        raise
     finally:
         tmp.unlink(missing_ok=True)
+        tmp.with_suffix(TEMPORARY_MARK).unlink(missing_ok=True)  # MindSpore's own temporary
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:

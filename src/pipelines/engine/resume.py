@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.distributed.launch import barrier, rank_context
-from pipelines.engine.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from pipelines.engine.checkpoint import Checkpoint, CheckpointError, load_checkpoint, remove_abandoned_temporaries
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +82,9 @@ def _find_resume_checkpoint(
     directory: str | Path, prefix: str, expected_fingerprint: str, stop_epoch: int, tidy: bool
 ) -> Path | None:
     directory = Path(directory)
+    if tidy:
+        for path in remove_abandoned_temporaries(directory):
+            logger.info("Removed %s, left by an interrupted save", path)
     found = sorted(directory.glob(f"{prefix}_*.ckpt"))
     if not found:
         return None
