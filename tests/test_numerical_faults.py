@@ -10,7 +10,7 @@ from mindspore import nn
 
 from pipelines.engine.loop import LossScaleOverflowError, NonFiniteLossError, TrainingSpec, TrainStep, train
 from pipelines.models.loss import CrossEntropySmooth
-from pipelines.optim.dldr.pbfgs import PBFGS, PBFGSConfig
+from pipelines.optim.dim_reduce.pbfgs import PBFGS, PBFGSConfig
 from pipelines.optim.momentum import create_momentum
 
 IN, OUT, BATCH, STEPS = 8, 3, 4, 5

@@ -13,7 +13,7 @@ from mindspore import nn
 from pipelines.engine.checkpoint import Checkpoint
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.models.resnet import create_resnet
-from pipelines.optim.dldr.pbfgs import PBFGS, PBFGSConfig, bfgs_inverse_update
+from pipelines.optim.dim_reduce.pbfgs import PBFGS, PBFGSConfig, bfgs_inverse_update
 from pipelines.recipes.dldr import STEP_COLUMNS, PBFGSFigures, PBFGSStep
 
 IN, OUT, BATCH = 6, 3, 8
@@ -223,7 +223,7 @@ import pipelines
 import mindspore as ms
 import mindspore.dataset as ds
 from mindspore import nn
-from pipelines.optim.dldr.boost_stage2 import boost_config, boost_model
+from pipelines.optim.dim_reduce.boost import boost_config, boost_model
 from pipelines.engine.checkpoint import Checkpoint
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.engine.runtime import configure_mindspore

@@ -8,7 +8,7 @@ import pytest
 from sklearn.decomposition import PCA
 
 from pipelines.engine.checkpoint import Checkpoint, CheckpointError, save_checkpoint
-from pipelines.optim.dldr.pca import (
+from pipelines.optim.dim_reduce.pca import (
     TrajectoryPCA,
     explained_variance_table,
     fit_pca,

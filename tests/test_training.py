@@ -639,7 +639,7 @@ def test_pbfgs_announces_its_graphs_once_and_starts_with_its_line_search_lr(capl
     from test_pbfgs import IN, OUT, batches, dense_net, orthonormal_rows
 
     from pipelines.models.loss import CrossEntropySmooth
-    from pipelines.optim.dldr.pbfgs import PBFGS, PBFGSConfig
+    from pipelines.optim.dim_reduce.pbfgs import PBFGS, PBFGSConfig
     from pipelines.recipes.dldr import PBFGSStep
 
     config = PBFGSConfig(rho=0.5, max_trials=3)

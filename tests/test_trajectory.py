@@ -10,7 +10,7 @@ from mindspore import nn
 
 from pipelines.engine.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from pipelines.engine.loop import TrainStep
-from pipelines.optim.dldr.trajectory import TrajectoryRecorder, select_trajectory, verify_trajectory
+from pipelines.optim.dim_reduce.trajectory import TrajectoryRecorder, select_trajectory, verify_trajectory
 
 
 def recorder_of(net, directory, start_epoch: int, **cadence) -> TrajectoryRecorder:

@@ -18,7 +18,7 @@ from pipelines import tracking
 from pipelines.distributed.launch import data_parallel
 from pipelines.engine.checkpoint import Checkpoint
 from pipelines.engine.loop import TIMESTAMP_KEY
-from pipelines.optim.dldr.pca import explained_variance_figure, explained_variance_table
+from pipelines.optim.dim_reduce.pca import explained_variance_figure, explained_variance_table
 from pipelines.params import (
     BoostParams,
     CollectParams,

@@ -3,7 +3,7 @@
 Recipe (MindSpore's dimension-reduce training tutorial): Momentum for ``stage1.epochs`` of a
 ``stage1.schedule_epochs``-epoch lr schedule, keeping the trainable weights every K steps or epochs from
 ``trajectory.start_epoch``; the top-k principal directions of the last N kept weights
-(``optim.dldr.pca``); then ``stage2.epochs`` of P-BFGS in that subspace (``optim.dldr.pbfgs``), and, for
+(``optim.dim_reduce.pca``); then ``stage2.epochs`` of P-BFGS in that subspace (``optim.dim_reduce.pbfgs``), and, for
 comparison, the same number of Momentum epochs continued from stage 1 (the control).
 
 All three trainings run through ``engine.loop.train``: stage 1 and the control with ``recipes.momentum``,
@@ -38,10 +38,10 @@ from pipelines.engine.progress import announce_compile
 from pipelines.engine.resume import fingerprint
 from pipelines.engine.state import network_state
 from pipelines.models.loss import CrossEntropySmooth
-from pipelines.optim.dldr.boost_stage2 import boost_config, boost_model, run_in_own_process
-from pipelines.optim.dldr.pbfgs import PBFGS, STATE_PREFIX, PBFGSConfig
-from pipelines.optim.dldr.pca import TrajectoryPCA, fit_trajectory_pca
-from pipelines.optim.dldr.trajectory import TrajectoryRecorder, select_trajectory, verify_trajectory
+from pipelines.optim.dim_reduce.boost import boost_config, boost_model, run_in_own_process
+from pipelines.optim.dim_reduce.pbfgs import PBFGS, STATE_PREFIX, PBFGSConfig
+from pipelines.optim.dim_reduce.pca import TrajectoryPCA, fit_trajectory_pca
+from pipelines.optim.dim_reduce.trajectory import TrajectoryRecorder, select_trajectory, verify_trajectory
 from pipelines.params import (
     BoostParams,
     CollectParams,
@@ -395,7 +395,7 @@ BOOST_STEP_COLUMNS = ("epoch", "step", "loss")
 
 
 class BoostDimReduceStep(ModelTrainStep):
-    """``mindspore.boost``'s DimReduce trained by ``Model.train`` (``boost_stage2.boost_model``).
+    """``mindspore.boost``'s DimReduce trained by ``Model.train`` (``optim.dim_reduce.boost.boost_model``).
 
     Boost renames the network's parameters it wraps (``optimizer.<name>``); the state keeps their own names.
     Under ``optimizer.boost.`` it holds every other parameter of boost's training cell (DimReduce's

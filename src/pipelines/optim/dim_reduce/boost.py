@@ -7,7 +7,7 @@ whose training step is boost's DimReduce.
 
 ``mindspore.boost.AutoBoost`` is a process-wide singleton configured by the first ``Model`` of a
 process, so boost's stage 2 always trains in a process of its own: ``run_in_own_process(fn, kwargs)``
-pickles the call into a job folder, runs ``python -m pipelines.optim.dldr.boost_stage2 <folder>``
+pickles the call into a job folder, runs ``python -m pipelines.optim.dim_reduce.boost <folder>``
 (which dies with its parent) and returns ``fn``'s result; the child's log goes to this process's console.
 """
 
