@@ -14,7 +14,7 @@ from pipelines.engine.checkpoint import Checkpoint
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.models.resnet import create_resnet
 from pipelines.optim.dim_reduce.pbfgs import PBFGS, PBFGSConfig, bfgs_inverse_update
-from pipelines.recipes.dldr import STEP_COLUMNS, PBFGSFigures, PBFGSStep
+from pipelines.recipes.dim_reduce.stage2 import STEP_COLUMNS, PBFGSFigures, PBFGSStep
 
 IN, OUT, BATCH = 6, 3, 8
 

@@ -640,7 +640,7 @@ def test_pbfgs_announces_its_graphs_once_and_starts_with_its_line_search_lr(capl
 
     from pipelines.models.loss import CrossEntropySmooth
     from pipelines.optim.dim_reduce.pbfgs import PBFGS, PBFGSConfig
-    from pipelines.recipes.dldr import PBFGSStep
+    from pipelines.recipes.dim_reduce.stage2 import PBFGSStep
 
     config = PBFGSConfig(rho=0.5, max_trials=3)
     trainer = PBFGS(dense_net(), CrossEntropySmooth(OUT, 0.0), orthonormal_rows(3, OUT * IN + OUT, 2), config)

@@ -1,6 +1,6 @@
 """Nodes of the ``dim_reduce`` pipeline: stage 1 with a weight trajectory, PCA, P-BFGS stage 2, a control.
 
-The library (``pipelines.recipes.dldr``) trains; the nodes unpack the typed parameters and log. Each of the
+The library (``pipelines.recipes.dim_reduce``) trains; the nodes unpack the typed parameters and log. Each of the
 three trainings logs into its own MLflow child run of the ``kedro run``'s run (``stage1``, ``stage2``,
 ``control``); the trajectory and PCA figures (``pca/…``) and the comparison go to the ``kedro run``'s run.
 """
@@ -31,7 +31,7 @@ from pipelines.params import (
     Stage1Params,
     Stage2Params,
 )
-from pipelines.recipes import dldr
+from pipelines.recipes import dim_reduce as recipe
 from pipelines.shared import evaluate_and_log, training_outputs
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def _train_stage1_on_every_rank(
     boost: BoostParams,
 ) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
     with tracking.training_run("stage1"):
-        result, index = dldr.train_stage1(
+        result, index = recipe.train_stage1(
             initial_weights,
             manifest,
             class_index,
@@ -100,7 +100,7 @@ def collect_trajectory(
     pca: PcaParams,
 ) -> pd.DataFrame:
     """The last ``collect.n_files`` trajectory files, checked against the network's parameters."""
-    chosen = dldr.collect_trajectory(trajectory_index, model, class_index, collect, pca)
+    chosen = recipe.collect_trajectory(trajectory_index, model, class_index, collect, pca)
     tracking.log_metrics({"pca/trajectory_length": len(chosen)})
     return chosen
 
@@ -112,7 +112,7 @@ def fit_pca(
     pca: PcaParams,
 ) -> tuple[np.ndarray, pd.DataFrame, Figure]:
     """k x n projection of the centred trajectory, its explained-variance table and plot."""
-    result = dldr.trajectory_pca(selected_trajectory, model, class_index, pca)
+    result = recipe.trajectory_pca(selected_trajectory, model, class_index, pca)
     table = explained_variance_table(result)
     tracking.log_metrics(
         {
@@ -130,7 +130,7 @@ def _log_pbfgs_steps(rows: Sequence[Mapping[str, float]]) -> None:
         [
             {
                 "step": row["step"],
-                TIMESTAMP_KEY: row[dldr.STEP_TIMESTAMP],
+                TIMESTAMP_KEY: row[recipe.STEP_TIMESTAMP],
                 "pbfgs/step_loss": row["loss"],
                 "pbfgs/step_size": row["step_size"],
                 "pbfgs/trials": row["trials"],
@@ -179,11 +179,11 @@ def _train_stage2_on_every_rank(
     inputs = (stage1_checkpoint, pca_matrix, manifest, class_index, model, data, runtime, distributed, stage2)
     with tracking.training_run("stage2"):
         if stage2.implementation == "mindspore_boost":
-            result, steps = dldr.train_stage2_with_boost(
+            result, steps = recipe.train_stage2_with_boost(
                 *inputs, callbacks=[tracking.EpochMetrics()], run_handoff=tracking.MlflowRunHandoff.capture()
             )
         else:
-            result, steps = dldr.train_stage2(*inputs, callbacks=[tracking.EpochMetrics()], on_steps=_log_pbfgs_steps)
+            result, steps = recipe.train_stage2(*inputs, callbacks=[tracking.EpochMetrics()], on_steps=_log_pbfgs_steps)
         checkpoint, history = training_outputs(result)
     return checkpoint, history, steps
 
@@ -225,7 +225,7 @@ def _train_control_on_every_rank(
     boost: BoostParams,
 ) -> tuple[Checkpoint, pd.DataFrame]:
     with tracking.training_run("control"):
-        result = dldr.train_control(
+        result = recipe.train_control(
             stage1_checkpoint,
             manifest,
             class_index,

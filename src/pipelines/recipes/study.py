@@ -44,7 +44,7 @@ from pipelines.params import (
     ThorParams,
 )
 from pipelines.recipes.common import build_network
-from pipelines.recipes.dldr import collect_trajectory, train_control, train_stage1, train_stage2, trajectory_pca
+from pipelines.recipes.dim_reduce import collect_trajectory, train_control, train_stage1, train_stage2, trajectory_pca
 from pipelines.recipes.momentum import train_momentum
 from pipelines.recipes.thor import thor_model, train_thor
 
