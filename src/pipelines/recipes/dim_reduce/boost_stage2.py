@@ -24,12 +24,16 @@ from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.dim_reduce.boost import boost_config, boost_model, run_in_own_process
 from pipelines.params import DataParams, DistributedParams, ModelParams, RuntimeParams, Stage2Params
 from pipelines.recipes.common import configure, network_from_checkpoint, num_classes, train_data, val_data
+from pipelines.recipes.dim_reduce import step_table
 
 logger = logging.getLogger(__name__)
 
 # boost's DimReduce: its training cell's own state goes under optimizer.boost.<parameter name>.
 BOOST_STATE_PREFIX = "boost."
+# its per-step table under optimizer.boost.steps.<column>
+BOOST_STEP_TABLE_PREFIX = BOOST_STATE_PREFIX + "steps."
 BOOST_STEP_COLUMNS = ("epoch", "step", "loss")
+_INTEGER_COLUMNS = ("epoch", "step")
 
 
 class BoostDimReduceStep(ModelTrainStep):
@@ -56,28 +60,29 @@ class BoostDimReduceStep(ModelTrainStep):
 
     def capture(self) -> dict[str, np.ndarray]:
         params = {self.names[id(p)]: p.asnumpy().copy() for p in self.network.get_parameters()}
-        prefix = OPTIMIZER_PREFIX + BOOST_STATE_PREFIX
+        state = {}
         if self.model is not None:
             for p in self.model.train_network.get_parameters():
                 if id(p) not in self.names:
-                    params[prefix + p.name] = p.asnumpy().copy()
-        for column in BOOST_STEP_COLUMNS:
-            params[prefix + "steps." + column] = np.array([row[column] for row in self.rows], np.float64)
+                    state[BOOST_STATE_PREFIX + p.name] = p.asnumpy().copy()
+        state.update(step_table.encode(self.rows, BOOST_STEP_COLUMNS, BOOST_STEP_TABLE_PREFIX))
+        params.update({OPTIMIZER_PREFIX + name: value for name, value in state.items()})
         return params
 
     def restore(self, checkpoint: Checkpoint) -> None:
-        state = {
-            name.removeprefix(BOOST_STATE_PREFIX): value
-            for name, value in checkpoint.optimizer_state().items()
-            if name.startswith(BOOST_STATE_PREFIX)
-        }
-        if not state:
+        state = checkpoint.optimizer_state()
+        if not any(name.startswith(BOOST_STATE_PREFIX) for name in state):
             return  # stage 1's checkpoint: boost starts here
-        table = {column: state.pop("steps." + column) for column in BOOST_STEP_COLUMNS}
-        self.rows = [
-            {c: float(v[i]) if c == "loss" else int(v[i]) for c, v in table.items()} for i in range(len(table["step"]))
-        ]
-        self.pending = state
+        try:
+            self.rows = step_table.decode(state, BOOST_STEP_COLUMNS, BOOST_STEP_TABLE_PREFIX, _INTEGER_COLUMNS)
+        except KeyError as missing:
+            key = f"optimizer.{missing.args[0]}"
+            raise ValueError(f"the stage-2 checkpoint lacks mindspore.boost state {key}") from None
+        self.pending = {
+            name.removeprefix(BOOST_STATE_PREFIX): value
+            for name, value in state.items()
+            if name.startswith(BOOST_STATE_PREFIX) and not name.startswith(BOOST_STEP_TABLE_PREFIX)
+        }
 
     def prepare(self) -> None:
         super().prepare()

@@ -34,6 +34,7 @@ from pipelines.recipes.common import (
     train_data,
     val_data,
 )
+from pipelines.recipes.dim_reduce import step_table
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ _INTEGER_COLUMNS = ("epoch", "step", "trials")
 # (seconds since the Unix epoch) too, so a resumed run logs the earlier steps at their real time.
 STEP_TABLE_PREFIX = STATE_PREFIX + "steps."
 STEP_TIMESTAMP = "timestamp"
+_TABLE_COLUMNS = (*STEP_COLUMNS, STEP_TIMESTAMP)
 
 PBFGS_ACCEPTED_FRACTION = "pbfgs/accepted_fraction"  # share of the epoch's steps that accepted a step
 PBFGS_MEAN_STEP_SIZE = "pbfgs/mean_step_size"  # mean accepted step size over the epoch (0 for rejected)
@@ -98,10 +100,8 @@ class PBFGSStep(TrainStep):
 
     def capture(self) -> dict[str, np.ndarray]:
         params = network_state(self.network)
-        params.update({OPTIMIZER_PREFIX + name: value for name, value in self.trainer.state().items()})
-        for column in (*STEP_COLUMNS, STEP_TIMESTAMP):
-            values = np.array([row[column] for row in self.rows], np.float64)
-            params[OPTIMIZER_PREFIX + STEP_TABLE_PREFIX + column] = values
+        state = {**self.trainer.state(), **step_table.encode(self.rows, _TABLE_COLUMNS, STEP_TABLE_PREFIX)}
+        params.update({OPTIMIZER_PREFIX + name: value for name, value in state.items()})
         return params
 
     def restore(self, checkpoint: Checkpoint) -> None:
@@ -111,17 +111,13 @@ class PBFGSStep(TrainStep):
             return  # stage 1's checkpoint: P-BFGS starts here
         try:
             self.trainer.load_state(state)
-            columns = {column: state[STEP_TABLE_PREFIX + column] for column in (*STEP_COLUMNS, STEP_TIMESTAMP)}
+            self.rows = step_table.decode(state, _TABLE_COLUMNS, STEP_TABLE_PREFIX, _INTEGER_COLUMNS)
         except KeyError as missing:
             raise ValueError(f"the stage-2 checkpoint lacks P-BFGS state optimizer.{missing.args[0]}") from None
-        self.rows = [
-            {c: int(v[i]) if c in _INTEGER_COLUMNS else float(v[i]) for c, v in columns.items()}
-            for i in range(len(columns["step"]))
-        ]
 
     def table(self) -> pd.DataFrame:
         """The per-step table, ``STEP_COLUMNS``."""
-        return pd.DataFrame(self.rows, columns=[*STEP_COLUMNS, STEP_TIMESTAMP])[list(STEP_COLUMNS)]
+        return pd.DataFrame(self.rows, columns=list(_TABLE_COLUMNS))[list(STEP_COLUMNS)]
 
 
 class PBFGSFigures(Callback):
