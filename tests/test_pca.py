@@ -14,7 +14,6 @@ from pipelines.optim.dim_reduce.pca import (
     fit_pca,
     fit_trajectory_pca,
     flatten_params,
-    plot_explained_variance,
 )
 
 N, n, K = 12, 500, 4
@@ -275,10 +274,13 @@ def test_explained_variance_table_has_cumulative_ratios():
     assert 0.9 < table["cumulative_ratio"].iloc[-1] <= 1.0
 
 
-def test_plot_writes_a_png(tmp_path):
-    path = plot_explained_variance(fit_rows(trajectory()), tmp_path / "plots" / "variance.png")
-    assert path == tmp_path / "plots" / "variance.png"
-    assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+def test_the_report_draws_the_table_of_a_fit():
+    from pipelines.reporting.compare import explained_variance_figure
+
+    table = explained_variance_table(fit_rows(trajectory()))
+    axes = explained_variance_figure(table).axes[0]
+    np.testing.assert_allclose([bar.get_height() for bar in axes.patches], table["explained_variance_ratio"])
+    np.testing.assert_allclose(axes.lines[0].get_ydata(), table["cumulative_ratio"])
 
 
 def test_save_components_writes_the_pca_matrix_for_dim_reduce(tmp_path):

@@ -18,7 +18,7 @@ from pipelines import tracking
 from pipelines.distributed.launch import data_parallel
 from pipelines.engine.checkpoint import Checkpoint
 from pipelines.engine.loop import TIMESTAMP_KEY
-from pipelines.optim.dim_reduce.pca import explained_variance_figure, explained_variance_table
+from pipelines.optim.dim_reduce.pca import explained_variance_table
 from pipelines.params import (
     BoostParams,
     CollectParams,
@@ -32,6 +32,7 @@ from pipelines.params import (
     Stage2Params,
 )
 from pipelines.recipes import dim_reduce as recipe
+from pipelines.reporting.compare import explained_variance_figure
 from pipelines.shared import evaluate_and_log, training_outputs
 
 logger = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ def fit_pca(
             "pca/parameters": float(result.components.shape[1]),
         }
     )
-    return result.components, table, explained_variance_figure(result)
+    return result.components, table, explained_variance_figure(table)
 
 
 def _log_pbfgs_steps(rows: Sequence[Mapping[str, float]]) -> None:

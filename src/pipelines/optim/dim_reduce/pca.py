@@ -207,34 +207,6 @@ def explained_variance_table(result: TrajectoryPCA) -> pd.DataFrame:
     )
 
 
-def explained_variance_figure(result: TrajectoryPCA):
-    """A matplotlib ``Figure``: bars of each component's explained-variance ratio and a line of the cumulative ratio."""
-    # A bare Figure on an Agg canvas: no pyplot, so no global backend switch inside someone else's process.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    table = explained_variance_table(result)
-    figure = Figure(figsize=(7, 4), layout="constrained")
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
-    axes.bar(table["component"], table["explained_variance_ratio"], color="tab:blue", label="per component")
-    axes.plot(table["component"], table["cumulative_ratio"], color="tab:orange", marker="o", label="cumulative")
-    axes.set_xlabel("principal component")
-    axes.set_ylabel("fraction of trajectory variance")
-    axes.set_ylim(0, 1.05)
-    axes.set_title(f"Weight-trajectory PCA: {result.n_checkpoints} checkpoints, {result.n_features:,} weights")
-    axes.legend(loc="center right")
-    return figure
-
-
-def plot_explained_variance(result: TrajectoryPCA, path: str | Path) -> Path:
-    """Write ``explained_variance_figure(result)`` as a PNG to ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    explained_variance_figure(result).savefig(path, format="png", dpi=100)
-    return path
-
-
 class _Source:
     """The loader with validation: each vector flat, float32, of the first one's length, and finite."""
 
