@@ -122,9 +122,9 @@ def child(task: dict) -> dict:
     report: dict = {"method": method}
     start = time.perf_counter()
     if method == "ours in memory":
-        result = fit_pca(load_copy, len(paths), k, in_memory=True)
+        result = fit_pca(load_copy, len(paths), n_components=k, in_memory=True)
     elif method == "ours streaming":
-        result = fit_pca(load_map, len(paths), k, in_memory=False)
+        result = fit_pca(load_map, len(paths), n_components=k, in_memory=False)
     elif method == "sklearn":
         matrix = np.empty((len(paths), n), dtype=np.float32)
         for i in range(len(paths)):

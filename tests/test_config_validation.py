@@ -83,6 +83,8 @@ def problems(params: dict, sources: dict | None = None) -> list[str]:
         ("dim_reduce.pca.n_components", 40, "dim_reduce.pca.n_components is 40 but must be below"),
         ("dim_reduce.stage1.epochs", 9, "dim_reduce.stage1.epochs is 9, beyond schedule_epochs 8"),
         ("dim_reduce.stage1.trajectory.start_epoch", 7, "start_epoch is after the last stage-1 epoch (6)"),
+        ("dim_reduce.stage1.trajectory.every_epochs", 1, "every_epochs is 1 while every_steps is 25: set exactly one"),
+        ("dim_reduce.stage1.trajectory.every_steps", None, "every_steps and every_epochs are both null: set one"),
         ("distributed.local_worker_num", 2, "distributed.local_worker_num is 2, more than distributed.worker_num"),
         ("distributed.node_rank", 1, "distributed.node_rank is 1; with 1 workers, 1 per node, use 0..0"),
         ("thor.implementation", "mindspore", "thor.implementation is mindspore, whose kernels"),

@@ -10,7 +10,7 @@ from mindspore import nn
 
 from pipelines.engine.loop import LossScaleOverflowError, NonFiniteLossError, TrainingSpec, TrainStep, train
 from pipelines.models.loss import CrossEntropySmooth
-from pipelines.optim.dim_reduce.pbfgs import PBFGS, PBFGSConfig
+from pipelines.optim.dim_reduce.pbfgs import PBFGS
 from pipelines.optim.momentum import create_momentum
 
 IN, OUT, BATCH, STEPS = 8, 3, 4, 5
@@ -61,11 +61,15 @@ def test_overflow_in_a_plain_step_is_reported_with_the_loss_scale():
 
 
 def test_pbfgs_skips_an_overflowing_step_and_says_so():
+    from dataclasses import replace
+
+    from test_pbfgs import RECIPE
+
     ms.set_seed(0)
     net = nn.Dense(IN, OUT)
     n = IN * OUT + OUT
     pca = np.linalg.qr(np.random.default_rng(1).standard_normal((n, 2)))[0].T.astype(np.float32)
-    trainer = PBFGS(net, CrossEntropySmooth(OUT, 0.0), pca, PBFGSConfig(loss_scale=TOO_LARGE_SCALE))
+    trainer = PBFGS(net, CrossEntropySmooth(OUT, 0.0), pca, replace(RECIPE, loss_scale=TOO_LARGE_SCALE), rank_size=1)
     before = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
     images, labels = next(dataset().create_tuple_iterator(num_epochs=1))
     result = trainer.step(images, labels)
@@ -73,7 +77,7 @@ def test_pbfgs_skips_an_overflowing_step_and_says_so():
     for param in net.trainable_params():
         np.testing.assert_array_equal(param.asnumpy(), before[param.name])
     np.testing.assert_array_equal(trainer.inverse_hessian, np.eye(2, dtype=np.float32))
-    healthy = PBFGS(nn.Dense(IN, OUT), CrossEntropySmooth(OUT, 0.0), pca, PBFGSConfig(loss_scale=1.0))
+    healthy = PBFGS(nn.Dense(IN, OUT), CrossEntropySmooth(OUT, 0.0), pca, RECIPE, rank_size=1)
     assert not healthy.step(images, labels).overflow
 
 

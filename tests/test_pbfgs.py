@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import mindspore as ms
@@ -17,6 +18,8 @@ from pipelines.optim.dim_reduce.pbfgs import PBFGS, PBFGSConfig, bfgs_inverse_up
 from pipelines.recipes.dim_reduce.stage2 import STEP_COLUMNS, PBFGSFigures, PBFGSStep
 
 IN, OUT, BATCH = 6, 3, 8
+# the recipe's constants (conf/base/parameters_dim_reduce.yml) with loss scale 1; tests replace what they vary
+RECIPE = PBFGSConfig(rho=0.55, max_trials=2, sigma=0.4, gamma=0.9, alpha=0.001, loss_scale=1.0)
 
 
 def orthonormal_rows(k: int, n: int, seed: int) -> np.ndarray:
@@ -102,7 +105,7 @@ def flat_weights(net) -> np.ndarray:
 @pytest.mark.parametrize(
     "config",
     [
-        PBFGSConfig(rho=0.55, max_trials=2, sigma=0.4, gamma=0.9, alpha=0.001, loss_scale=1.0),
+        RECIPE,
         PBFGSConfig(rho=0.5, max_trials=3, sigma=0.9, gamma=0.5, alpha=0.05, loss_scale=1024.0),
     ],
     ids=["recipe", "strict-armijo"],
@@ -111,7 +114,7 @@ def test_steps_match_numpy_formulas(config):
     net = dense_net()
     pca = orthonormal_rows(4, OUT * IN + OUT, seed=3)
     reference = NumpyPBFGS(flat_weights(net), pca, config)
-    trainer = PBFGS(net, CrossEntropySmooth(OUT, 0.0), pca, config)
+    trainer = PBFGS(net, CrossEntropySmooth(OUT, 0.0), pca, config, rank_size=1)
     outcomes = []
     for x, y in batches(6):
         expected_loss, expected_rho, expected_trials = reference.step(x, y)
@@ -157,7 +160,13 @@ def test_update_does_not_depend_on_the_loss_scale():
     for loss_scale in (1.0, 1024.0):
         net = small_resnet(seed=11)
         n = sum(int(np.prod(p.shape)) for p in net.trainable_params())
-        trainer = PBFGS(net, CrossEntropySmooth(4, 0.1), orthonormal_rows(5, n, 2), PBFGSConfig(loss_scale=loss_scale))
+        trainer = PBFGS(
+            net,
+            CrossEntropySmooth(4, 0.1),
+            orthonormal_rows(5, n, 2),
+            replace(RECIPE, loss_scale=loss_scale),
+            rank_size=1,
+        )
         x, y = resnet_batch()
         for _ in range(3):
             trainer.step(x, y)
@@ -173,13 +182,13 @@ def test_line_search_leaves_batchnorm_statistics_alone():
     net = small_resnet(seed=7)
     n = sum(int(np.prod(p.shape)) for p in net.trainable_params())
     pca = orthonormal_rows(5, n, 4)
-    trainer = PBFGS(net, CrossEntropySmooth(4, 0.1), pca, PBFGSConfig(max_trials=3, sigma=0.99))
+    trainer = PBFGS(net, CrossEntropySmooth(4, 0.1), pca, replace(RECIPE, max_trials=3, sigma=0.99), rank_size=1)
     result = trainer.step(x, y)
     assert result.trials >= 1  # each trial is a training-mode forward pass after the gradient's
     after_step = {p.name: p.asnumpy() for p in net.get_parameters() if "moving" in p.name}
 
     once = small_resnet(seed=7)
-    one_forward = PBFGS(once, CrossEntropySmooth(4, 0.1), pca, PBFGSConfig())
+    one_forward = PBFGS(once, CrossEntropySmooth(4, 0.1), pca, RECIPE, rank_size=1)
     one_forward._loss_and_grads(x, y)  # the gradient's forward pass alone
     expected = {p.name: p.asnumpy() for p in once.get_parameters() if "moving" in p.name}
     assert after_step.keys() == expected.keys() and after_step
@@ -190,21 +199,21 @@ def test_line_search_leaves_batchnorm_statistics_alone():
 
 
 def test_state_round_trip_continues_identically():
-    config = PBFGSConfig(max_trials=2)
+    config = replace(RECIPE, max_trials=2)
     pca = orthonormal_rows(4, OUT * IN + OUT, seed=3)
     data = batches(4)
-    straight = PBFGS(dense_net(), CrossEntropySmooth(OUT, 0.0), pca, config)
+    straight = PBFGS(dense_net(), CrossEntropySmooth(OUT, 0.0), pca, config, rank_size=1)
     for x, y in data:
         straight.step(ms.Tensor(x), ms.Tensor(y))
 
     first = dense_net()
-    trainer = PBFGS(first, CrossEntropySmooth(OUT, 0.0), pca, config)
+    trainer = PBFGS(first, CrossEntropySmooth(OUT, 0.0), pca, config, rank_size=1)
     for x, y in data[:2]:
         trainer.step(ms.Tensor(x), ms.Tensor(y))
     resumed_net = dense_net()
     for target, source in zip(resumed_net.trainable_params(), first.trainable_params(), strict=True):
         target.set_data(ms.Tensor(source.asnumpy()))
-    resumed = PBFGS(resumed_net, CrossEntropySmooth(OUT, 0.0), pca, config)
+    resumed = PBFGS(resumed_net, CrossEntropySmooth(OUT, 0.0), pca, config, rank_size=1)
     resumed.load_state(trainer.state())
     for x, y in data[2:]:
         resumed.step(ms.Tensor(x), ms.Tensor(y))
@@ -213,7 +222,7 @@ def test_state_round_trip_continues_identically():
 
 def test_wrong_pca_shape_is_rejected():
     with pytest.raises(ValueError, match="n_components x n"):
-        PBFGS(dense_net(), CrossEntropySmooth(OUT, 0.0), np.zeros((3, 5), np.float32), PBFGSConfig())
+        PBFGS(dense_net(), CrossEntropySmooth(OUT, 0.0), np.zeros((3, 5), np.float32), RECIPE, rank_size=1)
 
 
 BOOST_SCRIPT = """
@@ -235,8 +244,10 @@ net = nn.Dense(arrays["x"].shape[1], arrays["weight"].shape[0])
 net.weight.set_data(ms.Tensor(arrays["weight"]))
 net.bias.set_data(ms.Tensor(arrays["bias"]))
 data = ds.NumpySlicesDataset({"x": arrays["x"], "y": arrays["y"]}, shuffle=False).batch(len(arrays["y"]))
-config = boost_config(f"{work}/pca.npy", int(sys.argv[2]), 0.55, 0.9, 0.001, 0.4)
-boost_model(net, CrossEntropySmooth(arrays["weight"].shape[0], 0.0), config, None).train(
+config = boost_config(
+    f"{work}/pca.npy", n_components=int(sys.argv[2]), rho=0.55, gamma=0.9, alpha=0.001, sigma=0.4, device_number=1
+)
+boost_model(net, CrossEntropySmooth(arrays["weight"].shape[0], 0.0), config, loss_scale=None).train(
     1, data, dataset_sink_mode=False)
 np.savez(f"{work}/after.npz", weight=net.weight.asnumpy(), bias=net.bias.asnumpy())
 """
@@ -261,7 +272,7 @@ def test_first_update_matches_mindspore_boost(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     boost = np.load(tmp_path / "after.npz")
 
-    PBFGS(net, CrossEntropySmooth(OUT, 0.0), pca, PBFGSConfig(loss_scale=1.0)).step(ms.Tensor(x), ms.Tensor(y))
+    PBFGS(net, CrossEntropySmooth(OUT, 0.0), pca, RECIPE, rank_size=1).step(ms.Tensor(x), ms.Tensor(y))
     moved = np.abs(net.weight.asnumpy() - np.load(tmp_path / "start.npz")["weight"]).max()
     assert moved > 1e-3
     np.testing.assert_allclose(net.weight.asnumpy(), boost["weight"], rtol=1e-5, atol=1e-6)
@@ -269,7 +280,9 @@ def test_first_update_matches_mindspore_boost(tmp_path):
 
 
 def test_state_is_a_snapshot():
-    trainer = PBFGS(dense_net(), CrossEntropySmooth(OUT, 0.0), orthonormal_rows(4, OUT * IN + OUT, 3), PBFGSConfig())
+    trainer = PBFGS(
+        dense_net(), CrossEntropySmooth(OUT, 0.0), orthonormal_rows(4, OUT * IN + OUT, 3), RECIPE, rank_size=1
+    )
     data = batches(2)
     trainer.step(ms.Tensor(data[0][0]), ms.Tensor(data[0][1]))
     state = trainer.state()
@@ -282,7 +295,7 @@ def test_state_is_a_snapshot():
 
 def engine_step(net, pca: np.ndarray, config: PBFGSConfig, start_epoch: int, steps_per_epoch: int = 2) -> PBFGSStep:
     """A stage-2 step continuing, as the engine continues it, from a stage-1 checkpoint of epoch ``start_epoch``."""
-    step = PBFGSStep(PBFGS(net, CrossEntropySmooth(OUT, 0.0), pca, config), steps_per_epoch)
+    step = PBFGSStep(PBFGS(net, CrossEntropySmooth(OUT, 0.0), pca, config, rank_size=1), steps_per_epoch)
     step.restore(Checkpoint({"weight": net.weight.asnumpy()}, {"epoch": start_epoch}))
     return step
 
@@ -295,7 +308,7 @@ def run_steps(step: PBFGSStep, data) -> None:
 
 
 def test_engine_step_records_each_step_and_resumes_with_its_state():
-    config = PBFGSConfig(max_trials=3, sigma=0.9, loss_scale=1024.0)
+    config = replace(RECIPE, max_trials=3, sigma=0.9, loss_scale=1024.0)
     pca = orthonormal_rows(4, OUT * IN + OUT, seed=3)
     data = batches(4)
     straight = engine_step(dense_net(), pca, config, start_epoch=2)
@@ -320,7 +333,7 @@ def test_engine_step_records_each_step_and_resumes_with_its_state():
     resumed_net = dense_net()
     for target, source in zip(resumed_net.trainable_params(), first.network.trainable_params(), strict=True):
         target.set_data(ms.Tensor(source.asnumpy()))
-    resumed = PBFGSStep(PBFGS(resumed_net, CrossEntropySmooth(OUT, 0.0), pca, config), 2)
+    resumed = PBFGSStep(PBFGS(resumed_net, CrossEntropySmooth(OUT, 0.0), pca, config, rank_size=1), 2)
     resumed.restore(saved)
     run_steps(resumed, data[2:])
     pd.testing.assert_frame_equal(resumed.table(), table, rtol=1e-5)
@@ -329,7 +342,7 @@ def test_engine_step_records_each_step_and_resumes_with_its_state():
 
 def test_epoch_figures_and_step_rows_for_tracking():
     pca = orthonormal_rows(4, OUT * IN + OUT, seed=3)
-    step = engine_step(dense_net(), pca, PBFGSConfig(max_trials=3, sigma=0.9), start_epoch=0)
+    step = engine_step(dense_net(), pca, replace(RECIPE, max_trials=3, sigma=0.9), start_epoch=0)
     logged = []
     figures = PBFGSFigures(on_steps=logged.extend)
     figures.bind(step)
@@ -354,18 +367,18 @@ def test_epoch_figures_and_step_rows_for_tracking():
 
 def test_engine_step_refuses_a_checkpoint_with_part_of_the_state():
     pca = orthonormal_rows(4, OUT * IN + OUT, seed=3)
-    step = engine_step(dense_net(), pca, PBFGSConfig(), start_epoch=0)
+    step = engine_step(dense_net(), pca, RECIPE, start_epoch=0)
     run_steps(step, batches(1))
     state = step.capture()
     del state["optimizer.pbfgs.inverse_hessian"]
     with pytest.raises(ValueError, match="lacks P-BFGS state optimizer.pbfgs.inverse_hessian"):
-        engine_step(dense_net(), pca, PBFGSConfig(), start_epoch=0).restore(Checkpoint(state, {"epoch": 1}))
+        engine_step(dense_net(), pca, RECIPE, start_epoch=0).restore(Checkpoint(state, {"epoch": 1}))
 
 
 def test_engine_step_reports_an_overflow_and_leaves_the_weights():
     net = dense_net()
     before = flat_weights(net)
-    step = engine_step(net, orthonormal_rows(4, OUT * IN + OUT, 3), PBFGSConfig(), start_epoch=0)
+    step = engine_step(net, orthonormal_rows(4, OUT * IN + OUT, 3), RECIPE, start_epoch=0)
     x, y = batches(1)[0]
     x[0, 0] = np.inf
     _, overflow, _ = step(ms.Tensor(x), ms.Tensor(y))

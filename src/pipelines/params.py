@@ -316,6 +316,16 @@ class DimReduceParams(Section):
             problems.append(
                 ("dim_reduce.stage1.trajectory.start_epoch", f"is after the last stage-1 epoch ({stage1.epochs})")
             )
+        steps, epochs = stage1.trajectory.every_steps, stage1.trajectory.every_epochs
+        if steps is not None and epochs is not None:
+            problems.append(
+                (
+                    "dim_reduce.stage1.trajectory.every_epochs",
+                    f"is {epochs} while every_steps is {steps}: set exactly one, the other null",
+                )
+            )
+        if steps is None and epochs is None:
+            problems.append(("dim_reduce.stage1.trajectory.every_steps", "and every_epochs are both null: set one"))
         if self.stage2.eval_every_steps and self.stage2.implementation != "own":
             problems.append(
                 (

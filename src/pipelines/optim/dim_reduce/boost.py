@@ -34,12 +34,13 @@ class OwnProcessError(RuntimeError):
 
 def boost_config(
     pca_path: str | Path,
+    *,
     n_components: int,
     rho: float,
     gamma: float,
     alpha: float,
     sigma: float,
-    device_number: int = 1,
+    device_number: int,
 ) -> dict:
     """``boost_config_dict`` enabling only dim_reduce with a precomputed projection.
 
@@ -62,7 +63,7 @@ def boost_config(
     }
 
 
-def boost_model(net, loss_fn, config: dict, loss_scale: float | None):
+def boost_model(net, loss_fn, config: dict, *, loss_scale: float | None):
     """A ``Model`` whose training step is ``mindspore.boost``'s DimReduce (SGD with lr 1 underneath).
 
     Without a loss-scale manager MindSpore's boost step reports a None loss; with one, its

@@ -31,14 +31,16 @@ CURVATURE_EPSILON = 1e-20
 STATE_PREFIX = "pbfgs."
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PBFGSConfig:
-    rho: float = 0.55  # line-search step shrink factor; trials use rho^0, rho^1, ...
-    max_trials: int = 2
-    sigma: float = 0.4  # Armijo sufficient-decrease constant
-    gamma: float = 0.9  # residual momentum decay
-    alpha: float = 0.001  # residual momentum step
-    loss_scale: float = 1.0
+    """P-BFGS's constants (``dim_reduce.stage2`` in conf/ and params.py)."""
+
+    rho: float  # line-search step shrink factor; trials use rho^0, rho^1, ...
+    max_trials: int
+    sigma: float  # Armijo sufficient-decrease constant
+    gamma: float  # residual momentum decay
+    alpha: float  # residual momentum step
+    loss_scale: float
 
 
 @dataclass
@@ -182,7 +184,7 @@ class PBFGS:
     order, flattened row-major (the layout ``mindspore.boost`` expects as ``pca_mat_path``).
     """
 
-    def __init__(self, net: nn.Cell, loss_fn: nn.Cell, pca: np.ndarray, config: PBFGSConfig, rank_size: int = 1):
+    def __init__(self, net: nn.Cell, loss_fn: nn.Cell, pca: np.ndarray, config: PBFGSConfig, *, rank_size: int):
         self.config = config
         self.net = net
         self.weights = ms.ParameterTuple(net.trainable_params())

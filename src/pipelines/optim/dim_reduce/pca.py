@@ -112,8 +112,8 @@ def flatten_params(params: dict[str, np.ndarray], names: Sequence[str]) -> np.nd
 def fit_pca(
     load: Loader,
     n_checkpoints: int,
-    n_components: int,
     *,
+    n_components: int,
     labels: Sequence[str] | None = None,
     in_memory: bool = True,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
@@ -139,8 +139,6 @@ def fit_pca(
         ValueError: N <= k, a checkpoint that is not a flat vector, has a different length from the first or
             holds NaN/inf (naming it), or a trajectory that spans fewer than k dimensions.
     """
-    if n_components < 1:
-        raise ValueError(f"n_components must be at least 1, got {n_components}")
     if n_checkpoints <= n_components:
         raise ValueError(
             f"need more than n_components checkpoints: got {n_checkpoints} trajectory files "
@@ -160,8 +158,8 @@ def fit_pca(
 def fit_trajectory_pca(
     paths: Sequence[str | Path],
     names: Sequence[str],
-    n_components: int,
     *,
+    n_components: int,
     in_memory: bool = True,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     block_bytes: int | None = None,
@@ -184,7 +182,7 @@ def fit_trajectory_pca(
     return fit_pca(
         load,
         len(paths),
-        n_components,
+        n_components=n_components,
         labels=[str(p) for p in paths],
         in_memory=in_memory,
         chunk_size=chunk_size,

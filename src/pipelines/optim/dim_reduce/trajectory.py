@@ -17,7 +17,8 @@ INDEX_COLUMNS = ["path", "epoch", "step", "global_step"]
 
 
 class TrajectoryRecorder(Callback):
-    """Saves the trainable weights (only) every ``every_steps`` steps or ``every_epochs`` epochs.
+    """Saves the trainable weights (only) every ``every_steps`` steps or ``every_epochs`` epochs (one of the
+    two is None; ``dim_reduce.stage1.trajectory`` in params.py requires exactly one).
 
     The weights are those of the bound training step's network. Recording starts at epoch
     ``start_epoch`` (1-based), as the DLDR tutorial drops early weights. Files are
@@ -29,12 +30,11 @@ class TrajectoryRecorder(Callback):
     def __init__(
         self,
         directory: str | Path,
+        *,
         start_epoch: int,
-        every_steps: int | None = None,
-        every_epochs: int | None = None,
+        every_steps: int | None,
+        every_epochs: int | None,
     ):
-        if (every_steps is None) == (every_epochs is None):
-            raise ValueError("set exactly one of trajectory.every_steps and trajectory.every_epochs")
         self.directory = Path(directory)
         self.start_epoch = start_epoch
         self.every_steps = every_steps
@@ -76,7 +76,7 @@ class TrajectoryRecorder(Callback):
         return pd.DataFrame(self.rows, columns=INDEX_COLUMNS)
 
 
-def select_trajectory(index: pd.DataFrame, n_files: int | None, n_components: int) -> pd.DataFrame:
+def select_trajectory(index: pd.DataFrame, *, n_files: int | None, n_components: int) -> pd.DataFrame:
     """The last ``n_files`` trajectory files (all when None); more than ``n_components`` are needed."""
     chosen = index.sort_values("global_step")
     if n_files is not None:

@@ -49,8 +49,10 @@ class BoostDimReduceStep(ModelTrainStep):
 
     recipe = "DimReduce (mindspore.boost)"
 
-    def __init__(self, net, loss_fn, config: dict, loss_scale: float):
-        super().__init__(lambda: boost_model(net, loss_fn, config, loss_scale), net, None, None, loss_scale, False)
+    def __init__(self, net, loss_fn, config: dict, *, loss_scale: float):
+        super().__init__(
+            lambda: boost_model(net, loss_fn, config, loss_scale=loss_scale), net, None, None, loss_scale, False
+        )
         self.names = {id(p): p.name for p in net.get_parameters()}
         self.rows: list[dict[str, float]] = []
         self.pending: dict[str, np.ndarray] = {}
@@ -133,10 +135,6 @@ def train_stage2_with_boost(
     run in that process, where ``run_handoff`` (``distributed.launch.RunHandoff``, optional) makes the caller's
     tracking run active. Returns the training's result (without its step) and the per-step loss table.
     """
-    if distributed.worker_num > 1:
-        raise ValueError(
-            "dim_reduce.stage2.implementation mindspore_boost trains in one process; set distributed.worker_num: 1"
-        )
     with tempfile.TemporaryDirectory(prefix="boost_stage2_") as folder:
         work = Path(folder)
         save_checkpoint(stage1_checkpoint, work / "stage1.ckpt")
@@ -180,12 +178,20 @@ def _train_stage2_with_boost_here(
         start = load_checkpoint(start_path)
         pca_matrix = np.load(pca_path)
         run_id = fingerprint(model, data, stage2.model_dump(exclude={"checkpoint"}), runtime.seed, 1, start, pca_matrix)
-        config = boost_config(pca_path, pca_matrix.shape[0], stage2.rho, stage2.gamma, stage2.alpha, stage2.sigma)
+        config = boost_config(
+            pca_path,
+            n_components=pca_matrix.shape[0],
+            rho=stage2.rho,
+            gamma=stage2.gamma,
+            alpha=stage2.alpha,
+            sigma=stage2.sigma,
+            device_number=1,  # one process: params.py refuses mindspore_boost with distributed.worker_num above 1
+        )
         loss_fn = CrossEntropySmooth(num_classes(model, class_index), stage2.label_smoothing)
 
         def make_step(start: Checkpoint, steps_per_epoch: int) -> BoostDimReduceStep:
             net = network_from_checkpoint(model, class_index, start, "of stage 1")
-            return BoostDimReduceStep(net, loss_fn, config, stage2.loss_scale)
+            return BoostDimReduceStep(net, loss_fn, config, loss_scale=stage2.loss_scale)
 
         validation = val_data(manifest, data)
         checkpoint = stage2.checkpoint

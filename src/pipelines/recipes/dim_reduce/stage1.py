@@ -53,7 +53,10 @@ def train_stage1(
     """
     trajectory = stage1.trajectory
     recorder = TrajectoryRecorder(
-        trajectory.dir, trajectory.start_epoch, trajectory.every_steps, trajectory.every_epochs
+        trajectory.dir,
+        start_epoch=trajectory.start_epoch,
+        every_steps=trajectory.every_steps,
+        every_epochs=trajectory.every_epochs,
     )
     result = train_momentum(
         start,
@@ -84,7 +87,7 @@ def collect_trajectory(
     pca: PcaParams,
 ) -> pd.DataFrame:
     """The last ``collect.n_files`` trajectory files, each checked against the network's trainable parameters."""
-    chosen = select_trajectory(trajectory_index, collect.n_files, pca.n_components)
+    chosen = select_trajectory(trajectory_index, n_files=collect.n_files, n_components=pca.n_components)
     net = create_network(model, class_index)
     verify_trajectory(chosen["path"].tolist(), {p.name: tuple(p.shape) for p in net.trainable_params()})
     return chosen
@@ -96,7 +99,7 @@ def trajectory_pca(
     """The top ``pca.n_components`` principal directions of the selected trajectory files (k x n, float32 rows
     over the network's trainable parameters in order, flattened)."""
     names = [p.name for p in create_network(model, class_index).trainable_params()]
-    result = fit_trajectory_pca(selected_trajectory["path"].tolist(), names, pca.n_components)
+    result = fit_trajectory_pca(selected_trajectory["path"].tolist(), names, n_components=pca.n_components)
     logger.info(
         "PCA: %d components of %d parameters explain %.1f%% of the trajectory's variance",
         *result.components.shape,
