@@ -161,6 +161,10 @@ def test_cross_key_rules_report_every_broken_rule():
             {"dim_reduce.stage2.eval_every_steps": 10, "dim_reduce.stage2.implementation": "mindspore_boost"},
             "dim_reduce.stage2.eval_every_steps",
         ),
+        (
+            {"distributed.worker_num": 2, "thor.checkpoint.keep_last": 1},
+            "thor.checkpoint.keep_last is 1, but the job spans 2 nodes",
+        ),
     ],
 )
 def test_rules_across_sections_name_the_key_to_change(changes, key):

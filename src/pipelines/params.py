@@ -527,6 +527,25 @@ class Parameters(Section):
                     "study.eval_every_steps steps: use own (or take dim_reduce out of study.recipes)",
                 )
             )
+        if self.distributed.nodes > 1:
+            sections = {
+                "baseline": self.baseline,
+                "adasum": self.adasum,
+                "thor": self.thor,
+                "dim_reduce.stage1": self.dim_reduce.stage1,
+                "dim_reduce.stage2": self.dim_reduce.stage2,
+                "dim_reduce.control": self.dim_reduce.control,
+            }
+            problems += [
+                (
+                    f"{name}.checkpoint.keep_last",
+                    f"is 1, but the job spans {self.distributed.nodes} nodes, each writing its own checkpoints: a "
+                    "node killed between two epochs' checkpoints is one epoch behind, and the rerun resumes from an "
+                    "epoch every node holds; use 2 or more",
+                )
+                for name, section in sections.items()
+                if section.checkpoint.keep_last < 2
+            ]
         if self.dim_reduce.stage2.implementation == "mindspore_boost" and workers > 1:
             problems.append(
                 (

@@ -33,6 +33,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
+
 from pipelines.engine.checkpoint import write_atomically
 from pipelines.processes import die_with_parent
 
@@ -170,11 +172,26 @@ def _stop(msrun: subprocess.Popen, job: _Job) -> None:
     job.stop_workers()
 
 
-def _failure_message(job: _Job, rc: int | None, first_dead: list[int]) -> str:
+# MindSpore's cluster error on the ranks left when another node's workers stop answering (killed, cut off)
+_TIMED_OUT_RANK = re.compile(r"Timed out node list is: [^{]*\{([\d, ]+)\}")
+
+
+def _failure_message(job: _Job, rc: int | None, first_dead: list[int], local_worker_num: int) -> str:
     errors = job.rank_files("error")
     if errors:
         rank, error = min(errors.items(), key=lambda item: item[1].stat().st_mtime)  # the first to fail
-        return f"rank {rank} of the msrun job failed (logs: {job.dir}/worker_{rank}.log):\n{error.read_text().rstrip()}"
+        text = error.read_text().rstrip()
+        timed_out = _TIMED_OUT_RANK.search(text)
+        if timed_out:
+            lost = sorted(int(r) for r in timed_out[1].split(","))
+            nodes = sorted({r // local_worker_num for r in lost})
+            return (
+                f"node {', '.join(map(str, nodes))} of the msrun job stopped answering (rank "
+                f"{', '.join(map(str, lost))} timed out): its kedro run was stopped or killed, or the network between "
+                f"the nodes failed; see that node's own output and msrun logs. Rank {rank} here stopped with it "
+                f"(logs: {job.dir}/worker_{rank}.log)"
+            )
+        return f"rank {rank} of the msrun job failed (logs: {job.dir}/worker_{rank}.log):\n{text}"
     # msrun reports the first worker it saw exit; it kills the others itself
     reported = re.search(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)", job.msrun_log())
     ranks_by_pid = {pid: rank for rank, pid in job.pids().items()}
@@ -248,7 +265,7 @@ def launch(
     files.stop_workers()
     result = job_dir / RESULT_FILE
     if rc != 0 or files.rank_files("error") or not result.exists():
-        raise DistributedTrainingError(_failure_message(files, rc, first_dead))
+        raise DistributedTrainingError(_failure_message(files, rc, first_dead, distributed.local_worker_num))
     if run_handoff is not None:
         run_handoff.reclaim()  # rank 0 handed the run back; the caller's run goes on
     with open(result, "rb") as f:
@@ -310,14 +327,23 @@ def data_parallel(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def barrier() -> None:
-    """Wait until every rank gets here (a no-op with one rank)."""
+def sum_over_ranks(values) -> np.ndarray:
+    """The element-wise sum of ``values`` (a float vector) over every rank; ``values`` itself with one rank.
+
+    Host-side agreement between ranks (which checkpoint to resume from); AllReduce's sum runs on every backend.
+    """
+    values = np.asarray(values, np.float32)
     if _context.size == 1:
-        return
+        return values
     import mindspore as ms
     from mindspore import Tensor, ops
 
-    ops.AllReduce()(Tensor([1.0], ms.float32)).asnumpy()
+    return ops.AllReduce()(Tensor(values, ms.float32)).asnumpy()
+
+
+def barrier() -> None:
+    """Wait until every rank gets here (a no-op with one rank)."""
+    sum_over_ranks([1.0])
 
 
 def verify_replicas(net) -> float:

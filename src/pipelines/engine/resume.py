@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.distributed.launch import barrier, rank_context
+from pipelines.distributed.launch import barrier, rank_context, sum_over_ranks
 from pipelines.engine.checkpoint import Checkpoint, CheckpointError, load_checkpoint, remove_abandoned_temporaries
 
 logger = logging.getLogger(__name__)
@@ -64,48 +64,76 @@ def find_resume_checkpoint(
     those of the same training that already reached ``stop_epoch`` are removed (its result is the
     final checkpoint), so a rerun trains anew. An unreadable checkpoint raises ``CheckpointError``
     naming it. With several ranks the node's first worker tidies the folder while the others wait,
-    then they look without tidying.
+    then every rank looks, and they agree on the newest epoch that every rank holds: each node writes its
+    own folder, and a node killed between two epochs' checkpoints is one behind the others (``keep_last``
+    of 2 or more keeps the epoch before).
     """
     ranks = rank_context()
     if ranks.is_node_leader:
-        found = _find_resume_checkpoint(directory, prefix, expected_fingerprint, stop_epoch, tidy=True)
+        _tidy(directory, prefix, expected_fingerprint, stop_epoch)
         trim_stale(directory, keep_stale)
+    if ranks.size > 1:
+        barrier()
+    candidates = _resumable(directory, prefix, expected_fingerprint, stop_epoch)
     if ranks.size == 1:
-        return found
-    barrier()
-    if ranks.is_node_leader:
-        return found
-    return _find_resume_checkpoint(directory, prefix, expected_fingerprint, stop_epoch, tidy=False)
+        return candidates[max(candidates)] if candidates else None
+    held = np.zeros(stop_epoch + 1, np.float32)
+    held[list(candidates)] = 1.0
+    everywhere = [epoch for epoch, count in enumerate(sum_over_ranks(held)) if count == ranks.size]
+    if not everywhere:
+        if candidates:
+            logger.warning(
+                "No epoch checkpoint in %s is held by every rank (this one holds epochs %s); training anew",
+                directory,
+                sorted(candidates),
+            )
+        return None
+    chosen = max(everywhere)
+    if chosen < max(candidates):
+        logger.warning(
+            "Resuming from epoch %d, the newest every rank holds (this node also has epoch %d)",
+            chosen,
+            max(candidates),
+        )
+    return candidates[chosen]
 
 
-def _find_resume_checkpoint(
-    directory: str | Path, prefix: str, expected_fingerprint: str, stop_epoch: int, tidy: bool
-) -> Path | None:
+def _checkpoints(directory: Path, prefix: str) -> list[Path]:
+    return sorted(directory.glob(f"{prefix}_*.ckpt"))
+
+
+def _tidy(directory: str | Path, prefix: str, expected_fingerprint: str, stop_epoch: int) -> None:
+    """Remove abandoned temporaries; move another configuration's checkpoints aside, remove a finished run's."""
     directory = Path(directory)
-    if tidy:
-        for path in remove_abandoned_temporaries(directory):
-            logger.info("Removed %s, left by an interrupted save", path)
-    found = sorted(directory.glob(f"{prefix}_*.ckpt"))
+    for path in remove_abandoned_temporaries(directory):
+        logger.info("Removed %s, left by an interrupted save", path)
+    found = _checkpoints(directory, prefix)
     if not found:
-        return None
-    newest = found[-1]
-    metadata = load_checkpoint(newest).metadata
+        return
+    metadata = load_checkpoint(found[-1]).metadata
     if metadata.get("fingerprint") == expected_fingerprint:
-        if metadata.get("epoch", 0) < stop_epoch:
-            return newest
-        if not tidy:
-            return None
-        logger.info("The checkpoints in %s are of a finished training of this configuration; training anew", directory)
-        for path in found:
-            path.unlink()
-        return None
-    if not tidy:
-        return None
+        if metadata.get("epoch", 0) >= stop_epoch:
+            logger.info(
+                "The checkpoints in %s are of a finished training of this configuration; training anew", directory
+            )
+            for path in found:
+                path.unlink()
+        return
     stale = _new_stale_folder(directory)
     for path in found:
         path.rename(stale / path.name)
     logger.warning("Checkpoints in %s come from another configuration; moved them to %s", directory, stale)
-    return None
+
+
+def _resumable(directory: str | Path, prefix: str, expected_fingerprint: str, stop_epoch: int) -> dict[int, Path]:
+    """Epoch -> checkpoint of this training in ``directory`` that it can resume from (before ``stop_epoch``)."""
+    candidates = {}
+    for path in _checkpoints(Path(directory), prefix):
+        metadata = load_checkpoint(path).metadata
+        epoch = int(metadata.get("epoch", 0))
+        if metadata.get("fingerprint") == expected_fingerprint and epoch < stop_epoch:
+            candidates[epoch] = path
+    return candidates
 
 
 def _new_stale_folder(directory: Path) -> Path:
