@@ -23,7 +23,7 @@ from PIL import Image
 from pipelines.images import verify as verify_module
 from pipelines.images.folder import InputPipelineError, checked_batches, create_dataset, scan_image_tree
 from pipelines.images.links import ChangedImageError, link_split
-from pipelines.images.verify import FileState, verify_files
+from pipelines.images.verify import FolderFiles, verify_files
 
 SPLITS = {"train": "train", "val": "val"}
 CLASSES = ("ant", "bee")
@@ -204,10 +204,12 @@ def test_parallel_verification_agrees_with_inline_and_resumes(make_image_tree, t
     root = make_image_tree(classes=("a", "b"), per_class={"train": 60}, size=4, noise=0)
     bad = root / "train" / "b" / "b_train_007.png"
     truncate(bad)
-    folders = [
-        (str(d), [FileState(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(d.iterdir())])
-        for d in sorted((root / "train").iterdir())
-    ]
+    folders = []
+    for folder in sorted((root / "train").iterdir()):
+        files = FolderFiles(str(folder))
+        for path in sorted(folder.iterdir()):
+            files.add(path.name, path.stat().st_size, path.stat().st_mtime_ns)
+        folders.append(files)
     inline, _ = verify_files(folders, "decode", None, workers=1)
     cache = tmp_path / "verdicts.sqlite"
     # an interrupted run: only folder "a" got verified
@@ -390,7 +392,7 @@ from pathlib import Path
 from pipelines.images.verify import FileState, check_contents
 paths = sorted(Path(sys.argv[1]).rglob("*.png"))
 files = [FileState(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
-batches = check_contents(files, "decode", workers=2)
+batches = check_contents(iter(files), len(files), "decode", workers=2)
 next(batches)
 print("verifying", flush=True)
 sys.stdin.read()

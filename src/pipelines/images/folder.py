@@ -13,15 +13,17 @@ import logging
 import os
 import re
 import tempfile
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from pipelines.images.links import link_split
 from pipelines.images.verify import (
     VERIFY_MODES,
-    FileState,
+    FolderFiles,
     content_problem,
     entry_problem,
     is_hidden_or_system,
@@ -64,24 +66,25 @@ class ScanResult:
     verified_files: int  # files whose content was read by this scan (the rest came from the cache)
 
 
-def _list_class(class_dir: str) -> tuple[list[FileState], list[tuple[str, str]]]:
+def _list_class(class_dir: str) -> tuple[FolderFiles, list[tuple[str, str]]]:
     """Candidate images under ``class_dir`` (sub-folders included) and the entries refused outright."""
-    files, refused, pending = [], [], [class_dir]
+    files, refused, pending = FolderFiles(class_dir), [], [(class_dir, "")]
     while pending:
-        with os.scandir(pending.pop()) as entries:
+        folder, prefix = pending.pop()
+        with os.scandir(folder) as entries:
             for entry in entries:
                 if entry.is_dir(follow_symlinks=False):
                     if is_hidden_or_system(entry.name):
                         refused.append((entry.path, "hidden or system folder"))
                     else:
-                        pending.append(entry.path)
+                        pending.append((entry.path, prefix + entry.name + os.sep))
                     continue
                 problem, status = entry_problem(entry)
                 if problem is None:
-                    files.append(FileState(entry.path, status.st_size, status.st_mtime_ns))
+                    files.add(prefix + entry.name, status.st_size, status.st_mtime_ns)
                 else:
                     refused.append((entry.path, problem))
-    files.sort(key=lambda f: f.path)
+    files.sort()
     return files, refused
 
 
@@ -154,22 +157,31 @@ def scan_image_tree(
             listed.append((split, class_dir, files))
     problems, verified = {}, 0
     if verify != "none":
-        problems, verified = verify_files(
-            [(str(class_dir.resolve()), files) for _, class_dir, files in listed], verify, cache_path, workers
-        )
+        problems, verified = verify_files([files for _, _, files in listed], verify, cache_path, workers)
 
-    rows = []
-    for split, class_dir, files in listed:
-        usable = 0
-        for file in files:
-            problem = problems.get(file.path)
+    # The manifest is built column by column, each class folder's files released as it is taken: the file list,
+    # the table being built and pandas's copy are never all held at once (ImageNet: 1.28 M files).
+    path_chunks, sizes, mtimes = [], array("q"), array("q")  # paths: one Arrow string array per class folder
+    labels, splits = array("l"), []
+    listed.reverse()
+    while listed:
+        split, class_dir, files = listed.pop()
+        paths = []
+        for index in range(len(files)):
+            path = files.path(index)
+            problem = problems.get(path)
             if problem is None:
-                rows.append((file.path, class_dir.name, class_index[class_dir.name], split, file.size, file.mtime_ns))
-                usable += 1
+                paths.append(path)
+                sizes.append(files.sizes[index])
+                mtimes.append(files.mtimes_ns[index])
             else:
-                bad.append((file.path, split, problem))
-        if usable == 0:
+                bad.append((path, split, problem))
+        if not paths:
             raise DataLayoutError(f"class folder {class_dir} holds no usable image")
+        path_chunks.append(pd.Series(pd.array(paths, dtype="str")))
+        labels.extend([class_index[class_dir.name]] * len(paths))
+        splits.append((split, len(paths)))
+        del files, paths
 
     bad_files = pd.DataFrame(sorted(bad), columns=BAD_FILE_COLUMNS)
     for path, _, reason in bad[:20]:
@@ -180,7 +192,18 @@ def scan_image_tree(
             f"{len(bad)} unusable file(s) under {root}:\n{listing}\n"
             "Remove them, or set data.on_bad_file: exclude to leave them out of the manifest."
         )
-    manifest = pd.DataFrame(rows, columns=MANIFEST_COLUMNS)
+    label_column = np.frombuffer(labels, dtype=np.int_) if len(labels) else np.zeros(0, np.int_)
+    manifest = pd.DataFrame(
+        {
+            "path": pd.concat(path_chunks, ignore_index=True).array if path_chunks else pd.array([], dtype="str"),
+            "class_name": pd.Categorical.from_codes(label_column, class_names).astype("str"),
+            "label": label_column.astype(np.int64),
+            "split": pd.array(np.repeat([split for split, _ in splits], [count for _, count in splits]), dtype="str"),
+            "size": np.frombuffer(sizes, dtype=np.int64) if len(sizes) else np.zeros(0, np.int64),
+            "mtime_ns": np.frombuffer(mtimes, dtype=np.int64) if len(mtimes) else np.zeros(0, np.int64),
+        },
+        columns=MANIFEST_COLUMNS,
+    )
     counts = manifest.groupby(["split", "class_name"]).size().unstack("split", fill_value=0)
     counts = counts.reindex(class_names, fill_value=0).reset_index()
     counts.columns.name = None
