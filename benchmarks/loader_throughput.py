@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 import pipelines  # noqa: F401  (sets the CPU speed environment before MindSpore loads)
+from pipelines.images.verify import worker_count
 
 SPLIT_DIRS = {"train": "ilsvrc", "val": "ilsvrc_eval"}
 VAL_EVERY = 26  # one val image per 25 train ones
@@ -156,8 +157,11 @@ class _DescendantPeak:
 
 
 def stage_scan(args: argparse.Namespace) -> dict:
+    import pandas as pd
+
     from pipelines.images.folder import scan_image_tree
 
+    pd.array(["loaded"], dtype="str")  # pandas loads pyarrow for its first string column: not the manifest's memory
     before = current_rss_mb()
     workers = _DescendantPeak()
     started = time.perf_counter()
@@ -313,15 +317,21 @@ def main() -> None:
 
     tree_mb = folder_bytes(args.root) / 2**20
     print(f"\ntree: {first['files']} files, {args.classes} classes, {tree_mb:.0f} MB, {os.cpu_count()} cores")
+    cores = worker_count()
+
+    def per_file(scan: dict) -> float:
+        return (scan["peak_rss_mb"] - scan["rss_before_mb"]) * 2**20 / scan["files"]
+
     print(
-        f"first scan (verify decode): {first['seconds']:.1f} s, {first['files_per_s']:.0f} files/s, "
-        f"{first['verified']} read, {first['bad']} bad; peak memory {first['peak_rss_mb']:.0f} MB "
-        f"({first['rss_before_mb']:.0f} MB before), each worker at most {first['worker_peak_rss_mb']:.0f} MB; "
+        f"first scan (verify decode): {first['seconds']:.1f} s, {first['files_per_s']:.0f} files/s on {cores} "
+        f"cores ({first['files_per_s'] / cores:.0f} files/s per core), {first['verified']} read, {first['bad']} bad; "
+        f"peak memory {first['peak_rss_mb']:.0f} MB ({first['rss_before_mb']:.0f} MB before: "
+        f"{per_file(first):.0f} bytes per file), each worker at most {first['worker_peak_rss_mb']:.0f} MB; "
         f"verdict cache {first['cache_bytes'] / first['files']:.0f} bytes per file"
     )
     print(
         f"rerun scan: {rerun['seconds']:.1f} s, {rerun['files_per_s']:.0f} files/s, {rerun['verified']} read; "
-        f"peak memory {rerun['peak_rss_mb']:.0f} MB"
+        f"peak memory {rerun['peak_rss_mb']:.0f} MB ({per_file(rerun):.0f} bytes per file)"
     )
     print(
         f"link tree: {convert['images']} images in {convert['seconds']:.2f} s = {convert['s_per_1000']:.3f} s per "

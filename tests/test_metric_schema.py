@@ -11,7 +11,8 @@ import pytest
 from helpers import write_image_tree
 from test_pipeline_e2e import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project, runs
 
-EPOCH_KEYS = ("train/loss", "train/lr", "train/images_per_s", "train/epoch_time_s", "train/compile_s")
+from pipelines.metrics import TRAINING_KEYS
+
 EPOCHS = TINY_PARAMS["baseline"]["epochs"]
 THOR_PARAMS = {"thor": {"epochs": EPOCHS, "batch_size": 4, "frequency": 4, "eval_interval": 1}}
 
@@ -44,7 +45,7 @@ def steps(client, run, key: str) -> list[int]:
 
 def assert_schema(client, run, epochs: list[int]) -> None:
     """Per-epoch keys at every epoch, val/top1 and val/top5 at the last, final/ keys logged once."""
-    for key in EPOCH_KEYS:
+    for key in TRAINING_KEYS:
         assert steps(client, run, key) == epochs, key
     for key in ("val/top1", "val/top5"):
         assert epochs[-1] in steps(client, run, key), key
@@ -68,7 +69,7 @@ def test_baseline_logs_the_schema(project):
     assert_schema(client, run, list(range(1, EPOCHS + 1)))
     assert steps(client, run, "val/top1") == list(range(1, EPOCHS + 1))  # eval_interval 1
     history = pd.read_csv(project / "data/08_reporting/baseline_history.csv")
-    assert list(history.columns) == ["epoch", *EPOCH_KEYS, "val/top1", "val/top5"]
+    assert list(history.columns) == ["epoch", *TRAINING_KEYS, "val/top1", "val/top5"]
     assert_compiled_in_the_first_epoch_only(history)
 
 
@@ -78,8 +79,8 @@ def test_thor_logs_the_same_schema_with_its_own_figures_under_thor(project):
     assert steps(client, run, "val/top1") == list(range(1, EPOCHS + 1))
     assert steps(client, run, "thor/damping") == list(range(1, EPOCHS + 1))
     history = pd.read_csv(project / "data/08_reporting/thor_history.csv")
-    assert list(history.columns[: len(EPOCH_KEYS) + 3]) == ["epoch", *EPOCH_KEYS, "val/top1", "val/top5"]
-    assert all(c.startswith("thor/") for c in history.columns[len(EPOCH_KEYS) + 3 :])
+    assert list(history.columns[: len(TRAINING_KEYS) + 3]) == ["epoch", *TRAINING_KEYS, "val/top1", "val/top5"]
+    assert all(c.startswith("thor/") for c in history.columns[len(TRAINING_KEYS) + 3 :])
     assert_compiled_in_the_first_epoch_only(history)  # its second-order and reuse graphs: steps 1 and 2
 
 

@@ -18,7 +18,7 @@ import yaml
 from helpers import write_image_tree
 
 from pipelines.engine.checkpoint import load_checkpoint
-from pipelines.engine.loop import EPOCH_KEYS
+from pipelines.metrics import EPOCH_KEYS
 
 PROJECT = Path(__file__).resolve().parents[1]
 EPOCHS = 2

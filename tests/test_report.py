@@ -21,6 +21,7 @@ from test_config_validation import changed
 from test_pipeline_e2e import kedro, make_project
 
 from pipelines.hooks import parameter_sources
+from pipelines.metrics import EPOCH_KEYS
 from pipelines.params import ParameterError, validate_parameters
 from pipelines.reporting.compare import (
     RECIPES,
@@ -39,7 +40,6 @@ from pipelines.tracking import MlflowRunReader
 TARGET = 0.5
 RECIPE_NAMES = ["baseline", "dim_reduce", "thor", "adasum"]
 PLOTS = ("top1_vs_epoch", "top1_vs_time", "loss", "explained_variance")
-HISTORY_KEYS = ("train/loss", "train/lr", "train/images_per_s", "train/epoch_time_s", "val/top1", "val/top5")
 
 
 def logged(client: mlflow.MlflowClient, run_id: str, metric: str) -> dict[int, float]:
@@ -76,7 +76,7 @@ def test_epoch_rows_keep_each_epochs_latest_value():
     # a resumed training relogs epoch 2 later with the value it ended with
     metrics = pd.concat([metrics, metric_frame({"train/loss": {2: 0.8}}, timestamp=100)], ignore_index=True)
     rows = epoch_rows(metrics)
-    assert list(rows.columns) == ["epoch", *HISTORY_KEYS]
+    assert list(rows.columns) == ["epoch", *EPOCH_KEYS]
     assert list(rows["epoch"]) == [1, 2]
     assert list(rows["train/loss"]) == [1.0, 0.8]
     assert rows["val/top1"].tolist() == pytest.approx([math.nan, 0.5], nan_ok=True)
@@ -453,7 +453,7 @@ def test_histories_hold_each_epoch(report_run):
     project, _ = report_run
     client = mlflow.MlflowClient(tracking_uri(project))
     histories = pd.read_csv(project / "data/08_reporting/report/histories.csv")
-    assert set(HISTORY_KEYS) <= set(histories.columns)
+    assert set(EPOCH_KEYS) <= set(histories.columns)
     for recipe in ("baseline", "thor", "adasum"):
         rows = histories[histories["recipe"] == recipe]
         run_id = trained_run(project, recipe).info.run_id

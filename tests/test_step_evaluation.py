@@ -10,18 +10,9 @@ import pytest
 
 from pipelines.engine.callbacks import Callback
 from pipelines.engine.checkpoint import Checkpoint
-from pipelines.engine.loop import (
-    EVAL_TIME_S,
-    STEP_KEY,
-    TRAIN_ELAPSED_S,
-    TRAIN_EPOCH_TIME_S,
-    VAL_STEP_TOP1,
-    Checkpointing,
-    TrainingSpec,
-    TrainStep,
-    train,
-)
+from pipelines.engine.loop import Checkpointing, TrainingSpec, TrainStep, train
 from pipelines.images.folder import create_dataset, scan_image_tree
+from pipelines.metrics import EVAL_TIME_S, STEP_KEY, TRAIN_ELAPSED_S, TRAIN_EPOCH_TIME_S, VAL_STEP_TOP1
 
 BATCH = 4
 STEPS_PER_EPOCH = 4  # 18 train images -> 4 full batches

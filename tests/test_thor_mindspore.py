@@ -20,17 +20,11 @@ from test_config import CONF, load_params
 
 from pipelines.engine.callbacks import Callback
 from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, check_compatible
-from pipelines.engine.loop import (
-    TRAIN_LR,
-    VAL_TOP1,
-    Checkpointing,
-    NonFiniteLossError,
-    TrainingSpec,
-    train,
-)
+from pipelines.engine.loop import Checkpointing, NonFiniteLossError, TrainingSpec, train
 from pipelines.engine.model_bridge import ModelTrainStep
 from pipelines.engine.state import capture_state, restore_network
 from pipelines.hooks import parameter_sources
+from pipelines.metrics import TRAIN_LR, VAL_TOP1
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.models.resnet import create_resnet
 from pipelines.optim.thor.mindspore_thor import (

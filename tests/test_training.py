@@ -11,20 +11,12 @@ import pytest
 from pipelines.engine.callbacks import Callback, PeriodicCheckpoint
 from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
 from pipelines.engine.evaluation import evaluate
-from pipelines.engine.loop import (
-    EPOCH_KEYS,
-    TIMESTAMP_KEY,
-    Checkpointing,
-    NonFiniteLossError,
-    TrainingSpec,
-    TrainStep,
-    history_table,
-    train,
-)
+from pipelines.engine.loop import Checkpointing, NonFiniteLossError, TrainingSpec, TrainStep, train
 from pipelines.engine.model_bridge import ModelTrainStep
 from pipelines.engine.resume import find_resume_checkpoint, fingerprint, remove_finished_checkpoints
 from pipelines.engine.state import capture_state, history_of, restore_state
 from pipelines.images.folder import create_dataset, scan_image_tree
+from pipelines.metrics import EPOCH_KEYS, TIMESTAMP_KEY, history_table
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.models.resnet import create_resnet
 from pipelines.optim.momentum import create_momentum

@@ -22,7 +22,8 @@ from kedro.pipeline import Node, Pipeline, node, pipeline
 
 from pipelines import tracking
 from pipelines.engine.checkpoint import Checkpoint
-from pipelines.engine.loop import TrainingResult, history_table
+from pipelines.engine.loop import TrainingResult
+from pipelines.metrics import history_table
 from pipelines.params import DataParams, ModelParams, RuntimeParams
 from pipelines.recipes import common
 

@@ -31,11 +31,10 @@ from mlflow.entities import Metric, Run
 from mlflow.exceptions import MlflowException
 
 from pipelines.engine.callbacks import Callback
-from pipelines.engine.loop import STEP_KEY, TIMESTAMP_KEY
+from pipelines.metrics import FINAL_PREFIX, STEP_KEY, TIMESTAMP_KEY
 
 logger = logging.getLogger(__name__)
 
-FINAL_PREFIX = "final/"
 # MLflow accepts at most 1000 metrics per log_batch call
 BATCH_LIMIT = 1000
 

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from pipelines import tracking
 from pipelines.distributed.launch import data_parallel
 from pipelines.engine.checkpoint import Checkpoint
-from pipelines.engine.loop import TIMESTAMP_KEY
+from pipelines.metrics import TIMESTAMP_KEY
 from pipelines.optim.dim_reduce.pca import explained_variance_table
 from pipelines.params import (
     BoostParams,

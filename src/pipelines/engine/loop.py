@@ -22,7 +22,7 @@ lr it starts and ends with), and in GRAPH mode one "Compiling …" line before e
 A step that ``mindspore.Model.train`` must drive (MindSpore's THOR, boost's Adasum) is a
 ``model_bridge.ModelTrainStep``; the bridge feeds the same rows, callbacks and checkpoints.
 
-Per-epoch rows hold ``epoch`` (1-based) and the keys of ``EPOCH_KEYS``, plus the figures callbacks add
+Per-epoch rows hold ``epoch`` (1-based) and the keys of ``pipelines.metrics.EPOCH_KEYS``, plus the figures callbacks add
 (``thor/…``, ``pbfgs/…``) and ``timestamp`` (wall clock at the end of the epoch, seconds since the Unix
 epoch, so a resumed run can log the earlier epochs at their real time).
 """
@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from pipelines.distributed.launch import rank_context, verify_replicas
 from pipelines.engine.callbacks import Callback, ConstantFigures, PeriodicCheckpoint
@@ -47,29 +46,26 @@ from pipelines.engine.progress import ProgressReporter, announce_compile, take_c
 from pipelines.engine.resume import CHECKPOINT_DIR_KEY, CHECKPOINT_PREFIX, KEEP_STALE, find_resume_checkpoint
 from pipelines.engine.state import HISTORY_KEY, capture_state, encode_history, history_of, restore_optimizer
 from pipelines.images.folder import checked_batches, dataset_figures
+from pipelines.metrics import (
+    EVAL_TIME_S,
+    REPLICA_DIVERGENCE,
+    STEP_KEY,
+    TIMESTAMP_KEY,
+    TRAIN_COMPILE_S,
+    TRAIN_ELAPSED_S,
+    TRAIN_EPOCH_TIME_S,
+    TRAIN_IMAGES_PER_S,
+    TRAIN_LOSS,
+    TRAIN_LR,
+    VAL_STEP_TOP1,
+    VAL_STEP_TOP5,
+    VAL_TOP1,
+    VAL_TOP5,
+)
 
 logger = logging.getLogger(__name__)
 
-TRAIN_LOSS = "train/loss"  # mean training loss over the epoch
-TRAIN_LR = "train/lr"  # learning rate of the epoch's last step
-TRAIN_IMAGES_PER_S = "train/images_per_s"  # all ranks together
-TRAIN_EPOCH_TIME_S = "train/epoch_time_s"  # training only: evaluations and graph compilations excluded
-# seconds of the epoch's steps that compiled a graph (a cell's first call in GRAPH mode: seconds on CPU, a fixed
-# cost that a short run would otherwise charge to its optimizer), logged apart from the training time
-TRAIN_COMPILE_S = "train/compile_s"
-VAL_TOP1 = "val/top1"  # fractions in [0, 1], on evaluation epochs only
-VAL_TOP5 = "val/top5"
-EPOCH_KEYS = (TRAIN_LOSS, TRAIN_LR, TRAIN_IMAGES_PER_S, TRAIN_EPOCH_TIME_S, TRAIN_COMPILE_S, VAL_TOP1, VAL_TOP5)
-TIMESTAMP_KEY = "timestamp"
-# Evaluation every ``TrainingSpec.eval_every_steps`` steps on a fixed val subset: one row per evaluation
-# (``TrainingResult.step_history``, MLflow step = global step), for time-to-target at step resolution.
-STEP_KEY = "step"  # global step, 1-based, counted from epoch 1
-VAL_STEP_TOP1 = "val/step_top1"  # fractions in [0, 1] on the subset
-VAL_STEP_TOP5 = "val/step_top5"
-TRAIN_ELAPSED_S = "train/elapsed_s"  # training seconds from epoch 1 to this step, evaluations and compilations excluded
-EVAL_TIME_S = "eval/time_s"  # seconds this evaluation took (not part of any training time)
 STEP_HISTORY_KEY = "step_history"  # checkpoint metadata: JSON list of the step rows so far
-REPLICA_DIVERGENCE = "distributed/replica_max_abs_diff"
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -449,12 +445,3 @@ def _replica_divergence(network) -> dict[str, float]:
     else:
         logger.info("The trainable weights are identical on all %d ranks", ranks.size)
     return {REPLICA_DIVERGENCE: divergence}
-
-
-def history_table(history: Sequence[Mapping[str, float]]) -> pd.DataFrame:
-    """The per-epoch rows as the history dataset: column ``epoch``, then the metric keys (no timestamp)."""
-    table = pd.DataFrame([{k: v for k, v in row.items() if k != TIMESTAMP_KEY} for row in history])
-    if table.empty:
-        return pd.DataFrame(columns=["epoch", *EPOCH_KEYS])
-    table["epoch"] = table["epoch"].astype(int)
-    return table

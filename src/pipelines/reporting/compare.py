@@ -28,10 +28,20 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from pipelines.metrics import (
+    EPOCH_KEYS,
+    FINAL_KEYS,
+    FINAL_PREFIX,
+    FINAL_TOP1,
+    TRAIN_EPOCH_TIME_S,
+    TRAIN_IMAGES_PER_S,
+    TRAIN_LOSS,
+    VAL_TOP1,
+    VAL_TOP5,
+)
+
 logger = logging.getLogger(__name__)
 
-EPOCH_KEYS = ("train/loss", "train/lr", "train/images_per_s", "train/epoch_time_s", "val/top1", "val/top5")
-FINAL_KEYS = ("final/top1", "final/top5")
 TRAINING_TAG = "training"  # names a dim_reduce child run: stage1, stage2 or control
 PARENT_TAG = "mlflow.parentRunId"
 # Parameters (as kedro-mlflow flattens them) that change what is trained on or what is trained;
@@ -181,10 +191,10 @@ def missing_metrics(recipe: Recipe, run: RunRecord, children: Mapping[str, RunRe
     training of its curve and ``final/top1`` in the last (``stage2: final/top1`` when absent).
     """
     if not recipe.trainings:
-        return [key for key in ("train/loss", "final/top1") if key not in run["metric_keys"]]
+        return [key for key in (TRAIN_LOSS, FINAL_TOP1) if key not in run["metric_keys"]]
     missing = []
     for training in recipe.trainings:
-        needed = ("train/loss", "final/top1") if training == recipe.trainings[-1] else ("train/loss",)
+        needed = (TRAIN_LOSS, FINAL_TOP1) if training == recipe.trainings[-1] else (TRAIN_LOSS,)
         held = children[training]["metric_keys"] if training in children else []
         missing += [f"{training}: {key}" for key in needed if key not in held]
     return missing
@@ -242,15 +252,15 @@ def final_accuracy(metrics: pd.DataFrame) -> dict[str, float]:
     accuracy = {}
     for key in FINAL_KEYS:
         logged = metrics[metrics["key"] == key].sort_values("timestamp", kind="stable")
-        accuracy[key.removeprefix("final/")] = float(logged["value"].iloc[-1]) if len(logged) else math.nan
+        accuracy[key.removeprefix(FINAL_PREFIX)] = float(logged["value"].iloc[-1]) if len(logged) else math.nan
     return accuracy
 
 
 def _with_final_at_last_epoch(rows: pd.DataFrame, final: Mapping[str, float]) -> pd.DataFrame:
     # A training evaluated only at its end (eval_interval 0) still reaches its target at its last epoch.
-    if len(rows) and math.isnan(rows["val/top1"].iloc[-1]):
+    if len(rows) and math.isnan(rows[VAL_TOP1].iloc[-1]):
         rows = rows.copy()
-        rows.loc[rows.index[-1], ["val/top1", "val/top5"]] = [final["top1"], final["top5"]]
+        rows.loc[rows.index[-1], [VAL_TOP1, VAL_TOP5]] = [final["top1"], final["top5"]]
     return rows
 
 
@@ -275,7 +285,7 @@ def recipe_history(recipe: Recipe, run_id: str, trainings: Mapping[str, pd.DataF
         rows = _with_final_at_last_epoch(epoch_rows(trainings[name]), final_accuracy(trainings[name]))
         if len(rows) and rows["epoch"].iloc[0] <= last_epoch:
             rows["epoch"] += last_epoch
-        rows["train_time_s"] = elapsed + rows["train/epoch_time_s"].fillna(0.0).cumsum()
+        rows["train_time_s"] = elapsed + rows[TRAIN_EPOCH_TIME_S].fillna(0.0).cumsum()
         rows.insert(0, "training", name)
         parts.append(rows)
         if len(rows):
@@ -296,7 +306,7 @@ def recipe_curve(history: pd.DataFrame) -> pd.DataFrame:
 
 def time_to_target(history: pd.DataFrame, target_top1: float) -> tuple[float, float]:
     """(epoch, cumulative training seconds) of the first epoch whose top-1 reaches ``target_top1``; NaN if none."""
-    reached = history[history["val/top1"] >= target_top1]
+    reached = history[history[VAL_TOP1] >= target_top1]
     if reached.empty:
         return math.nan, math.nan
     first = reached.iloc[0]
@@ -317,8 +327,8 @@ def table_row(
     the first epoch's images/s times its seconds; model, image size and seed are the run's
     logged parameters.
     """
-    times = history["train/epoch_time_s"].to_numpy(dtype=np.float64)
-    rates = history["train/images_per_s"].to_numpy(dtype=np.float64)
+    times = history[TRAIN_EPOCH_TIME_S].to_numpy(dtype=np.float64)
+    rates = history[TRAIN_IMAGES_PER_S].to_numpy(dtype=np.float64)
     known = ~(np.isnan(times) | np.isnan(rates))
     epoch, seconds = time_to_target(history, target_top1)
     end = run["end_time_ms"]
@@ -499,7 +509,7 @@ def top1_figure(histories: pd.DataFrame, x: str = "epoch", target_top1: float | 
     """Top-1 (%) on val against ``epoch`` or ``train_time_s``, one line per recipe, the target dashed."""
     xlabel = {"epoch": "epoch", "train_time_s": "training time (s, sum of epoch times)"}[x]
     figure, axes = _curves(
-        histories, x, "val/top1", xlabel, "top-1 accuracy on val (%)", f"Top-1 against {xlabel.split(' (')[0]}", 100.0
+        histories, x, VAL_TOP1, xlabel, "top-1 accuracy on val (%)", f"Top-1 against {xlabel.split(' (')[0]}", 100.0
     )
     if target_top1 is not None:
         axes.axhline(100 * target_top1, color="grey", linestyle="--", linewidth=1, label="_target")
@@ -509,9 +519,7 @@ def top1_figure(histories: pd.DataFrame, x: str = "epoch", target_top1: float | 
 
 def loss_figure(histories: pd.DataFrame) -> Figure:
     """Training loss (mean over each epoch) against epoch, one line per recipe."""
-    figure, _ = _curves(
-        histories, "epoch", "train/loss", "epoch", "training loss (mean over the epoch)", "Training loss"
-    )
+    figure, _ = _curves(histories, "epoch", TRAIN_LOSS, "epoch", "training loss (mean over the epoch)", "Training loss")
     return figure
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from pipelines.engine.loop import STEP_KEY, TRAIN_ELAPSED_S, VAL_STEP_TOP1
+from pipelines.metrics import STEP_KEY, TRAIN_ELAPSED_S, VAL_STEP_TOP1
 
 # columns of the per-run table, each summarised per recipe by ``summarise``
 MEASURES = ("final_top1", "final_top5", "time_to_target_s", "epochs_to_target")

@@ -11,7 +11,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from pipelines import tracking
-from pipelines.engine.loop import STEP_KEY, TRAIN_ELAPSED_S, TRAIN_EPOCH_TIME_S, VAL_STEP_TOP1, VAL_STEP_TOP5
+from pipelines.metrics import STEP_KEY, TRAIN_ELAPSED_S, TRAIN_EPOCH_TIME_S, VAL_STEP_TOP1, VAL_STEP_TOP5
 from pipelines.params import (
     AdasumParams,
     BaselineParams,

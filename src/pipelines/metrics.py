@@ -1,0 +1,51 @@
+"""The metric schema every recipe logs, so the MLflow UI overlays their runs; pandas only, no MindSpore.
+
+Per-epoch keys (step = the epoch, 1-based) are in every training's history table (column ``epoch``, then
+``EPOCH_KEYS``) and MLflow run; the evaluation every K steps adds its own rows (step = the global step); the
+final evaluation of a checkpoint is logged once under ``final/``. A recipe's own figures go under its prefix and
+are defined with the recipe (``thor/…`` in ``recipes.thor``, ``pbfgs/…`` in ``recipes.dim_reduce.stage2``,
+``pca/…`` in the dim_reduce nodes). The engine, tracking, reporting, the study and the tests read the keys here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pandas as pd
+
+TRAIN_LOSS = "train/loss"  # mean training loss over the epoch
+TRAIN_LR = "train/lr"  # learning rate of the epoch's last step
+TRAIN_IMAGES_PER_S = "train/images_per_s"  # all ranks together
+TRAIN_EPOCH_TIME_S = "train/epoch_time_s"  # training only: evaluations and graph compilations excluded
+# seconds of the epoch's steps that compiled a graph (a cell's first call in GRAPH mode: seconds on CPU, a fixed
+# cost that a short run would otherwise charge to its optimizer), logged apart from the training time
+TRAIN_COMPILE_S = "train/compile_s"
+VAL_TOP1 = "val/top1"  # fractions in [0, 1], on evaluation epochs only
+VAL_TOP5 = "val/top5"
+TRAINING_KEYS = (TRAIN_LOSS, TRAIN_LR, TRAIN_IMAGES_PER_S, TRAIN_EPOCH_TIME_S, TRAIN_COMPILE_S)
+EPOCH_KEYS = (*TRAINING_KEYS, VAL_TOP1, VAL_TOP5)
+TIMESTAMP_KEY = "timestamp"  # wall clock at the end of the epoch (seconds since the Unix epoch); not a metric
+
+# The evaluation every K steps on a fixed val subset (step = global step), for time to target at step resolution.
+STEP_KEY = "step"  # global step, 1-based, counted from epoch 1
+VAL_STEP_TOP1 = "val/step_top1"  # fractions in [0, 1] on the subset
+VAL_STEP_TOP5 = "val/step_top5"
+TRAIN_ELAPSED_S = "train/elapsed_s"  # training seconds from epoch 1 to this step, evaluations and compilations excluded
+EVAL_TIME_S = "eval/time_s"  # seconds this evaluation took (not part of any training time)
+STEP_KEYS = (VAL_STEP_TOP1, VAL_STEP_TOP5, TRAIN_ELAPSED_S, EVAL_TIME_S)
+
+FINAL_PREFIX = "final/"  # the evaluation node's accuracy of the final checkpoint, logged once
+FINAL_TOP1 = FINAL_PREFIX + "top1"
+FINAL_TOP5 = FINAL_PREFIX + "top5"
+FINAL_KEYS = (FINAL_TOP1, FINAL_TOP5)
+
+REPLICA_DIVERGENCE = "distributed/replica_max_abs_diff"  # once, with several ranks (0 when data parallel works)
+
+
+def history_table(history: Sequence[Mapping[str, float]]) -> pd.DataFrame:
+    """The per-epoch rows as the history dataset: column ``epoch``, then the metric keys (no timestamp)."""
+    table = pd.DataFrame([{k: v for k, v in row.items() if k != TIMESTAMP_KEY} for row in history])
+    if table.empty:
+        return pd.DataFrame(columns=["epoch", *EPOCH_KEYS])
+    table["epoch"] = table["epoch"].astype(int)
+    return table
