@@ -191,7 +191,9 @@ def test_non_scalar_metadata_error_names_the_offending_key(tmp_path):
 
 def dead_pid() -> int:
     """The pid of a process that has exited (and been reaped)."""
-    process = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    process = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], check=True, capture_output=True, text=True
+    )
     return int(process.stdout)
 
 
@@ -219,7 +221,9 @@ def small_disk(tmp_path):
     """A 1 MB tmpfs (needs root, as CI runs): a real full disk."""
     mount = tmp_path / "small_disk"
     mount.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=False, capture_output=True
+    )
     if result.returncode != 0:
         if os.environ.get("CI") == "true":
             pytest.fail(f"mounting a tmpfs failed under CI: {result.stderr.decode()}")
