@@ -20,8 +20,10 @@ from test_pipeline_e2e import TINY_PARAMS, kedro, make_project, runs
 from test_training import build
 
 from pipelines.engine.checkpoint import Checkpoint, CheckpointError, save_checkpoint
-from pipelines.engine.loop import Checkpointing, NonFiniteLossError, TrainingSpec, TrainStep, train
+from pipelines.engine.epochs import NonFiniteLossError, TrainingSpec
+from pipelines.engine.loop import Checkpointing, train
 from pipelines.engine.resume import find_resume_checkpoint
+from pipelines.engine.step import TrainStep
 from pipelines.images.folder import BadImageError, DataLayoutError, create_dataset, scan_image_tree
 from pipelines.params import DataParams
 

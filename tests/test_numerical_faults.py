@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from mindspore import nn
 
-from pipelines.engine.loop import LossScaleOverflowError, NonFiniteLossError, TrainingSpec, TrainStep, train
+from pipelines.engine.epochs import LossScaleOverflowError, NonFiniteLossError, TrainingSpec
+from pipelines.engine.loop import train
+from pipelines.engine.step import TrainStep
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.dim_reduce.pbfgs import PBFGS
 from pipelines.optim.momentum import create_momentum

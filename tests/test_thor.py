@@ -472,7 +472,8 @@ class SmallConvNet(nn.Cell):
 def test_short_training_reduces_the_loss():
     from mindspore import dataset as ds
 
-    from pipelines.engine.loop import TrainingSpec, train
+    from pipelines.engine.epochs import TrainingSpec
+    from pipelines.engine.loop import train
     from pipelines.metrics import TRAIN_LOSS
 
     rng = np.random.default_rng(0)

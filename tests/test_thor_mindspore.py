@@ -20,7 +20,8 @@ from test_config import CONF, load_params
 
 from pipelines.engine.callbacks import Callback
 from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, check_compatible
-from pipelines.engine.loop import Checkpointing, NonFiniteLossError, TrainingSpec, train
+from pipelines.engine.epochs import NonFiniteLossError, TrainingSpec
+from pipelines.engine.loop import Checkpointing, train
 from pipelines.engine.model_bridge import ModelTrainStep
 from pipelines.engine.state import capture_state, restore_network
 from pipelines.hooks import parameter_sources

@@ -9,7 +9,7 @@ import pytest
 from mindspore import nn
 
 from pipelines.engine.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
-from pipelines.engine.loop import TrainStep
+from pipelines.engine.step import TrainStep
 from pipelines.optim.dim_reduce.trajectory import TrajectoryRecorder, select_trajectory, verify_trajectory
 
 

@@ -14,7 +14,7 @@ from pipelines.engine.checkpoint import Checkpoint, save_checkpoint
 from pipelines.engine.resume import CHECKPOINT_PREFIX
 
 if TYPE_CHECKING:
-    from pipelines.engine.loop import TrainStep
+    from pipelines.engine.step import TrainStep
 
 
 class Callback:

@@ -12,8 +12,9 @@ from collections.abc import Callable
 
 from mindspore.train import Callback as MindsporeCallback
 
-from pipelines.engine.loop import EpochRunner, TrainStep
+from pipelines.engine.epochs import EpochRunner
 from pipelines.engine.progress import announce_compile
+from pipelines.engine.step import TrainStep
 
 
 class ModelTrainStep(TrainStep):
@@ -45,6 +46,27 @@ class ModelTrainStep(TrainStep):
     @staticmethod
     def _not_per_batch(images, labels):
         raise TypeError("a ModelTrainStep is run by Model.train through engine.loop.train, not per batch")
+
+    def train_epochs(self, dataset, runner: EpochRunner, start_epoch: int) -> None:
+        """Run ``self.model.train`` from ``start_epoch`` to the runner's last epoch, one sink per epoch."""
+        import mindspore.dataset as ds
+
+        if runner.spec.data_seed is not None:
+            ds.config.set_seed(runner.spec.data_seed + start_epoch)  # one shuffle stream for all epochs of model.train
+        bridge = EpochCallbacks(runner, start_epoch)
+        if start_epoch < runner.spec.epochs:
+            announce_compile(self.model)  # Model.train compiles its graphs when it starts
+        try:
+            self.model.train(
+                runner.spec.epochs,
+                dataset,
+                callbacks=[bridge],
+                sink_size=runner.steps_per_epoch,
+                dataset_sink_mode=self.sink_mode,
+                initial_epoch=start_epoch,
+            )
+        finally:
+            runner.train_end()  # Model.train skips its train end when it raised
 
 
 class EpochCallbacks(MindsporeCallback):
@@ -80,25 +102,3 @@ class EpochCallbacks(MindsporeCallback):
 
     def on_train_end(self, run_context) -> None:
         self.runner.train_end()
-
-
-def train_with_model(step: ModelTrainStep, dataset, runner: EpochRunner, start_epoch: int) -> None:
-    """Run ``step.model.train`` from ``start_epoch`` to the runner's last epoch, one sink per epoch."""
-    import mindspore.dataset as ds
-
-    if runner.spec.data_seed is not None:
-        ds.config.set_seed(runner.spec.data_seed + start_epoch)  # one shuffle stream for all epochs of model.train
-    bridge = EpochCallbacks(runner, start_epoch)
-    if start_epoch < runner.spec.epochs:
-        announce_compile(step.model)  # Model.train compiles its graphs when it starts
-    try:
-        step.model.train(
-            runner.spec.epochs,
-            dataset,
-            callbacks=[bridge],
-            sink_size=runner.steps_per_epoch,
-            dataset_sink_mode=step.sink_mode,
-            initial_epoch=start_epoch,
-        )
-    finally:
-        runner.train_end()  # Model.train skips its train end when it raised

@@ -19,10 +19,12 @@ from pipelines.boost.options import boost_enabled, build_train_step
 from pipelines.distributed.launch import rank_context
 from pipelines.engine.callbacks import Callback
 from pipelines.engine.checkpoint import Checkpoint
+from pipelines.engine.epochs import TrainingSpec
 from pipelines.engine.evaluation import evaluate
-from pipelines.engine.loop import Checkpointing, TrainingResult, TrainingSpec, TrainStep, train
+from pipelines.engine.loop import Checkpointing, TrainingResult, train
 from pipelines.engine.model_bridge import ModelTrainStep
 from pipelines.engine.resume import fingerprint
+from pipelines.engine.step import TrainStep
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.momentum import create_momentum
 from pipelines.optim.schedules import momentum_lr, scaled_lr_max

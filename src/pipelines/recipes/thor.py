@@ -29,11 +29,13 @@ import pandas as pd
 
 from pipelines.engine.callbacks import Callback
 from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint
+from pipelines.engine.epochs import TrainingSpec
 from pipelines.engine.evaluation import evaluate
-from pipelines.engine.loop import Checkpointing, TrainingResult, TrainingSpec, TrainStep, train
+from pipelines.engine.loop import Checkpointing, TrainingResult, train
 from pipelines.engine.model_bridge import ModelTrainStep
 from pipelines.engine.progress import announce_compile
 from pipelines.engine.resume import fingerprint
+from pipelines.engine.step import TrainStep
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.schedules import thor_damping, thor_lr
 from pipelines.optim.thor.preconditioner import ThorStep, create_thor_step, is_statistic

@@ -11,7 +11,7 @@ from pipelines.engine.callbacks import Callback
 from pipelines.engine.checkpoint import Checkpoint, CheckpointError, check_compatible, load_checkpoint, save_checkpoint
 
 if TYPE_CHECKING:
-    from pipelines.engine.loop import TrainStep
+    from pipelines.engine.step import TrainStep
 
 INDEX_COLUMNS = ["path", "epoch", "step", "global_step"]
 

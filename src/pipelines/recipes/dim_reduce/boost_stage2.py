@@ -16,10 +16,12 @@ import pandas as pd
 
 from pipelines.engine.callbacks import Callback
 from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
+from pipelines.engine.epochs import TrainingSpec
 from pipelines.engine.evaluation import evaluate
-from pipelines.engine.loop import Checkpointing, TrainingResult, TrainingSpec, TrainStep, train
+from pipelines.engine.loop import Checkpointing, TrainingResult, train
 from pipelines.engine.model_bridge import ModelTrainStep
 from pipelines.engine.resume import fingerprint
+from pipelines.engine.step import TrainStep
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.dim_reduce.boost import boost_config, boost_model, run_in_own_process
 from pipelines.params import DataParams, DistributedParams, ModelParams, RuntimeParams, Stage2Params

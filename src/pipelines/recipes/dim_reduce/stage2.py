@@ -18,11 +18,13 @@ import pandas as pd
 
 from pipelines.engine.callbacks import Callback
 from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint
+from pipelines.engine.epochs import TrainingSpec
 from pipelines.engine.evaluation import evaluate
-from pipelines.engine.loop import Checkpointing, TrainingResult, TrainingSpec, TrainStep, train
+from pipelines.engine.loop import Checkpointing, TrainingResult, train
 from pipelines.engine.progress import announce_compile
 from pipelines.engine.resume import fingerprint
 from pipelines.engine.state import network_state
+from pipelines.engine.step import TrainStep
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.dim_reduce.pbfgs import PBFGS, STATE_PREFIX, PBFGSConfig
 from pipelines.params import DataParams, DistributedParams, ModelParams, RuntimeParams, Stage2Params
