@@ -246,7 +246,7 @@ def test_each_error_class_with_advice_exists():
     """Every class name of the advice table is an error class of this project (or Kedro's DatasetError)."""
     from kedro.io import DatasetError
 
-    from pipelines.cli import ADVICE
+    from pipelines.errors import ADVICE
 
     defined = {
         node.name
@@ -259,25 +259,20 @@ def test_each_error_class_with_advice_exists():
 
 def test_a_stop_signal_inside_the_graph_compiler_waits_until_it_returns():
     """The stop is raised in the code that called the compiler, not in the compiler's Python callbacks."""
-    from pipelines.hooks import STOP_SIGNALS, Interrupted, _raise_interrupted
+    from pipelines import signals
 
-    # a function of MindSpore's compiler: `compile` of a mindspore module
-    compiler = {"__name__": "mindspore.graph.api", "os": os, "signal": signal, "time": time}
+    # a function of MindSpore's compiler: `compile` of a mindspore module; Python runs the handler at once, inside it
+    compiler = {"__name__": "mindspore.graph.api", "os": os, "signal": signal}
     exec(
-        "def compile():\n"
-        "    os.kill(os.getpid(), signal.SIGINT)\n"
-        "    time.sleep(0.5)  # the handler runs here, inside the compiler\n"
-        "    return 'compiled'\n",
+        "def compile():\n    os.kill(os.getpid(), signal.SIGINT)\n    return 'compiled'\n",
         compiler,
     )
-    previous = {s: signal.signal(s, _raise_interrupted) for s in STOP_SIGNALS}
+    previous = signals.install()
     returned = []
     try:
-        with pytest.raises(Interrupted, match=r"interrupted \(SIGINT\)"):
+        with pytest.raises(signals.Interrupted, match=r"interrupted \(SIGINT\)"):
             returned.append(compiler["compile"]())
-            time.sleep(5)  # the deferred stop comes here
+            signal.pause()  # until the deferred stop's alarm, which raises it here
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        for stop_signal, handler in previous.items():
-            signal.signal(stop_signal, handler)
+        signals.restore(previous)
     assert returned == ["compiled"]

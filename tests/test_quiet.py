@@ -12,7 +12,8 @@ import pytest
 from helpers import write_image_tree
 from test_pipeline_e2e import TINY_PARAMS, kedro, make_project, runs
 
-from pipelines.hooks import configuration_env, run_name
+from pipelines.hooks import configuration_env
+from pipelines.tracking import run_name
 
 # a logged warning (rich's level column, or the logging format) or a Python warning (UserWarning: …)
 WARNING_LINE = re.compile(r"\bWARNING\b|\w+Warning: ")

@@ -1,108 +1,42 @@
-"""Project hooks: validate parameters and fail fast on a missing device; tag the MLflow run;
-turn SIGINT/SIGTERM into an orderly stop whose MLflow run ends KILLED, and end KILLED the runs
-of earlier processes that were killed outright."""
+"""Project hooks: validate parameters and fail fast on a missing device; name and tag the MLflow run; install
+the orderly stop on SIGINT/SIGTERM (``pipelines.signals``) and end the run KILLED when it comes; end KILLED the
+runs of earlier processes that were killed outright. Every MLflow call goes through ``pipelines.tracking``."""
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
-import os
 import re
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import click
-import mlflow
 import yaml
 from kedro.framework.hooks import hook_impl
-from mlflow.entities import RunStatus
 from pydantic import BaseModel
 
-from pipelines.cli import NODE_NOTE, Failure
+from pipelines import signals
 from pipelines.distributed.launch import hand_off_runs_with
 from pipelines.engine.checkpoint import Checkpoint
 from pipelines.engine.resume import remove_finished_checkpoints
 from pipelines.engine.runtime import DeviceUnavailableError, require_device
+from pipelines.errors import NODE_NOTE, Failure
 from pipelines.params import ParameterError, validate_parameters
 from pipelines.tracking import (
     MlflowRunHandoff,
-    child_runs,
+    active_run_id,
+    mark_killed,
+    mark_orphaned_runs_killed,
     run_identity,
+    run_name,
     runs_page_url,
     set_run_name,
     set_tags,
     tag_failure,
 )
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 logger = logging.getLogger(__name__)
-
-
-class Interrupted(click.ClickException):
-    """The run received SIGINT or SIGTERM; it stops like a failing node, and exits 128 + the signal number.
-
-    MindSpore's graph runtime installs a SIGINT handler of its own each time it compiles a graph,
-    which raises SIGTERM instead, so Ctrl-C during training arrives here as SIGTERM.
-    """
-
-    def __init__(self, signum: int):
-        name = signal.Signals(signum).name
-        super().__init__(f"interrupted ({name}); rerun the same command to resume from the last full checkpoint")
-        self.exit_code = 128 + signum
-
-
-# Where an exception raised by the stop signal would be swallowed, or logged at length, instead of
-# stopping the run cleanly: (module, function; None: any). There the stop waits, looking again every
-# DEFERRED_STOP_POLL_S, until the code has returned.
-UNSAFE_TO_RAISE = (
-    ("logging", None),  # Handler.emit prints "--- Logging error ---" and a traceback, and goes on
-    ("rich", None),  # Kedro's console handler
-    ("mindspore", "compile"),  # the graph compiler logs it with an IR dump (stderr, rank_0/om/analyze_fail.ir)
-    ("mindspore.train.serialization", None),  # save_checkpoint logs it at CRITICAL before passing it on
-    ("mlflow", None),  # the tracking store passes it on as an MlflowException, mid-transaction
-    ("sqlalchemy", None),
-)
-DEFERRED_STOP_POLL_S = 0.2
-
-
-def _is_unsafe(module: str, function: str) -> bool:
-    return any(
-        (module == unsafe or module.startswith(unsafe + ".")) and only in (None, function)
-        for unsafe, only in UNSAFE_TO_RAISE
-    )
-
-
-def _unsafe_to_raise(frame) -> bool:
-    """Whether ``frame`` or a caller of it is one of ``UNSAFE_TO_RAISE``."""
-    while frame is not None:
-        if _is_unsafe(frame.f_globals.get("__name__", ""), frame.f_code.co_name):
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _raise_interrupted(signum: int, frame) -> None:
-    # a second signal while the run winds down stops the process at once
-    for stop_signal in STOP_SIGNALS:
-        signal.signal(stop_signal, signal.SIG_DFL)
-    if _unsafe_to_raise(frame):
-        signal.signal(signal.SIGALRM, functools.partial(_raise_deferred, signum))
-        signal.setitimer(signal.ITIMER_REAL, DEFERRED_STOP_POLL_S)
-        return
-    raise Interrupted(signum)
-
-
-def _raise_deferred(signum: int, _alarm: int, frame) -> None:
-    if _unsafe_to_raise(frame):
-        signal.setitimer(signal.ITIMER_REAL, DEFERRED_STOP_POLL_S)
-        return
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    raise Interrupted(signum)
 
 
 def _git_commit(project_path: Path) -> str:
@@ -165,29 +99,6 @@ def configuration_env(conf_source: str | Path, env: str | None) -> str:
     local = Path(conf_source) / "local"
     has_files = local.is_dir() and any(p.suffix in (".yml", ".yaml", ".json") for p in local.rglob("*"))
     return "local" if has_files else "base"
-
-
-def _short_key(key: str, pipelines: list[str], keys: list[str]) -> str:
-    """The shortest dotted suffix of ``key`` that names it alone: among the keys of its section when the
-    section is one of the run's pipelines (``thor.lr.lr_init`` in a thor run: ``lr_init``), else among
-    ``keys`` and with its parent at least (``model.name``)."""
-    parts = key.split(".")
-    own = parts[0] in pipelines
-    scope = [k for k in keys if k.startswith(parts[0] + ".")] if own else keys
-    for length in range(1 if own else 2, len(parts)):
-        suffix = ".".join(parts[-length:])
-        if len([k for k in scope if k == suffix or k.endswith("." + suffix)]) == 1:
-            return suffix
-    return key
-
-
-def run_name(pipelines: list[str], overrides: dict, keys: list[str], partial: bool) -> str:
-    """The MLflow run's name: the pipelines, each ``--params`` override that changes the configuration
-    (``thor lr_init=0.05``), and ``(partial)`` when node filters (``--nodes``, ``--from-nodes``, …) cut it."""
-    words = ["+".join(pipelines)]
-    for key, value in overrides.items():
-        words.append(f"{_short_key(key, pipelines, keys)}={value if isinstance(value, str) else json.dumps(value)}")
-    return " ".join(words) + (" (partial)" if partial else "")
 
 
 # run_params entries that run only part of the pipelines
@@ -268,13 +179,12 @@ class ProjectHooks:
         )
         self._data_size_tagged = False
         mark_orphaned_runs_killed()
-        active = mlflow.active_run()
-        self._run_id = active.info.run_id if active is not None else None
+        self._run_id = active_run_id()
         hand_off_runs_with(MlflowRunHandoff.capture)  # msrun's rank 0 logs into this run (or a child)
         # Installed here, after MindSpore has loaded, so that no handler of its own replaces ours.
         # The exception ends the node like any error: kedro-mlflow closes the run, and
         # on_pipeline_error marks it KILLED; files are written by rename, so none is half-written.
-        self._previous_handlers = {s: signal.signal(s, _raise_interrupted) for s in STOP_SIGNALS}
+        self._previous_handlers = signals.install()
 
     @hook_impl
     def after_dataset_loaded(self, dataset_name: str, data) -> None:
@@ -328,41 +238,12 @@ class ProjectHooks:
         self._restore_handlers()
         if getattr(self, "_run_id", None) is None:
             return
-        if isinstance(error, Interrupted):
-            client = mlflow.MlflowClient()
-            for run_id in [self._run_id, *(child.info.run_id for child in child_runs(self._run_id))]:
-                client.set_terminated(run_id, RunStatus.to_string(RunStatus.KILLED))
+        if isinstance(error, signals.Interrupted):
+            mark_killed(self._run_id)
         # the same text as the command's Error: block
         message = error.format_message() if isinstance(error, click.ClickException) else Failure.of(error).summary()
         tag_failure(self._run_id, message)
 
     def _restore_handlers(self) -> None:
-        signal.setitimer(signal.ITIMER_REAL, 0)  # no deferred stop after the run
-        for stop_signal, handler in getattr(self, "_previous_handlers", {}).items():
-            signal.signal(stop_signal, handler)
+        signals.restore(getattr(self, "_previous_handlers", {}))  # and no deferred stop after the run
         self._previous_handlers = {}
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def mark_orphaned_runs_killed() -> None:
-    """Runs left RUNNING by a process of this host that no longer exists (kill -9) end KILLED."""
-    active = mlflow.active_run()
-    if active is None:
-        return
-    client = mlflow.MlflowClient()
-    host = socket.gethostname()
-    for run in client.search_runs([active.info.experiment_id], "attributes.status = 'RUNNING'"):
-        pid = run.data.tags.get("pid")
-        if run.info.run_id == active.info.run_id or run.data.tags.get("host") != host or not (pid or "").isdigit():
-            continue
-        if not _process_alive(int(pid)):
-            client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.KILLED))

@@ -14,6 +14,7 @@ Metric keys follow the schema of ``pipelines.engine.loop`` (``train/loss``, ``va
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import mlflow
 import pandas as pd
-from mlflow.entities import Metric, Run
+from mlflow.entities import Metric, Run, RunStatus
 from mlflow.exceptions import MlflowException
 
 from pipelines.engine.callbacks import Callback
@@ -299,3 +300,67 @@ class MlflowRunReader:
                 return pd.read_csv(self._client.download_artifacts(run_id, path, folder))
             except (MlflowException, OSError):
                 return None
+
+
+# ----------------------------------------------------------------- run names and run states
+
+
+def _short_key(key: str, pipelines: list[str], keys: list[str]) -> str:
+    """The shortest dotted suffix of ``key`` that names it alone: among the keys of its section when the
+    section is one of the run's pipelines (``thor.lr.lr_init`` in a thor run: ``lr_init``), else among
+    ``keys`` and with its parent at least (``model.name``)."""
+    parts = key.split(".")
+    own = parts[0] in pipelines
+    scope = [k for k in keys if k.startswith(parts[0] + ".")] if own else keys
+    for length in range(1 if own else 2, len(parts)):
+        suffix = ".".join(parts[-length:])
+        if len([k for k in scope if k == suffix or k.endswith("." + suffix)]) == 1:
+            return suffix
+    return key
+
+
+def run_name(pipelines: list[str], overrides: dict, keys: list[str], partial: bool) -> str:
+    """The MLflow run's name: the pipelines, each ``--params`` override that changes the configuration
+    (``thor lr_init=0.05``), and ``(partial)`` when node filters (``--nodes``, ``--from-nodes``, …) cut it."""
+    words = ["+".join(pipelines)]
+    for key, value in overrides.items():
+        words.append(f"{_short_key(key, pipelines, keys)}={value if isinstance(value, str) else json.dumps(value)}")
+    return " ".join(words) + (" (partial)" if partial else "")
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def mark_orphaned_runs_killed() -> None:
+    """Runs left RUNNING by a process of this host that no longer exists (kill -9) end KILLED."""
+    active = mlflow.active_run()
+    if active is None:
+        return
+    client = mlflow.MlflowClient()
+    host = socket.gethostname()
+    for run in client.search_runs([active.info.experiment_id], "attributes.status = 'RUNNING'"):
+        pid = run.data.tags.get("pid")
+        if run.info.run_id == active.info.run_id or run.data.tags.get("host") != host or not (pid or "").isdigit():
+            continue
+        if not _process_alive(int(pid)):
+            client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.KILLED))
+
+
+def active_run_id() -> str | None:
+    """The id of the active MLflow run, or None."""
+    active = mlflow.active_run()
+    return None if active is None else active.info.run_id
+
+
+def mark_killed(run_id: str) -> None:
+    """End run ``run_id`` and its child runs KILLED (an interrupted ``kedro run``)."""
+    client = mlflow.MlflowClient()
+    for killed in [run_id, *(child.info.run_id for child in child_runs(run_id))]:
+        client.set_terminated(killed, RunStatus.to_string(RunStatus.KILLED))
