@@ -21,7 +21,7 @@ from helpers import write_image_tree
 from scipy import stats
 from test_pipeline_e2e import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project
 
-from pipelines.reporting.study import first_crossing, paired_differences, summarise, t_interval
+from pipelines.reporting.study import curves_figure, first_crossing, paired_differences, summarise, t_interval
 
 TARGET = 0.34  # just above chance with 3 classes
 STUDY = {
@@ -47,6 +47,39 @@ def test_t_interval_is_the_student_t_interval():
     # NaN (never reached the target) is left out; one value has no interval
     assert t_interval([0.5, math.nan])[3] == 1 and math.isnan(t_interval([0.5, math.nan])[1])
     assert t_interval([])[3] == 0
+
+
+def test_intervals_of_accuracies_stay_inside_what_an_accuracy_can_be():
+    """Two seeds near 1 (or near 0) give a t-interval far past [0, 1]; the study's tables and figure cut it there."""
+    runs = pd.DataFrame(
+        {
+            "recipe": ["thor", "thor", "baseline", "baseline"],
+            "seed": [0, 1, 0, 1],
+            "final_top1": [0.99, 0.8, 0.02, 0.3],
+            "final_top5": [1.0, 0.9, 0.5, 0.6],
+            "time_to_target_s": [1.0, 2.0, 3.0, 4.0],
+            "epochs_to_target": [1.0, 2.0, 1.0, 1.0],
+        }
+    )
+    raw = t_interval(runs["final_top1"][:2].tolist())
+    assert raw[2] > 1  # the uncut interval of the two thor seeds
+    summary = summarise(runs).set_index("recipe")
+    assert summary.at["thor", "final_top1_ci_high"] == 1.0 and summary.at["baseline", "final_top1_ci_low"] == 0.0
+    assert summary.at["thor", "final_top1_ci_low"] == max(raw[1], 0.0)
+    assert summary.at["thor", "time_to_target_s_ci_low"] < 0  # times are not accuracies: not cut
+    differences = paired_differences(runs).set_index("measure")
+    assert (
+        -1
+        <= differences.at["final_top1_difference", "ci_low"]
+        <= differences.at["final_top1_difference", "ci_high"]
+        <= 1
+    )
+    curves = pd.DataFrame(
+        [(recipe, seed, t, top1) for recipe, seed, top1 in (("thor", 0, 0.99), ("thor", 1, 0.6)) for t in (1.0, 2.0)],
+        columns=["recipe", "seed", "elapsed_s", "top1"],
+    )
+    band = curves_figure(curves).axes[0].collections[0].get_paths()[0].vertices[:, 1]
+    assert band.min() >= 0 and band.max() <= 1
 
 
 def test_first_crossing_is_the_earliest_step_at_or_above_the_target():

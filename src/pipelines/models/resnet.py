@@ -187,17 +187,6 @@ def create_resnet(
     return ResNet(RESNET_LAYOUTS[name], num_classes, in_channels, conv_init, dense_init, zero_init_last_bn_gamma)
 
 
-def create_resnet_from_config(model: dict, num_classes: int) -> ResNet:
-    """``create_resnet`` with the keys of a ``model`` parameters section."""
-    return create_resnet(
-        model["name"],
-        num_classes,
-        conv_init=model["conv_init"],
-        dense_init=model["dense_init"],
-        zero_init_last_bn_gamma=model["zero_init_last_bn_gamma"],
-    )
-
-
 def count_parameters(net: nn.Cell) -> int:
     """Number of trainable scalars (BatchNorm moving statistics excluded)."""
     return sum(math.prod(p.shape) for p in net.trainable_params())

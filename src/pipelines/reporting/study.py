@@ -25,6 +25,10 @@ MEASURES = ("final_top1", "final_top5", "time_to_target_s", "epochs_to_target")
 # against averaged gradients on the same ranks
 PAIRS = {"thor": "baseline", "stage2": "control", "adasum": "allreduce"}
 CONFIDENCE = 0.95
+# Measures that are accuracies, and the paired differences of accuracies: their intervals are cut to what an
+# accuracy can be (a t-interval of a few seeds near 1 otherwise reaches past it)
+ACCURACY_BOUNDS = {"final_top1": (0.0, 1.0), "final_top5": (0.0, 1.0)}
+DIFFERENCE_BOUNDS = {"final_top1_difference": (-1.0, 1.0), "final_top5_difference": (-1.0, 1.0)}
 
 
 def _t_quantile(probability: float, degrees_of_freedom: int) -> float:
@@ -55,8 +59,11 @@ def run_figures(record: Mapping, target_top1: float) -> dict[str, float]:
     }
 
 
-def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float, float, int]:
-    """(mean, low, high, n) of the finite ``values``: Student-t interval of the mean at ``confidence``.
+def t_interval(
+    values: Sequence[float], confidence: float = CONFIDENCE, bounds: tuple[float, float] | None = None
+) -> tuple[float, float, float, int]:
+    """(mean, low, high, n) of the finite ``values``: Student-t interval of the mean at ``confidence``, cut to
+    ``bounds`` (the range the quantity can take, e.g. [0, 1] for an accuracy) when given.
 
     With one value the bounds are NaN (no spread to estimate); with none, everything is NaN and n is 0.
     """
@@ -68,7 +75,10 @@ def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple
     if n == 1:
         return mean, math.nan, math.nan, 1
     half = float(_t_quantile(0.5 + confidence / 2, n - 1) * finite.std(ddof=1) / math.sqrt(n))
-    return mean, mean - half, mean + half, n
+    low, high = mean - half, mean + half
+    if bounds is not None:
+        low, high = max(low, bounds[0]), min(high, bounds[1])
+    return mean, low, high, n
 
 
 def summarise(runs: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataFrame:
@@ -79,7 +89,7 @@ def summarise(runs: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataFram
     for recipe, group in runs.groupby("recipe", sort=False):
         row: dict[str, float | str | int] = {"recipe": recipe, "runs": len(group)}
         for measure in MEASURES:
-            mean, low, high, n = t_interval(group[measure].tolist(), confidence)
+            mean, low, high, n = t_interval(group[measure].tolist(), confidence, ACCURACY_BOUNDS.get(measure))
             row.update({measure: mean, f"{measure}_ci_low": low, f"{measure}_ci_high": high, f"{measure}_n": n})
         rows.append(row)
     return pd.DataFrame(rows)
@@ -111,7 +121,7 @@ def paired_differences(
             "final_top5_difference": [other.at[s, "final_top5"] - base.at[s, "final_top5"] for s in seeds],
         }
         for measure, values in measures.items():
-            mean, low, high, n = t_interval(values, confidence)
+            mean, low, high, n = t_interval(values, confidence, DIFFERENCE_BOUNDS.get(measure))
             rows.append(
                 {"comparison": f"{recipe} vs {reference}", "measure": measure, "mean": mean}
                 | {"ci_low": low, "ci_high": high, "n": n}
@@ -140,7 +150,7 @@ def curves_figure(
             mean = values.mean(axis=0)
             half = _t_quantile(0.5 + confidence / 2, len(series) - 1) * values.std(axis=0, ddof=1)
             half /= math.sqrt(len(series))
-            axes.fill_between(grid, mean - half, mean + half, color=colour, alpha=0.25)
+            axes.fill_between(grid, np.clip(mean - half, 0, 1), np.clip(mean + half, 0, 1), color=colour, alpha=0.25)
             axes.plot(grid, mean, color=colour, label=f"{recipe} (mean of {len(series)} seeds, {confidence:.0%} CI)")
         else:
             axes.plot([], [], color=colour, label=recipe)
