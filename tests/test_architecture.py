@@ -1,0 +1,110 @@
+"""The layers of the package hold (import-linter's contracts in pyproject.toml: pipeline folders -> node glue ->
+recipes -> engine, optimizers, distributed -> models, images, and the library loads neither Kedro nor MLflow),
+every top-level module is placed in a layer, and no module of ``pipelines`` imports itself through a cycle
+(imports under ``TYPE_CHECKING`` only name types and are not followed)."""
+
+from __future__ import annotations
+
+import pkgutil
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import grimp
+
+import pipelines
+
+PROJECT = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+
+def contracts() -> list[dict]:
+    return tomllib.loads((PROJECT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+
+
+def lint_imports(source_root: Path) -> subprocess.CompletedProcess:
+    """``lint-imports`` with the project's configuration over the package found in ``source_root``."""
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", "--config", str(PROJECT / "pyproject.toml")],
+        cwd=PROJECT,
+        env={"PATH": str(LINT_IMPORTS.parent), "PYTHONPATH": str(source_root)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_the_layer_contracts_hold():
+    result = lint_imports(PROJECT / "src")
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "0 broken" in result.stdout
+
+
+def test_every_top_level_module_has_a_layer():
+    (layers,) = [c["layers"] for c in contracts() if c["type"] == "layers"]
+    names = (name for layer in layers for name in layer.replace(":", "|").split("|"))
+    placed = {name.strip().removeprefix("pipelines.") for name in names}
+    top_level = {info.name for info in pkgutil.iter_modules(pipelines.__path__)}
+    assert top_level - placed == set(), "modules without a layer in pyproject.toml [tool.importlinter]"
+
+
+def test_the_contracts_catch_the_library_loading_mlflow(tmp_path):
+    """A copy of the package in which the engine imports MLflow breaks the library contract, naming the import."""
+    shutil.copytree(PROJECT / "src" / "pipelines", tmp_path / "pipelines")
+    leak = tmp_path / "pipelines" / "engine" / "leak.py"
+    leak.write_text("import mlflow\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "pipelines.engine.leak -> mlflow" in result.stdout
+
+
+def strongly_connected(graph: grimp.ImportGraph) -> list[list[str]]:
+    """The import cycles of ``graph``: its strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in graph.find_modules_directly_imported_by(module):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in on_stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_no_module_imports_itself_through_a_cycle():
+    graph = grimp.build_graph("pipelines", exclude_type_checking_imports=True)
+    assert strongly_connected(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    graph = grimp.ImportGraph()
+    for module in ("a", "a.b", "a.c", "a.d"):
+        graph.add_module(module)
+    graph.add_import(importer="a.b", imported="a.c")
+    graph.add_import(importer="a.c", imported="a.b")
+    graph.add_import(importer="a.d", imported="a.b")
+    assert strongly_connected(graph) == [["a.b", "a.c"]]
