@@ -1,4 +1,10 @@
-"""Shared fixtures.
+"""Shared fixtures and the two tiers of the suite.
+
+The fast tier (``bash scripts/test.sh``, plain ``pytest``) runs everything in-process: every library module and
+every pipeline's nodes, each registered pipeline once through Kedro's ``SequentialRunner``. The slow tier
+(``bash scripts/test.sh --all``, ``pytest --all``, and CI) adds the tests that start processes: real ``kedro run``
+commands (``tests/e2e/``), msrun workers (``tests/distributed/``), Chromium and JupyterLab (``tests/ui/``).
+Those folders, and any test marked ``slow``, are the slow tier.
 
 ``pipelines`` is imported first on purpose: its ``__init__`` sets ``ONEDNN_MAX_CPU_ISA`` (and
 ``GLOG_v``), which only take effect if they are in the environment before MindSpore loads.
@@ -10,8 +16,30 @@ from __future__ import annotations
 import pipelines  # noqa: F401  (sets ONEDNN_MAX_CPU_ISA: must come before any mindspore import)
 
 # isort: on
+from pathlib import Path
+
 import pytest
-from helpers import write_image_tree
+
+from tests.support.trees import write_image_tree
+
+SLOW_FOLDERS = ("e2e", "distributed", "ui")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--all", action="store_true", help="also run the slow tier (kedro run processes, msrun, browsers)")
+
+
+def pytest_collection_modifyitems(config, items):
+    tests = Path(__file__).parent
+    for item in items:
+        if Path(item.fspath).relative_to(tests).parts[0] in SLOW_FOLDERS:
+            item.add_marker(pytest.mark.slow)
+    if config.getoption("--all") or config.getoption("-m"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -47,6 +75,6 @@ def make_image_tree(tmp_path):
 @pytest.fixture(scope="session")
 def recipe_store(tmp_path_factory):
     """A project whose MLflow store holds real baseline and thor runs (tests/report_store.py); filled once."""
-    from report_store import fill_store
+    from tests.support.stores import fill_store
 
     return fill_store(tmp_path_factory.mktemp("recipe_store"))

@@ -1,0 +1,273 @@
+"""Data-parallel training under msrun: 2 CPU workers, one MLflow run, failures and interruptions."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from pipelines.distributed.launch import DistributedTrainingError, launch, msrun_command
+from pipelines.engine.checkpoint import load_checkpoint
+from pipelines.params import DistributedParams
+from tests.support.projects import DIM_REDUCE_PARAMS, PROJECT, TINY_PARAMS, kedro, make_project, runs
+from tests.support.trees import write_image_tree
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_workers() -> dict:
+    return {"worker_num": 2, "local_worker_num": 2, "master_port": free_port()}
+
+
+def distributed_params(**changes) -> DistributedParams:
+    """The ``distributed`` section of conf/base with ``changes``, as the nodes receive it."""
+    base = yaml.safe_load((PROJECT / "conf/base/parameters.yml").read_text())["distributed"]
+    return DistributedParams(**{**base, **changes})
+
+
+def tiny_project(root: Path, params: dict, per_class: dict) -> Path:
+    tree = write_image_tree(root / "tree", classes=("cat", "dog", "fox"), per_class=per_class)
+    return make_project(
+        root / "project",
+        {**TINY_PARAMS, **params, "data": {**TINY_PARAMS["data"], "root": str(tree)}, "distributed": two_workers()},
+    )
+
+
+def worker_pids(project: Path) -> list[int]:
+    return [int(p.read_text()) for p in (project / "logs/msrun").glob("*/rank_*.pid")]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def assert_no_worker_left(project: Path) -> None:
+    pids = worker_pids(project)
+    assert pids, "no worker ever started"
+    deadline = time.time() + 15
+    while any(alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in pids if alive(p)], "msrun workers outlived the run"
+
+
+@pytest.mark.parametrize(
+    ("distributed", "key"),
+    [
+        ({"worker_num": 2, "local_worker_num": 4, "node_rank": 0}, "distributed.local_worker_num"),
+        ({"worker_num": 6, "local_worker_num": 4, "node_rank": 0}, "distributed.worker_num"),
+        ({"worker_num": 16, "local_worker_num": 8, "node_rank": 2}, "distributed.node_rank"),
+    ],
+)
+def test_inconsistent_worker_counts_are_named(distributed, key):
+    with pytest.raises(ValidationError) as error:
+        distributed_params(**distributed)
+    (problem,) = error.value.errors()
+    assert [k for k, _ in problem["ctx"]["problems"]] == [key]
+
+
+def test_two_nodes_of_eight_are_valid_and_launch_their_own_workers(tmp_path):
+    distributed = distributed_params(
+        worker_num=16, local_worker_num=8, master_addr="10.0.0.1", master_port=8118, node_rank=1
+    )
+    assert distributed.nodes == 2
+    command = msrun_command(distributed, tmp_path)
+    assert command[0] == "msrun"
+    for flag in ("--worker_num=16", "--local_worker_num=8", "--master_addr=10.0.0.1", "--node_rank=1"):
+        assert flag in command
+    assert command[-4:] == ["python", "-m", "pipelines.distributed.worker", str(tmp_path)]
+
+
+def test_a_rank_that_raises_fails_the_launch_with_its_traceback(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    from failing_job import fail_on_rank_1
+
+    distributed = distributed_params(**two_workers(), cluster_timeout_s=120, log_dir=str(tmp_path / "logs"))
+    with pytest.raises(DistributedTrainingError, match="rank 1 of the msrun job failed") as failure:
+        launch(fail_on_rank_1, {"distributed": distributed, "runtime": None}, distributed, "CPU")
+    assert str(failure.value).rstrip().endswith("ValueError: bad shard on rank 1")
+    (job,) = (tmp_path / "logs").iterdir()
+    pids = [int(p.read_text()) for p in job.glob("rank_*.pid")]
+    assert len(pids) == 2 and not [p for p in pids if alive(p)]
+
+
+def test_baseline_on_two_workers_keeps_replicas_identical_in_one_mlflow_run(tmp_path):
+    project = tiny_project(tmp_path, {}, {"train": 8, "val": 3})
+    result = kedro(project, "run", "--pipelines=baseline")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    assert "Launching 2 of 2 workers on node 0" in output
+    client, found = runs(project)
+    assert len(found) == 1, "one MLflow run per kedro run, not one per rank"
+    run = found[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["distributed/replica_max_abs_diff"] == 0.0
+    for key in ("train/loss", "val/top1"):  # logged by rank 0 alone: one value per epoch
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [1, 2], key
+    assert "final/top1" in run.data.metrics
+    final = load_checkpoint(project / "data/06_models/baseline/final.ckpt")
+    assert final.metadata["epoch"] == 2
+    assert_no_worker_left(project)
+
+
+def test_dim_reduce_on_two_workers(tmp_path):
+    project = tiny_project(tmp_path, DIM_REDUCE_PARAMS, {"train": 8, "val": 3})
+    result = kedro(project, "run", "--pipelines=dim_reduce")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    assert output.count("Launching 2 of 2 workers") == 3  # stage 1, stage 2, control
+    _, found = runs(project)
+    assert len([r for r in found if "mlflow.parentRunId" not in r.data.tags]) == 1  # one run per kedro run
+    children = {r.data.tags["training"]: r.data.metrics for r in found if r.data.tags.get("mlflow.parentRunId")}
+    assert set(children) == {"stage1", "stage2", "control"}  # one child run per training, not one per rank
+    for training in ("stage1", "stage2", "control"):
+        assert children[training]["distributed/replica_max_abs_diff"] == 0.0, training
+        assert {"final/top1", "final/top5"} <= children[training].keys(), training
+    assert_no_worker_left(project)
+
+
+def start_kedro(project: Path, pipeline: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "kedro", "run", f"--pipelines={pipeline}"],
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def wait_for_training(project: Path, process: subprocess.Popen) -> dict[int, int]:
+    """Rank -> pid once both workers are in their first epoch."""
+    deadline = time.time() + 300
+    while True:
+        assert process.poll() is None, process.stdout.read()[-5000:]
+        assert time.time() < deadline, "the workers did not start training within 5 minutes"
+        logs = list((project / "logs/msrun").glob("*/worker_0.log"))
+        if logs and "epoch 1/" in logs[0].read_text(errors="replace"):
+            pids = {int(p.stem.split("_")[1]): int(p.read_text()) for p in logs[0].parent.glob("rank_*.pid")}
+            if len(pids) == 2:
+                return pids
+        time.sleep(0.2)
+
+
+LONG = {"baseline": {**TINY_PARAMS["baseline"], "epochs": 40, "eval_interval": 0}}
+
+
+def test_a_killed_rank_fails_the_node_with_its_error_and_stops_the_others(tmp_path):
+    project = tiny_project(tmp_path, LONG, {"train": 40, "val": 3})
+    process = start_kedro(project, "baseline")
+    pids = wait_for_training(project, process)
+    os.kill(pids[1], signal.SIGKILL)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode != 0
+    assert "DistributedTrainingError" in output and "rank 1 of the msrun job was killed" in output, output[-5000:]
+    assert_no_worker_left(project)
+    _, found = runs(project)
+    assert [r.info.status for r in found] == ["FAILED"]
+
+
+def test_ctrl_c_stops_every_worker(tmp_path):
+    project = tiny_project(tmp_path, LONG, {"train": 40, "val": 3})
+    process = start_kedro(project, "baseline")
+    wait_for_training(project, process)
+    process.send_signal(signal.SIGINT)
+    process.communicate(timeout=120)
+    assert process.returncode != 0
+    assert_no_worker_left(project)
+    _, found = runs(project)
+    assert [r.info.status for r in found] == ["KILLED"]
+
+
+def test_adasum_on_two_workers_keeps_replicas_identical(tmp_path):
+    adasum = {"epochs": 2, "batch_size": 4, "lr": {"lr_max": 0.05, "warmup_epochs": 0}, "eval_interval": 0}
+    project = tiny_project(tmp_path, {"adasum": adasum}, {"train": 8, "val": 3})
+    result = kedro(project, "run", "--pipelines=adasum")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    assert "Adasum of the weight deltas across 2 ranks" in output
+    client, found = runs(project)
+    assert len(found) == 1
+    run = found[0]
+    assert run.info.status == "FINISHED" and run.data.tags["pipeline"] == "adasum"
+    assert run.data.metrics["distributed/replica_max_abs_diff"] == 0.0
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/loss")) == [1, 2]
+    assert "final/top1" in run.data.metrics
+    initial = load_checkpoint(project / "data/06_models/adasum/initial.ckpt").params
+    final = load_checkpoint(project / "data/06_models/adasum/final.ckpt").network_params()
+    assert any(not (initial[name] == final[name]).all() for name in initial)
+    assert_no_worker_left(project)
+
+
+def test_adasum_refuses_a_rank_count_that_is_not_a_power_of_two(tmp_path):
+    project = tiny_project(tmp_path, {}, {"train": 8, "val": 3})
+    result = kedro(
+        project, "run", "--pipelines=adasum", "--params=distributed.worker_num=3,distributed.local_worker_num=3"
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "distributed.worker_num is 3; Adasum combines ranks recursively in pairs" in output
+    assert not (project / "logs").exists(), "no worker may start"
+
+
+def test_thor_on_two_workers_averages_statistics_and_keeps_replicas_identical(tmp_path):
+    thor = {"thor": {"epochs": 2, "batch_size": 4, "frequency": 2, "eval_interval": 0}}
+    project = tiny_project(tmp_path, thor, {"train": 8, "val": 3})
+    result = kedro(project, "run", "--pipelines=thor")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    _, found = runs(project)
+    assert len(found) == 1
+    metrics = found[0].data.metrics
+    assert metrics["distributed/replica_max_abs_diff"] == 0.0
+    assert "final/top1" in metrics
+    assert_no_worker_left(project)
+
+
+def test_kill_9_of_kedro_stops_the_workers_and_the_rerun_resumes(tmp_path):
+    baseline = {**TINY_PARAMS["baseline"], "epochs": 4, "eval_interval": 0}
+    project = tiny_project(tmp_path, {"baseline": baseline}, {"train": 40, "val": 3})
+    process = start_kedro(project, "baseline")
+    checkpoint = project / "data/06_models/baseline/epochs/epoch_0002.ckpt"
+    deadline = time.time() + 300
+    while not checkpoint.exists():
+        assert process.poll() is None, process.stdout.read()[-5000:]
+        assert time.time() < deadline, "no checkpoint of epoch 2 within 5 minutes"
+        time.sleep(0.1)
+    process.kill()
+    process.wait()
+    assert_no_worker_left(project)
+
+    rerun = kedro(project, "run", "--pipelines=baseline")
+    output = rerun.stdout + rerun.stderr
+    assert rerun.returncode == 0, output[-6000:]
+    assert "Resuming from" in output and "(epoch 2 of 4)" in output
+    assert "epoch 1/4 step" not in output
+    assert load_checkpoint(project / "data/06_models/baseline/final.ckpt").metadata["epoch"] == 4
+
+
+def test_mindspore_boost_adasum_is_refused_off_ascend_before_any_work(tmp_path):
+    project = make_project(tmp_path / "project", {"adasum": {"implementation": "mindspore_boost"}})
+    result = kedro(project, "run", "--pipelines=adasum", timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "adasum.implementation is mindspore_boost, which MindSpore runs on Ascend with 16 devices" in output
+    assert not (project / "data").exists()

@@ -1,0 +1,113 @@
+"""One metric schema for every recipe: baseline, thor and dim_reduce log the same per-epoch keys at steps
+1..E (so the MLflow UI overlays their runs) and the final evaluation under ``final/…``, read back from one
+real MLflow store that three ``kedro run``s filled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pipelines.metrics import TRAINING_KEYS
+from tests.support.projects import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project, runs
+from tests.support.trees import write_image_tree
+
+EPOCHS = TINY_PARAMS["baseline"]["epochs"]
+THOR_PARAMS = {"thor": {"epochs": EPOCHS, "batch_size": 4, "frequency": 4, "eval_interval": 1}}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("schema")
+    tree = write_image_tree(root / "tree", classes=("cat", "dog", "fox"), per_class={"train": 8, "val": 3})
+    params = {
+        **TINY_PARAMS,
+        **THOR_PARAMS,
+        **DIM_REDUCE_PARAMS,
+        "data": {**TINY_PARAMS["data"], "root": str(tree)},
+    }
+    return make_project(root / "project", params)
+
+
+def run_pipeline(project: Path, pipeline: str):
+    """``kedro run --pipelines=<pipeline>`` in ``project``; its MLflow run (the kedro run's, not a child)."""
+    result = kedro(project, "run", f"--pipelines={pipeline}")
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    client, found = runs(project)
+    (run,) = [r for r in found if r.data.tags.get("pipeline") == pipeline and "mlflow.parentRunId" not in r.data.tags]
+    return client, run
+
+
+def steps(client, run, key: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
+
+
+def assert_schema(client, run, epochs: list[int]) -> None:
+    """Per-epoch keys at every epoch, val/top1 and val/top5 at the last, final/ keys logged once."""
+    for key in TRAINING_KEYS:
+        assert steps(client, run, key) == epochs, key
+    for key in ("val/top1", "val/top5"):
+        assert epochs[-1] in steps(client, run, key), key
+        assert set(steps(client, run, key)) <= set(epochs), key
+    for key in ("final/top1", "final/top5"):
+        assert len(client.get_metric_history(run.info.run_id, key)) == 1, key
+        assert 0.0 <= run.data.metrics[key] <= 1.0
+    # nothing of the former per-recipe names ("loss", "thor_top1", "stage1_loss") remains
+    assert all("/" in key for key in run.data.metrics), sorted(run.data.metrics)
+
+
+def assert_compiled_in_the_first_epoch_only(history: pd.DataFrame) -> None:
+    """The steps that compiled a graph are timed apart (``train/compile_s``): all in epoch 1, none later."""
+    compile_s = history["train/compile_s"]
+    assert compile_s.iloc[0] > 0 and (compile_s.iloc[1:] == 0).all()
+    assert (history["train/epoch_time_s"] > 0).all()
+
+
+def test_baseline_logs_the_schema(project):
+    client, run = run_pipeline(project, "baseline")
+    assert_schema(client, run, list(range(1, EPOCHS + 1)))
+    assert steps(client, run, "val/top1") == list(range(1, EPOCHS + 1))  # eval_interval 1
+    history = pd.read_csv(project / "data/08_reporting/baseline_history.csv")
+    assert list(history.columns) == ["epoch", *TRAINING_KEYS, "val/top1", "val/top5"]
+    assert_compiled_in_the_first_epoch_only(history)
+
+
+def test_thor_logs_the_same_schema_with_its_own_figures_under_thor(project):
+    client, run = run_pipeline(project, "thor")
+    assert_schema(client, run, list(range(1, EPOCHS + 1)))
+    assert steps(client, run, "val/top1") == list(range(1, EPOCHS + 1))
+    assert steps(client, run, "thor/damping") == list(range(1, EPOCHS + 1))
+    history = pd.read_csv(project / "data/08_reporting/thor_history.csv")
+    assert list(history.columns[: len(TRAINING_KEYS) + 3]) == ["epoch", *TRAINING_KEYS, "val/top1", "val/top5"]
+    assert all(c.startswith("thor/") for c in history.columns[len(TRAINING_KEYS) + 3 :])
+    assert_compiled_in_the_first_epoch_only(history)  # its second-order and reuse graphs: steps 1 and 2
+
+
+def test_the_baseline_and_thor_runs_overlay_on_the_same_keys(project):
+    client, found = runs(project)
+    by_pipeline = {r.data.tags.get("pipeline"): r for r in found if "mlflow.parentRunId" not in r.data.tags}
+    if not {"baseline", "thor"} <= by_pipeline.keys():
+        pytest.skip("needs the baseline and thor runs of the tests above")
+    for key in ("val/top1", "train/loss", "final/top1"):
+        assert all(key in by_pipeline[p].data.metrics for p in ("baseline", "thor")), key
+
+
+def test_dim_reduce_logs_each_training_into_its_own_child_run(project):
+    client, run = run_pipeline(project, "dim_reduce")
+    children = client.search_runs(
+        [run.info.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'", order_by=["attributes.start_time"]
+    )
+    assert sorted(c.data.tags["training"] for c in children) == ["control", "stage1", "stage2"]
+    stage1_epochs = DIM_REDUCE_PARAMS["dim_reduce"]["stage1"]["epochs"]
+    for child in children:
+        name = child.data.tags["training"]
+        assert child.info.run_name == name and child.info.status == "FINISHED"
+        assert steps(client, child, "val/top1"), f"{name} logged no val/top1"
+        assert steps(client, child, "train/loss"), f"{name} logged no train/loss"
+        for key in ("final/top1", "final/top5"):
+            assert len(client.get_metric_history(child.info.run_id, key)) == 1, (name, key)
+        if name == "stage1":
+            assert steps(client, child, "train/loss") == list(range(1, stage1_epochs + 1))
+        else:  # stage 2 and the control continue from the stage-1 checkpoint's epoch
+            assert steps(client, child, "train/loss")[0] == stage1_epochs + 1, name

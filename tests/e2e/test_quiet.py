@@ -1,0 +1,68 @@
+"""A default ``kedro run`` is quiet: no warning from this project's code or configuration, none of the
+third-party ones it used to print on every start, no parameter loads at INFO. Its MLflow run is
+named and tagged so that the runs table tells runs apart (pipeline, changed ``--params``, partial
+runs; environment, whole command, data and image size, model, seed, runner)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.support.projects import TINY_PARAMS, kedro, make_project, runs
+from tests.support.trees import write_image_tree
+
+# a logged warning (rich's level column, or the logging format) or a Python warning (UserWarning: …)
+WARNING_LINE = re.compile(r"\bWARNING\b|\w+Warning: ")
+NAMED_NOISE = (
+    "register_new_resolver",  # OmegaConf's deprecation, raised by Kedro and kedro-mlflow
+    "Add type hints to the `predict` method",  # MLflow, on kedro-mlflow's import
+    "Loading data from params:",
+    "No typed parameter requirements found",
+    "Using synchronous mode",
+    "Creating initial MLflow database tables",
+    "Workflow tracking is disabled",  # kedro-viz, on partial runs
+)
+
+
+@pytest.fixture(scope="module")
+def quiet_project(tmp_path_factory):
+    """A tiny project after a default ``kedro run`` and a partial rerun with a changed parameter."""
+    root = tmp_path_factory.mktemp("quiet")
+    tree = write_image_tree(root / "tree", classes=("cat", "dog", "fox"), per_class={"train": 4, "val": 2})
+    project = make_project(root / "project", {**TINY_PARAMS, "data": {**TINY_PARAMS["data"], "root": str(tree)}})
+    default = kedro(project, "run")
+    assert default.returncode == 0, default.stdout[-5000:] + default.stderr[-5000:]
+    partial_args = ("--pipelines=baseline", "--nodes=baseline.evaluate", "--params=data.eval_batch_size=4")
+    partial = kedro(project, "run", *partial_args)
+    assert partial.returncode == 0, partial.stdout[-5000:] + partial.stderr[-5000:]
+    return project, {"default": default, "partial": partial}
+
+
+@pytest.mark.parametrize("which", ["default", "partial"])
+def test_a_run_prints_no_warning(quiet_project, which):
+    _, results = quiet_project
+    output = results[which].stdout + results[which].stderr
+    assert [line for line in output.splitlines() if WARNING_LINE.search(line)] == []
+    for noise in NAMED_NOISE:
+        assert noise not in output, noise
+    assert "closed because of an error" not in output
+
+
+def test_runs_are_named_and_tagged(quiet_project):
+    project, results = quiet_project
+    _, (partial, default) = runs(project)  # newest first
+    assert default.info.run_name == default.data.tags["pipeline"] == "__default__"
+    assert partial.info.run_name == "baseline data.eval_batch_size=4 (partial)"
+    assert default.data.tags["kedro_command"] == "kedro run"
+    command = "kedro run --pipelines=baseline --nodes=baseline.evaluate --params=data.eval_batch_size=4"
+    assert partial.data.tags["kedro_command"] == command
+    for run in (default, partial):
+        tags = run.data.tags
+        assert tags["env"] == "local"  # conf/local holds the tiny parameters
+        assert tags["runner"] == "SequentialRunner"
+        assert (tags["model"], tags["image_size"], tags["seed"]) == ("resnet_narrow", "16", "42")
+        assert (tags["train_images"], tags["val_images"], tags["classes"]) == ("12", "6", "3")
+    # the link each run prints opens the MLflow UI on the experiment's runs table
+    url = f"http://127.0.0.1:5000/#/experiments/{default.info.experiment_id}/runs?workflowType=machine_learning"
+    assert url in results["default"].stdout

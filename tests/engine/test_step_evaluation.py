@@ -1,0 +1,90 @@
+"""The engine's evaluation every K steps: rows at the right global steps, evaluation time kept out of every
+training time, rows carried through a resume and handed to callbacks (``on_step_evaluation``)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from pipelines.engine.callbacks import Callback
+from pipelines.engine.checkpoint import Checkpoint
+from pipelines.engine.epochs import TrainingSpec
+from pipelines.engine.loop import Checkpointing, train
+from pipelines.engine.step import TrainStep
+from pipelines.images.folder import create_dataset, scan_image_tree
+from pipelines.metrics import EVAL_TIME_S, STEP_KEY, TRAIN_ELAPSED_S, TRAIN_EPOCH_TIME_S, VAL_STEP_TOP1
+
+BATCH = 4
+STEPS_PER_EPOCH = 4  # 18 train images -> 4 full batches
+EVALUATION_S = 0.3
+
+
+@pytest.fixture(scope="module")
+def train_data(tmp_path_factory):
+    from tests.support.trees import write_image_tree
+
+    root = write_image_tree(tmp_path_factory.mktemp("tree"), classes=("a", "b", "c"), per_class={"train": 6, "val": 2})
+    manifest = scan_image_tree(root, {"train": "train", "val": "val"}).manifest
+    return create_dataset(manifest, "train", 12, BATCH, training=True, num_workers=1)
+
+
+class StepRows(Callback):
+    def __init__(self):
+        self.rows = []
+
+    def on_step_evaluation(self, row):
+        self.rows.append(dict(row))
+
+
+def run(train_data, epochs: int, checkpoints: Checkpointing | None = None, callbacks=()):
+    """Two-step-interval evaluations that take ``EVALUATION_S`` each, on a step that trains nothing."""
+    import mindspore as ms
+    from mindspore import nn
+
+    accuracies = iter(np.linspace(0.1, 0.9, 8))
+
+    def slow_evaluation(step):
+        time.sleep(EVALUATION_S)
+        return {"top1": float(next(accuracies)), "top5": 1.0}
+
+    network = nn.Dense(1, 1)
+    spec = TrainingSpec(epochs=epochs, batch_size=BATCH, images_per_step=BATCH, eval_every_steps=2)
+    return train(
+        spec,
+        train_data,
+        lambda start, steps: TrainStep(lambda images, labels: ms.Tensor(np.float32(1.0)), network),
+        start=Checkpoint({p.name: p.asnumpy() for p in network.get_parameters()}, {}),
+        fingerprint="steps",
+        checkpoints=checkpoints,
+        evaluate_steps=slow_evaluation,
+        callbacks=callbacks,
+    )
+
+
+def test_step_evaluations_are_timed_apart_from_training(train_data):
+    recorder = StepRows()
+    result = run(train_data, epochs=2, callbacks=[recorder])
+    rows = result.step_history
+    assert [row[STEP_KEY] for row in rows] == [2, 4, 6, 8]  # global steps, across both epochs
+    assert recorder.rows == rows
+    assert all(row[EVAL_TIME_S] >= EVALUATION_S for row in rows)
+    training_s = sum(row[TRAIN_EPOCH_TIME_S] for row in result.history)
+    assert training_s < 2 * EVALUATION_S  # four evaluations took 1.2 s; none of it is training time
+    elapsed = [row[TRAIN_ELAPSED_S] for row in rows]
+    assert elapsed == sorted(elapsed) and elapsed[-1] <= training_s
+    assert "val/top1" not in result.history[0]  # no evaluate: only the step evaluations ran
+
+
+def test_step_rows_survive_a_resume(tmp_path, train_data):
+    checkpoints = Checkpointing(tmp_path / "epochs", every_epochs=1, keep_last=1)
+    first = run(train_data, epochs=1, checkpoints=checkpoints)
+    assert [row[STEP_KEY] for row in first.step_history] == [2, 4]
+    # the 1-epoch training's checkpoint is what a 2-epoch one killed after epoch 1 leaves
+    recorder = StepRows()
+    resumed = run(train_data, epochs=2, checkpoints=checkpoints, callbacks=[recorder])
+    assert [row[STEP_KEY] for row in resumed.step_history] == [2, 4, 6, 8]
+    assert [row[STEP_KEY] for row in recorder.rows] == [2, 4, 6, 8]  # the earlier rows replayed first
+    assert resumed.step_history[:2] == first.step_history
+    assert resumed.step_history[1][VAL_STEP_TOP1] == first.step_history[1][VAL_STEP_TOP1]

@@ -1,0 +1,638 @@
+"""The training engine: ``train``'s epochs, rows, evaluation, non-finite-loss check, periodic checkpoints,
+resume, and full-state capture."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pipelines.engine.callbacks import Callback, PeriodicCheckpoint
+from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
+from pipelines.engine.epochs import NonFiniteLossError, TrainingSpec
+from pipelines.engine.evaluation import evaluate
+from pipelines.engine.loop import Checkpointing, train
+from pipelines.engine.model_bridge import ModelTrainStep
+from pipelines.engine.resume import find_resume_checkpoint, fingerprint, remove_finished_checkpoints
+from pipelines.engine.state import capture_state, history_of, restore_state
+from pipelines.engine.step import TrainStep
+from pipelines.images.folder import create_dataset, scan_image_tree
+from pipelines.metrics import EPOCH_KEYS, TIMESTAMP_KEY, history_table
+from pipelines.models.loss import CrossEntropySmooth
+from pipelines.models.resnet import create_resnet
+from pipelines.optim.schedules import momentum_lr
+from tests.support.training import CLASSES, build
+
+BATCH, EPOCHS, IMAGE_SIZE = 4, 2, 12
+STEPS_PER_EPOCH = (CLASSES * 6) // BATCH  # 18 train images -> 4 full batches
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory):
+    from tests.support.trees import write_image_tree
+
+    root = write_image_tree(tmp_path_factory.mktemp("tree"), classes=("a", "b", "c"), per_class={"train": 6, "val": 2})
+    return scan_image_tree(root, {"train": "train", "val": "val"}).manifest
+
+
+@pytest.fixture
+def train_data(manifest):
+    return create_dataset(manifest, "train", IMAGE_SIZE, BATCH, training=True, num_workers=1)
+
+
+@pytest.fixture
+def val_data(manifest):
+    return create_dataset(manifest, "val", IMAGE_SIZE, BATCH, training=False, num_workers=1)
+
+
+def lr_schedule() -> np.ndarray:
+    return momentum_lr("linear", 0.01, 0.1, 0.0, 1, EPOCHS, STEPS_PER_EPOCH)
+
+
+class Recorder(Callback):
+    def __init__(self):
+        self.events = []
+        self.step_losses: dict[int, list[float]] = {}
+
+    def on_train_begin(self, total_epochs, steps_per_epoch, start_epoch):
+        self.events.append(("train_begin", total_epochs, steps_per_epoch, start_epoch))
+
+    def on_epoch_begin(self, epoch):
+        self.events.append(("epoch_begin", epoch))
+
+    def on_step_end(self, epoch, step, loss):
+        self.step_losses.setdefault(epoch, []).append(loss)
+        self.events.append(("step", epoch, step))
+
+    def on_epoch_end(self, epoch, metrics):
+        self.events.append(("epoch_end", epoch, dict(metrics)))
+
+    def on_train_end(self):
+        self.events.append(("train_end",))
+
+
+def constant_step(value: float = 1.0, nan_at: tuple[int, int] | None = None, bad: float = math.nan):
+    """A train step (any callable ``(images, labels) -> tensor``) with a scripted loss."""
+    import mindspore as ms
+
+    calls = {"n": 0}
+
+    def step(images, labels):
+        epoch, index = divmod(calls["n"], STEPS_PER_EPOCH)
+        calls["n"] += 1
+        loss = bad if nan_at == (epoch + 1, index + 1) else value
+        return ms.Tensor(np.float32(loss))
+
+    return step
+
+
+def fit(
+    step,
+    dataset,
+    epochs: int,
+    lr_per_step: np.ndarray | None = None,
+    callbacks=(),
+    evaluate=None,
+    eval_interval: int = 0,
+    start_epoch: int = 0,
+) -> list[dict]:
+    """``train`` around a step built beforehand (a plain callable, or a ``TrainStep``); returns the rows."""
+    from mindspore import nn
+
+    # a scripted step trains nothing; a one-weight network stands in for what the final state holds
+    ready = step if isinstance(step, TrainStep) else TrainStep(step, nn.Dense(1, 1), lr_per_step=lr_per_step)
+    spec = TrainingSpec(epochs=epochs, batch_size=BATCH, images_per_step=BATCH, eval_interval=eval_interval)
+    result = train(
+        spec,
+        dataset,
+        lambda start, steps_per_epoch: ready,
+        start=Checkpoint({}, {"epoch": start_epoch}),
+        continue_from_start=start_epoch > 0,
+        evaluate=None if evaluate is None else lambda _: evaluate(),
+        callbacks=callbacks,
+    )
+    return result.history
+
+
+def test_train_trains_and_reports_one_row_per_epoch(train_data, val_data):
+    lr_per_step = lr_schedule()
+    net, optimizer, cell = build(0, lr_per_step)
+    before = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
+    recorder = Recorder()
+    evaluations = []
+
+    def evaluate_now():
+        evaluations.append(evaluate(net, val_data))
+        return evaluations[-1]
+
+    step = TrainStep(cell, net, optimizer, lr_per_step)
+    history = fit(step, train_data, EPOCHS, callbacks=[recorder], evaluate=evaluate_now)
+
+    assert [row["epoch"] for row in history] == [1, 2]
+    for epoch, row in enumerate(history):
+        assert {"train/loss", "train/lr", "train/epoch_time_s", "train/images_per_s", TIMESTAMP_KEY} <= row.keys()
+        assert math.isfinite(row["train/loss"]) and row["train/loss"] > 0
+        assert row["train/lr"] == pytest.approx(float(lr_per_step[(epoch + 1) * STEPS_PER_EPOCH - 1]))
+        assert row["train/epoch_time_s"] > 0
+        assert row["train/images_per_s"] == pytest.approx(STEPS_PER_EPOCH * BATCH / row["train/epoch_time_s"])
+        # the epoch loss is the mean of that epoch's step losses
+        assert row["train/loss"] == pytest.approx(np.mean(recorder.step_losses[epoch]), rel=1e-6)
+    assert history[0][TIMESTAMP_KEY] <= history[1][TIMESTAMP_KEY]
+    # evaluation ran after the last epoch only (eval_interval 0)
+    assert "val/top1" not in history[0]
+    assert 0.0 <= history[1]["val/top1"] <= 1.0
+    assert evaluations[0]["images"] == 6.0  # every val image
+    assert history[1]["val/top5"] == 1.0  # 3 classes: the true class is always in the top 5
+
+    # callbacks saw the whole run, in order
+    assert recorder.events[0] == ("train_begin", EPOCHS, STEPS_PER_EPOCH, 0)
+    assert recorder.events[-1] == ("train_end",)
+    steps = [event[1:] for event in recorder.events if event[0] == "step"]
+    assert steps == [(e, s) for e in range(EPOCHS) for s in range(STEPS_PER_EPOCH)]
+    assert [event[2] for event in recorder.events if event[0] == "epoch_end"] == history
+
+    # the weights moved
+    after = {p.name: p.asnumpy() for p in net.trainable_params()}
+    assert any(not np.array_equal(before[name], after[name]) for name in before)
+
+
+def test_train_evaluates_every_eval_interval_and_after_the_last_epoch(train_data):
+    calls = []
+
+    def fake_eval():
+        calls.append(1)
+        return {"top1": 0.5, "top5": 1.0}
+
+    history = fit(
+        constant_step(),
+        train_data,
+        5,
+        np.ones(5 * STEPS_PER_EPOCH, np.float32),
+        evaluate=fake_eval,
+        eval_interval=2,
+    )
+    assert ["val/top1" in row for row in history] == [False, True, False, True, True]
+    assert len(calls) == 3
+
+
+def test_train_continues_from_the_start_checkpoints_epoch(train_data):
+    recorder = Recorder()
+    history = fit(constant_step(2.0), train_data, 3, np.arange(12, dtype=np.float32), [recorder], start_epoch=1)
+    assert [row["epoch"] for row in history] == [2, 3]
+    assert [row["train/lr"] for row in history] == [7.0, 11.0]
+    assert [row["train/loss"] for row in history] == [2.0, 2.0]
+    assert recorder.events[0] == ("train_begin", 3, STEPS_PER_EPOCH, 1)
+
+
+def test_callbacks_add_their_own_figures_to_the_row_before_anyone_sees_it(train_data):
+    class Figures(Callback):
+        def epoch_metrics(self, epoch):
+            return {"thor/damping": 0.5 + epoch}
+
+    recorder = Recorder()
+    history = fit(constant_step(), train_data, 2, None, [recorder, Figures()])
+    assert [row["thor/damping"] for row in history] == [0.5, 1.5]
+    assert all("train/lr" not in row for row in history)  # a step without a schedule reports no lr
+    assert [event[2]["thor/damping"] for event in recorder.events if event[0] == "epoch_end"] == [0.5, 1.5]
+
+
+def test_start_after_stop_or_beyond_the_schedule_is_refused(train_data):
+    with pytest.raises(ValueError, match=r"start 3 <= stop 2 <= schedule length 2"):
+        fit(constant_step(), train_data, 2, start_epoch=3)
+    spec = TrainingSpec(epochs=4, batch_size=BATCH, images_per_step=BATCH, schedule_epochs=3)
+    with pytest.raises(ValueError, match=r"start 0 <= stop 4 <= schedule length 3"):
+        train(spec, train_data, lambda start, steps: TrainStep(constant_step(), None))
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_loss_stops_training_naming_epoch_and_step(tmp_path, train_data, bad):
+    recorder = Recorder()
+    saver = PeriodicCheckpoint(
+        lambda epoch: Checkpoint({"w": np.full(2, epoch, np.float32)}, {"epoch": epoch}), tmp_path, keep_last=5
+    )
+    step = constant_step(nan_at=(2, 3), bad=bad)
+    with pytest.raises(NonFiniteLossError) as error:
+        fit(step, train_data, 3, np.ones(3 * STEPS_PER_EPOCH, np.float32), [recorder, saver])
+    message = str(error.value)
+    assert f"epoch 2, step 3/{STEPS_PER_EPOCH}" in message
+    assert str(bad) in message
+    assert isinstance(error.value, FloatingPointError)
+    # the steps before the bad one ran, the rest did not; callbacks were closed
+    assert len(recorder.step_losses[1]) == 2
+    assert recorder.events[-1] == ("train_end",)
+    # the last good checkpoint (end of epoch 1) is on disk
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_0001.ckpt"]
+    assert load_checkpoint(tmp_path / "epoch_0001.ckpt").metadata == {"epoch": 1}
+
+
+def test_non_finite_loss_of_a_real_network_is_caught(train_data):
+    lr_per_step = np.full(EPOCHS * STEPS_PER_EPOCH, 1e30, np.float32)  # blows the weights up at once
+    net, optimizer, cell = build(0, lr_per_step, loss_scale=1.0)
+    with pytest.raises(NonFiniteLossError, match=r"at epoch 1, step \d+/4"):
+        fit(TrainStep(cell, net, optimizer, lr_per_step), train_data, EPOCHS)
+
+
+def test_periodic_checkpoint_keeps_only_the_newest(tmp_path, train_data):
+    def capture(epoch: int) -> Checkpoint:
+        return Checkpoint({"w": np.full(3, epoch, np.float32)}, {"epoch": epoch})
+
+    saver = PeriodicCheckpoint(capture, tmp_path / "ckpt", every_epochs=1, keep_last=2)
+    fit(constant_step(), train_data, 5, np.ones(5 * STEPS_PER_EPOCH, np.float32), [saver])
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["epoch_0004.ckpt", "epoch_0005.ckpt"]
+    newest = load_checkpoint(tmp_path / "ckpt" / "epoch_0005.ckpt")
+    assert newest.metadata == {"epoch": 5}
+    np.testing.assert_array_equal(newest.params["w"], 5.0)
+
+
+class StopAt(Callback):
+    """Stands for a kill: raises at the start of epoch ``epoch`` (0-based), after the checkpoints before it."""
+
+    def __init__(self, epoch: int):
+        self.epoch = epoch
+
+    def on_epoch_begin(self, epoch):
+        if epoch == self.epoch:
+            raise KeyboardInterrupt
+
+
+class Resumed(Callback):
+    def __init__(self):
+        self.resumed = []
+
+    def on_resume(self, source, history):
+        self.resumed.append((source, [row["epoch"] for row in history]))
+
+
+def momentum_training(tmp_path, train_data, val_data, callbacks=(), epochs: int = 3):
+    """A real resnet_narrow Momentum training through ``train``, with checkpoints in ``tmp_path``."""
+    start = capture_state(build(0, lr_schedule())[0], None, {"epoch": 0})
+
+    def make_step(start_checkpoint, steps_per_epoch):
+        lr_per_step = momentum_lr("linear", 0.01, 0.1, 0.0, 1, epochs, steps_per_epoch)
+        net, optimizer, cell = build(1, lr_per_step)
+        restore_state(net, start_checkpoint)
+        return TrainStep(cell, net, optimizer, lr_per_step)
+
+    spec = TrainingSpec(epochs=epochs, batch_size=BATCH, images_per_step=BATCH, eval_interval=1, data_seed=7)
+    return train(
+        spec,
+        train_data,
+        make_step,
+        start=start,
+        fingerprint=fingerprint("momentum", epochs, start),
+        checkpoints=Checkpointing(tmp_path, every_epochs=1, keep_last=2),
+        evaluate=lambda step: evaluate(step.network, val_data),
+        callbacks=callbacks,
+        metadata={"network": "resnet_narrow"},
+    )
+
+
+def test_an_interrupted_training_resumes_with_its_state_and_history(tmp_path, train_data, val_data):
+    straight = momentum_training(tmp_path / "straight", train_data, val_data)
+    with pytest.raises(KeyboardInterrupt):
+        momentum_training(tmp_path / "killed", train_data, val_data, [StopAt(2)])
+    assert sorted(p.name for p in (tmp_path / "killed").iterdir()) == ["epoch_0001.ckpt", "epoch_0002.ckpt"]
+    saved = load_checkpoint(tmp_path / "killed" / "epoch_0002.ckpt")
+    assert saved.metadata["network"] == "resnet_narrow" and saved.metadata["epoch"] == 2
+    assert [row["epoch"] for row in history_of(saved)] == [1, 2]
+    assert any(name.startswith(OPTIMIZER_PREFIX + "moments.") for name in saved.params)
+
+    recorder, resumed = Recorder(), Resumed()
+    result = momentum_training(tmp_path / "killed", train_data, val_data, [recorder, resumed])
+    assert resumed.resumed == [(tmp_path / "killed" / "epoch_0002.ckpt", [1, 2])]
+    assert recorder.events[0] == ("train_begin", 3, STEPS_PER_EPOCH, 2)  # only epoch 3 ran again
+    # the history holds every epoch; the resumed epochs' figures equal the uninterrupted run's
+    assert [row["epoch"] for row in result.history] == [1, 2, 3]
+    for resumed_row, straight_row in zip(result.history, straight.history, strict=True):
+        for key in ("train/loss", "train/lr", "val/top1", "val/top5"):
+            assert resumed_row[key] == pytest.approx(straight_row[key], rel=1e-4, abs=1e-5), key
+    assert result.checkpoint.metadata["epoch"] == 3
+    assert [row["epoch"] for row in history_of(result.checkpoint)] == [1, 2, 3]
+    for name, value in straight.checkpoint.params.items():
+        np.testing.assert_allclose(result.checkpoint.params[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def model_step(start_checkpoint, steps_per_epoch: int, epochs: int, poison: bool = False) -> ModelTrainStep:
+    """The Momentum network of ``build`` trained by ``mindspore.Model.train`` (as MindSpore's THOR is)."""
+    import mindspore as ms
+    from mindspore.train import FixedLossScaleManager, Model
+
+    lr_per_step = momentum_lr("linear", 0.01, 0.1, 0.0, 1, epochs, steps_per_epoch)
+    net, optimizer, _ = build(1, lr_per_step)
+    restore_state(net, start_checkpoint)
+    if poison:
+        net.fc.weight.set_data(ms.Tensor(np.full(net.fc.weight.shape, np.nan, np.float32)))
+    scaling = FixedLossScaleManager(8.0, drop_overflow_update=False)  # build's optimizer divides by 8
+
+    def model():
+        return Model(net, CrossEntropySmooth(CLASSES, 0.1), optimizer, loss_scale_manager=scaling)
+
+    return ModelTrainStep(model, net, optimizer, lr_per_step, 8.0, sink_mode=False)
+
+
+def test_model_train_steps_give_the_same_rows_callbacks_checkpoints_and_resume(tmp_path, manifest, val_data):
+    start = capture_state(build(0, lr_schedule())[0], None, {"epoch": 0})
+    spec = TrainingSpec(epochs=3, batch_size=BATCH, images_per_step=BATCH, eval_interval=2, data_seed=7)
+
+    def run(*callbacks):
+        return train(
+            spec,
+            # Model.train refuses a dataset another Model trained on: a new one per training, as per kedro run
+            create_dataset(manifest, "train", IMAGE_SIZE, BATCH, training=True, num_workers=1),
+            lambda start_checkpoint, steps_per_epoch: model_step(start_checkpoint, steps_per_epoch, 3),
+            start=start,
+            fingerprint="model-train",
+            checkpoints=Checkpointing(tmp_path, every_epochs=1, keep_last=2),
+            evaluate=lambda step: evaluate(step.network, val_data),
+            callbacks=callbacks,
+        )
+
+    recorder = Recorder()
+    with pytest.raises(KeyboardInterrupt):
+        run(recorder, StopAt(2))
+    assert recorder.events[-1] == ("train_end",)  # ended once, although Model.train raised
+    assert [e for e in recorder.events if e[0] == "train_end"] == [("train_end",)]
+    assert [(e, s) for _, e, s in (ev for ev in recorder.events if ev[0] == "step")] == [
+        (e, s) for e in range(2) for s in range(STEPS_PER_EPOCH)
+    ]
+    first_rows = [event[2] for event in recorder.events if event[0] == "epoch_end"]
+    assert ["val/top1" in row for row in first_rows] == [False, True]  # every 2nd epoch
+    lr_per_step = momentum_lr("linear", 0.01, 0.1, 0.0, 1, 3, STEPS_PER_EPOCH)
+    assert [row["train/lr"] for row in first_rows] == pytest.approx([lr_per_step[3], lr_per_step[7]])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_0001.ckpt", "epoch_0002.ckpt"]
+    saved = load_checkpoint(tmp_path / "epoch_0002.ckpt")
+    assert int(saved.optimizer_state()["global_step"].reshape(-1)[0]) == 2 * STEPS_PER_EPOCH
+
+    resumed, recorder = Resumed(), Recorder()
+    result = run(recorder, resumed)
+    assert resumed.resumed == [(tmp_path / "epoch_0002.ckpt", [1, 2])]
+    assert recorder.events[0] == ("train_begin", 3, STEPS_PER_EPOCH, 2)
+    assert [row["epoch"] for row in result.history] == [1, 2, 3]
+    assert result.history[:2] == first_rows
+    assert "val/top1" in result.history[2]  # the last epoch
+    assert int(result.checkpoint.optimizer_state()["global_step"].reshape(-1)[0]) == 3 * STEPS_PER_EPOCH
+
+
+def test_model_train_steps_stop_on_a_non_finite_loss(train_data):
+    spec = TrainingSpec(epochs=2, batch_size=BATCH, images_per_step=BATCH)
+    recorder = Recorder()
+    with pytest.raises(NonFiniteLossError, match=f"at epoch 1, step 1/{STEPS_PER_EPOCH}"):
+        train(
+            spec,
+            train_data,
+            lambda start, steps_per_epoch: model_step(start, steps_per_epoch, 2, poison=True),
+            start=capture_state(build(0, lr_schedule())[0], None, {"epoch": 0}),
+            callbacks=[recorder],
+        )
+    assert not recorder.step_losses and recorder.events[-1] == ("train_end",)
+
+
+def test_history_table_has_epoch_then_the_metric_keys():
+    rows = [
+        {"epoch": 1, "train/loss": 2.0, "train/lr": 0.1, "train/images_per_s": 9.0, "train/epoch_time_s": 1.0,
+         "train/compile_s": 3.0, TIMESTAMP_KEY: 100.0},
+        {"epoch": 2, "train/loss": 1.0, "train/lr": 0.05, "train/images_per_s": 9.0, "train/epoch_time_s": 1.0,
+         "train/compile_s": 0.0, "val/top1": 0.5, "val/top5": 1.0, TIMESTAMP_KEY: 101.0},
+    ]  # fmt: skip
+    table = history_table(rows)
+    assert list(table.columns) == ["epoch", *EPOCH_KEYS]
+    assert list(table["epoch"]) == [1, 2] and np.isnan(table["val/top1"][0])
+    assert list(history_table([]).columns) == ["epoch", *EPOCH_KEYS]
+
+
+def test_periodic_checkpoint_every_n_epochs_with_prefix(tmp_path):
+    saved = []
+
+    def capture(epoch: int) -> Checkpoint:
+        saved.append(epoch)
+        return Checkpoint({"w": np.zeros(1, np.float32)}, {"epoch": epoch})
+
+    saver = PeriodicCheckpoint(capture, tmp_path, every_epochs=2, keep_last=3, prefix="stage1")
+    (tmp_path / "other_0001.ckpt").write_bytes(b"not ours")  # another prefix is left alone
+    for epoch in range(9):
+        saver.on_epoch_end(epoch, {})
+    assert saved == [2, 4, 6, 8]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "other_0001.ckpt",
+        "stage1_0004.ckpt",
+        "stage1_0006.ckpt",
+        "stage1_0008.ckpt",
+    ]
+
+
+def all_params(cell) -> dict[str, np.ndarray]:
+    return {p.name: p.asnumpy().copy() for p in cell.get_parameters()}
+
+
+def test_capture_and_restore_state_round_trip(mindspore_cpu, tmp_path):
+    ms = mindspore_cpu
+    rng = np.random.default_rng(0)
+    images = ms.Tensor(rng.standard_normal((BATCH, 3, IMAGE_SIZE, IMAGE_SIZE)).astype(np.float32))
+    labels = ms.Tensor(np.array([0, 1, 2, 0], np.int32))
+    lr_per_step = lr_schedule()
+
+    net, optimizer, step = build(1, lr_per_step)
+    for _ in range(3):
+        step(images, labels)
+    state = capture_state(net, optimizer, {"network": "resnet_narrow", "epoch": 1})
+    assert state.metadata == {"network": "resnet_narrow", "epoch": 1}
+    # network params (BatchNorm statistics included) under their own names, optimizer state prefixed
+    assert set(state.network_params()) == set(all_params(net))
+    assert any(name.endswith("moving_mean") for name in state.network_params())
+    assert {"moments.fc.weight", "global_step", "learning_rate", "momentum"} <= set(state.optimizer_state())
+    assert not any(name.startswith(OPTIMIZER_PREFIX + "fc.") for name in state.params)  # no duplicates
+    assert int(state.optimizer_state()["global_step"].reshape(-1)[0]) == 3
+    assert np.abs(state.optimizer_state()["moments.fc.weight"]).max() > 0
+
+    fresh_net, fresh_optimizer, fresh_step = build(2, lr_per_step)
+    assert not np.array_equal(all_params(fresh_net)["fc.weight"], state.params["fc.weight"])
+    restore_state(fresh_net, state, fresh_optimizer)
+    restored_net, restored_optimizer = all_params(fresh_net), all_params(fresh_optimizer)
+    for name, value in all_params(net).items():
+        np.testing.assert_array_equal(restored_net[name], value, err_msg=name)
+    for name, value in all_params(optimizer).items():
+        np.testing.assert_array_equal(restored_optimizer[name].reshape(value.shape), value, err_msg=name)
+
+    # the restored pair continues exactly like the original, also after a trip through a file
+    save_checkpoint(state, tmp_path / "state.ckpt")
+    disk_net, disk_optimizer, disk_step = build(3, lr_per_step)
+    restore_state(disk_net, load_checkpoint(tmp_path / "state.ckpt"), disk_optimizer)
+    expected = float(step(images, labels).asnumpy())
+    assert float(fresh_step(images, labels).asnumpy()) == expected
+    assert float(disk_step(images, labels).asnumpy()) == expected
+    np.testing.assert_array_equal(all_params(fresh_net)["fc.weight"], all_params(net)["fc.weight"])
+    np.testing.assert_array_equal(all_params(disk_net)["fc.weight"], all_params(net)["fc.weight"])
+
+
+def test_capture_without_optimizer_holds_only_network_params():
+    net = create_resnet("resnet_narrow", CLASSES)
+    state = capture_state(net, None, {"epoch": 0})
+    assert state.optimizer_state() == {}
+    assert set(state.params) == set(all_params(net))
+
+
+def test_restore_state_needs_optimizer_state_when_given_an_optimizer():
+    lr_per_step = lr_schedule()
+    net, optimizer, _ = build(0, lr_per_step)
+    weights_only = capture_state(net, None, {})
+    other_net, other_optimizer, _ = build(1, lr_per_step)
+    with pytest.raises(ValueError, match="lacks optimizer state"):
+        restore_state(other_net, weights_only, other_optimizer)
+    restore_state(other_net, weights_only)  # the network alone is fine
+    np.testing.assert_array_equal(all_params(other_net)["fc.weight"], all_params(net)["fc.weight"])
+
+
+def test_restore_state_rejects_a_checkpoint_missing_network_params():
+    net = create_resnet("resnet_narrow", CLASSES)
+    state = capture_state(net, None, {})
+    del state.params["fc.bias"]
+    with pytest.raises(ValueError, match="fc.bias"):
+        restore_state(create_resnet("resnet_narrow", CLASSES), state)
+
+
+def write_epoch(folder, epoch: int, run_id: str) -> None:
+    save_checkpoint(
+        Checkpoint({"w": np.zeros(2, np.float32)}, {"epoch": epoch, "fingerprint": run_id}),
+        folder / f"epoch_{epoch:04d}.ckpt",
+    )
+
+
+def test_resume_picks_the_newest_checkpoint_of_the_same_unfinished_training(tmp_path):
+    assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5) is None
+    write_epoch(tmp_path, 2, "abc")
+    write_epoch(tmp_path, 3, "abc")
+    assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5) == tmp_path / "epoch_0003.ckpt"
+
+
+def test_checkpoints_of_another_configuration_are_moved_aside(tmp_path):
+    write_epoch(tmp_path, 2, "other")
+    assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5) is None
+    stale = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert len(stale) == 1 and stale[0].name.startswith("stale-")
+    assert [p.name for p in stale[0].iterdir()] == ["epoch_0002.ckpt"]
+    assert not list(tmp_path.glob("*.ckpt"))
+
+
+def test_a_finished_training_is_not_resumed(tmp_path):
+    write_epoch(tmp_path, 4, "abc")
+    write_epoch(tmp_path, 5, "abc")
+    assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5) is None
+    assert not list(tmp_path.iterdir())  # a new run's epoch_0001 must not be rotated away by old files
+
+
+def test_a_finished_training_removes_its_periodic_checkpoints_once_its_final_state_is_saved(tmp_path, train_data):
+    folder = tmp_path / "epochs"
+    write_epoch(tmp_path / "other", 1, "other")  # another training's folder is left alone
+    spec = TrainingSpec(epochs=3, batch_size=BATCH, images_per_step=BATCH)
+    result = train(
+        spec,
+        train_data,
+        lambda start, steps_per_epoch: TrainStep(constant_step(), nn_dense()),
+        fingerprint="abc",
+        checkpoints=Checkpointing(folder, every_epochs=1, keep_last=2),
+    )
+    assert result.checkpoint.metadata["checkpoint_dir"] == str(folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["epoch_0002.ckpt", "epoch_0003.ckpt"]  # until it is saved
+    save_checkpoint(result.checkpoint, tmp_path / "final.ckpt")  # what the catalog does, before the hook runs
+    write_epoch(folder, 9, "not-this-training")  # never happens in practice, but must survive
+    assert remove_finished_checkpoints(result.checkpoint) == [folder / "epoch_0002.ckpt", folder / "epoch_0003.ckpt"]
+    assert sorted(p.name for p in folder.iterdir()) == ["epoch_0009.ckpt"]
+    assert load_checkpoint(tmp_path / "final.ckpt").metadata["epoch"] == 3  # the final checkpoint stays
+    assert [p.name for p in (tmp_path / "other").iterdir()] == ["epoch_0001.ckpt"]
+    # a checkpoint that names no folder (start weights, a migrated network) removes nothing
+    assert remove_finished_checkpoints(Checkpoint({}, {"epoch": 3, "fingerprint": "abc"})) == []
+
+
+def nn_dense():
+    from mindspore import nn
+
+    return nn.Dense(1, 1)
+
+
+def make_stale(folder, names) -> None:
+    for name in names:
+        (folder / name).mkdir(parents=True)
+        write_epoch(folder / name, 1, name)
+
+
+def test_stale_folders_beyond_keep_stale_are_removed_oldest_first(tmp_path, caplog):
+    keep = 2
+    old = [f"stale-20200101-00000{i}" for i in range(keep + 2)]
+    make_stale(tmp_path, old)
+    with caplog.at_level("INFO", logger="pipelines.engine.resume"):
+        assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5, keep_stale=keep) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == old[-keep:]
+    removed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Removed ")]
+    assert len(removed) == 2 and str(tmp_path / old[0]) in removed[0] and str(tmp_path / old[1]) in removed[1]
+
+    # checkpoints of another configuration make a new stale folder, the newest of the ones kept
+    write_epoch(tmp_path, 2, "other")
+    assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5, keep_stale=keep) is None
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert len(kept) == keep and kept[0] == old[-1] and kept[1] > old[-1]
+    assert [p.name for p in (tmp_path / kept[1]).iterdir()] == ["epoch_0002.ckpt"]
+
+
+def test_two_moves_in_the_same_second_make_two_stale_folders(tmp_path):
+    for run_id in ("first", "second"):
+        write_epoch(tmp_path, 2, run_id)
+        assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5) is None
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("stale-")]) == 2
+
+
+def compile_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling ")]
+
+
+def test_one_compile_line_per_compiled_cell_and_a_start_line_with_the_true_lr(tmp_path, train_data, val_data, caplog):
+    with caplog.at_level("INFO", logger="pipelines.engine"):
+        momentum_training(tmp_path, train_data, val_data)  # 3 epochs, evaluated after each
+    assert compile_lines(caplog) == ["Compiling the training graph…", "Compiling the evaluation graph…"]
+    lr = momentum_lr("linear", 0.01, 0.1, 0.0, 1, 3, STEPS_PER_EPOCH)
+    start = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training: epochs")]
+    assert start == [
+        f"training: epochs 1-3 of a 3-epoch schedule, {STEPS_PER_EPOCH} steps/epoch, batch {BATCH} per rank, "
+        f"lr {lr[0]:.4g} at the first step to {lr[-1]:.4g} at the last"
+    ]
+
+
+def test_thor_announces_its_two_compiled_steps_once_each(caplog):
+    import mindspore as ms
+
+    from pipelines.recipes.thor import OwnThorStep
+    from tests.support.thor import TinyNet, batch, make_thor
+
+    step = OwnThorStep(make_thor(TinyNet(), steps=5, frequency=2))
+    with caplog.at_level("INFO", logger="pipelines.engine"):
+        for index in range(5):  # second-order steps 1, 3, 5; reusing steps 2, 4
+            x, y = batch(index)
+            step(ms.Tensor(x), ms.Tensor(y))
+    assert compile_lines(caplog) == [
+        "Compiling the training graph (THOR, second-order step)…",
+        "Compiling the training graph (THOR, step reusing the inverses)…",
+    ]
+    assert step.recipe == "THOR"
+
+
+def test_pbfgs_announces_its_graphs_once_and_starts_with_its_line_search_lr(caplog):
+    from dataclasses import replace
+
+    import mindspore as ms
+
+    from pipelines.models.loss import CrossEntropySmooth
+    from pipelines.optim.dim_reduce.pbfgs import PBFGS
+    from pipelines.recipes.dim_reduce.stage2 import PBFGSStep
+    from tests.support.pbfgs import IN, OUT, RECIPE, batches, dense_net, orthonormal_rows
+
+    config = replace(RECIPE, rho=0.5, max_trials=3)
+    trainer = PBFGS(
+        dense_net(), CrossEntropySmooth(OUT, 0.0), orthonormal_rows(3, OUT * IN + OUT, 2), config, rank_size=1
+    )
+    step = PBFGSStep(trainer, steps_per_epoch=3)
+    with caplog.at_level("INFO", logger="pipelines.engine"):
+        for x, y in batches(3):
+            step(ms.Tensor(x), ms.Tensor(y))
+    assert compile_lines(caplog) == ["Compiling the training graph (P-BFGS: gradient, line search, update)…"]
+    assert step.lr_summary(0, 2) == "lr: the step size each step's line search accepts, 0.5^k with k < 3"
+    assert step.lr(2) == step.trainer.last_result.step_size  # what train/lr and the progress line show

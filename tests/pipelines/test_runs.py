@@ -1,0 +1,157 @@
+"""Each registered pipeline run once in this process by Kedro's ``SequentialRunner`` on a tiny generated tree (the
+Kedro starters' pipeline test): the nodes' glue, typed parameters and outputs, and what they log to MLflow.
+
+The same pipelines as real ``kedro run`` processes, with hooks, the catalog's files and the CLI, are the slow
+tier's (tests/e2e/)."""
+
+from __future__ import annotations
+
+import math
+
+import mlflow
+import pandas as pd
+import pytest
+
+from pipelines.metrics import EPOCH_KEYS, FINAL_TOP1, TRAIN_LOSS
+from pipelines.pipeline_registry import PIPELINE_NAMES
+from tests.support.runner import run_pipeline, tiny_parameters
+from tests.support.trees import write_image_tree
+
+CLASSES = ("cat", "dog", "fox")
+
+
+@pytest.fixture
+def workspace(tmp_path, monkeypatch):
+    """A working directory of its own (the nodes' relative folders land there), a tree and an MLflow store."""
+    monkeypatch.chdir(tmp_path)
+    tree = write_image_tree(tmp_path / "tree", classes=CLASSES, per_class={"train": 8, "val": 3})
+    return tree, f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def client(uri: str) -> mlflow.MlflowClient:
+    return mlflow.MlflowClient(tracking_uri=uri)
+
+
+def only_run(uri: str, pipeline: str):
+    (run,) = client(uri).search_runs(
+        [mlflow.get_experiment_by_name("resnet-recipes").experiment_id], f"tags.pipeline = '{pipeline}'"
+    )
+    return run
+
+
+def children(uri: str, run) -> dict[str, object]:
+    found = client(uri).search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'")
+    return {child.data.tags.get("training", child.info.run_name): child for child in found}
+
+
+def assert_trained(outputs: dict, recipe: str, epochs: int) -> None:
+    report, history = outputs[f"{recipe}.eval_report"], outputs[f"{recipe}.history"]
+    assert report["val_images"] == 3 * len(CLASSES) and report["epoch"] == epochs
+    assert 0.0 <= report["top1"] <= report["top5"] <= 1.0
+    assert list(history["epoch"]) == list(range(1, epochs + 1))
+    assert set(EPOCH_KEYS) <= set(history.columns)
+    assert history[TRAIN_LOSS].map(math.isfinite).all()
+
+
+def test_every_registered_pipeline_has_a_run_here():
+    tested = {
+        name.removeprefix("test_").removesuffix("_pipeline")
+        for name in globals()
+        if name.startswith("test_") and name.endswith("_pipeline")
+    }
+    assert set(PIPELINE_NAMES) == tested
+
+
+def test_data_pipeline(workspace):
+    tree, uri = workspace
+    outputs = run_pipeline("data", tiny_parameters(tree), uri)
+    assert outputs["class_index"] == {name: label for label, name in enumerate(CLASSES)}
+    assert outputs["manifest"]["split"].value_counts().to_dict() == {"train": 24, "val": 9}
+    assert outputs["data.bad_files"].empty
+
+
+def test_baseline_pipeline(workspace):
+    tree, uri = workspace
+    outputs = run_pipeline("baseline", tiny_parameters(tree), uri)
+    assert_trained(outputs, "baseline", epochs=2)
+    run = only_run(uri, "baseline")
+    assert run.data.metrics[FINAL_TOP1] == pytest.approx(outputs["baseline.eval_report"]["top1"])
+    assert [m.step for m in client(uri).get_metric_history(run.info.run_id, TRAIN_LOSS)] == [1, 2]
+
+
+def test_thor_pipeline(workspace):
+    tree, uri = workspace
+    outputs = run_pipeline("thor", tiny_parameters(tree), uri)
+    assert_trained(outputs, "thor", epochs=2)
+    history = outputs["thor.history"]
+    # 24 images in batches of 4: 12 steps, the inverses refreshed every 2
+    assert list(history["thor/second_order_steps"]) == [3, 6] and history["thor/inverses_computed"].iloc[-1] > 0
+    assert outputs["thor.final_checkpoint"].metadata["epoch"] == 2
+
+
+def test_adasum_pipeline(workspace):
+    tree, uri = workspace
+    outputs = run_pipeline("adasum", tiny_parameters(tree), uri)
+    assert_trained(outputs, "adasum", epochs=1)
+
+
+def test_dim_reduce_pipeline(workspace):
+    tree, uri = workspace
+    outputs = run_pipeline("dim_reduce", tiny_parameters(tree), uri)
+    comparison = outputs["dim_reduce.evaluation.comparison"]
+    assert list(comparison["model"]) == ["stage1", "stage2", "control"]
+    assert list(comparison["epoch"]) == [2, 3, 3]
+    assert list(outputs["dim_reduce.stage2.steps"]["step"]) == [13, 14, 15, 16, 17, 18]  # 6 steps per epoch
+    assert len(outputs["dim_reduce.trajectory_pca.explained_variance"]) == 4
+    trainings = children(uri, only_run(uri, "dim_reduce"))
+    assert set(trainings) == {"stage1", "stage2", "control"}
+    for training, child in trainings.items():
+        assert FINAL_TOP1 in child.data.metrics, training
+
+
+def test_study_pipeline(workspace):
+    tree, uri = workspace
+    outputs = run_pipeline("study", tiny_parameters(tree), uri)
+    summary = outputs["study.summary"]
+    assert list(summary["recipe"]) == ["baseline", "thor"] and (summary["runs"] == 1).all()
+    assert list(outputs["study.paired"]["comparison"].unique()) == ["thor vs baseline"]
+    assert {child.data.tags["recipe"] for child in children(uri, only_run(uri, "study")).values()} == {
+        "baseline",
+        "thor",
+    }
+
+
+def test_report_pipeline(workspace):
+    tree, uri = workspace
+    params = tiny_parameters(tree, {"report": {"recipes": ["baseline", "thor"]}, "thor": {"epochs": 1}})
+    for recipe in ("baseline", "thor"):
+        run_pipeline(recipe, params, uri)
+    outputs = run_pipeline("report", params, uri)
+    table = outputs["report.table"].set_index("recipe")
+    for recipe in ("baseline", "thor"):
+        assert table.at[recipe, "top1"] == pytest.approx(only_run(uri, recipe).data.metrics[FINAL_TOP1])
+    histories = outputs["report.histories"]
+    assert sorted(histories.groupby("recipe")["epoch"].max().items()) == [("baseline", 2), ("thor", 1)]
+
+
+def test_migrate_pipeline(workspace, tmp_path):
+    pytest.importorskip("torch", reason="the migrate extra (PyTorch) is not installed")
+    from tests.support.torch_weights import random_torch_resnet, save_state_dict
+
+    tree, uri = workspace
+    state_dict = save_state_dict(random_torch_resnet("resnet18", 10), tmp_path / "resnet18.pth")
+    params = tiny_parameters(
+        tree,
+        {
+            "migrate": {
+                "state_dict": state_dict,
+                "architecture": "resnet18",
+                "num_classes": 10,
+                "parity": {"image_size": 64, "batch_size": 2},
+            }
+        },
+    )
+    outputs = run_pipeline("migrate", params, uri)
+    report = outputs["migrate.parity_report"]
+    assert report["passed"] is True
+    assert isinstance(outputs["migrate.parity_tensors"], pd.DataFrame) and len(outputs["migrate.parity_tensors"])

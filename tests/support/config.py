@@ -1,0 +1,32 @@
+"""The project's configuration as the tests read it: the merged parameter files of an environment, changed one
+dotted key at a time."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+from kedro.config import OmegaConfigLoader
+
+from pipelines import settings
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def load_params(env: str) -> dict:
+    loader = OmegaConfigLoader(
+        conf_source=str(CONF),
+        env=env,
+        **{k: v for k, v in settings.CONFIG_LOADER_ARGS.items() if k != "default_run_env"},
+    )
+    return loader["parameters"]
+
+
+def changed(params: dict, dotted: str, value) -> dict:
+    params = copy.deepcopy(params)
+    *parents, leaf = dotted.split(".")
+    node = params
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+    return params

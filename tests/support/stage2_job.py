@@ -1,0 +1,94 @@
+"""A stage-2 training run as its own process, so a test can kill it: ``python stage2_job.py WORK TREE [IMPL]``.
+
+``IMPL`` is ``dim_reduce.stage2.implementation``: ``own`` (P-BFGS, the default) or ``mindspore_boost``.
+
+Builds a tiny network's stage-1 checkpoint and an orthonormal PCA matrix (both from fixed seeds,
+so every run of the job gets the same inputs), and calls the ``train_stage2`` node with the base
+parameters and ``WORK`` as checkpoint folder, inside an MLflow run of the store ``WORK/mlflow.db``
+(as ``kedro run`` would: the node logs into a child run ``stage2`` of it). Writes the result to
+``WORK/stage2.ckpt``, ``WORK/stage2_history.csv`` (per epoch) and ``WORK/stage2_steps.csv`` (per step).
+"""
+
+from __future__ import annotations
+
+# isort: off
+import pipelines  # noqa: F401  (sets ONEDNN_MAX_CPU_ISA before MindSpore loads)
+
+# isort: on
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+PROJECT = Path(__file__).resolve().parents[2]
+EPOCHS = 3
+STAGE1_EPOCH = 2
+K = 4
+
+
+def tracking_uri(work: Path) -> str:
+    return f"sqlite:///{work / 'mlflow.db'}"
+
+
+def parameters(work: Path, implementation: str = "own"):
+    """The base configuration (all of ``conf/base/parameters*.yml``), tiny, as validated ``Parameters``."""
+    from pipelines.params import validate_parameters
+
+    raw = {}
+    for path in sorted((PROJECT / "conf/base").glob("parameters*.yml")):
+        raw.update(yaml.safe_load(path.read_text()))
+    raw["model"]["name"] = "resnet_narrow"
+    raw["data"].update({"image_size": 16, "num_workers": 1})
+    raw["dim_reduce"]["stage2"].update(
+        {
+            "implementation": implementation,
+            "epochs": EPOCHS,
+            "batch_size": 4,
+            "checkpoint": {"dir": str(work / "epochs"), "every_epochs": 1, "keep_last": 1},
+        }
+    )
+    if implementation == "mindspore_boost":  # boost's residual momentum takes the scaled gradient
+        raw["dim_reduce"]["stage2"]["loss_scale"] = 1.0
+    return validate_parameters(raw)
+
+
+def main(work: Path, tree: Path, implementation: str) -> None:
+    import mlflow
+
+    from pipelines.dim_reduce.nodes import train_stage2
+    from pipelines.engine.checkpoint import save_checkpoint
+    from pipelines.engine.runtime import configure_mindspore
+    from pipelines.engine.state import capture_state
+    from pipelines.images.folder import scan_image_tree
+    from pipelines.recipes.common import create_network
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    params = parameters(work, implementation)
+    scan = scan_image_tree(tree, {"train": "train", "val": "val"})
+    configure_mindspore("CPU", "graph", params.runtime.seed)
+    net = create_network(params.model, scan.class_index)
+    stage1 = capture_state(net, None, {"network": "resnet_narrow", "epoch": STAGE1_EPOCH})
+    n = sum(int(np.prod(p.shape)) for p in net.trainable_params())
+    q, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((n, K)))
+    mlflow.set_tracking_uri(tracking_uri(work))
+    with mlflow.start_run(run_name="stage2_job"):
+        checkpoint, history, steps = train_stage2(
+            stage1,
+            q.T.astype(np.float32),
+            scan.manifest,
+            scan.class_index,
+            params.model,
+            params.data,
+            params.runtime,
+            params.distributed,
+            params.dim_reduce.stage2,
+        )
+    save_checkpoint(checkpoint, work / "stage2.ckpt")
+    history.to_csv(work / "stage2_history.csv", index=False)
+    steps.to_csv(work / "stage2_steps.csv", index=False)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "own")

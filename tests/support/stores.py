@@ -1,0 +1,64 @@
+"""A project whose MLflow store holds real runs of the training pipelines, for the report tests.
+
+Filled once per session (``recipe_store`` in conftest.py) and shared by tests/test_report.py and
+tests/test_notebook.py: a baseline run, a dim_reduce run (its stage1, stage2 and control as child
+runs), a thor run, an adasum run (one worker), and two newer partial reruns the report must pass
+over: thor's evaluation node alone, and dim_reduce's stage 2 alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow
+
+from tests.support.projects import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project
+from tests.support.trees import write_image_tree
+
+EXPERIMENT = "resnet-recipes"  # conf/base/mlflow.yml
+THOR_PARAMS = {"epochs": 2, "batch_size": 4, "frequency": 4}
+ADASUM_PARAMS = {"epochs": 2, "batch_size": 4, "lr": {"lr_max": 0.05, "warmup_epochs": 0}}
+COMMANDS = (
+    ("--pipelines=baseline",),
+    ("--pipelines=dim_reduce",),
+    ("--pipelines=thor",),
+    ("--pipelines=adasum",),
+    ("--pipelines=thor", "--nodes=thor.evaluate"),  # FINISHED, but without the training's metrics
+    ("--pipelines=dim_reduce", "--nodes=dim_reduce.stage2.train"),  # FINISHED, but without stage 1
+)
+
+
+def fill_store(root: Path) -> Path:
+    """Run the four recipes (and two partial reruns) in one new project under ``root``."""
+    tree = write_image_tree(root / "tree", classes=("cat", "dog", "fox"), per_class={"train": 8, "val": 3})
+    params = {
+        **TINY_PARAMS,
+        **DIM_REDUCE_PARAMS,
+        "data": {**TINY_PARAMS["data"], "root": str(tree)},
+        "thor": THOR_PARAMS,
+        "adasum": ADASUM_PARAMS,
+    }
+    project = make_project(root / "project", params)
+    for args in COMMANDS:
+        result = kedro(project, "run", *args)
+        assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    return project
+
+
+def tracking_uri(project: Path) -> str:
+    return f"sqlite:///{project / 'mlflow.db'}"
+
+
+def recipe_runs(project: Path, pipeline: str) -> list[mlflow.entities.Run]:
+    """The runs tagged ``pipeline``, newest first."""
+    client = mlflow.MlflowClient(tracking_uri(project))
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    return client.search_runs(
+        [experiment.experiment_id], f"tags.pipeline = '{pipeline}'", order_by=["attributes.start_time DESC"]
+    )
+
+
+def trainings(client: mlflow.MlflowClient, run: mlflow.entities.Run) -> dict[str, mlflow.entities.Run]:
+    """The child runs of ``run`` (dim_reduce's stage1, stage2, control) by their ``training`` tag."""
+    children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'")
+    return {child.data.tags["training"]: child for child in children}

@@ -1,0 +1,24 @@
+"""Small real trainings for the engine tests: a tree, its manifest, a network, a Momentum step."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipelines.models.loss import CrossEntropySmooth
+from pipelines.models.resnet import create_resnet
+from pipelines.optim.momentum import create_momentum
+
+CLASSES = 3  # classes of the engine tests' generated trees
+
+
+def build(seed: int, lr_per_step: np.ndarray, loss_scale: float = 8.0):
+    """resnet_narrow, Momentum with group params and a fixed loss scale, as the baseline pipeline wires them."""
+    import mindspore as ms
+    from mindspore import nn
+
+    ms.set_seed(seed)
+    net = create_resnet("resnet_narrow", CLASSES)
+    optimizer = create_momentum(net, lr_per_step, 0.9, 1e-4, loss_scale)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, CrossEntropySmooth(CLASSES, 0.1)), optimizer, sens=loss_scale)
+    step.set_train(True)
+    return net, optimizer, step

@@ -1,0 +1,142 @@
+"""Configuration environments: soft merge over base, and the device check."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.engine.runtime import DeviceUnavailableError, device_available, require_device
+from tests.support.config import load_params
+
+
+@pytest.fixture(scope="module")
+def base() -> dict:
+    return load_params("local")
+
+
+@pytest.mark.parametrize(("env", "device"), [("ascend", "Ascend"), ("gpu", "GPU")])
+def test_env_overrides_keys_and_keeps_the_rest(base, env, device):
+    params = load_params(env)
+    assert params["runtime"]["device_target"] == device
+    # keys the environment does not name come from base, inside partially overridden sections
+    assert params["runtime"]["seed"] == base["runtime"]["seed"]
+    assert params["runtime"]["mode"] == base["runtime"]["mode"]
+    assert params["data"]["split_dirs"] == base["data"]["split_dirs"]
+    assert params["data"]["eval_resize_ratio"] == base["data"]["eval_resize_ratio"]
+    assert params["baseline"]["momentum"] == base["baseline"]["momentum"]
+    assert params["baseline"]["lr"]["step_gamma"] == base["baseline"]["lr"]["step_gamma"]
+    assert params["baseline"]["checkpoint"]["dir"] == base["baseline"]["checkpoint"]["dir"]
+    # and the recipe values replace the CPU defaults
+    assert params["model"] == {**base["model"], "name": "resnet50", "num_classes": 1001}
+    assert params["data"]["max_per_class"] == {"train": None, "val": None}
+    assert params["data"]["image_size"] == 224
+    assert params["distributed"]["worker_num"] == 8
+    assert params["baseline"]["batch_size"] == 256
+    assert params["baseline"]["epochs"] == 90
+    assert params["baseline"]["loss_scale"] == 1024
+    assert params["baseline"]["lr"]["schedule"] == "linear"
+    assert params["baseline"]["lr"]["lr_max"] == 0.8
+    assert params["baseline"]["lr"]["warmup_epochs"] == 2
+    assert params["baseline"]["lr"]["reference_devices"] == 8
+
+
+def test_base_is_the_cpu_default(base):
+    assert base["runtime"]["device_target"] == "CPU"
+    assert base["data"]["source"] == "fashion_mnist"
+    assert base["model"]["name"] == "resnet_narrow"
+
+
+def test_cpu_is_always_available():
+    assert device_available("CPU")
+    require_device("CPU", "local")
+
+
+@pytest.mark.skipif(device_available("GPU"), reason="this machine has a GPU")
+def test_missing_gpu_is_named():
+    with pytest.raises(DeviceUnavailableError, match=r"GPU.*'gpu'.*no NVIDIA GPU"):
+        require_device("GPU", "gpu")
+
+
+@pytest.mark.skipif(device_available("Ascend"), reason="this machine has an Ascend NPU")
+def test_missing_ascend_is_named():
+    with pytest.raises(DeviceUnavailableError, match=r"Ascend.*no Ascend NPU"):
+        require_device("Ascend", "ascend")
+
+
+def test_unknown_device_target():
+    with pytest.raises(ValueError, match="TPU"):
+        device_available("TPU")
+
+
+def test_cpu_speed_settings_respect_the_user(monkeypatch):
+    from pipelines.engine import runtime
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
+    monkeypatch.delenv("GLOG_v", raising=False)
+    runtime.apply_cpu_defaults()
+    import os
+
+    assert os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE"
+    assert os.environ["GLOG_v"] == "3"
+
+
+@pytest.mark.parametrize("env", ["ascend", "gpu"])
+def test_dim_reduce_recipe(base, env):
+    recipe = load_params(env)["dim_reduce"]
+    stage1 = recipe["stage1"]
+    assert (stage1["epochs"], stage1["schedule_epochs"]) == (70, 90)
+    assert stage1["lr"]["warmup_epochs"] == 5 and stage1["lr"]["lr_max"] == 0.8
+    # the last 40 epoch weights: one file per epoch from epoch 31 to 70
+    assert stage1["trajectory"] == {
+        **base["dim_reduce"]["stage1"]["trajectory"],
+        "start_epoch": 31,
+        "every_steps": None,
+        "every_epochs": 1,
+    }
+    assert stage1["epochs"] - stage1["trajectory"]["start_epoch"] + 1 == recipe["collect"]["n_files"] == 40
+    assert recipe["pca"]["n_components"] == 32
+    assert recipe["stage2"]["epochs"] == 2
+    assert recipe["stage2"]["rho"] == base["dim_reduce"]["stage2"]["rho"]
+    assert stage1["momentum"] == base["dim_reduce"]["stage1"]["momentum"]
+
+
+@pytest.mark.parametrize(
+    ("env", "epochs", "lr", "damping"),
+    [("ascend", 45, (0.05803, 4.0839, 53), (0.03, 0.50036)), ("gpu", 40, (0.05672, 4.9687, 50), (0.02345, 0.5467))],
+)
+def test_thor_recipe(base, env, epochs, lr, damping):
+    thor = load_params(env)["thor"]
+    assert thor["epochs"] == epochs and thor["batch_size"] == 32 and thor["frequency"] == 834
+    assert thor["loss_scale"] == 128 and thor["zero_init_last_bn_gamma"] is True
+    assert (thor["lr"]["lr_init"], thor["lr"]["lr_decay"], thor["lr"]["lr_end_epoch"]) == lr
+    assert (thor["damping"]["damping_init"], thor["damping"]["damping_decay"]) == damping
+    assert thor["lr"]["decay_epoch"] == base["thor"]["lr"]["decay_epoch"] == 39
+    assert thor["weight_decay"] == 0.0005 and thor["momentum"] == 0.9
+
+
+def test_parameter_choices_match_the_library():
+    """params.py cannot import the library (MindSpore); its Literals must name what the library accepts."""
+    from typing import get_args
+
+    from pipelines import params
+    from pipelines.boost.options import FREEZE_TYPES, GRAD_CENTRALIZATION_MODES, GRAD_CENTRALIZATION_TARGETS
+    from pipelines.engine.runtime import DEVICE_TARGETS
+    from pipelines.images.folder import BAD_FILE_POLICIES, VERIFY_MODES
+    from pipelines.models.resnet import CONV_INITS, DENSE_INITS, RESNET_LAYOUTS
+    from pipelines.optim.adasum.collective import EXCHANGES
+    from pipelines.optim.schedules import LR_SCHEDULES
+    from pipelines.porting.layouts import TORCHVISION_ARCHITECTURES
+    from pipelines.reporting.compare import RECIPES
+
+    assert get_args(params.DeviceTarget) == DEVICE_TARGETS
+    assert get_args(params.VerifyMode) == VERIFY_MODES
+    assert get_args(params.BadFilePolicy) == BAD_FILE_POLICIES
+    assert get_args(params.NetworkName) == tuple(RESNET_LAYOUTS)
+    assert get_args(params.Initialiser) == CONV_INITS == DENSE_INITS
+    assert get_args(params.LrSchedule) == LR_SCHEDULES
+    assert get_args(params.GradCentralization) == GRAD_CENTRALIZATION_MODES
+    assert params.GRAD_CENTRALIZATION_TARGETS == GRAD_CENTRALIZATION_TARGETS
+    assert get_args(params.TorchvisionArchitecture) == TORCHVISION_ARCHITECTURES
+    assert get_args(params.RecipeName) == tuple(RECIPES)
+    assert get_args(params.AdasumParams.model_fields["exchange"].annotation) == ("auto", *EXCHANGES)
+    freeze_type = params.BoostParams.model_fields["freeze_type"].metadata
+    assert tuple(range(freeze_type[0].ge, freeze_type[1].le + 1)) == FREEZE_TYPES

@@ -1,0 +1,228 @@
+"""Parameter validation (pipelines.params): typos, types, choices, ranges and cross-key rules, each
+named with its dotted key and the file (or --params) it came from, every problem at once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from pipelines.hooks import parameter_sources
+from pipelines.params import BaselineParams, ParameterError, Parameters, ThorParams, validate_parameters
+from tests.support.config import CONF, changed, load_params
+
+
+@pytest.mark.parametrize("env", ["local", "ascend", "gpu"])
+def test_shipped_environments_are_valid(env):
+    params = validate_parameters(load_params(env), parameter_sources(CONF, env, None))
+    assert isinstance(params, Parameters)
+
+
+def problems(params: dict, sources: dict | None = None) -> list[str]:
+    """The problem lines of the ParameterError that ``params`` must raise."""
+    with pytest.raises(ParameterError) as error:
+        validate_parameters(params, sources)
+    first, *lines = str(error.value).splitlines()
+    assert first == "invalid parameters:"
+    return [line.strip() for line in lines]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        # typos: the closest key beside the unknown one is suggested
+        ("baseline.epoch", 3, "baseline.epoch is not a known parameter; did you mean baseline.epochs?"),
+        ("baseline.lr.lr_maxx", 0.1, "baseline.lr.lr_maxx is not a known parameter; did you mean baseline.lr.lr_max?"),
+        ("baselne.epochs", 3, "baselne is not a known parameter; did you mean baseline?"),
+        ("baseline.zzz", 3, "baseline.zzz is not a known parameter"),
+        # types: strict, an integer is not a float's
+        ("baseline.epochs", "ten", "baseline.epochs is 'ten' but must be an integer"),
+        ("baseline.epochs", 2.5, "baseline.epochs is 2.5 but must be an integer"),
+        ("baseline.epochs", True, "baseline.epochs is true but must be an integer"),
+        ("baseline.lr.lr_max", "0.1", "baseline.lr.lr_max is '0.1' but must be a number"),
+        ("model.zero_init_last_bn_gamma", 1, "model.zero_init_last_bn_gamma is 1 but must be true or false"),
+        ("data.split_dirs", "train", "data.split_dirs is 'train' but must be a mapping"),
+        ("thor.trace_rule", 0.01, "thor.trace_rule is 0.01 but must be a list"),
+        ("thor.trace_rule", [0.01, "x"], "thor.trace_rule[1] is 'x' but must be a number"),
+        ("thor.trace_rule", [0.01], "thor.trace_rule is [0.01]: list should have at least 2 items"),
+        ("boost.freeze_type", True, "boost.freeze_type is true but must be an integer"),
+        # choices
+        ("baseline.lr.schedule", "cosin", "baseline.lr.schedule is 'cosin'; choose one of linear, cosine, poly, steps"),
+        (
+            "model.name",
+            None,
+            "model.name is null; choose one of resnet18, resnet34, resnet50, resnet101, resnet_narrow",
+        ),
+        ("runtime.device_target", "TPU", "runtime.device_target is 'TPU'; choose one of CPU, GPU, Ascend"),
+        ("dim_reduce.stage2.implementation", "boost", "is 'boost'; choose one of own, mindspore_boost"),
+        ("data.on_bad_file", "skip", "data.on_bad_file is 'skip'; choose one of exclude, fail"),
+        # ranges
+        ("baseline.lr.lr_max", -0.1, "baseline.lr.lr_max is -0.1 but must be > 0"),
+        ("baseline.batch_size", 0, "baseline.batch_size is 0 but must be > 0"),
+        ("baseline.momentum", 1.5, "baseline.momentum is 1.5 but must be < 1"),
+        ("baseline.momentum", -0.1, "baseline.momentum is -0.1 but must be >= 0"),
+        ("thor.frequency", 1, "thor.frequency is 1 but must be >= 2"),
+        ("thor.lr.lr_init", 0, "thor.lr.lr_init is 0 but must be > 0"),
+        ("data.eval_resize_ratio", 1.2, "data.eval_resize_ratio is 1.2 but must be <= 1"),
+        ("distributed.master_port", 80, "distributed.master_port is 80 but must be >= 1024"),
+        ("boost.freeze_type", 2, "boost.freeze_type is 2 but must be <= 1"),
+        # rules across keys name the key to change
+        ("dim_reduce.pca.n_components", 40, "dim_reduce.pca.n_components is 40 but must be below"),
+        ("dim_reduce.stage1.epochs", 9, "dim_reduce.stage1.epochs is 9, beyond schedule_epochs 8"),
+        ("dim_reduce.stage1.trajectory.start_epoch", 7, "start_epoch is after the last stage-1 epoch (6)"),
+        ("dim_reduce.stage1.trajectory.every_epochs", 1, "every_epochs is 1 while every_steps is 25: set exactly one"),
+        ("dim_reduce.stage1.trajectory.every_steps", None, "every_steps and every_epochs are both null: set one"),
+        ("distributed.local_worker_num", 2, "distributed.local_worker_num is 2, more than distributed.worker_num"),
+        ("distributed.node_rank", 1, "distributed.node_rank is 1; with 1 workers, 1 per node, use 0..0"),
+        ("thor.implementation", "mindspore", "thor.implementation is mindspore, whose kernels"),
+        ("adasum.implementation", "mindspore_boost", "adasum.implementation is mindspore_boost, which MindSpore runs"),
+    ],
+)
+def test_bad_parameter_is_named_with_its_source(key, value, message):
+    params = changed(load_params("local"), key, value)
+    lines = problems(params, parameter_sources(CONF, "local", changed({}, key, value)))
+    assert len(lines) == 1, lines
+    assert message in lines[0]
+    assert lines[0].endswith("(--params)")
+
+
+def test_source_file_is_named(tmp_path):
+    conf = tmp_path / "conf"
+    for folder in ("base", "gpu"):
+        (conf / folder).mkdir(parents=True)
+        for path in (CONF / folder).glob("parameters*.yml"):
+            (conf / folder / path.name).write_text(path.read_text())
+    typo = conf / "gpu" / "parameters_extra.yml"
+    typo.write_text("baseline:\n  batch_sise: 32\n")
+    params = changed(load_params("gpu"), "baseline.batch_sise", 32)
+    sources = parameter_sources(conf, "gpu", None)
+    (line,) = problems(params, sources)
+    assert line == f"baseline.batch_sise is not a known parameter; did you mean baseline.batch_size? ({typo})"
+    assert sources["baseline.epochs"] == str(conf / "gpu" / "parameters_baseline.yml")
+    assert sources["baseline.momentum"] == str(conf / "base" / "parameters_baseline.yml")
+
+
+def test_sources_below_the_working_directory_are_relative(monkeypatch):
+    monkeypatch.chdir(CONF.parent)
+    sources = parameter_sources(CONF, "gpu", {"thor": {"epochs": 3}})
+    assert sources["baseline.epochs"] == "conf/gpu/parameters_baseline.yml"
+    assert sources["baseline.momentum"] == "conf/base/parameters_baseline.yml"
+    assert sources["thor.epochs"] == "--params"
+
+
+def test_all_problems_are_reported_together():
+    params = changed(changed(load_params("local"), "baseline.epochs", -1), "data.image_size", "big")
+    params = changed(changed(params, "dim_reduce.stage1.epochs", 9), "thor.epoch", 3)
+    lines = problems(params, {})
+    assert [line.split()[0] for line in lines] == [
+        "data.image_size",
+        "baseline.epochs",
+        "dim_reduce.stage1.epochs",
+        "thor.epoch",
+    ]
+    assert all(line.endswith("(unknown source)") for line in lines)
+
+
+def test_cross_key_rules_report_every_broken_rule():
+    params = changed(load_params("local"), "dim_reduce.pca.n_components", 40)
+    params = changed(params, "dim_reduce.stage1.trajectory.start_epoch", 7)
+    lines = problems(params)
+    assert [line.split()[0] for line in lines] == [
+        "dim_reduce.pca.n_components",
+        "dim_reduce.stage1.trajectory.start_epoch",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("changes", "key"),
+    [
+        ({"boost.less_bn": True, "runtime.mode": "pynative"}, "boost.less_bn needs runtime.mode graph"),
+        ({"boost.less_bn": True, "boost.grad_centralization": "on"}, "boost.grad_centralization is on, but"),
+        ({"dim_reduce.stage2.implementation": "mindspore_boost", "distributed.worker_num": 2}, "dim_reduce.stage2"),
+        (
+            {"dim_reduce.stage2.implementation": "mindspore_boost", "study.recipes": ["dim_reduce"]},
+            "dim_reduce.stage2.implementation is mindspore_boost, but study.recipes",
+        ),
+        ({"study.recipes": ["adasum"], "study.adasum_workers": 6}, "study.adasum_workers is 6"),
+        (
+            {"dim_reduce.stage2.eval_every_steps": 10, "dim_reduce.stage2.implementation": "mindspore_boost"},
+            "dim_reduce.stage2.eval_every_steps",
+        ),
+        (
+            {"distributed.worker_num": 2, "thor.checkpoint.keep_last": 1},
+            "thor.checkpoint.keep_last is 1, but the job spans 2 nodes",
+        ),
+    ],
+)
+def test_rules_across_sections_name_the_key_to_change(changes, key):
+    params = load_params("local")
+    for dotted, value in changes.items():
+        params = changed(params, dotted, value)
+    (line,) = problems(params, {dotted: "--params" for dotted in changes})
+    assert line.startswith(key) and line.endswith("(--params)")
+
+
+def test_rules_across_sections_hold_on_the_targets_they_name():
+    for env, changes in (
+        ("ascend", {"boost.less_bn": True, "boost.grad_centralization": "on"}),
+        ("local", {"dim_reduce.stage2.implementation": "mindspore_boost"}),
+    ):
+        params = load_params(env)
+        for dotted, value in changes.items():
+            params = changed(params, dotted, value)
+        validate_parameters(params)
+
+
+def test_nullable_keys_accept_null():
+    params = changed(load_params("local"), "data.max_per_class.train", None)
+    params = changed(changed(params, "dim_reduce.collect.n_files", None), "report.run_ids.thor", "3999108af481")
+    validated = validate_parameters(params)
+    assert validated.data.max_per_class.train is None
+    assert validated.report.run_ids.thor == "3999108af481"
+
+
+def test_zero_warmup_is_allowed_but_zero_epochs_is_not():
+    validate_parameters(changed(load_params("local"), "baseline.lr.warmup_epochs", 0))
+    assert problems(changed(load_params("local"), "baseline.epochs", 0)) == [
+        "baseline.epochs is 0 but must be > 0 (unknown source)"
+    ]
+
+
+def test_thor_trace_rule_takes_two_numbers_or_null():
+    assert validate_parameters(changed(load_params("local"), "thor.trace_rule", [0.01, 0.001])).thor.trace_rule == [
+        0.01,
+        0.001,
+    ]
+    assert validate_parameters(load_params("local")).thor.trace_rule is None
+
+
+def test_models_read_as_attributes_take_ints_for_floats_and_are_frozen():
+    baseline = BaselineParams.model_validate(changed(load_params("local"), "baseline.lr.lr_max", 1)["baseline"])
+    assert baseline.lr.lr_max == 1.0 and isinstance(baseline.lr.lr_max, float)
+    with pytest.raises(ValidationError, match="frozen"):
+        baseline.epochs = 3
+    thor = ThorParams.model_validate(load_params("local")["thor"])
+    assert thor.lr.lr_init == 0.1 and thor.mindspore.amp_level == "O2"
+
+
+def test_validation_loads_neither_mindspore_nor_mlflow():
+    # a typo must be reported in the time it takes to read the YAML, not to load MindSpore (seconds)
+    script = f"""
+import sys
+from kedro.config import OmegaConfigLoader
+loader = OmegaConfigLoader({str(CONF)!r}, env="local", base_env="base", merge_strategy={{"parameters": "soft"}})
+params = loader["parameters"]
+params["baseline"]["epoch"] = 3
+before = set(sys.modules)
+from pipelines.params import ParameterError, validate_parameters
+try:
+    validate_parameters(params)
+except ParameterError as error:
+    assert "did you mean baseline.epochs?" in str(error)
+loaded = sorted(name for name in set(sys.modules) - before if name.split(".")[0] in ("mindspore", "mlflow", "kedro"))
+assert "pipelines.params" not in before and not loaded, loaded
+"""
+    result = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
