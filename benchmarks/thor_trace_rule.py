@@ -62,7 +62,7 @@ def main() -> None:
         net = create_network(network, scan.class_index)
         restore_network(net, initial)
         loss_fn = CrossEntropySmooth(len(scan.class_index), thor.label_smoothing)
-        runs[name] = own_thor_step(net, loss_fn, thor, *thor_schedules(thor, steps_per_epoch)).thor
+        runs[name] = own_thor_step(net, loss_fn, thor, *thor_schedules(thor, steps_per_epoch), rank_size=1).thor
     times = {name: {"second_order": [], "reuse": []} for name in runs}
 
     done = 0

@@ -113,7 +113,7 @@ def main() -> None:
         net = create_network(thor_network, scan.class_index)
         restore_network(net, thor_initial)
         loss_fn = CrossEntropySmooth(classes, thor.label_smoothing)
-        return net, own_thor_step(net, loss_fn, thor, *thor_schedules(thor, steps_per_epoch)).thor
+        return net, own_thor_step(net, loss_fn, thor, *thor_schedules(thor, steps_per_epoch), rank_size=1).thor
 
     # 1. step costs: THOR with frequency 2 alternates second-order and reuse steps
     batches = [(x, y) for x, y in dataset.create_tuple_iterator(num_epochs=1)][: 2 * args.steps + 2]

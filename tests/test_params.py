@@ -154,6 +154,7 @@ def test_cross_key_rules_report_every_broken_rule():
             {"distributed.worker_num": 2, "thor.checkpoint.keep_last": 1},
             "thor.checkpoint.keep_last is 1, but the job spans 2 nodes",
         ),
+        ({"thor.trace_rule": [0.001, 0.01]}, "thor.trace_rule is [0.001, 0.01]; give [skip, stop] with 0 <= stop"),
     ],
 )
 def test_rules_across_sections_name_the_key_to_change(changes, key):

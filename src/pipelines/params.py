@@ -416,6 +416,14 @@ class ThorParams(Section):
     mindspore: ThorMindSpore
     eval_every_steps: NonNegativeInt = 0  # also evaluate on data.step_eval_images every N steps; 0: off
 
+    @model_validator(mode="after")
+    def _trace_rule_order(self) -> ThorParams:
+        if self.trace_rule is not None and not 0 <= self.trace_rule[1] <= self.trace_rule[0]:
+            CrossKeyProblems.raise_if_any(
+                [("thor.trace_rule", f"is {self.trace_rule}; give [skip, stop] with 0 <= stop <= skip")]
+            )
+        return self
+
 
 class TrackingParams(Section):
     """What MLflow keeps beside metrics and parameters."""

@@ -7,10 +7,7 @@ import numpy as np
 from mindspore import nn
 
 from pipelines.models.loss import CrossEntropySmooth
-from pipelines.optim.thor.preconditioner import (
-    ThorStep,
-    create_thor_step,
-)
+from pipelines.optim.thor.step import ThorStep, create_thor_step
 
 NAMES = ("conv.weight", "fc.weight", "fc.bias")
 
@@ -47,10 +44,24 @@ def params_of(net) -> dict[str, np.ndarray]:
     return {p.name: p.asnumpy().copy() for p in net.trainable_params()}
 
 
-def make_thor(net, steps=8, lr=0.1, damping=0.03, **kwargs) -> ThorStep:
+# The models repo's THOR settings (momentum, weight decay, loss scale, frequency); each test overrides what it varies
+RECIPE = {
+    "momentum": 0.9,
+    "weight_decay": 5e-4,
+    "loss_scale": 128.0,
+    "frequency": 834,
+    "block_size": None,
+    "trace_rule": None,
+    "rank_size": 1,
+    "inverse_method": None,
+}
+
+
+def make_thor(net, steps=8, lr=0.1, damping=0.03, **settings) -> ThorStep:
+    """THOR for ``net`` with ``RECIPE``'s settings but for ``settings``, and constant (or given) schedules."""
     lrs = np.full(steps, lr, np.float32) if np.isscalar(lr) else np.asarray(lr, np.float32)
     dampings = np.full(steps, damping, np.float32) if np.isscalar(damping) else np.asarray(damping, np.float32)
-    return create_thor_step(net, CrossEntropySmooth(CLASSES, 0.0), lrs, dampings, **kwargs)
+    return create_thor_step(net, CrossEntropySmooth(CLASSES, 0.0), lrs, dampings, **{**RECIPE, **settings})
 
 
 def run(thor: ThorStep, x, y) -> float:

@@ -38,7 +38,8 @@ from pipelines.engine.resume import fingerprint
 from pipelines.engine.step import TrainStep
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.schedules import thor_damping, thor_lr
-from pipelines.optim.thor.preconditioner import ThorStep, create_thor_step, is_statistic
+from pipelines.optim.thor.capture import is_statistic
+from pipelines.optim.thor.step import ThorStep, create_thor_step
 from pipelines.params import DataParams, DistributedParams, ModelParams, RuntimeParams, ThorParams
 from pipelines.recipes.common import (
     configure,
@@ -73,7 +74,7 @@ def thor_schedules(thor: ThorParams, steps_per_epoch: int) -> tuple[np.ndarray, 
 
 
 def own_thor_step(
-    net, loss_fn, thor: ThorParams, lr_per_step: np.ndarray, damping_per_step: np.ndarray, rank_size: int = 1
+    net, loss_fn, thor: ThorParams, lr_per_step: np.ndarray, damping_per_step: np.ndarray, *, rank_size: int
 ) -> OwnThorStep:
     """This project's THOR for ``net`` with the recipe's settings (``thor``) and schedules."""
     step = create_thor_step(
@@ -88,6 +89,7 @@ def own_thor_step(
         block_size=thor.block_size,
         trace_rule=tuple(thor.trace_rule) if thor.trace_rule else None,
         rank_size=rank_size,
+        inverse_method=None,  # Cholesky, or MatrixInverse on Ascend (linalg.block_inverse)
     )
     return OwnThorStep(step)
 
@@ -269,7 +271,7 @@ def train_thor(
                 split_indices=thor.mindspore.split_indices,
             )
             return MindsporeThorStep(net, loss_fn, optimizer, lr_per_step, damping_per_step, thor)
-        return own_thor_step(net, loss_fn, thor, lr_per_step, damping_per_step, worker_num)
+        return own_thor_step(net, loss_fn, thor, lr_per_step, damping_per_step, rank_size=worker_num)
 
     validation = val_data(manifest, data)
 

@@ -18,16 +18,11 @@ from mindspore import nn
 from pipelines.engine.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.schedules import thor_damping, thor_lr
-from pipelines.optim.thor.preconditioner import (
-    _Capture,
-    apply_left,
-    apply_right,
-    block_inverse,
-    blocks_to_dense,
-    create_thor_step,
-)
+from pipelines.optim.thor.capture import CapturedLayer
+from pipelines.optim.thor.linalg import apply_left, apply_right, block_inverse, blocks_to_dense
+from pipelines.optim.thor.step import create_thor_step
 from pipelines.recipes.thor import OwnThorStep
-from tests.support.thor import C_OUT, NAMES, POSITIONS, TinyNet, batch, make_thor, params_of, run
+from tests.support.thor import C_OUT, NAMES, POSITIONS, RECIPE, TinyNet, batch, make_thor, params_of, run
 
 # ------------------------------------------------------------------------------------------------
 # numpy closed forms
@@ -197,7 +192,7 @@ def test_steps_match_the_numpy_closed_form(frequency, block_size, loss_scale, me
 class _CaptureOnly(nn.Cell):
     def __init__(self, conv):
         super().__init__()
-        self.wrapper = _Capture(conv, 1.0)
+        self.wrapper = CapturedLayer(conv, 1.0)
         self.wrapper.capture = True
 
     def construct(self, x):
@@ -442,7 +437,8 @@ def test_short_training_reduces_the_loss():
     net = SmallConvNet()
     epochs, steps = 4, data.get_dataset_size()
     lrs = thor_lr(0.1, 2.0, 6, epochs, steps)
-    thor = create_thor_step(net, CrossEntropySmooth(3, 0.1), lrs, thor_damping(0.03, 0.5, epochs, steps), frequency=5)
+    damping = thor_damping(0.03, 0.5, epochs, steps)
+    thor = create_thor_step(net, CrossEntropySmooth(3, 0.1), lrs, damping, **{**RECIPE, "frequency": 5})
     assert len(thor.preconditioner.wrappers) == 2  # the conv inside the SequentialCell and the dense layer
     result = train(TrainingSpec(epochs, 16, 16), data, lambda start, steps_per_epoch: OwnThorStep(thor))
     assert result.history[-1][TRAIN_LOSS] < 0.6 * result.history[0][TRAIN_LOSS]

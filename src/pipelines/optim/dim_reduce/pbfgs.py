@@ -27,6 +27,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
+from pipelines.distributed.collectives import MeanOverRanks
+
 CURVATURE_EPSILON = 1e-20
 STATE_PREFIX = "pbfgs."
 
@@ -59,8 +61,7 @@ class _ScaledLossAndGrads(nn.Cell):
         self.net_with_loss = net_with_loss
         self.weights = weights
         self.loss_scale = ms.Tensor(loss_scale, ms.float32)
-        self.rank_size = rank_size
-        self.all_reduce = ops.AllReduce() if rank_size > 1 else None
+        self.mean_over_ranks = MeanOverRanks(rank_size)
         self.value_and_grad = ms.value_and_grad(self._scaled_loss, None, self.weights)
 
     def _scaled_loss(self, images, labels):
@@ -68,16 +69,10 @@ class _ScaledLossAndGrads(nn.Cell):
 
     def construct(self, images, labels):
         scaled_loss, scaled_grads = self.value_and_grad(images, labels)
-        loss = scaled_loss / self.loss_scale
+        loss = self.mean_over_ranks(scaled_loss / self.loss_scale)
         grads = ()
         for grad in scaled_grads:
-            grads += (grad / self.loss_scale,)
-        if self.rank_size > 1:
-            loss = self.all_reduce(loss) / self.rank_size
-            averaged = ()
-            for grad in grads:
-                averaged += (self.all_reduce(grad) / self.rank_size,)
-            grads = averaged
+            grads += (self.mean_over_ranks(grad / self.loss_scale),)
         return loss, grads
 
 
@@ -87,14 +82,10 @@ class _TrialLoss(nn.Cell):
     def __init__(self, net_with_loss: nn.Cell, rank_size: int):
         super().__init__(auto_prefix=False)
         self.net_with_loss = net_with_loss
-        self.rank_size = rank_size
-        self.all_reduce = ops.AllReduce() if rank_size > 1 else None
+        self.mean_over_ranks = MeanOverRanks(rank_size)
 
     def construct(self, images, labels):
-        loss = self.net_with_loss(images, labels)
-        if self.rank_size > 1:
-            loss = self.all_reduce(loss) / self.rank_size
-        return loss
+        return self.mean_over_ranks(self.net_with_loss(images, labels))
 
 
 class _Projection(nn.Cell):

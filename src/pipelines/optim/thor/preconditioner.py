@@ -1,89 +1,6 @@
-"""THOR: K-FAC style second-order training as a gradient preconditioner before the baseline's Momentum.
-
-The shape is kfac-pytorch's: forward, backward, ``ThorPreconditioner`` rewrites the gradients of the
-supported layers, then an ordinary optimizer (``create_thor_step``: the baseline's ``create_momentum``,
-with its weight-decay groups) applies weight decay and momentum. ``ThorStep`` is that step as one
-callable ``(images, labels) -> loss``, compiled as a cell that calls ``optimizer(precondition(grads))``.
-So momentum, weight decay and their checkpointed state are the baseline's; the preconditioner adds its
-statistics, inverses and counters (``ThorPreconditioner.state``).
-
-``mindspore.nn.thor`` needs Ascend/GPU-only kernels (ThorIm2Col, CholeskyTrsm, UpdateThorGradient);
-this preconditioner uses only ``ops.unfold``, ``ops.cholesky``, ``ops.cholesky_solve``, ``InsertGradientOf``
-and matmuls, so it runs in GRAPH mode on CPU and GPU; on Ascend, where MindSpore 2.10 documents no
-``ops.cholesky``, the inverses default to ``ops.MatrixInverse`` (only CPU was available to test this module).
-
-Per ``nn.Conv2d`` (group 1) and ``nn.Dense`` (without activation) of the network, with ``N`` the
-batch size, ``P`` the output positions per example (``H_out * W_out`` for a conv, 1 for a dense
-layer) and ``lambda`` the damping of the step:
-
-* ``A = E[a a^T]`` over the layer input: for a conv, ``a`` are the im2col patches (``ops.unfold`` on
-  the input padded as the conv pads it, honouring stride and dilation), each ``C_in*kh*kw`` long and
-  ordered like ``weight.reshape(C_out, -1)``; averaged over the ``N * P`` rows.
-* ``G = E[g g^T]`` over the gradient w.r.t. the layer OUTPUT, ``C_out`` square, averaged over the
-  ``N * P`` rows, where ``g = N * dout / loss_scale`` and ``dout`` is the gradient of the loss-scaled
-  batch-mean loss. ``N * dL_mean/dout`` is the per-example gradient, so ``G`` is the Fisher factor:
-  this is RECIPES' ``G * (batch / loss_scale)^2`` convention, applied when the statistic is taken.
-* Damped inverses (``s = sqrt(lambda / P)``): ``A^-1 = P^-1/2 (A + s I)^-1``, ``G^-1 = P^-1/2 (G + s I)^-1``,
-  by Cholesky (``ops.cholesky`` + ``ops.cholesky_solve`` against the identity; ``MatrixInverse`` on
-  Ascend, see ``block_inverse``), of the full matrices or, with ``block_size``, of each
-  ``block_size`` square diagonal block separately (the last block padded with the identity).
-  RECIPES' "conv: damping normalised by the patch count" is read as MindSpore's own THOR does it:
-  the Ascend optimizer multiplies the damping by ``batch_size / a_normalizer`` with
-  ``a_normalizer = N * H_out * W_out`` im2col rows, the GPU one divides it by ``H_out * W_out``;
-  both give ``lambda / P``, and both multiply each conv inverse by ``P^-1/2``. So the layer's
-  Fisher is ``P * A (x) G`` (K-FAC for convolutions, spatially independent gradients) with each
-  factor damped by ``sqrt(lambda)``: the update is
-  ``(sqrt(P) G + sqrt(lambda) I)^-1 grad (sqrt(P) A + sqrt(lambda) I)^-1``. For a dense layer
-  ``P = 1``: plainly ``(G + sqrt(lambda) I)^-1 grad (A + sqrt(lambda) I)^-1``.
-* Update direction ``d = G^-1 grad A^-1`` with ``grad`` reshaped to ``C_out x (C_in*kh*kw)``;
-  BatchNorm parameters, biases and unsupported layers use the plain gradient. Then the optimizer:
-  for the baseline's Momentum, weight decay is added (after preconditioning; not on names containing
-  beta/gamma/bias, ``optim.momentum.decay_groups``), then ``m = momentum * m + d``, ``w = w - lr * m``.
-
-How the statistics are captured: THOR replaces each supported layer in the network by a
-transparent ``_Capture`` cell (the layer's parameters and names are unchanged). While its
-``capture`` flag is on, it computes ``A`` from its input in the forward pass and wraps its output in
-``ops.InsertGradientOf`` whose hook computes ``G`` from the output gradient during the backward pass;
-both are written to non-trainable parameters of the wrapper (``thor_stats.<weight name>.A/G/P``;
-they therefore appear in ``net.get_parameters()``; ``is_statistic`` tells them apart from the
-weights, so checkpoints store them with the optimizer state), which the preconditioner reads after the
-gradients exist (``ops.depend`` orders them). An alternative, differentiating w.r.t. zero "probe"
-tensors added to each layer output, would need the output shapes (batch included) fixed up front
-and still a side channel for ``A``; the hook keeps the network's call signature. The flag is a
-Python attribute, read when a graph is compiled: THOR compiles two step cells, the "second-order"
-one with capture on (statistics, inverses and update in one graph) and the "reuse" one with capture
-off (the forward/backward of plain training plus two matmuls per layer with the stored inverses),
-each followed by the same optimizer.
-``frequency`` picks the variant per step; neither ever retraces. With the flag off the wrapper is
-the bare layer, so evaluation graphs compiled on the same network carry no statistics.
-
-Trace rule (THOR paper, optional ``trace_rule=(skip, stop)``): at a second-order step a layer's
-``t = tr(A + sI) * tr(G + sI)`` (the trace of the damped Kronecker factor product, before the
-``P^-1/2`` scaling) is compared with ``t_ref``, its value when the layer's inverses were last
-recomputed: relative change ``|t - t_ref| / t_ref`` above ``skip`` recomputes (and sets
-``t_ref = t``); at most ``skip`` keeps the old inverses for this step; below ``stop`` keeps them for
-good (the layer is never refreshed again). Every layer is computed at its first second-order step.
-Comparing with the last refresh rather than the previous check lets slow drift trigger a refresh.
-The rule saves the work it skips: with a trace rule a second-order step runs in three parts, the
-forward/backward with statistics capture (returning the gradients and every layer's ``t``), the
-decision per layer on the host, one compiled damped inversion per refreshed layer only, then the
-reuse step's preconditioning with the stored inverses and the optimizer. (One fused graph cannot skip
-work: MindSpore computes both branches of an ``ops.where``.) ``trace_skips`` counts (layer,
-second-order step) pairs that kept old inverses, ``inverses_computed`` the (layer, step) pairs whose
-A and G inverses were computed; without a trace rule every layer is computed at every second-order
-step, in the one fused graph.
-
-Loss scale: the loss is multiplied by ``loss_scale`` before differentiation (like
-``TrainOneStepCell(sens=loss_scale)``); gradients are divided by it before the preconditioner and ``G``
-is unscaled as above, so the optimizer gets loss scale 1 and updates do not depend on it (exactly, for
-powers of two).
-
-Data parallel (``rank_size > 1``, after ``init()`` under msrun): gradients, the loss and the A/G
-statistics are averaged across ranks with ``ops.AllReduce`` before use, so all ranks hold the same
-inverses and apply the same update. (Not exercised by the tests: that needs msrun.)
-
-Everything is float32; the network must not be cast to float16 (amp O2/O3).
-"""
+"""``ThorPreconditioner``: the statistics, damped inverses and counters of THOR, and the compiled cells that turn a
+step's gradients into THOR directions (every layer refreshed, the stored inverses reused, or per layer by the
+trace rule). The maths, the capture and the trace rule are described in the package docstring."""
 
 from __future__ import annotations
 
@@ -91,228 +8,19 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipelines.optim.momentum import create_momentum
+from pipelines.distributed.collectives import MeanOverRanks
+from pipelines.optim.thor.capture import set_capture, wrap_layers
+from pipelines.optim.thor.linalg import (
+    INVERSE_METHODS,
+    apply_left,
+    apply_right,
+    blocking,
+    blocks_to_dense,
+    damped_inverse,
+)
 
 STATE_PREFIX = "thor."  # the preconditioner's keys in the optimizer state
-STATS_PREFIX = "thor_stats."  # the statistics buffers the wrapped layers add to the network
-INVERSE_METHODS = ("cholesky", "matrix_inverse")
 COUNTERS = ("steps", "second_order_steps", "reuse_steps", "trace_skips", "inverses_computed")
-
-
-def is_statistic(name: str) -> bool:
-    """Whether the network parameter ``name`` is a statistics buffer of a wrapped layer (optimizer state)."""
-    return name.startswith(STATS_PREFIX)
-
-
-# --------------------------------------------------------------------------------------------
-# graph-safe linear algebra (static shapes; usable inside Cell.construct)
-
-
-def _blocking(n: int, block_size: int | None) -> tuple[int, int]:
-    """(number of blocks, block size) covering an ``n`` square matrix."""
-    size = n if block_size is None or block_size >= n else block_size
-    return (n + size - 1) // size, size
-
-
-def block_inverse(matrix, block_size=None, method="cholesky"):
-    """Inverses of the diagonal blocks of the SPD ``matrix`` (n x n), as an (nb, b, b) tensor.
-
-    ``block_size=None`` (or >= n): one block, the full inverse. Otherwise blocks of ``block_size``,
-    the last padded with the identity. ``method`` "cholesky": ``ops.cholesky``, then
-    ``ops.cholesky_solve`` against the identity (batched ``cholesky_inverse`` returns wrong values on
-    CPU in MindSpore 2.10, and is 2.5x slower unbatched); "matrix_inverse": ``ops.MatrixInverse``
-    (LU), for backends without ``ops.cholesky`` (MindSpore 2.10 documents it for GPU and CPU only).
-    """
-    n = matrix.shape[0]
-    nb, b = _blocking(n, block_size)
-    pad = nb * b - n
-    if pad > 0:
-        matrix = ops.pad(matrix, (0, pad, 0, pad)) + ops.pad(ops.eye(pad, pad, ms.float32), (n, 0, n, 0))
-    if nb == 1:
-        blocks = ops.expand_dims(matrix, 0)
-    else:
-        grid = ops.reshape(ops.transpose(ops.reshape(matrix, (nb, b, nb, b)), (0, 2, 1, 3)), (nb * nb, b, b))
-        blocks = ops.gather(grid, ops.arange(0, nb * nb, nb + 1), 0)
-    if method == "matrix_inverse":
-        return ops.MatrixInverse()(blocks)
-    eye = ops.broadcast_to(ops.eye(b, b, ms.float32), (nb, b, b))
-    return ops.cholesky_solve(eye, ops.cholesky(blocks))
-
-
-def apply_right(matrix, blocks):
-    """``matrix @ blockdiag(blocks)`` for ``matrix`` (r, n) and symmetric ``blocks`` (nb, b, b)."""
-    nb, b = blocks.shape[0], blocks.shape[1]
-    if nb == 1:  # reshape, not blocks[0]: indexing copies slowly on CPU
-        return ops.matmul(matrix, ops.reshape(blocks, (b, b)))
-    r, n = matrix.shape
-    pad = nb * b - n
-    if pad > 0:
-        matrix = ops.pad(matrix, (0, pad))
-    split = ops.transpose(ops.reshape(matrix, (r, nb, b)), (1, 0, 2))
-    product = ops.reshape(ops.transpose(ops.bmm(split, blocks), (1, 0, 2)), (r, nb * b))
-    return product[:, :n] if pad > 0 else product
-
-
-def apply_left(blocks, matrix):
-    """``blockdiag(blocks) @ matrix`` for ``blocks`` (nb, b, b) and ``matrix`` (n, c)."""
-    nb, b = blocks.shape[0], blocks.shape[1]
-    if nb == 1:
-        return ops.matmul(ops.reshape(blocks, (b, b)), matrix)
-    n, c = matrix.shape
-    pad = nb * b - n
-    if pad > 0:
-        matrix = ops.pad(matrix, (0, 0, 0, pad))
-    product = ops.reshape(ops.bmm(blocks, ops.reshape(matrix, (nb, b, c))), (nb * b, c))
-    return product[:n] if pad > 0 else product
-
-
-def blocks_to_dense(blocks: np.ndarray, n: int) -> np.ndarray:
-    """The n x n block-diagonal matrix of (nb, b, b) ``blocks`` (numpy; padding dropped)."""
-    nb, b, _ = blocks.shape
-    dense = np.zeros((nb * b, nb * b), blocks.dtype)
-    for i in range(nb):
-        dense[i * b : (i + 1) * b, i * b : (i + 1) * b] = blocks[i]
-    return dense[:n, :n]
-
-
-# --------------------------------------------------------------------------------------------
-# statistics capture
-
-
-def _same_pads(size: int, kernel: int, stride: int, dilation: int) -> tuple[int, int]:
-    out = (size + stride - 1) // stride
-    total = max((out - 1) * stride + (kernel - 1) * dilation + 1 - size, 0)
-    return total // 2, total - total // 2
-
-
-class _Capture(nn.Cell):
-    """Transparent wrapper of a Conv2d / Dense layer that records A, G and P while ``capture`` is on."""
-
-    def __init__(self, layer: nn.Cell, loss_scale: float):
-        super().__init__(auto_prefix=False)
-        self.layer = layer
-        self.is_conv = isinstance(layer, nn.Conv2d)
-        self.capture = False
-        self.inverse_loss_scale = 1.0 / loss_scale
-        out_dim = layer.out_channels
-        if self.is_conv:
-            kh, kw = layer.kernel_size
-            self.kernel = (kh, kw)
-            self.stride = tuple(layer.stride)
-            self.dilation = tuple(layer.dilation)
-            self.pad_mode = layer.pad_mode
-            padding = layer.padding
-            self.padding = (padding,) * 4 if isinstance(padding, int) else tuple(padding)  # top, bottom, left, right
-            in_dim = layer.in_channels * kh * kw
-        else:
-            in_dim = layer.in_channels
-        self.in_dim, self.out_dim = in_dim, out_dim
-        name = layer.weight.name
-        self.a_stat = ms.Parameter(
-            ms.Tensor(np.zeros((in_dim, in_dim), np.float32)), name=f"{STATS_PREFIX}{name}.A", requires_grad=False
-        )
-        self.g_stat = ms.Parameter(
-            ms.Tensor(np.zeros((out_dim, out_dim), np.float32)), name=f"{STATS_PREFIX}{name}.G", requires_grad=False
-        )
-        self.positions = ms.Parameter(
-            ms.Tensor(np.ones((), np.float32)), name=f"{STATS_PREFIX}{name}.P", requires_grad=False
-        )
-        self.hook = ops.InsertGradientOf(self._save_g)
-
-    @property
-    def weight(self) -> ms.Parameter:
-        """The wrapped layer's weight (so ``net.fc.weight`` keeps working after wrapping)."""
-        return self.layer.weight
-
-    @property
-    def bias(self) -> ms.Parameter | None:
-        return getattr(self.layer, "bias", None)
-
-    def _patches(self, x):
-        """im2col rows (N * P, C_in * kh * kw) of the conv input, and P."""
-        kh, kw = self.kernel
-        if self.pad_mode == "same":
-            top, bottom = _same_pads(x.shape[2], kh, self.stride[0], self.dilation[0])
-            left, right = _same_pads(x.shape[3], kw, self.stride[1], self.dilation[1])
-        elif self.pad_mode == "pad":
-            top, bottom, left, right = self.padding
-        else:
-            top, bottom, left, right = 0, 0, 0, 0
-        if top + bottom + left + right > 0:
-            x = ops.pad(x, (left, right, top, bottom))
-        cols = ops.unfold(x, self.kernel, self.dilation, 0, self.stride)  # (N, K, P), K ordered C, kh, kw
-        positions = cols.shape[2]
-        rows = ops.reshape(ops.transpose(cols, (0, 2, 1)), (-1, self.in_dim))
-        return rows, positions
-
-    def _save_g(self, dout):
-        batch = dout.shape[0]
-        if self.is_conv:
-            rows = ops.reshape(ops.transpose(dout, (0, 2, 3, 1)), (-1, self.out_dim))
-        else:
-            rows = ops.reshape(dout, (-1, self.out_dim))
-        rows = ops.cast(rows, ms.float32) * (batch * self.inverse_loss_scale)
-        stat = ops.matmul(ops.transpose(rows, (1, 0)), rows) / rows.shape[0]
-        return ops.depend(dout, ops.assign(self.g_stat, stat))
-
-    def construct(self, x):
-        if self.capture:
-            inputs = ops.stop_gradient(ops.cast(x, ms.float32))
-            if self.is_conv:
-                rows, positions = self._patches(inputs)
-            else:
-                rows, positions = ops.reshape(inputs, (-1, self.in_dim)), 1
-            stat = ops.matmul(ops.transpose(rows, (1, 0)), rows) / rows.shape[0]
-            x = ops.depend(x, ops.assign(self.a_stat, stat))
-            x = ops.depend(x, ops.assign(self.positions, ops.scalar_to_tensor(positions, ms.float32)))
-            return self.hook(self.layer(x))
-        return self.layer(x)
-
-
-def _supported(cell: nn.Cell) -> bool:
-    if isinstance(cell, nn.Conv2d):
-        return cell.group == 1 and cell.data_format == "NCHW"
-    return type(cell) is nn.Dense and not cell.activation_flag
-
-
-def wrap_layers(net: nn.Cell, loss_scale: float) -> list[_Capture]:
-    """Replace every supported Conv2d / Dense of ``net`` by a ``_Capture`` wrapper (in place).
-
-    Idempotent: wrappers already present are reused (with the new loss scale). Returns the
-    wrappers in traversal order.
-    """
-    found: list[_Capture] = []
-
-    def visit(cell: nn.Cell) -> None:
-        changed = False
-        for name, child in list(cell.name_cells().items()):
-            if child is None:
-                continue
-            if isinstance(child, _Capture):
-                child.inverse_loss_scale = 1.0 / loss_scale
-                found.append(child)
-            elif _supported(child):
-                wrapper = _Capture(child, loss_scale)
-                cell.insert_child_to_cell(name, wrapper)
-                found.append(wrapper)
-                changed = True
-            else:
-                visit(child)
-        if changed and isinstance(cell, nn.SequentialCell):
-            cell.cell_list = list(cell.cells())  # SequentialCell.construct iterates this list
-
-    visit(net)
-    return found
-
-
-def set_capture(wrappers, on: bool) -> None:
-    """Turn the statistics capture of ``wrappers`` on or off (read when a cell compiles)."""
-    for wrapper in wrappers:
-        wrapper.capture = on
-
-
-# --------------------------------------------------------------------------------------------
-# the preconditioner
 
 
 class _Precondition(nn.Cell):
@@ -332,18 +40,12 @@ class _Precondition(nn.Cell):
         self.n_layers = len(preconditioner.param_of_layer)
         self.block_size = preconditioner.block_size
         self.inverse_method = preconditioner.inverse_method
-        self.rank_size = preconditioner.rank_size
-        self.all_reduce = ops.AllReduce() if preconditioner.rank_size > 1 else None
-
-    def _mean_over_ranks(self, value):
-        if self.rank_size > 1:
-            return self.all_reduce(value) / self.rank_size
-        return value
+        self.mean_over_ranks = MeanOverRanks(preconditioner.rank_size)
 
     def _statistics(self, i, grad):
         """A, G (rank means) and P of layer ``i``, read once ``grad`` exists (so after the capture)."""
-        a = self._mean_over_ranks(ops.depend(self.a_stats[i], grad))
-        g = self._mean_over_ranks(ops.depend(self.g_stats[i], grad))
+        a = self.mean_over_ranks(ops.depend(self.a_stats[i], grad))
+        g = self.mean_over_ranks(ops.depend(self.g_stats[i], grad))
         positions = ops.depend(self.positions[i], grad)
         return a, g, positions
 
@@ -382,13 +84,6 @@ class _Precondition(nn.Cell):
         return directions
 
 
-def damped_inverse(stat, damping, positions, block_size, method):
-    """``P^-1/2 (X + sqrt(damping / P) I)^-1`` of a statistic ``X`` (A or G), as ``block_inverse`` blocks."""
-    shift = ops.sqrt(damping / positions)
-    damped = stat + shift * ops.eye(stat.shape[0], stat.shape[0], ms.float32)
-    return block_inverse(damped, block_size, method) * ops.rsqrt(positions)
-
-
 class _LayerInverse(nn.Cell):
     """One layer's damped inverse (``damped_inverse``) of its rank-mean statistic: the trace rule's per-layer
     refresh, compiled once per statistic shape."""
@@ -397,13 +92,10 @@ class _LayerInverse(nn.Cell):
         super().__init__(auto_prefix=False)
         self.block_size = block_size
         self.method = method
-        self.rank_size = rank_size
-        self.all_reduce = ops.AllReduce() if rank_size > 1 else None
+        self.mean_over_ranks = MeanOverRanks(rank_size)
 
     def construct(self, stat, damping, positions):
-        if self.rank_size > 1:
-            stat = self.all_reduce(stat) / self.rank_size
-        return damped_inverse(stat, damping, positions, self.block_size, self.method)
+        return damped_inverse(self.mean_over_ranks(stat), damping, positions, self.block_size, self.method)
 
 
 class _DampedTraces(nn.Cell):
@@ -416,13 +108,7 @@ class _DampedTraces(nn.Cell):
         self.positions = preconditioner.positions
         self.param_of_layer = preconditioner.param_of_layer
         self.n_layers = len(preconditioner.param_of_layer)
-        self.rank_size = preconditioner.rank_size
-        self.all_reduce = ops.AllReduce() if preconditioner.rank_size > 1 else None
-
-    def _mean_over_ranks(self, value):
-        if self.rank_size > 1:
-            return self.all_reduce(value) / self.rank_size
-        return value
+        self.mean_over_ranks = MeanOverRanks(preconditioner.rank_size)
 
     def construct(self, grads, damping):
         traces = ()
@@ -431,8 +117,8 @@ class _DampedTraces(nn.Cell):
             a = ops.depend(self.a_stats[i], grad)
             g = ops.depend(self.g_stats[i], grad)
             shift = ops.sqrt(damping / ops.depend(self.positions[i], grad))
-            trace_a = self._mean_over_ranks(ops.trace(a)) + a.shape[0] * shift  # tr of the rank mean
-            trace_g = self._mean_over_ranks(ops.trace(g)) + g.shape[0] * shift
+            trace_a = self.mean_over_ranks(ops.trace(a)) + a.shape[0] * shift  # tr of the rank mean
+            trace_g = self.mean_over_ranks(ops.trace(g)) + g.shape[0] * shift
             traces += (trace_a * trace_g,)
         return ops.stack(traces)
 
@@ -459,21 +145,13 @@ class ThorPreconditioner:
         net: nn.Cell,
         damping_per_step: np.ndarray,
         *,
-        loss_scale: float = 1.0,
-        frequency: int = 834,
-        block_size: int | None = None,
-        trace_rule: tuple[float, float] | None = None,
-        rank_size: int = 1,
-        inverse_method: str | None = None,
+        loss_scale: float,
+        frequency: int,
+        block_size: int | None,
+        trace_rule: tuple[float, float] | None,
+        rank_size: int,
+        inverse_method: str | None,
     ):
-        if frequency < 1:
-            raise ValueError(f"frequency must be >= 1, got {frequency}")
-        if loss_scale <= 0:
-            raise ValueError(f"loss_scale must be > 0, got {loss_scale}")
-        if block_size is not None and block_size < 1:
-            raise ValueError(f"block_size must be None or >= 1, got {block_size}")
-        if trace_rule is not None and not 0 <= trace_rule[1] <= trace_rule[0]:
-            raise ValueError(f"trace_rule must be (skip, stop) with 0 <= stop <= skip, got {trace_rule}")
         self.damping_per_step = np.asarray(damping_per_step, np.float32).ravel()
         if not len(self.damping_per_step):
             raise ValueError("damping_per_step needs at least one value")
@@ -521,7 +199,7 @@ class ThorPreconditioner:
         self._have_inverses = False
 
     def _inverse_param(self, n: int, name: str) -> ms.Parameter:
-        nb, b = _blocking(n, self.block_size)
+        nb, b = blocking(n, self.block_size)
         return ms.Parameter(ms.Tensor(np.zeros((nb, b, b), np.float32)), name=name, requires_grad=False)
 
     @staticmethod
@@ -642,181 +320,3 @@ class ThorPreconditioner:
         for counter in COUNTERS:
             setattr(self, counter, scalar(counter, 0))
         self._have_inverses = bool(scalar("have_inverses", 1))
-
-
-# --------------------------------------------------------------------------------------------
-# the training step: forward, backward, precondition, optimizer
-
-
-class _Gradients(nn.Cell):
-    """Scaled loss and gradients, unscaled (and averaged over ranks): ``(images, labels) -> (loss, grads)``."""
-
-    def __init__(self, net_with_loss: nn.Cell, weights, loss_scale, ranks):
-        super().__init__(auto_prefix=False)
-        self.net_with_loss = net_with_loss
-        self.loss_scale = float(loss_scale)
-        self.rank_size = ranks
-        self.all_reduce = ops.AllReduce() if ranks > 1 else None
-        self.value_and_grad = ms.value_and_grad(self._scaled_loss, None, weights)
-
-    def _scaled_loss(self, images, labels):
-        return self.net_with_loss(images, labels) * self.loss_scale
-
-    def _mean_over_ranks(self, value):
-        if self.rank_size > 1:
-            return self.all_reduce(value) / self.rank_size
-        return value
-
-    def construct(self, images, labels):
-        scaled_loss, scaled_grads = self.value_and_grad(images, labels)
-        loss = self._mean_over_ranks(scaled_loss / self.loss_scale)
-        grads = ()
-        for grad in scaled_grads:
-            grads += (self._mean_over_ranks(grad / self.loss_scale),)
-        return loss, grads
-
-
-class _PreconditionedStep(nn.Cell):
-    """One compiled step: gradients (``_Gradients``), precondition, optimizer."""
-
-    def __init__(self, gradients: _Gradients, precondition: _Precondition, optimizer: nn.Optimizer):
-        super().__init__(auto_prefix=False)
-        self.gradients = gradients
-        self.precondition = precondition
-        self.optimizer = optimizer
-
-    def construct(self, images, labels, damping):
-        loss, grads = self.gradients(images, labels)
-        return ops.depend(loss, self.optimizer(self.precondition(grads, damping)))
-
-
-class _CapturingGradients(nn.Cell):
-    """The trace rule's first part of a second-order step: gradients with the statistics captured, and each
-    layer's damped trace (``_DampedTraces``)."""
-
-    def __init__(self, gradients: _Gradients, traces: _DampedTraces):
-        super().__init__(auto_prefix=False)
-        self.gradients = gradients
-        self.traces = traces
-
-    def construct(self, images, labels, damping):
-        loss, grads = self.gradients(images, labels)
-        return loss, grads, self.traces(grads, damping)
-
-
-class _PreconditionedUpdate(nn.Cell):
-    """The trace rule's last part: the stored inverses applied to given gradients, then the optimizer."""
-
-    def __init__(self, precondition: _Precondition, optimizer: nn.Optimizer):
-        super().__init__(auto_prefix=False)
-        self.precondition = precondition
-        self.optimizer = optimizer
-
-    def construct(self, grads, damping):
-        return self.optimizer(self.precondition(grads, damping))
-
-
-class ThorStep:
-    """THOR training step ``(images, labels) -> loss``: gradients, ``preconditioner``, then ``optimizer``.
-
-    The optimizer is an ordinary MindSpore optimizer over ``net.trainable_params()`` (in that order) that receives
-    unscaled gradients (``loss_scale`` 1): ``create_thor_step`` passes the baseline's Momentum, so momentum, weight
-    decay (after preconditioning) and their state are the baseline's. The loss is multiplied by ``loss_scale``
-    before differentiation (like ``TrainOneStepCell(sens=loss_scale)``); gradients are divided by it before the
-    preconditioner and G is unscaled as it is taken, so updates do not depend on it (exactly, for powers of two).
-    The returned loss is unscaled (and averaged over ranks). ``lr_per_step``: the optimizer's schedule, one value
-    per step; the optimizer indexes it by its global step, so a step past its end is refused.
-    """
-
-    def __init__(
-        self,
-        net: nn.Cell,
-        loss_fn: nn.Cell,
-        preconditioner: ThorPreconditioner,
-        optimizer: nn.Optimizer,
-        lr_per_step: np.ndarray,
-        loss_scale: float,
-    ):
-        if [id(p) for p in optimizer.parameters] != [id(p) for p in net.trainable_params()]:
-            raise ValueError("the optimizer must update net.trainable_params() in their order (group order_params)")
-        self.net = net
-        self.preconditioner = preconditioner
-        self.optimizer = optimizer
-        self.lr_per_step = np.asarray(lr_per_step, np.float32).ravel()
-        self.loss_scale = float(loss_scale)
-        gradients = _Gradients(
-            nn.WithLossCell(net, loss_fn), optimizer.parameters, loss_scale, preconditioner.rank_size
-        )
-        self._second_order = _PreconditionedStep(gradients, preconditioner.second_order_cell, optimizer)
-        self._reuse = _PreconditionedStep(gradients, preconditioner.reuse_cell, optimizer)
-        if preconditioner.trace_rule is not None:
-            self._capturing = _CapturingGradients(gradients, preconditioner.traces_cell)
-            self._update = _PreconditionedUpdate(preconditioner.reuse_cell, optimizer)
-        net.set_train(True)
-
-    def __call__(self, images, labels) -> ms.Tensor:
-        """One training step; returns the (unscaled, rank-averaged) loss."""
-        preconditioner = self.preconditioner
-        if preconditioner.steps >= len(self.lr_per_step):
-            raise ValueError(
-                f"THOR step {preconditioner.steps + 1} is past the end of its lr schedule "
-                f"({len(self.lr_per_step)} steps); build the schedule for every step of the training"
-            )
-        second_order = preconditioner.second_order_now()
-        damping = ms.Tensor(preconditioner.damping, ms.float32)
-        if second_order and preconditioner.trace_rule is not None:
-            return self._trace_rule_step(images, labels, damping)
-        preconditioner.capture(second_order)
-        try:
-            loss = (self._second_order if second_order else self._reuse)(images, labels, damping)
-        finally:
-            preconditioner.capture(False)
-        preconditioner.count_step(second_order)
-        return loss
-
-    def _trace_rule_step(self, images, labels, damping: ms.Tensor) -> ms.Tensor:
-        """A second-order step under the trace rule: statistics and traces, the refreshed layers' inverses only,
-        then the update with the stored inverses (see the module docstring)."""
-        preconditioner = self.preconditioner
-        preconditioner.capture(True)
-        try:
-            loss, grads, traces = self._capturing(images, labels, damping)
-        finally:
-            preconditioner.capture(False)
-        preconditioner.refresh_by_trace_rule(traces.asnumpy(), damping)
-        self._update(ms.mutable(grads), damping)  # mutable: a tuple of new tensors must not recompile the cell
-        preconditioner.count_step(True)
-        return loss
-
-
-def create_thor_step(
-    net: nn.Cell,
-    loss_fn: nn.Cell,
-    lr_per_step: np.ndarray,
-    damping_per_step: np.ndarray,
-    *,
-    momentum: float = 0.9,
-    weight_decay: float = 5e-4,
-    loss_scale: float = 128.0,
-    frequency: int = 834,
-    block_size: int | None = None,
-    trace_rule: tuple[float, float] | None = None,
-    rank_size: int = 1,
-    inverse_method: str | None = None,
-) -> ThorStep:
-    """THOR for ``net``: the preconditioner, then the baseline's Momentum (``create_momentum``: weight decay
-    except on BatchNorm gamma/beta and biases, ``lr_per_step`` indexed by its global step) with loss scale 1, as the
-    preconditioner already receives unscaled gradients. See ``ThorPreconditioner`` for the other arguments."""
-    preconditioner = ThorPreconditioner(
-        net,
-        damping_per_step,
-        loss_scale=loss_scale,
-        frequency=frequency,
-        block_size=block_size,
-        trace_rule=trace_rule,
-        rank_size=rank_size,
-        inverse_method=inverse_method,
-    )
-    lr_per_step = np.asarray(lr_per_step, np.float32).ravel()
-    optimizer = create_momentum(net, lr_per_step, momentum, weight_decay, 1.0)
-    return ThorStep(net, loss_fn, preconditioner, optimizer, lr_per_step, loss_scale)

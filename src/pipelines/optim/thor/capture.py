@@ -1,0 +1,149 @@
+"""THOR's statistics capture: each supported layer (``nn.Conv2d`` of group 1, ``nn.Dense`` without activation)
+is replaced by a transparent ``CapturedLayer`` that, while its ``capture`` flag is on, records the layer input's
+second moment A in the forward pass and the output gradient's G in the backward pass (``ops.InsertGradientOf``),
+into non-trainable parameters ``thor_stats.<weight name>.A/G/P`` (``is_statistic``)."""
+
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn, ops
+
+STATS_PREFIX = "thor_stats."  # the statistics buffers the wrapped layers add to the network
+
+
+def is_statistic(name: str) -> bool:
+    """Whether the network parameter ``name`` is a statistics buffer of a wrapped layer (optimizer state)."""
+    return name.startswith(STATS_PREFIX)
+
+
+def _same_pads(size: int, kernel: int, stride: int, dilation: int) -> tuple[int, int]:
+    out = (size + stride - 1) // stride
+    total = max((out - 1) * stride + (kernel - 1) * dilation + 1 - size, 0)
+    return total // 2, total - total // 2
+
+
+class CapturedLayer(nn.Cell):
+    """Transparent wrapper of a Conv2d / Dense layer that records A, G and P while ``capture`` is on."""
+
+    def __init__(self, layer: nn.Cell, loss_scale: float):
+        super().__init__(auto_prefix=False)
+        self.layer = layer
+        self.is_conv = isinstance(layer, nn.Conv2d)
+        self.capture = False
+        self.inverse_loss_scale = 1.0 / loss_scale
+        out_dim = layer.out_channels
+        if self.is_conv:
+            kh, kw = layer.kernel_size
+            self.kernel = (kh, kw)
+            self.stride = tuple(layer.stride)
+            self.dilation = tuple(layer.dilation)
+            self.pad_mode = layer.pad_mode
+            padding = layer.padding
+            self.padding = (padding,) * 4 if isinstance(padding, int) else tuple(padding)  # top, bottom, left, right
+            in_dim = layer.in_channels * kh * kw
+        else:
+            in_dim = layer.in_channels
+        self.in_dim, self.out_dim = in_dim, out_dim
+        name = layer.weight.name
+        self.a_stat = ms.Parameter(
+            ms.Tensor(np.zeros((in_dim, in_dim), np.float32)), name=f"{STATS_PREFIX}{name}.A", requires_grad=False
+        )
+        self.g_stat = ms.Parameter(
+            ms.Tensor(np.zeros((out_dim, out_dim), np.float32)), name=f"{STATS_PREFIX}{name}.G", requires_grad=False
+        )
+        self.positions = ms.Parameter(
+            ms.Tensor(np.ones((), np.float32)), name=f"{STATS_PREFIX}{name}.P", requires_grad=False
+        )
+        self.hook = ops.InsertGradientOf(self._save_g)
+
+    @property
+    def weight(self) -> ms.Parameter:
+        """The wrapped layer's weight (so ``net.fc.weight`` keeps working after wrapping)."""
+        return self.layer.weight
+
+    @property
+    def bias(self) -> ms.Parameter | None:
+        return getattr(self.layer, "bias", None)
+
+    def _patches(self, x):
+        """im2col rows (N * P, C_in * kh * kw) of the conv input, and P."""
+        kh, kw = self.kernel
+        if self.pad_mode == "same":
+            top, bottom = _same_pads(x.shape[2], kh, self.stride[0], self.dilation[0])
+            left, right = _same_pads(x.shape[3], kw, self.stride[1], self.dilation[1])
+        elif self.pad_mode == "pad":
+            top, bottom, left, right = self.padding
+        else:
+            top, bottom, left, right = 0, 0, 0, 0
+        if top + bottom + left + right > 0:
+            x = ops.pad(x, (left, right, top, bottom))
+        cols = ops.unfold(x, self.kernel, self.dilation, 0, self.stride)  # (N, K, P), K ordered C, kh, kw
+        positions = cols.shape[2]
+        rows = ops.reshape(ops.transpose(cols, (0, 2, 1)), (-1, self.in_dim))
+        return rows, positions
+
+    def _save_g(self, dout):
+        batch = dout.shape[0]
+        if self.is_conv:
+            rows = ops.reshape(ops.transpose(dout, (0, 2, 3, 1)), (-1, self.out_dim))
+        else:
+            rows = ops.reshape(dout, (-1, self.out_dim))
+        rows = ops.cast(rows, ms.float32) * (batch * self.inverse_loss_scale)
+        stat = ops.matmul(ops.transpose(rows, (1, 0)), rows) / rows.shape[0]
+        return ops.depend(dout, ops.assign(self.g_stat, stat))
+
+    def construct(self, x):
+        if self.capture:
+            inputs = ops.stop_gradient(ops.cast(x, ms.float32))
+            if self.is_conv:
+                rows, positions = self._patches(inputs)
+            else:
+                rows, positions = ops.reshape(inputs, (-1, self.in_dim)), 1
+            stat = ops.matmul(ops.transpose(rows, (1, 0)), rows) / rows.shape[0]
+            x = ops.depend(x, ops.assign(self.a_stat, stat))
+            x = ops.depend(x, ops.assign(self.positions, ops.scalar_to_tensor(positions, ms.float32)))
+            return self.hook(self.layer(x))
+        return self.layer(x)
+
+
+def supported(cell: nn.Cell) -> bool:
+    if isinstance(cell, nn.Conv2d):
+        return cell.group == 1 and cell.data_format == "NCHW"
+    return type(cell) is nn.Dense and not cell.activation_flag
+
+
+def wrap_layers(net: nn.Cell, loss_scale: float) -> list[CapturedLayer]:
+    """Replace every supported Conv2d / Dense of ``net`` by a ``CapturedLayer`` wrapper (in place).
+
+    Idempotent: wrappers already present are reused (with the new loss scale). Returns the
+    wrappers in traversal order.
+    """
+    found: list[CapturedLayer] = []
+
+    def visit(cell: nn.Cell) -> None:
+        changed = False
+        for name, child in list(cell.name_cells().items()):
+            if child is None:
+                continue
+            if isinstance(child, CapturedLayer):
+                child.inverse_loss_scale = 1.0 / loss_scale
+                found.append(child)
+            elif supported(child):
+                wrapper = CapturedLayer(child, loss_scale)
+                cell.insert_child_to_cell(name, wrapper)
+                found.append(wrapper)
+                changed = True
+            else:
+                visit(child)
+        if changed and isinstance(cell, nn.SequentialCell):
+            cell.cell_list = list(cell.cells())  # SequentialCell.construct iterates this list
+
+    visit(net)
+    return found
+
+
+def set_capture(wrappers, on: bool) -> None:
+    """Turn the statistics capture of ``wrappers`` on or off (read when a cell compiles)."""
+    for wrapper in wrappers:
+        wrapper.capture = on

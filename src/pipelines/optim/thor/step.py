@@ -1,0 +1,181 @@
+"""``ThorStep``: THOR's training step, compiled as cells that call ``optimizer(precondition(grads))``: forward and
+backward with the loss scaled, the gradients unscaled and averaged over ranks, ``ThorPreconditioner``, then the
+baseline's Momentum optimizer (``create_thor_step``)."""
+
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn, ops
+
+from pipelines.distributed.collectives import MeanOverRanks
+from pipelines.optim.momentum import create_momentum
+from pipelines.optim.thor.preconditioner import ThorPreconditioner
+
+
+class _Gradients(nn.Cell):
+    """Scaled loss and gradients, unscaled (and averaged over ranks): ``(images, labels) -> (loss, grads)``."""
+
+    def __init__(self, net_with_loss: nn.Cell, weights, loss_scale, ranks):
+        super().__init__(auto_prefix=False)
+        self.net_with_loss = net_with_loss
+        self.loss_scale = float(loss_scale)
+        self.mean_over_ranks = MeanOverRanks(ranks)
+        self.value_and_grad = ms.value_and_grad(self._scaled_loss, None, weights)
+
+    def _scaled_loss(self, images, labels):
+        return self.net_with_loss(images, labels) * self.loss_scale
+
+    def construct(self, images, labels):
+        scaled_loss, scaled_grads = self.value_and_grad(images, labels)
+        loss = self.mean_over_ranks(scaled_loss / self.loss_scale)
+        grads = ()
+        for grad in scaled_grads:
+            grads += (self.mean_over_ranks(grad / self.loss_scale),)
+        return loss, grads
+
+
+class _PreconditionedStep(nn.Cell):
+    """One compiled step: gradients (``_Gradients``), precondition, optimizer."""
+
+    def __init__(self, gradients: _Gradients, precondition: nn.Cell, optimizer: nn.Optimizer):
+        super().__init__(auto_prefix=False)
+        self.gradients = gradients
+        self.precondition = precondition
+        self.optimizer = optimizer
+
+    def construct(self, images, labels, damping):
+        loss, grads = self.gradients(images, labels)
+        return ops.depend(loss, self.optimizer(self.precondition(grads, damping)))
+
+
+class _CapturingGradients(nn.Cell):
+    """The trace rule's first part of a second-order step: gradients with the statistics captured, and each
+    layer's damped trace (``ThorPreconditioner.traces_cell``)."""
+
+    def __init__(self, gradients: _Gradients, traces: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.gradients = gradients
+        self.traces = traces
+
+    def construct(self, images, labels, damping):
+        loss, grads = self.gradients(images, labels)
+        return loss, grads, self.traces(grads, damping)
+
+
+class _PreconditionedUpdate(nn.Cell):
+    """The trace rule's last part: the stored inverses applied to given gradients, then the optimizer."""
+
+    def __init__(self, precondition: nn.Cell, optimizer: nn.Optimizer):
+        super().__init__(auto_prefix=False)
+        self.precondition = precondition
+        self.optimizer = optimizer
+
+    def construct(self, grads, damping):
+        return self.optimizer(self.precondition(grads, damping))
+
+
+class ThorStep:
+    """THOR training step ``(images, labels) -> loss``: gradients, ``preconditioner``, then ``optimizer``.
+
+    The optimizer is an ordinary MindSpore optimizer over ``net.trainable_params()`` (in that order) that receives
+    unscaled gradients (``loss_scale`` 1): ``create_thor_step`` passes the baseline's Momentum, so momentum, weight
+    decay (after preconditioning) and their state are the baseline's. The loss is multiplied by ``loss_scale``
+    before differentiation (like ``TrainOneStepCell(sens=loss_scale)``); gradients are divided by it before the
+    preconditioner and G is unscaled as it is taken, so updates do not depend on it (exactly, for powers of two).
+    The returned loss is unscaled (and averaged over ranks). ``lr_per_step``: the optimizer's schedule, one value
+    per step; the optimizer indexes it by its global step, so a step past its end is refused.
+    """
+
+    def __init__(
+        self,
+        net: nn.Cell,
+        loss_fn: nn.Cell,
+        preconditioner: ThorPreconditioner,
+        optimizer: nn.Optimizer,
+        lr_per_step: np.ndarray,
+        loss_scale: float,
+    ):
+        if [id(p) for p in optimizer.parameters] != [id(p) for p in net.trainable_params()]:
+            raise ValueError("the optimizer must update net.trainable_params() in their order (group order_params)")
+        self.net = net
+        self.preconditioner = preconditioner
+        self.optimizer = optimizer
+        self.lr_per_step = np.asarray(lr_per_step, np.float32).ravel()
+        self.loss_scale = float(loss_scale)
+        gradients = _Gradients(
+            nn.WithLossCell(net, loss_fn), optimizer.parameters, loss_scale, preconditioner.rank_size
+        )
+        self._second_order = _PreconditionedStep(gradients, preconditioner.second_order_cell, optimizer)
+        self._reuse = _PreconditionedStep(gradients, preconditioner.reuse_cell, optimizer)
+        if preconditioner.trace_rule is not None:
+            self._capturing = _CapturingGradients(gradients, preconditioner.traces_cell)
+            self._update = _PreconditionedUpdate(preconditioner.reuse_cell, optimizer)
+        net.set_train(True)
+
+    def __call__(self, images, labels) -> ms.Tensor:
+        """One training step; returns the (unscaled, rank-averaged) loss."""
+        preconditioner = self.preconditioner
+        if preconditioner.steps >= len(self.lr_per_step):
+            raise ValueError(
+                f"THOR step {preconditioner.steps + 1} is past the end of its lr schedule "
+                f"({len(self.lr_per_step)} steps); build the schedule for every step of the training"
+            )
+        second_order = preconditioner.second_order_now()
+        damping = ms.Tensor(preconditioner.damping, ms.float32)
+        if second_order and preconditioner.trace_rule is not None:
+            return self._trace_rule_step(images, labels, damping)
+        preconditioner.capture(second_order)
+        try:
+            loss = (self._second_order if second_order else self._reuse)(images, labels, damping)
+        finally:
+            preconditioner.capture(False)
+        preconditioner.count_step(second_order)
+        return loss
+
+    def _trace_rule_step(self, images, labels, damping: ms.Tensor) -> ms.Tensor:
+        """A second-order step under the trace rule: statistics and traces, the refreshed layers' inverses only,
+        then the update with the stored inverses (see the module docstring)."""
+        preconditioner = self.preconditioner
+        preconditioner.capture(True)
+        try:
+            loss, grads, traces = self._capturing(images, labels, damping)
+        finally:
+            preconditioner.capture(False)
+        preconditioner.refresh_by_trace_rule(traces.asnumpy(), damping)
+        self._update(ms.mutable(grads), damping)  # mutable: a tuple of new tensors must not recompile the cell
+        preconditioner.count_step(True)
+        return loss
+
+
+def create_thor_step(
+    net: nn.Cell,
+    loss_fn: nn.Cell,
+    lr_per_step: np.ndarray,
+    damping_per_step: np.ndarray,
+    *,
+    momentum: float,
+    weight_decay: float,
+    loss_scale: float,
+    frequency: int,
+    block_size: int | None,
+    trace_rule: tuple[float, float] | None,
+    rank_size: int,
+    inverse_method: str | None,
+) -> ThorStep:
+    """THOR for ``net``: the preconditioner, then the baseline's Momentum (``create_momentum``: weight decay
+    except on BatchNorm gamma/beta and biases, ``lr_per_step`` indexed by its global step) with loss scale 1, as the
+    preconditioner already receives unscaled gradients. See ``ThorPreconditioner`` for the other arguments."""
+    preconditioner = ThorPreconditioner(
+        net,
+        damping_per_step,
+        loss_scale=loss_scale,
+        frequency=frequency,
+        block_size=block_size,
+        trace_rule=trace_rule,
+        rank_size=rank_size,
+        inverse_method=inverse_method,
+    )
+    lr_per_step = np.asarray(lr_per_step, np.float32).ravel()
+    optimizer = create_momentum(net, lr_per_step, momentum, weight_decay, 1.0)
+    return ThorStep(net, loss_fn, preconditioner, optimizer, lr_per_step, loss_scale)
