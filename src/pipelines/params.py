@@ -399,6 +399,9 @@ class ThorMindSpore(Section):
 
 class ThorParams(Section):
     implementation: Literal["own", "mindspore"]
+    # false: THOR's recipe (schedules, weight decay, initialisation, loss scale) with the gradients passed to the
+    # optimizer unchanged: what the curvature adds, measured against THOR's own recipe (implementation own only)
+    precondition: bool
     epochs: PositiveInt
     batch_size: PositiveInt
     lr: ThorLr
@@ -417,11 +420,19 @@ class ThorParams(Section):
     eval_every_steps: NonNegativeInt = 0  # also evaluate on data.step_eval_images every N steps; 0: off
 
     @model_validator(mode="after")
-    def _trace_rule_order(self) -> ThorParams:
+    def _consistent(self) -> ThorParams:
+        problems = []
         if self.trace_rule is not None and not 0 <= self.trace_rule[1] <= self.trace_rule[0]:
-            CrossKeyProblems.raise_if_any(
-                [("thor.trace_rule", f"is {self.trace_rule}; give [skip, stop] with 0 <= stop <= skip")]
+            problems.append(("thor.trace_rule", f"is {self.trace_rule}; give [skip, stop] with 0 <= stop <= skip"))
+        if not self.precondition and self.implementation != "own":
+            problems.append(
+                (
+                    "thor.precondition",
+                    "is false, which switches off this project's preconditioner; MindSpore's nn.thor "
+                    "(thor.implementation: mindspore) has no such switch: use implementation own",
+                )
             )
+        CrossKeyProblems.raise_if_any(problems)
         return self
 
 
@@ -435,7 +446,8 @@ class TrackingParams(Section):
 
 # dim_reduce gives two result rows, stage2 and control (P-BFGS against Momentum from the same stage 1); adasum
 # two, adasum and allreduce (the adasum section's training on study.adasum_workers msrun ranks, both ways)
-StudyRecipe = Literal["baseline", "thor", "dim_reduce", "adasum"]
+# thor_first_order: the thor section with thor.precondition false (THOR's recipe without its curvature)
+StudyRecipe = Literal["baseline", "thor", "thor_first_order", "dim_reduce", "adasum"]
 
 
 class StudyParams(Section):

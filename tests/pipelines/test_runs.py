@@ -113,12 +113,11 @@ def test_study_pipeline(workspace):
     tree, uri = workspace
     outputs = run_pipeline("study", tiny_parameters(tree), uri)
     summary = outputs["study.summary"]
-    assert list(summary["recipe"]) == ["baseline", "thor"] and (summary["runs"] == 1).all()
-    assert list(outputs["study.paired"]["comparison"].unique()) == ["thor vs baseline"]
-    assert {child.data.tags["recipe"] for child in children(uri, only_run(uri, "study")).values()} == {
-        "baseline",
-        "thor",
-    }
+    assert list(summary["recipe"]) == ["baseline", "thor", "thor_first_order"] and (summary["runs"] == 1).all()
+    # the recipe as documented, and the curvature alone at equal recipe
+    assert list(outputs["study.paired"]["comparison"].unique()) == ["thor vs baseline", "thor vs thor_first_order"]
+    runs = children(uri, only_run(uri, "study")).values()
+    assert {child.data.tags["recipe"] for child in runs} == {"baseline", "thor", "thor_first_order"}
 
 
 def test_report_pipeline(workspace):

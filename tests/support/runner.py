@@ -48,7 +48,7 @@ TINY = {
         "pca": {"n_components": 4},
         "stage2": {"batch_size": 4},
     },
-    "study": {"recipes": ["baseline", "thor"], "seeds": [0], "epochs": 1, "eval_every_steps": 2},
+    "study": {"recipes": ["baseline", "thor", "thor_first_order"], "seeds": [0], "epochs": 1, "eval_every_steps": 2},
 }
 
 

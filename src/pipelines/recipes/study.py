@@ -55,6 +55,7 @@ logger = logging.getLogger(__name__)
 RESULT_ROWS = {
     "baseline": ("baseline",),
     "thor": ("thor",),
+    "thor_first_order": ("thor_first_order",),
     "dim_reduce": ("stage2", "control"),
     "adasum": ("adasum", "allreduce"),
 }
@@ -148,7 +149,8 @@ def run_study(inputs: StudyInputs, plan: StudyPlan, tracking: StudyTracking) -> 
 def _configuration(inputs: StudyInputs, plan: StudyPlan, recipe: str, seed: int) -> str:
     sections = {
         "baseline": (_baseline(inputs, plan).model_dump(exclude={"checkpoint"}), inputs.boost),
-        "thor": (_thor(inputs, plan).model_dump(exclude={"checkpoint"}),),
+        "thor": (_thor(inputs, plan, precondition=True).model_dump(exclude={"checkpoint"}),),
+        "thor_first_order": (_thor(inputs, plan, precondition=False).model_dump(exclude={"checkpoint"}),),
         "adasum": (_adasum(inputs, plan).model_dump(exclude={"checkpoint"}), plan.adasum_workers),
         "dim_reduce": (
             inputs.dim_reduce.model_dump(
@@ -169,8 +171,12 @@ def _baseline(inputs: StudyInputs, plan: StudyPlan) -> BaselineParams:
     return inputs.baseline.model_copy(update={"epochs": plan.epochs, "eval_every_steps": plan.eval_every_steps})
 
 
-def _thor(inputs: StudyInputs, plan: StudyPlan) -> ThorParams:
-    return inputs.thor.model_copy(update={"epochs": plan.epochs, "eval_every_steps": plan.eval_every_steps})
+def _thor(inputs: StudyInputs, plan: StudyPlan, *, precondition: bool) -> ThorParams:
+    """The thor section on the study's budget; ``precondition`` False: thor_first_order, its recipe without the
+    preconditioner."""
+    return inputs.thor.model_copy(
+        update={"epochs": plan.epochs, "eval_every_steps": plan.eval_every_steps, "precondition": precondition}
+    )
 
 
 def _adasum(inputs: StudyInputs, plan: StudyPlan) -> AdasumParams:
@@ -202,7 +208,10 @@ def _record(recipe: str, seed: int, key: str, run_id: str | None, figures: dict,
 def _train_single(recipe: str):
     def train_one(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str, tracking: StudyTracking):
         runtime = inputs.runtime.model_copy(update={"seed": seed})
-        section = _thor(inputs, plan) if recipe == "thor" else _baseline(inputs, plan)
+        if recipe == "baseline":
+            section = _baseline(inputs, plan)
+        else:
+            section = _thor(inputs, plan, precondition=recipe == "thor")
         checkpoint = _checkpoint_dir(section, plan.directory / "checkpoints" / key)
         section = section.model_copy(update={"checkpoint": checkpoint})
         common = (inputs.manifest, inputs.class_index, inputs.model, inputs.data, runtime, inputs.distributed)
@@ -210,7 +219,7 @@ def _train_single(recipe: str):
         tags = {"recipe": recipe, "result": recipe, "seed": str(seed), "study_key": key}
         with tracking.run(f"{recipe}-seed{seed}", tags) as run_id:
             callbacks = [*tracking.callbacks(), steps]
-            if recipe == "thor":
+            if recipe != "baseline":
                 initial = build_network(thor_model(inputs.model, section), inputs.class_index, runtime)
                 result = train_thor(initial, *common, section, callbacks=callbacks)
             else:
@@ -335,6 +344,7 @@ def _train_on_ranks(
 _TRAINERS = {
     "baseline": _train_single("baseline"),
     "thor": _train_single("thor"),
+    "thor_first_order": _train_single("thor_first_order"),
     "dim_reduce": _train_dim_reduce,
     "adasum": _train_adasum,
 }

@@ -90,6 +90,7 @@ def own_thor_step(
         trace_rule=tuple(thor.trace_rule) if thor.trace_rule else None,
         rank_size=rank_size,
         inverse_method=None,  # Cholesky, or MatrixInverse on Ascend (linalg.block_inverse)
+        precondition=thor.precondition,
     )
     return OwnThorStep(step)
 
@@ -99,30 +100,36 @@ class OwnThorStep(TrainStep):
 
     The wrapped layers' statistics buffers (``thor_stats.*``) are network parameters of the training net but
     optimizer state in the checkpoint (``optimizer.thor.thor_stats.*``), so the saved network loads into a plain one.
+    With ``thor.precondition`` false there is no preconditioner (``preconditioner`` None): the state is the
+    optimizer's alone.
     """
-
-    recipe = "THOR"
 
     def __init__(self, thor: ThorStep):
         super().__init__(thor, thor.net, thor.optimizer, thor.lr_per_step, thor.loss_scale)
         self.thor = thor
         self.preconditioner = thor.preconditioner
-        self.damping_per_step = thor.preconditioner.damping_per_step
+        self.damping_per_step = thor.damping_per_step
+        self.recipe = "THOR" if thor.preconditioner is not None else "THOR's recipe without the preconditioner"
 
     def __call__(self, images, labels):
         # THOR compiles its second-order step and the steps between separately, each on its first use
-        kind = "second-order step" if self.preconditioner.second_order_now() else "step reusing the inverses"
+        if self.preconditioner is None:
+            kind = "first order: the preconditioner is off"
+        else:
+            kind = "second-order step" if self.preconditioner.second_order_now() else "step reusing the inverses"
         announce_compile(self, f"the training graph (THOR, {kind})")
         return self.run(images, labels)
 
     def capture(self) -> dict[str, np.ndarray]:
         params = {name: value for name, value in super().capture().items() if not is_statistic(name)}
-        params.update({OPTIMIZER_PREFIX + name: value for name, value in self.preconditioner.state().items()})
+        if self.preconditioner is not None:
+            params.update({OPTIMIZER_PREFIX + name: value for name, value in self.preconditioner.state().items()})
         return params
 
     def restore(self, checkpoint: Checkpoint) -> None:
         super().restore(checkpoint)
-        self.preconditioner.load_state(checkpoint.optimizer_state())
+        if self.preconditioner is not None:
+            self.preconditioner.load_state(checkpoint.optimizer_state())
 
 
 class MindsporeThorStep(ModelTrainStep):

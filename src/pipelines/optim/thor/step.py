@@ -63,6 +63,19 @@ class _CapturingGradients(nn.Cell):
         return loss, grads, self.traces(grads, damping)
 
 
+class _FirstOrderStep(nn.Cell):
+    """THOR's step with the preconditioner switched off: the gradients, unscaled, straight to the optimizer."""
+
+    def __init__(self, gradients: _Gradients, optimizer: nn.Optimizer):
+        super().__init__(auto_prefix=False)
+        self.gradients = gradients
+        self.optimizer = optimizer
+
+    def construct(self, images, labels):
+        loss, grads = self.gradients(images, labels)
+        return ops.depend(loss, self.optimizer(grads))
+
+
 class _PreconditionedUpdate(nn.Cell):
     """The trace rule's last part: the stored inverses applied to given gradients, then the optimizer."""
 
@@ -85,16 +98,23 @@ class ThorStep:
     preconditioner and G is unscaled as it is taken, so updates do not depend on it (exactly, for powers of two).
     The returned loss is unscaled (and averaged over ranks). ``lr_per_step``: the optimizer's schedule, one value
     per step; the optimizer indexes it by its global step, so a step past its end is refused.
+
+    ``preconditioner`` None switches the second order off (``thor.precondition: false``): the same gradients,
+    loss scaling, optimizer and schedules, but the gradients reach the optimizer unchanged and nothing is captured
+    (THOR's recipe without its curvature; ``damping_per_step`` is then only reported).
     """
 
     def __init__(
         self,
         net: nn.Cell,
         loss_fn: nn.Cell,
-        preconditioner: ThorPreconditioner,
+        preconditioner: ThorPreconditioner | None,
         optimizer: nn.Optimizer,
         lr_per_step: np.ndarray,
+        damping_per_step: np.ndarray,
+        *,
         loss_scale: float,
+        rank_size: int,
     ):
         if [id(p) for p in optimizer.parameters] != [id(p) for p in net.trainable_params()]:
             raise ValueError("the optimizer must update net.trainable_params() in their order (group order_params)")
@@ -102,25 +122,30 @@ class ThorStep:
         self.preconditioner = preconditioner
         self.optimizer = optimizer
         self.lr_per_step = np.asarray(lr_per_step, np.float32).ravel()
+        self.damping_per_step = np.asarray(damping_per_step, np.float32).ravel()
         self.loss_scale = float(loss_scale)
-        gradients = _Gradients(
-            nn.WithLossCell(net, loss_fn), optimizer.parameters, loss_scale, preconditioner.rank_size
-        )
+        gradients = _Gradients(nn.WithLossCell(net, loss_fn), optimizer.parameters, loss_scale, rank_size)
+        net.set_train(True)
+        if preconditioner is None:
+            self._first_order = _FirstOrderStep(gradients, optimizer)
+            return
         self._second_order = _PreconditionedStep(gradients, preconditioner.second_order_cell, optimizer)
         self._reuse = _PreconditionedStep(gradients, preconditioner.reuse_cell, optimizer)
         if preconditioner.trace_rule is not None:
             self._capturing = _CapturingGradients(gradients, preconditioner.traces_cell)
             self._update = _PreconditionedUpdate(preconditioner.reuse_cell, optimizer)
-        net.set_train(True)
 
     def __call__(self, images, labels) -> ms.Tensor:
         """One training step; returns the (unscaled, rank-averaged) loss."""
         preconditioner = self.preconditioner
-        if preconditioner.steps >= len(self.lr_per_step):
+        steps = int(self.optimizer.global_step.asnumpy()[0]) if preconditioner is None else preconditioner.steps
+        if steps >= len(self.lr_per_step):
             raise ValueError(
-                f"THOR step {preconditioner.steps + 1} is past the end of its lr schedule "
+                f"THOR step {steps + 1} is past the end of its lr schedule "
                 f"({len(self.lr_per_step)} steps); build the schedule for every step of the training"
             )
+        if preconditioner is None:
+            return self._first_order(images, labels)
         second_order = preconditioner.second_order_now()
         damping = ms.Tensor(preconditioner.damping, ms.float32)
         if second_order and preconditioner.trace_rule is not None:
@@ -162,20 +187,35 @@ def create_thor_step(
     trace_rule: tuple[float, float] | None,
     rank_size: int,
     inverse_method: str | None,
+    precondition: bool,
 ) -> ThorStep:
     """THOR for ``net``: the preconditioner, then the baseline's Momentum (``create_momentum``: weight decay
     except on BatchNorm gamma/beta and biases, ``lr_per_step`` indexed by its global step) with loss scale 1, as the
-    preconditioner already receives unscaled gradients. See ``ThorPreconditioner`` for the other arguments."""
-    preconditioner = ThorPreconditioner(
-        net,
-        damping_per_step,
-        loss_scale=loss_scale,
-        frequency=frequency,
-        block_size=block_size,
-        trace_rule=trace_rule,
-        rank_size=rank_size,
-        inverse_method=inverse_method,
+    preconditioner already receives unscaled gradients. See ``ThorPreconditioner`` for the other arguments;
+    ``precondition`` False builds no preconditioner (``ThorStep``: THOR's recipe without its second order)."""
+    preconditioner = (
+        ThorPreconditioner(
+            net,
+            damping_per_step,
+            loss_scale=loss_scale,
+            frequency=frequency,
+            block_size=block_size,
+            trace_rule=trace_rule,
+            rank_size=rank_size,
+            inverse_method=inverse_method,
+        )
+        if precondition
+        else None
     )
     lr_per_step = np.asarray(lr_per_step, np.float32).ravel()
     optimizer = create_momentum(net, lr_per_step, momentum, weight_decay, 1.0)
-    return ThorStep(net, loss_fn, preconditioner, optimizer, lr_per_step, loss_scale)
+    return ThorStep(
+        net,
+        loss_fn,
+        preconditioner,
+        optimizer,
+        lr_per_step,
+        damping_per_step,
+        loss_scale=loss_scale,
+        rank_size=rank_size,
+    )

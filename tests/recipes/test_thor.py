@@ -1,0 +1,86 @@
+"""The THOR recipe with ``thor.precondition: false``: THOR's recipe without its curvature.
+
+Trained through the recipe and the engine, its weights equal, bit for bit, a plain Momentum training given THOR's
+lr schedule, weight decay (and its parameter groups), loss scale, zero-initialised last BatchNorm gammas and data
+order: only the preconditioning is gone. With the switch on, the same run differs (the curvature acts)."""
+
+from __future__ import annotations
+
+import mindspore.dataset as ds
+import numpy as np
+import pytest
+from mindspore import nn
+
+from pipelines.engine.resume import fingerprint
+from pipelines.images.folder import scan_image_tree
+from pipelines.models.loss import CrossEntropySmooth
+from pipelines.optim.momentum import create_momentum
+from pipelines.recipes.common import build_network, network_from_checkpoint, train_data
+from pipelines.recipes.thor import thor_model, thor_schedules, train_thor
+from tests.support.runner import tiny_parameters
+from tests.support.trees import write_image_tree
+
+CLASSES = ("cat", "dog", "fox")
+
+
+@pytest.fixture
+def setting(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tree = write_image_tree(tmp_path / "tree", classes=CLASSES, per_class={"train": 8, "val": 3})
+    params = tiny_parameters(tree, {"thor": {"epochs": 2, "precondition": False, "eval_interval": 0}})
+    manifest = scan_image_tree(tree, {"train": "train", "val": "val"}).manifest
+    class_index = {name: label for label, name in enumerate(CLASSES)}
+    return params, manifest, class_index
+
+
+def train(params, manifest, class_index):
+    initial = build_network(thor_model(params.model, params.thor), class_index, params.runtime)
+    result = train_thor(
+        initial, manifest, class_index, params.model, params.data, params.runtime, params.distributed, params.thor
+    )
+    return initial, result
+
+
+def trainable(checkpoint, names) -> dict[str, np.ndarray]:
+    return {name: checkpoint.params[name] for name in names}
+
+
+def test_without_the_preconditioner_thor_is_momentum_on_thors_recipe(setting):
+    params, manifest, class_index = setting
+    thor = params.thor
+    initial, result = train(params, manifest, class_index)
+    assert result.step.preconditioner is None
+    assert {"thor/second_order_steps", "thor/inverses_computed"}.isdisjoint(result.history[-1])
+    assert not any(name.startswith("optimizer.thor.") for name in result.checkpoint.params)
+
+    # the reference: THOR's network, schedule, weight decay and loss scale in a plain Momentum step, same batches
+    net = network_from_checkpoint(thor_model(params.model, thor), class_index, initial, "the initial weights")
+    data = train_data(manifest, params.data, thor.batch_size, params.runtime.seed)
+    lr_per_step, _ = thor_schedules(thor, data.get_dataset_size())
+    optimizer = create_momentum(net, lr_per_step, thor.momentum, thor.weight_decay, thor.loss_scale)
+    loss = CrossEntropySmooth(len(CLASSES), thor.label_smoothing)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, loss), optimizer, sens=thor.loss_scale)
+    step.set_train(True)
+    for epoch in range(thor.epochs):
+        ds.config.set_seed(params.runtime.seed + epoch)  # the engine's data order
+        for images, labels in data.create_tuple_iterator(num_epochs=1):
+            step(images, labels)
+    names = [p.name for p in net.trainable_params()]
+    reference = {p.name: p.asnumpy() for p in net.trainable_params()}
+    trained = trainable(result.checkpoint, names)
+    moved = max(float(np.abs(trained[n] - initial.params[n]).max()) for n in names)
+    assert moved > 1e-3  # it trained
+    for name in names:
+        np.testing.assert_array_equal(trained[name], reference[name], err_msg=name)
+
+
+def test_the_switch_changes_the_training_and_its_fingerprint(setting):
+    params, manifest, class_index = setting
+    first_order = params.thor
+    second_order = first_order.model_copy(update={"precondition": True})
+    assert fingerprint(first_order) != fingerprint(second_order)
+    _, without = train(params, manifest, class_index)
+    _, with_curvature = train(params.model_copy(update={"thor": second_order}), manifest, class_index)
+    assert with_curvature.history[-1]["thor/second_order_steps"] > 0
+    names = [n for n in without.checkpoint.network_params() if n.endswith("weight")]
+    assert any(not np.array_equal(without.checkpoint.params[n], with_curvature.checkpoint.params[n]) for n in names)
