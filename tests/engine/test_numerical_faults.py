@@ -14,6 +14,7 @@ from pipelines.engine.step import TrainStep
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.dim_reduce.pbfgs import PBFGS
 from pipelines.optim.momentum import create_momentum
+from pipelines.recipes.context import TrainingContext
 
 IN, OUT, BATCH, STEPS = 8, 3, 4, 5
 # Inputs of magnitude ~1000 give gradients of ~100, which this scale pushes past float32's 3.4e38;
@@ -86,7 +87,7 @@ def test_pbfgs_skips_an_overflowing_step_and_says_so():
 def test_stage2_with_too_large_a_loss_scale_stops_as_a_loss_scale_error(tmp_path):
     import yaml
 
-    from pipelines.dim_reduce.nodes import train_stage2
+    from pipelines.recipes.dim_reduce import train_stage2
     from pipelines.engine.state import capture_state
     from pipelines.images.folder import scan_image_tree
     from pipelines.params import DataParams, DimReduceParams, DistributedParams, ModelParams, RuntimeParams
@@ -110,17 +111,16 @@ def test_stage2_with_too_large_a_loss_scale_stops_as_a_loss_scale_error(tmp_path
     start = capture_state(net, None, {"network": "resnet_narrow", "epoch": 1})
     n = sum(int(np.prod(p.shape)) for p in net.trainable_params())
     pca = np.linalg.qr(np.random.default_rng(0).standard_normal((n, 3)))[0].T.astype(np.float32)
-    sections = (model, DataParams(**params["data"]), RuntimeParams(**params["runtime"]))
+    context = TrainingContext(
+        scanned.manifest,
+        scanned.class_index,
+        model,
+        DataParams(**params["data"]),
+        RuntimeParams(**params["runtime"]),
+        DistributedParams(**params["distributed"]),
+    )
     with pytest.raises(LossScaleOverflowError) as error:
-        train_stage2(
-            start,
-            pca,
-            scanned.manifest,
-            scanned.class_index,
-            *sections,
-            DistributedParams(**params["distributed"]),
-            DimReduceParams(**params["dim_reduce"]).stage2,
-        )
+        train_stage2(context, start, pca, DimReduceParams(**params["dim_reduce"]).stage2)
     message = str(error.value)
     assert "scaled by the fixed loss scale 3.3e+38 overflowed at epoch 2, step 1/" in message
     assert "dim_reduce.stage2.loss_scale" in message

@@ -16,6 +16,7 @@ from pipelines.images.folder import scan_image_tree
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.momentum import create_momentum
 from pipelines.recipes.common import build_network, network_from_checkpoint, train_data
+from pipelines.recipes.context import TrainingContext
 from pipelines.recipes.thor import thor_model, thor_schedules, train_thor
 from tests.support.runner import tiny_parameters
 from tests.support.trees import write_image_tree
@@ -35,9 +36,8 @@ def setting(tmp_path, monkeypatch):
 
 def train(params, manifest, class_index):
     initial = build_network(thor_model(params.model, params.thor), class_index, params.runtime)
-    result = train_thor(
-        initial, manifest, class_index, params.model, params.data, params.runtime, params.distributed, params.thor
-    )
+    context = TrainingContext(manifest, class_index, params.model, params.data, params.runtime, params.distributed)
+    result = train_thor(context, initial, params.thor)
     return initial, result
 
 

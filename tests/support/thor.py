@@ -54,6 +54,7 @@ RECIPE = {
     "trace_rule": None,
     "rank_size": 1,
     "inverse_method": None,
+    "precondition": True,
 }
 
 

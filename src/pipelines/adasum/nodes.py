@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipelines.distributed.launch import data_parallel, is_power_of_two
+from pipelines.distributed.launch import is_power_of_two, on_every_rank
 from pipelines.engine.checkpoint import Checkpoint
 from pipelines.params import AdasumParams, DataParams, DistributedParams, ModelParams, RuntimeParams
-from pipelines.recipes.momentum import train_momentum
+from pipelines.recipes.context import TrainingContext
+from pipelines.recipes.momentum import train_adasum as train_adasum_recipe
 from pipelines.shared import evaluate_and_log, training_outputs
 from pipelines.tracking import EpochMetrics
 
@@ -31,7 +32,11 @@ def train_adasum(
             f"distributed.worker_num is {distributed.worker_num}; Adasum combines ranks recursively in pairs "
             "and needs a power of two (1, 2, 4, 8, 16, ...)"
         )
-    return _train_on_every_rank(initial_weights, manifest, class_index, model, data, runtime, distributed, adasum)
+    context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
+    result = on_every_rank(
+        train_adasum_recipe, context, initial_weights, adasum, combine_by_adasum=True, callbacks=[EpochMetrics()]
+    )
+    return training_outputs(result)
 
 
 def evaluate_adasum(
@@ -44,33 +49,3 @@ def evaluate_adasum(
 ) -> dict:
     """Top-1/top-5 of the final checkpoint on val (``adasum: top-1 …``), logged as ``final/top1``, ``final/top5``."""
     return evaluate_and_log(checkpoint, manifest, class_index, model, data, runtime, label="adasum")
-
-
-# The node's function is the plain one above, so that kedro-viz shows this file and its code: a decorated
-# function's code object is the decorator's.
-@data_parallel
-def _train_on_every_rank(
-    initial_weights: Checkpoint,
-    manifest: pd.DataFrame,
-    class_index: dict[str, int],
-    model: ModelParams,
-    data: DataParams,
-    runtime: RuntimeParams,
-    distributed: DistributedParams,
-    adasum: AdasumParams,
-) -> tuple[Checkpoint, pd.DataFrame]:
-    result = train_momentum(
-        initial_weights,
-        manifest,
-        class_index,
-        model,
-        data,
-        runtime,
-        distributed,
-        adasum,
-        epochs=adasum.epochs,
-        schedule_epochs=adasum.epochs,
-        adasum=adasum,
-        callbacks=[EpochMetrics()],
-    )
-    return training_outputs(result)

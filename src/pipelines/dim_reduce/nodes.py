@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from pipelines import tracking
-from pipelines.distributed.launch import data_parallel
+from pipelines.distributed.launch import on_every_rank
 from pipelines.engine.checkpoint import Checkpoint
 from pipelines.metrics import TIMESTAMP_KEY
 from pipelines.optim.dim_reduce.pca import explained_variance_table
@@ -32,6 +32,7 @@ from pipelines.params import (
     Stage2Params,
 )
 from pipelines.recipes import dim_reduce as recipe
+from pipelines.recipes.context import TrainingContext
 from pipelines.reporting.compare import explained_variance_figure
 from pipelines.shared import evaluate_and_log, training_outputs
 
@@ -56,37 +57,10 @@ def train_stage1(
     Returns the full checkpoint of the last step, the per-epoch history and the trajectory index. With
     ``distributed.worker_num`` above 1 it trains on that many msrun workers.
     """
-    return _train_stage1_on_every_rank(
-        initial_weights, manifest, class_index, model, data, runtime, distributed, stage1, boost
-    )
-
-
-# Each node's function is a plain one, so that kedro-viz shows this file and its code (a decorated function's
-# code object is the decorator's); the msrun workers run these.
-@data_parallel
-def _train_stage1_on_every_rank(
-    initial_weights: Checkpoint,
-    manifest: pd.DataFrame,
-    class_index: dict[str, int],
-    model: ModelParams,
-    data: DataParams,
-    runtime: RuntimeParams,
-    distributed: DistributedParams,
-    stage1: Stage1Params,
-    boost: BoostParams,
-) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
+    context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
     with tracking.training_run("stage1"):
-        result, index = recipe.train_stage1(
-            initial_weights,
-            manifest,
-            class_index,
-            model,
-            data,
-            runtime,
-            distributed,
-            stage1,
-            boost,
-            callbacks=[tracking.EpochMetrics()],
+        result, index = on_every_rank(
+            recipe.train_stage1, context, initial_weights, stage1, boost=boost, callbacks=[tracking.EpochMetrics()]
         )
         checkpoint, history = training_outputs(result)
     tracking.log_metrics({"pca/trajectory_files": len(index)})
@@ -160,31 +134,27 @@ def train_stage2(
     configuration resumes from the newest checkpoint in ``stage2.checkpoint.dir``. With
     ``distributed.worker_num`` above 1 it trains on that many msrun workers.
     """
-    return _train_stage2_on_every_rank(
-        stage1_checkpoint, pca_matrix, manifest, class_index, model, data, runtime, distributed, stage2
-    )
-
-
-@data_parallel
-def _train_stage2_on_every_rank(
-    stage1_checkpoint: Checkpoint,
-    pca_matrix: np.ndarray,
-    manifest: pd.DataFrame,
-    class_index: dict[str, int],
-    model: ModelParams,
-    data: DataParams,
-    runtime: RuntimeParams,
-    distributed: DistributedParams,
-    stage2: Stage2Params,
-) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
-    inputs = (stage1_checkpoint, pca_matrix, manifest, class_index, model, data, runtime, distributed, stage2)
+    context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
     with tracking.training_run("stage2"):
         if stage2.implementation == "mindspore_boost":
             result, steps = recipe.train_stage2_with_boost(
-                *inputs, callbacks=[tracking.EpochMetrics()], run_handoff=tracking.MlflowRunHandoff.capture()
+                context,
+                stage1_checkpoint,
+                pca_matrix,
+                stage2,
+                callbacks=[tracking.EpochMetrics()],
+                run_handoff=tracking.MlflowRunHandoff.capture(),
             )
         else:
-            result, steps = recipe.train_stage2(*inputs, callbacks=[tracking.EpochMetrics()], on_steps=_log_pbfgs_steps)
+            result, steps = on_every_rank(
+                recipe.train_stage2,
+                context,
+                stage1_checkpoint,
+                pca_matrix,
+                stage2,
+                callbacks=[tracking.EpochMetrics()],
+                on_steps=_log_pbfgs_steps,
+            )
         checkpoint, history = training_outputs(result)
     return checkpoint, history, steps
 
@@ -206,38 +176,16 @@ def train_control(
 
     With ``distributed.worker_num`` above 1 it trains on that many msrun workers.
     """
-    return _train_control_on_every_rank(
-        stage1_checkpoint, manifest, class_index, model, data, runtime, distributed, stage1, stage2, control, boost
-    )
-
-
-@data_parallel
-def _train_control_on_every_rank(
-    stage1_checkpoint: Checkpoint,
-    manifest: pd.DataFrame,
-    class_index: dict[str, int],
-    model: ModelParams,
-    data: DataParams,
-    runtime: RuntimeParams,
-    distributed: DistributedParams,
-    stage1: Stage1Params,
-    stage2: Stage2Params,
-    control: ControlParams,
-    boost: BoostParams,
-) -> tuple[Checkpoint, pd.DataFrame]:
+    context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
     with tracking.training_run("control"):
-        result = recipe.train_control(
+        result = on_every_rank(
+            recipe.train_control,
+            context,
             stage1_checkpoint,
-            manifest,
-            class_index,
-            model,
-            data,
-            runtime,
-            distributed,
             stage1,
             stage2,
             control,
-            boost,
+            boost=boost,
             callbacks=[tracking.EpochMetrics()],
         )
         return training_outputs(result)

@@ -14,7 +14,6 @@ interrupted, every worker is stopped before the interruption propagates.
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib
 import inspect
 import logging
@@ -308,23 +307,20 @@ def run_worker(job_dir: Path) -> None:
     (job_dir / f"rank_{rank_id}.done").touch()
 
 
-def data_parallel(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Make ``fn`` run on ``distributed.worker_num`` msrun workers when that is more than one.
+def on_every_rank(train: Callable[..., Any], context, *args, **kwargs) -> Any:
+    """``train(context, *args, **kwargs)`` on ``context.distributed.worker_num`` msrun workers of this node when
+    that is more than one, else (and inside a worker) right here; returns rank 0's (each node's first worker's)
+    result.
 
-    ``fn`` takes ``distributed`` and ``runtime`` parameter sections among its arguments; inside a
-    worker (or with one worker) it simply runs. Rank 0 logs into the run ``hand_off_runs_with`` captures.
+    ``context`` is a training's context (``recipes.context.TrainingContext``: its ``distributed`` and ``runtime``
+    sections are read). ``train`` must be importable by name, its arguments and result picklable. Rank 0 logs into
+    the run ``hand_off_runs_with`` captures: the caller's active run.
     """
-    signature = inspect.signature(fn)
-
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        arguments = signature.bind(*args, **kwargs).arguments
-        distributed = arguments["distributed"]
-        if distributed.worker_num == 1 or _context.size > 1:
-            return fn(*args, **kwargs)
-        return launch(run, dict(arguments), distributed, arguments["runtime"].device_target, _capture_run())
-
-    return run
+    distributed = context.distributed
+    if distributed.worker_num == 1 or _context.size > 1:
+        return train(context, *args, **kwargs)
+    arguments = inspect.signature(train).bind(context, *args, **kwargs).arguments
+    return launch(train, dict(arguments), distributed, context.runtime.device_target, _capture_run())
 
 
 def sum_over_ranks(values) -> np.ndarray:

@@ -72,14 +72,20 @@ class Checkpointing:
 @dataclass
 class TrainingResult:
     """The final state (the checkpoint layout), every epoch's row from epoch 1, end-of-training figures
-    (``distributed/replica_max_abs_diff`` with several ranks), the trained step and every step evaluation's
-    row from epoch 1 (``step``, ``val/step_top1``, ``val/step_top5``, ``train/elapsed_s``, ``eval/time_s``)."""
+    (``distributed/replica_max_abs_diff`` with several ranks), the steps per epoch, every step evaluation's row from
+    epoch 1 (``step``, ``val/step_top1``, ``val/step_top5``, ``train/elapsed_s``, ``eval/time_s``) and the trained
+    step. A result travels between processes (from an msrun rank back to the node) without its step: MindSpore's
+    cells stay in the process that trained."""
 
     checkpoint: Checkpoint
     history: list[dict[str, float]]
     summary: dict[str, float] = field(default_factory=dict)
-    step: TrainStep | None = None
+    steps_per_epoch: int = 0
     step_history: list[dict[str, float]] = field(default_factory=list)
+    step: TrainStep | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "step": None}
 
 
 def train(
@@ -164,7 +170,9 @@ def train(
                 callback.on_step_evaluation(row)
     runner = EpochRunner(spec, step, steps_per_epoch, chosen, evaluate, history, evaluate_steps, step_history)
     step.train_epochs(dataset, runner, start_epoch)
-    return TrainingResult(capture(stop), history, _replica_divergence(step.network), step, step_history)
+    return TrainingResult(
+        capture(stop), history, _replica_divergence(step.network), steps_per_epoch, step_history, step
+    )
 
 
 def _replica_divergence(network) -> dict[str, float]:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-import pandas as pd
-
 from pipelines.boost.options import boost_enabled, build_train_step
 from pipelines.distributed.launch import rank_context
 from pipelines.engine.callbacks import Callback
@@ -28,15 +26,7 @@ from pipelines.engine.step import TrainStep
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.momentum import create_momentum
 from pipelines.optim.schedules import momentum_lr, scaled_lr_max
-from pipelines.params import (
-    AdasumParams,
-    BoostParams,
-    DataParams,
-    DistributedParams,
-    ModelParams,
-    MomentumTraining,
-    RuntimeParams,
-)
+from pipelines.params import AdasumParams, BaselineParams, BoostParams, MomentumTraining, RuntimeParams
 from pipelines.recipes.common import (
     configure,
     network_from_checkpoint,
@@ -45,25 +35,21 @@ from pipelines.recipes.common import (
     train_data,
     val_data,
 )
+from pipelines.recipes.context import TrainingContext
 
 logger = logging.getLogger(__name__)
 
 
 def train_momentum(
+    context: TrainingContext,
     start: Checkpoint,
-    manifest: pd.DataFrame,
-    class_index: dict[str, int],
-    model: ModelParams,
-    data: DataParams,
-    runtime: RuntimeParams,
-    distributed: DistributedParams,
     training: MomentumTraining,
     *,
     epochs: int,
     schedule_epochs: int,
-    continue_from_start: bool = False,
-    boost: BoostParams | None = None,
-    adasum: AdasumParams | None = None,
+    continue_from_start: bool,
+    boost: BoostParams | None,
+    adasum: AdasumParams | None,
     callbacks: Sequence[Callback] = (),
     leader_callbacks: Sequence[Callback] = (),
 ) -> TrainingResult:
@@ -72,10 +58,13 @@ def train_momentum(
     ``training``: the recipe's section (batch size, lr, momentum, weight decay, label smoothing, loss scale,
     eval interval, checkpoint folder). Without ``continue_from_start`` only ``start``'s weights are taken
     and training starts at epoch 0; with it, ``start``'s momentum, step and epoch are continued (the
-    dim_reduce control). ``callbacks`` run on every rank (e.g. ``tracking.EpochMetrics``, which logs only
-    where a run is active); ``leader_callbacks`` only on each node's first worker (files). Returns the
-    final full checkpoint, every epoch's row and the end-of-training figures.
+    dim_reduce control). ``boost``: mindspore.boost's options in the step (None: off); ``adasum``: combine the
+    ranks' weight deltas by Adasum (None: gradients averaged). ``callbacks`` run on every rank (e.g.
+    ``tracking.EpochMetrics``, which logs only where a run is active); ``leader_callbacks`` only on each node's
+    first worker (files). Returns the final full checkpoint, every epoch's row and the end-of-training figures.
     """
+    manifest, class_index, model, data = context.manifest, context.class_index, context.model, context.data
+    runtime, distributed = context.runtime, context.distributed
     configure(runtime)
     worker_num = distributed.worker_num
     run_id = fingerprint(
@@ -153,6 +142,53 @@ def train_momentum(
         continue_from_start=continue_from_start,
         metadata={"network": model.name},
         evaluate_steps=step_evaluation(manifest, data, training.eval_every_steps),
+    )
+
+
+def train_baseline(
+    context: TrainingContext,
+    start: Checkpoint,
+    baseline: BaselineParams,
+    *,
+    boost: BoostParams,
+    callbacks: Sequence[Callback] = (),
+) -> TrainingResult:
+    """The baseline recipe: ``baseline.epochs`` epochs of its whole schedule from ``start``'s weights, with
+    mindspore.boost's ``boost`` options in the step."""
+    return train_momentum(
+        context,
+        start,
+        baseline,
+        epochs=baseline.epochs,
+        schedule_epochs=baseline.epochs,
+        continue_from_start=False,
+        boost=boost,
+        adasum=None,
+        callbacks=callbacks,
+    )
+
+
+def train_adasum(
+    context: TrainingContext,
+    start: Checkpoint,
+    adasum: AdasumParams,
+    *,
+    combine_by_adasum: bool,
+    callbacks: Sequence[Callback] = (),
+) -> TrainingResult:
+    """The adasum recipe: ``adasum.epochs`` epochs of Momentum from ``start``'s weights, the ranks' weight deltas
+    combined by Adasum (``combine_by_adasum``), or their gradients averaged (plain data parallelism, the study's
+    reference on the same ranks)."""
+    return train_momentum(
+        context,
+        start,
+        adasum,
+        epochs=adasum.epochs,
+        schedule_epochs=adasum.epochs,
+        continue_from_start=False,
+        boost=None,
+        adasum=adasum if combine_by_adasum else None,
+        callbacks=callbacks,
     )
 
 

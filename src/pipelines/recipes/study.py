@@ -25,27 +25,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import pandas as pd
-
-from pipelines.distributed.launch import data_parallel
+from pipelines.distributed.launch import on_every_rank
 from pipelines.engine.callbacks import Callback
-from pipelines.engine.checkpoint import Checkpoint, write_atomically
+from pipelines.engine.checkpoint import write_atomically
 from pipelines.engine.loop import TrainingResult
 from pipelines.engine.resume import fingerprint, remove_finished_checkpoints
 from pipelines.params import (
     AdasumParams,
     BaselineParams,
     BoostParams,
-    DataParams,
     DimReduceParams,
-    DistributedParams,
-    ModelParams,
-    RuntimeParams,
     ThorParams,
 )
 from pipelines.recipes.common import build_network
+from pipelines.recipes.context import TrainingContext
 from pipelines.recipes.dim_reduce import collect_trajectory, train_control, train_stage1, train_stage2, trajectory_pca
-from pipelines.recipes.momentum import train_momentum
+from pipelines.recipes.momentum import train_adasum, train_baseline
 from pipelines.recipes.thor import thor_model, train_thor
 
 logger = logging.getLogger(__name__)
@@ -78,14 +73,9 @@ class StudyTracking(Protocol):
 
 @dataclass(frozen=True)
 class StudyInputs:
-    """The data and every section the recipes read."""
+    """The data and shared sections (``context``) and every recipe's own section."""
 
-    manifest: pd.DataFrame
-    class_index: dict[str, int]
-    model: ModelParams
-    data: DataParams
-    runtime: RuntimeParams
-    distributed: DistributedParams
+    context: TrainingContext
     baseline: BaselineParams
     thor: ThorParams
     dim_reduce: DimReduceParams
@@ -103,15 +93,6 @@ class StudyPlan:
     adasum_workers: int = 2  # msrun ranks of adasum's two trainings (on this node)
 
 
-class _StepsPerEpoch(Callback):
-    """Remembers the training's steps per epoch (epochs to target = step / steps per epoch)."""
-
-    steps_per_epoch = 0
-
-    def on_train_begin(self, total_epochs: int, steps_per_epoch: int, start_epoch: int) -> None:
-        self.steps_per_epoch = steps_per_epoch
-
-
 def run_study(inputs: StudyInputs, plan: StudyPlan, tracking: StudyTracking) -> list[dict]:
     """Every recipe of the plan over every seed, skipping the runs finished earlier; one record per result row.
 
@@ -119,10 +100,11 @@ def run_study(inputs: StudyInputs, plan: StudyPlan, tracking: StudyTracking) -> 
     ``final_top1``/``final_top5`` on the whole val split after the last epoch, ``steps_per_epoch``, and the
     engine's ``history`` (per epoch) and ``step_history`` (per step evaluation).
     """
-    if inputs.distributed.worker_num != 1:
+    workers = inputs.context.distributed.worker_num
+    if workers != 1:
         raise ValueError(
-            f"study runs its trainings in this process, one device: distributed.worker_num is "
-            f"{inputs.distributed.worker_num}, set it to 1 for the study"
+            f"study runs its trainings in this process, one device: distributed.worker_num is {workers}, set it to "
+            "1 for the study"
         )
     results = plan.directory / "runs"
     results.mkdir(parents=True, exist_ok=True)
@@ -164,7 +146,7 @@ def _configuration(inputs: StudyInputs, plan: StudyPlan, recipe: str, seed: int)
             plan.eval_every_steps,
         ),
     }[recipe]
-    return fingerprint(recipe, inputs.model, inputs.data, seed, *sections)
+    return fingerprint(recipe, inputs.context.model, inputs.context.data, seed, *sections)
 
 
 def _baseline(inputs: StudyInputs, plan: StudyPlan) -> BaselineParams:
@@ -187,13 +169,13 @@ def _checkpoint_dir(section, folder: Path):
     return section.checkpoint.model_copy(update={"dir": str(folder)})
 
 
-def _figures(result: TrainingResult, steps: _StepsPerEpoch) -> dict:
-    """What the study keeps of a training (plain data: it travels back from an msrun rank 0 too)."""
+def _figures(result: TrainingResult) -> dict:
+    """What the study keeps of a training (plain data, kept in its result file)."""
     last = result.history[-1]  # the engine evaluates on the whole val split after the last epoch
     return {
         "final_top1": last["val/top1"],
         "final_top5": last["val/top5"],
-        "steps_per_epoch": steps.steps_per_epoch,
+        "steps_per_epoch": result.steps_per_epoch,
         "history": result.history,
         "step_history": result.step_history,
     }
@@ -206,34 +188,24 @@ def _record(recipe: str, seed: int, key: str, run_id: str | None, figures: dict,
 
 
 def _train_single(recipe: str):
+    """baseline, thor or thor_first_order over one seed: the nodes' recipe functions, in one child run."""
+
     def train_one(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str, tracking: StudyTracking):
-        runtime = inputs.runtime.model_copy(update={"seed": seed})
-        if recipe == "baseline":
-            section = _baseline(inputs, plan)
-        else:
-            section = _thor(inputs, plan, precondition=recipe == "thor")
-        checkpoint = _checkpoint_dir(section, plan.directory / "checkpoints" / key)
-        section = section.model_copy(update={"checkpoint": checkpoint})
-        common = (inputs.manifest, inputs.class_index, inputs.model, inputs.data, runtime, inputs.distributed)
-        steps = _StepsPerEpoch()
+        context = inputs.context.with_seed(seed)
+        folder = plan.directory / "checkpoints" / key
         tags = {"recipe": recipe, "result": recipe, "seed": str(seed), "study_key": key}
         with tracking.run(f"{recipe}-seed{seed}", tags) as run_id:
-            callbacks = [*tracking.callbacks(), steps]
-            if recipe != "baseline":
-                initial = build_network(thor_model(inputs.model, section), inputs.class_index, runtime)
-                result = train_thor(initial, *common, section, callbacks=callbacks)
+            if recipe == "baseline":
+                section = _baseline(inputs, plan)
+                section = section.model_copy(update={"checkpoint": _checkpoint_dir(section, folder)})
+                initial = build_network(context.model, context.class_index, context.runtime)
+                result = train_baseline(context, initial, section, boost=inputs.boost, callbacks=tracking.callbacks())
             else:
-                initial = build_network(inputs.model, inputs.class_index, runtime)
-                result = train_momentum(
-                    initial,
-                    *common,
-                    section,
-                    epochs=section.epochs,
-                    schedule_epochs=section.epochs,
-                    boost=inputs.boost,
-                    callbacks=callbacks,
-                )
-            record = _record(recipe, seed, key, run_id, _figures(result, steps), tracking)
+                section = _thor(inputs, plan, precondition=recipe == "thor")
+                section = section.model_copy(update={"checkpoint": _checkpoint_dir(section, folder)})
+                initial = build_network(thor_model(context.model, section), context.class_index, context.runtime)
+                result = train_thor(context, initial, section, callbacks=tracking.callbacks())
+            record = _record(recipe, seed, key, run_id, _figures(result), tracking)
         return {recipe: record}, [result.checkpoint]
 
     return train_one
@@ -241,7 +213,8 @@ def _train_single(recipe: str):
 
 def _train_dim_reduce(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str, tracking: StudyTracking):
     """Stage 1 -> PCA -> stage 2 and the control from the same stage-1 checkpoint, each a child run."""
-    runtime = inputs.runtime.model_copy(update={"seed": seed})
+    context = inputs.context.with_seed(seed)
+    model, class_index = context.model, context.class_index
     folder = plan.directory / "checkpoints" / key
     dim = inputs.dim_reduce
     stage1 = dim.stage1.model_copy(
@@ -254,91 +227,57 @@ def _train_dim_reduce(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str,
         update={"checkpoint": _checkpoint_dir(dim.stage2, folder / "stage2"), "eval_every_steps": plan.eval_every_steps}
     )
     control = dim.control.model_copy(update={"checkpoint": _checkpoint_dir(dim.control, folder / "control")})
-    common = (inputs.manifest, inputs.class_index, inputs.model, inputs.data, runtime, inputs.distributed)
     tags = {"recipe": "dim_reduce", "seed": str(seed), "study_key": key}
     with tracking.run(f"stage1-seed{seed}", tags | {"result": "stage1"}):
-        initial = build_network(inputs.model, inputs.class_index, runtime)
-        first, trajectory = train_stage1(initial, *common, stage1, inputs.boost, callbacks=tracking.callbacks())
-    chosen = collect_trajectory(trajectory, inputs.model, inputs.class_index, dim.collect, dim.pca)
-    components = trajectory_pca(chosen, inputs.model, inputs.class_index, dim.pca).components
+        initial = build_network(model, class_index, context.runtime)
+        first, trajectory = train_stage1(context, initial, stage1, boost=inputs.boost, callbacks=tracking.callbacks())
+        # its final evaluation, as dim_reduce's stage1 child run has one
+        tracking.log_final({"top1": first.history[-1]["val/top1"], "top5": first.history[-1]["val/top5"]})
+    chosen = collect_trajectory(trajectory, model, class_index, dim.collect, dim.pca)
+    components = trajectory_pca(chosen, model, class_index, dim.pca).components
     records, finals = {}, [first.checkpoint]
     for row in RESULT_ROWS["dim_reduce"]:
-        steps = _StepsPerEpoch()
         with tracking.run(f"{row}-seed{seed}", tags | {"result": row}) as run_id:
-            callbacks = [*tracking.callbacks(), steps]
             if row == "stage2":
-                result, _ = train_stage2(first.checkpoint, components, *common, stage2, callbacks=callbacks)
+                result, _ = train_stage2(context, first.checkpoint, components, stage2, callbacks=tracking.callbacks())
             else:
                 result = train_control(
-                    first.checkpoint, *common, stage1, stage2, control, inputs.boost, callbacks=callbacks
+                    context,
+                    first.checkpoint,
+                    stage1,
+                    stage2,
+                    control,
+                    boost=inputs.boost,
+                    callbacks=tracking.callbacks(),
                 )
-            records[row] = _record(row, seed, key, run_id, _figures(result, steps), tracking)
+            records[row] = _record(row, seed, key, run_id, _figures(result), tracking)
         finals.append(result.checkpoint)
     return records, finals
 
 
 def _train_adasum(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str, tracking: StudyTracking):
     """Adasum and plain data parallelism, each one msrun job of ``plan.adasum_workers`` ranks, same start."""
-    runtime = inputs.runtime.model_copy(update={"seed": seed})
-    workers = plan.adasum_workers
-    distributed = inputs.distributed.model_copy(update={"worker_num": workers, "local_worker_num": workers})
-    initial = build_network(inputs.model, inputs.class_index, runtime)
+    context = inputs.context.with_seed(seed).with_workers(plan.adasum_workers)
+    initial = build_network(context.model, context.class_index, context.runtime)
     records, finals = {}, []
     for row in RESULT_ROWS["adasum"]:
         section = _adasum(inputs, plan)
         section = section.model_copy(
             update={"checkpoint": _checkpoint_dir(section, plan.directory / "checkpoints" / key / row)}
         )
-        tags = {"recipe": "adasum", "result": row, "seed": str(seed), "study_key": key, "workers": str(workers)}
-        with tracking.run(f"{row}-seed{seed}", tags) as run_id:
-            trained = _train_on_ranks(
+        tags = {"recipe": "adasum", "result": row, "seed": str(seed), "study_key": key}
+        with tracking.run(f"{row}-seed{seed}", tags | {"workers": str(plan.adasum_workers)}) as run_id:
+            result = on_every_rank(
+                train_adasum,
+                context,
                 initial,
-                inputs.manifest,
-                inputs.class_index,
-                inputs.model,
-                inputs.data,
-                runtime,
-                distributed,
                 section,
-                row == "adasum",
-                tracking,
+                combine_by_adasum=row == "adasum",
+                callbacks=tracking.callbacks(),
             )
-            records[row] = _record(row, seed, key, run_id, trained["figures"], tracking)
-        finals.append(trained["checkpoint"])
+            records[row] = _record(row, seed, key, run_id, _figures(result), tracking)
+        finals.append(result.checkpoint)
     return records, finals
-
-
-@data_parallel
-def _train_on_ranks(
-    initial: Checkpoint,
-    manifest: pd.DataFrame,
-    class_index: dict[str, int],
-    model: ModelParams,
-    data: DataParams,
-    runtime: RuntimeParams,
-    distributed: DistributedParams,
-    section: AdasumParams,
-    with_adasum: bool,
-    tracking: StudyTracking,
-) -> dict:
-    """One msrun rank's Momentum training, updates combined by Adasum or by averaged gradients; what the study
-    keeps of it (picklable: it travels back from rank 0)."""
-    steps = _StepsPerEpoch()
-    result = train_momentum(
-        initial,
-        manifest,
-        class_index,
-        model,
-        data,
-        runtime,
-        distributed,
-        section,
-        epochs=section.epochs,
-        schedule_epochs=section.epochs,
-        adasum=section if with_adasum else None,
-        callbacks=[*tracking.callbacks(), steps],
-    )
-    return {"figures": _figures(result, steps), "checkpoint": result.checkpoint}
 
 
 _TRAINERS = {

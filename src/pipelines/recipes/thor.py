@@ -25,7 +25,6 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
-import pandas as pd
 
 from pipelines.engine.callbacks import Callback
 from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint
@@ -40,7 +39,7 @@ from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.schedules import thor_damping, thor_lr
 from pipelines.optim.thor.capture import is_statistic
 from pipelines.optim.thor.step import ThorStep, create_thor_step
-from pipelines.params import DataParams, DistributedParams, ModelParams, RuntimeParams, ThorParams
+from pipelines.params import ModelParams, ThorParams
 from pipelines.recipes.common import (
     configure,
     network_from_checkpoint,
@@ -49,6 +48,7 @@ from pipelines.recipes.common import (
     train_data,
     val_data,
 )
+from pipelines.recipes.context import TrainingContext
 
 logger = logging.getLogger(__name__)
 
@@ -224,13 +224,8 @@ class ThorFigures(Callback):
 
 
 def train_thor(
+    context: TrainingContext,
     start: Checkpoint,
-    manifest: pd.DataFrame,
-    class_index: dict[str, int],
-    model: ModelParams,
-    data: DataParams,
-    runtime: RuntimeParams,
-    distributed: DistributedParams,
     thor: ThorParams,
     *,
     callbacks: Sequence[Callback] = (),
@@ -238,6 +233,8 @@ def train_thor(
     """THOR training from ``start``'s weights for ``thor.epochs`` epochs (resuming this training's newest
     checkpoint in ``thor.checkpoint.dir``, if any). ``callbacks`` run on every rank (e.g.
     ``tracking.EpochMetrics``). Returns the final full checkpoint, every epoch's row and the end figures."""
+    manifest, class_index, model, data = context.manifest, context.class_index, context.model, context.data
+    runtime, distributed = context.runtime, context.distributed
     configure(runtime)
     network = thor_model(model, thor)
     worker_num = distributed.worker_num

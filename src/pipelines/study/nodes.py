@@ -24,6 +24,7 @@ from pipelines.params import (
     StudyParams,
     ThorParams,
 )
+from pipelines.recipes.context import TrainingContext
 from pipelines.recipes.study import StudyInputs, StudyPlan, run_study
 from pipelines.reporting.study import MEASURES, curves_figure, paired_differences, run_figures, summarise
 
@@ -64,9 +65,8 @@ def run_recipes(
     to ``study.target_top1`` at step resolution, training seconds) and the step-evaluation curves
     (``CURVE_COLUMNS``: top-1/top-5 on the step subset against training seconds).
     """
-    inputs = StudyInputs(
-        manifest, class_index, model, data, runtime, distributed, baseline, thor, dim_reduce, adasum, boost
-    )
+    context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
+    inputs = StudyInputs(context, baseline, thor, dim_reduce, adasum, boost)
     plan = StudyPlan(
         study.recipes, study.seeds, study.epochs, study.eval_every_steps, Path(study.dir), study.adasum_workers
     )

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipelines.distributed.launch import data_parallel
+from pipelines.distributed.launch import on_every_rank
 from pipelines.engine.checkpoint import Checkpoint
 from pipelines.params import DataParams, DistributedParams, ModelParams, RuntimeParams, ThorParams
 from pipelines.recipes import thor as thor_recipe
 from pipelines.recipes.common import build_network
+from pipelines.recipes.context import TrainingContext
 from pipelines.shared import evaluate_and_log, training_outputs
 from pipelines.tracking import EpochMetrics
 
@@ -36,8 +37,10 @@ def train_thor(
     A/G statistics, inverses and counters) and the per-epoch history. ``thor.implementation`` own: this project's
     THOR; mindspore: ``nn.thor`` with ``ModelThor`` (Ascend/GPU). A rerun resumes from the newest checkpoint in
     ``thor.checkpoint.dir`` of the same configuration. With ``distributed.worker_num`` above 1 it trains on that
-    many msrun workers (``_train_on_every_rank``)."""
-    return _train_on_every_rank(initial_weights, manifest, class_index, model, data, runtime, distributed, thor)
+    many msrun workers."""
+    context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
+    result = on_every_rank(thor_recipe.train_thor, context, initial_weights, thor, callbacks=[EpochMetrics()])
+    return training_outputs(result)
 
 
 def evaluate_thor(
@@ -50,30 +53,3 @@ def evaluate_thor(
 ) -> dict:
     """Top-1/top-5 of the final checkpoint on val (``thor: top-1 …``), logged as ``final/top1``, ``final/top5``."""
     return evaluate_and_log(checkpoint, manifest, class_index, model, data, runtime, label="thor")
-
-
-# The node's function is the plain one above, so that kedro-viz shows this file and its code: a decorated
-# function's code object is the decorator's.
-@data_parallel
-def _train_on_every_rank(
-    initial_weights: Checkpoint,
-    manifest: pd.DataFrame,
-    class_index: dict[str, int],
-    model: ModelParams,
-    data: DataParams,
-    runtime: RuntimeParams,
-    distributed: DistributedParams,
-    thor: ThorParams,
-) -> tuple[Checkpoint, pd.DataFrame]:
-    result = thor_recipe.train_thor(
-        initial_weights,
-        manifest,
-        class_index,
-        model,
-        data,
-        runtime,
-        distributed,
-        thor,
-        callbacks=[EpochMetrics()],
-    )
-    return training_outputs(result)

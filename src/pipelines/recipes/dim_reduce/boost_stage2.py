@@ -24,8 +24,9 @@ from pipelines.engine.resume import fingerprint
 from pipelines.engine.step import TrainStep
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.dim_reduce.boost import boost_config, boost_model, run_in_own_process
-from pipelines.params import DataParams, DistributedParams, ModelParams, RuntimeParams, Stage2Params
+from pipelines.params import Stage2Params
 from pipelines.recipes.common import configure, network_from_checkpoint, num_classes, train_data, val_data
+from pipelines.recipes.context import TrainingContext
 from pipelines.recipes.dim_reduce import step_table
 
 logger = logging.getLogger(__name__)
@@ -118,14 +119,9 @@ class BoostStepLosses(Callback):
 
 
 def train_stage2_with_boost(
+    context: TrainingContext,
     stage1_checkpoint: Checkpoint,
     pca_matrix: np.ndarray,
-    manifest: pd.DataFrame,
-    class_index: dict[str, int],
-    model: ModelParams,
-    data: DataParams,
-    runtime: RuntimeParams,
-    distributed: DistributedParams,
     stage2: Stage2Params,
     *,
     callbacks: Sequence[Callback] = (),
@@ -145,14 +141,9 @@ def train_stage2_with_boost(
         return run_in_own_process(
             _train_stage2_with_boost_here,
             {
+                "context": context,
                 "start_path": work / "stage1.ckpt",
                 "pca_path": work / "pca.npy",
-                "manifest": manifest,
-                "class_index": class_index,
-                "model": model,
-                "data": data,
-                "runtime": runtime,
-                "distributed": distributed,
                 "stage2": stage2,
                 "callbacks": list(callbacks),
                 "run_handoff": run_handoff,
@@ -162,19 +153,21 @@ def train_stage2_with_boost(
 
 
 def _train_stage2_with_boost_here(
+    context: TrainingContext,
     start_path: Path,
     pca_path: Path,
-    manifest: pd.DataFrame,
-    class_index: dict[str, int],
-    model: ModelParams,
-    data: DataParams,
-    runtime: RuntimeParams,
-    distributed: DistributedParams,
     stage2: Stage2Params,
     callbacks: Sequence[Callback],
     run_handoff,
 ) -> tuple[TrainingResult, pd.DataFrame]:
     """The process side of ``train_stage2_with_boost``."""
+    manifest, class_index, model, data, runtime = (
+        context.manifest,
+        context.class_index,
+        context.model,
+        context.data,
+        context.runtime,
+    )
     with run_handoff.attached() if run_handoff is not None else nullcontext():
         configure(runtime)
         start = load_checkpoint(start_path)
@@ -214,5 +207,4 @@ def _train_stage2_with_boost_here(
             continue_from_start=True,
             metadata={"network": model.name},
         )
-        # the step (MindSpore cells) stays here; the caller gets plain data
-        return TrainingResult(result.checkpoint, result.history, result.summary), result.step.table()
+        return result, result.step.table()  # the result travels back without its step (TrainingResult)

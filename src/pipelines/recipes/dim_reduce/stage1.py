@@ -18,31 +18,24 @@ from pipelines.params import (
     BoostParams,
     CollectParams,
     ControlParams,
-    DataParams,
-    DistributedParams,
     ModelParams,
     PcaParams,
-    RuntimeParams,
     Stage1Params,
     Stage2Params,
 )
 from pipelines.recipes.common import create_network
+from pipelines.recipes.context import TrainingContext
 from pipelines.recipes.momentum import train_momentum
 
 logger = logging.getLogger(__name__)
 
 
 def train_stage1(
+    context: TrainingContext,
     start: Checkpoint,
-    manifest: pd.DataFrame,
-    class_index: dict[str, int],
-    model: ModelParams,
-    data: DataParams,
-    runtime: RuntimeParams,
-    distributed: DistributedParams,
     stage1: Stage1Params,
-    boost: BoostParams,
     *,
+    boost: BoostParams,
     callbacks: Sequence[Callback] = (),
 ) -> tuple[TrainingResult, pd.DataFrame]:
     """Momentum from ``start`` to epoch ``stage1.epochs`` of a ``stage1.schedule_epochs`` schedule, keeping the
@@ -59,17 +52,14 @@ def train_stage1(
         every_epochs=trajectory.every_epochs,
     )
     result = train_momentum(
+        context,
         start,
-        manifest,
-        class_index,
-        model,
-        data,
-        runtime,
-        distributed,
         stage1,
         epochs=stage1.epochs,
         schedule_epochs=stage1.schedule_epochs,
+        continue_from_start=False,
         boost=boost,
+        adasum=None,
         callbacks=callbacks,
         leader_callbacks=[recorder],
     )
@@ -109,34 +99,25 @@ def trajectory_pca(
 
 
 def train_control(
+    context: TrainingContext,
     stage1_checkpoint: Checkpoint,
-    manifest: pd.DataFrame,
-    class_index: dict[str, int],
-    model: ModelParams,
-    data: DataParams,
-    runtime: RuntimeParams,
-    distributed: DistributedParams,
     stage1: Stage1Params,
     stage2: Stage2Params,
     control: ControlParams,
-    boost: BoostParams,
     *,
+    boost: BoostParams,
     callbacks: Sequence[Callback] = (),
 ) -> TrainingResult:
     """Stage 1's Momentum continued from its checkpoint (momentum, step, epoch) for ``stage2.epochs`` epochs."""
     return train_momentum(
+        context,
         stage1_checkpoint,
-        manifest,
-        class_index,
-        model,
-        data,
-        runtime,
-        distributed,
         # evaluated every K steps as stage 2 is, so the two compare at step resolution
         stage1.model_copy(update={"checkpoint": control.checkpoint, "eval_every_steps": stage2.eval_every_steps}),
         epochs=stage1.epochs + stage2.epochs,
         schedule_epochs=stage1.schedule_epochs,
         continue_from_start=True,
         boost=boost,
+        adasum=None,
         callbacks=callbacks,
     )

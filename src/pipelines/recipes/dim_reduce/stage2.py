@@ -27,7 +27,7 @@ from pipelines.engine.state import network_state
 from pipelines.engine.step import TrainStep
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.dim_reduce.pbfgs import PBFGS, STATE_PREFIX, PBFGSConfig
-from pipelines.params import DataParams, DistributedParams, ModelParams, RuntimeParams, Stage2Params
+from pipelines.params import Stage2Params
 from pipelines.recipes.common import (
     configure,
     network_from_checkpoint,
@@ -36,6 +36,7 @@ from pipelines.recipes.common import (
     train_data,
     val_data,
 )
+from pipelines.recipes.context import TrainingContext
 from pipelines.recipes.dim_reduce import step_table
 
 logger = logging.getLogger(__name__)
@@ -178,14 +179,9 @@ def pbfgs_config(stage2: Stage2Params) -> PBFGSConfig:
 
 
 def train_stage2(
+    context: TrainingContext,
     stage1_checkpoint: Checkpoint,
     pca_matrix: np.ndarray,
-    manifest: pd.DataFrame,
-    class_index: dict[str, int],
-    model: ModelParams,
-    data: DataParams,
-    runtime: RuntimeParams,
-    distributed: DistributedParams,
     stage2: Stage2Params,
     *,
     callbacks: Sequence[Callback] = (),
@@ -197,6 +193,8 @@ def train_stage2(
     run on every rank; ``on_steps`` gets the per-step rows (``PBFGSFigures``). Returns the training's result
     and the per-step table (``STEP_COLUMNS``).
     """
+    manifest, class_index, model, data = context.manifest, context.class_index, context.model, context.data
+    runtime, distributed = context.runtime, context.distributed
     configure(runtime)
     worker_num = distributed.worker_num
     run_id = fingerprint(

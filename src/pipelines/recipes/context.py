@@ -1,0 +1,33 @@
+"""What every training reads besides its own section: built once where the inputs arrive (a node, the study) and
+passed down, instead of six arguments on every recipe function."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pandas as pd
+
+from pipelines.params import DataParams, DistributedParams, ModelParams, RuntimeParams
+
+
+@dataclass(frozen=True)
+class TrainingContext:
+    """The data (the manifest and its class index) and the shared sections of a training. Frozen: a training that
+    needs another seed or another rank layout makes its own copy (``with_seed``, ``with_workers``)."""
+
+    manifest: pd.DataFrame
+    class_index: dict[str, int]
+    model: ModelParams
+    data: DataParams
+    runtime: RuntimeParams
+    distributed: DistributedParams
+
+    def with_seed(self, seed: int) -> TrainingContext:
+        """The same training with ``runtime.seed`` ``seed`` (initial weights, data order, augmentation)."""
+        return replace(self, runtime=self.runtime.model_copy(update={"seed": seed}))
+
+    def with_workers(self, workers: int) -> TrainingContext:
+        """The same training on ``workers`` msrun workers of this one node."""
+        return replace(
+            self, distributed=self.distributed.model_copy(update={"worker_num": workers, "local_worker_num": workers})
+        )
