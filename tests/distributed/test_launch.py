@@ -5,9 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +14,7 @@ from pydantic import ValidationError
 from pipelines.distributed.launch import DistributedTrainingError, launch, msrun_command
 from pipelines.engine.checkpoint import load_checkpoint
 from pipelines.params import DistributedParams
+from tests.support.processes import Watched, wait_until_gone
 from tests.support.projects import DIM_REDUCE_PARAMS, PROJECT, TINY_PARAMS, kedro, make_project, runs
 from tests.support.trees import write_image_tree
 
@@ -62,10 +60,7 @@ def alive(pid: int) -> bool:
 def assert_no_worker_left(project: Path) -> None:
     pids = worker_pids(project)
     assert pids, "no worker ever started"
-    deadline = time.time() + 15
-    while any(alive(p) for p in pids) and time.time() < deadline:
-        time.sleep(0.2)
-    assert not [p for p in pids if alive(p)], "msrun workers outlived the run"
+    assert wait_until_gone(pids, timeout=15) == [], "msrun workers outlived the run"
 
 
 @pytest.mark.parametrize(
@@ -144,29 +139,11 @@ def test_dim_reduce_on_two_workers(tmp_path):
     assert_no_worker_left(project)
 
 
-def start_kedro(project: Path, pipeline: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "kedro", "run", f"--pipelines={pipeline}"],
-        cwd=project,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-
-
-def wait_for_training(project: Path, process: subprocess.Popen) -> dict[int, int]:
-    """Rank -> pid once both workers are in their first epoch."""
-    deadline = time.time() + 300
-    while True:
-        assert process.poll() is None, process.stdout.read()[-5000:]
-        assert time.time() < deadline, "the workers did not start training within 5 minutes"
-        logs = list((project / "logs/msrun").glob("*/worker_0.log"))
-        if logs and "epoch 1/" in logs[0].read_text(errors="replace"):
-            pids = {int(p.stem.split("_")[1]): int(p.read_text()) for p in logs[0].parent.glob("rank_*.pid")}
-            if len(pids) == 2:
-                return pids
-        time.sleep(0.2)
+def wait_for_training(project: Path, run: Watched, epochs: int) -> dict[int, int]:
+    """Rank -> pid once rank 0 (whose log node 0 shows) reports its first steps; every rank wrote its pid before."""
+    run.wait_for(f"epoch 1/{epochs} step")
+    (job,) = (project / "logs/msrun").iterdir()
+    return {int(p.stem.split("_")[1]): int(p.read_text()) for p in job.glob("rank_*.pid")}
 
 
 LONG = {"baseline": {**TINY_PARAMS["baseline"], "epochs": 40, "eval_interval": 0}}
@@ -174,11 +151,11 @@ LONG = {"baseline": {**TINY_PARAMS["baseline"], "epochs": 40, "eval_interval": 0
 
 def test_a_killed_rank_fails_the_node_with_its_error_and_stops_the_others(tmp_path):
     project = tiny_project(tmp_path, LONG, {"train": 40, "val": 3})
-    process = start_kedro(project, "baseline")
-    pids = wait_for_training(project, process)
+    run = Watched.kedro_run(project, "--pipelines=baseline")
+    pids = wait_for_training(project, run, epochs=40)
     os.kill(pids[1], signal.SIGKILL)
-    output, _ = process.communicate(timeout=120)
-    assert process.returncode != 0
+    assert run.finish(timeout=120) != 0
+    output = run.output
     assert "DistributedTrainingError" in output and "rank 1 of the msrun job was killed" in output, output[-5000:]
     assert_no_worker_left(project)
     _, found = runs(project)
@@ -187,11 +164,10 @@ def test_a_killed_rank_fails_the_node_with_its_error_and_stops_the_others(tmp_pa
 
 def test_ctrl_c_stops_every_worker(tmp_path):
     project = tiny_project(tmp_path, LONG, {"train": 40, "val": 3})
-    process = start_kedro(project, "baseline")
-    wait_for_training(project, process)
-    process.send_signal(signal.SIGINT)
-    process.communicate(timeout=120)
-    assert process.returncode != 0
+    run = Watched.kedro_run(project, "--pipelines=baseline")
+    wait_for_training(project, run, epochs=40)
+    run.process.send_signal(signal.SIGINT)  # to kedro alone, as a terminal's Ctrl-C reaches only the foreground run
+    assert run.finish(timeout=120) != 0
     assert_no_worker_left(project)
     _, found = runs(project)
     assert [r.info.status for r in found] == ["KILLED"]
@@ -245,15 +221,10 @@ def test_thor_on_two_workers_averages_statistics_and_keeps_replicas_identical(tm
 def test_kill_9_of_kedro_stops_the_workers_and_the_rerun_resumes(tmp_path):
     baseline = {**TINY_PARAMS["baseline"], "epochs": 4, "eval_interval": 0}
     project = tiny_project(tmp_path, {"baseline": baseline}, {"train": 40, "val": 3})
-    process = start_kedro(project, "baseline")
-    checkpoint = project / "data/06_models/baseline/epochs/epoch_0002.ckpt"
-    deadline = time.time() + 300
-    while not checkpoint.exists():
-        assert process.poll() is None, process.stdout.read()[-5000:]
-        assert time.time() < deadline, "no checkpoint of epoch 2 within 5 minutes"
-        time.sleep(0.1)
-    process.kill()
-    process.wait()
+    run = Watched.kedro_run(project, "--pipelines=baseline")
+    run.wait_for("epoch 3/4 step")  # after epoch 2's checkpoint
+    run.process.kill()  # kedro alone: its workers must end with it
+    run.finish()
     assert_no_worker_left(project)
 
     rerun = kedro(project, "run", "--pipelines=baseline")

@@ -13,15 +13,13 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.support.processes import Watched
 from tests.support.projects import TINY_PARAMS, kedro, make_project, runs
 from tests.support.trees import write_image_tree
 
@@ -158,31 +156,17 @@ def failed_msrun_rank(root: Path):
 
 
 def interrupted(root: Path):
-    """Ctrl-C (SIGINT to the process group) a second after the training graph starts compiling: in the
-    compilation on a busy machine, else in the first epochs. Inside the compiler the stop waits for it to
-    return (raised there, MindSpore would print its report and an IR dump)."""
+    """Ctrl-C (SIGINT to the process group) once the training reports its first steps (the stop inside the graph
+    compiler, which must wait until the compiler returns, is tests/test_signals.py's)."""
     project = project_on(root, {"baseline": {**TINY_PARAMS["baseline"], "epochs": 500, "eval_interval": 0}})
-    stdout, stderr = root / "stdout.txt", root / "stderr.txt"
-    with stdout.open("w") as out, stderr.open("w") as err:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "kedro", "run", "--pipelines=baseline"],
-            cwd=project,
-            stdout=out,
-            stderr=err,
-            start_new_session=True,
-            env={**os.environ, "COLUMNS": "200"},
-        )
-        deadline = time.time() + 300
-        while "Compiling the training graph" not in stdout.read_text():
-            assert process.poll() is None, stdout.read_text()[-3000:] + stderr.read_text()[-3000:]
-            assert time.time() < deadline, "training did not start within 5 minutes"
-            time.sleep(0.1)
-        time.sleep(1)
-        os.killpg(process.pid, signal.SIGINT)
-        returncode = process.wait(timeout=120)
+    stderr = root / "stderr.txt"
+    run = Watched.kedro_run(project, "--pipelines=baseline", stderr=stderr)
+    run.wait_for("epoch 1/500 step")  # training, past the first compilation
+    run.signal_group(signal.SIGINT)
+    returncode = run.finish(timeout=120)
     assert returncode in (128 + signal.SIGINT, 128 + signal.SIGTERM)
     assert not (project / "rank_0").exists()  # no analyze_fail.ir of an interrupted compilation
-    outcome = Outcome(returncode, stdout.read_text(), stderr.read_text())
+    outcome = Outcome(returncode, run.output, stderr.read_text())
     expected = Expected(["interrupted (SIG", "rerun the same command to resume"], "KILLED", traceback_logged=False)
     return project, outcome, expected
 

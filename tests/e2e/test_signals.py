@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
+from tests.support.processes import Watched
 from tests.support.projects import TINY_PARAMS, kedro, make_project, runs
 from tests.support.trees import write_image_tree
 
@@ -42,39 +42,24 @@ def test_signal_stops_the_run_killed_and_the_rerun_resumes(tmp_path, tree, signu
         },
     }
     project = make_project(tmp_path / "project", params)
-    log = tmp_path / "interrupted.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "kedro", "run", "--pipelines=baseline"],
-            cwd=project,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, "COLUMNS": "200"},
-        )
-        deadline = time.time() + 300
-        while not (project / CHECKPOINTS / "epoch_0001.ckpt").exists():
-            assert process.poll() is None, "training ended before it could be interrupted"
-            assert time.time() < deadline, "no checkpoint of epoch 1 within 5 minutes"
-            time.sleep(0.05)
-        time.sleep(0.3)  # into epoch 2
-        assert process.poll() is None, "training ended before it could be interrupted"
-        sent = time.time()
-        send(process.pid, signum)
-        try:
-            returncode = process.wait(timeout=STOP_WITHIN_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            pytest.fail(f"kedro run did not stop within {STOP_WITHIN_S} s of {signum.name}")
+    run = Watched.kedro_run(project, "--pipelines=baseline")
+    run.wait_for(f"epoch 2/{EPOCHS} step")  # mid-epoch 2, after epoch 1's checkpoint
+    sent = time.time()
+    send(run.process.pid, signum)
+    try:
+        returncode = run.finish(timeout=STOP_WITHIN_S)
+    except subprocess.TimeoutExpired:
+        run.kill_group()
+        pytest.fail(f"kedro run did not stop within {STOP_WITHIN_S} s of {signum.name}")
     stopped_after = time.time() - sent
-    output = log.read_text()
+    output = run.output
     # Ctrl-C during training arrives as SIGTERM: MindSpore's graph runtime turns SIGINT into SIGTERM
     assert returncode in (128 + signal.SIGINT, 128 + signal.SIGTERM), output[-3000:]
     assert "Error: interrupted (SIG" in output and "rerun the same command to resume" in output
     assert stopped_after < STOP_WITHIN_S
     assert not (project / "data/06_models/baseline/final.ckpt").exists()
     saved = sorted(p.name for p in (project / CHECKPOINTS).iterdir())
-    assert saved and all(not name.startswith(".") for name in saved), saved  # no temporary file left
+    assert saved and all(not name.startswith(".") for name in saved), saved  # a stop, unlike a kill, leaves none
     client, found = runs(project)
     assert [r.info.status for r in found] == ["KILLED"]
 

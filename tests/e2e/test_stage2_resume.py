@@ -4,11 +4,8 @@ with every epoch and step in its tables and in its MLflow child run."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import mlflow
@@ -16,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines.engine.checkpoint import load_checkpoint
+from tests.support.processes import Watched
 from tests.support.stage2_job import EPOCHS, STAGE1_EPOCH, tracking_uri
 from tests.support.trees import write_image_tree
 
@@ -32,25 +30,11 @@ def run_job(work: Path, tree: Path, implementation: str = "own") -> subprocess.C
 def kill_after_first_epoch(work: Path, tree: Path, implementation: str) -> Path:
     """Start the job, SIGKILL it (whole process group) mid-epoch after its first epoch checkpoint; the newest
     checkpoint left."""
-    first_checkpoint = work / "epochs" / f"epoch_{STAGE1_EPOCH + 1:04d}.ckpt"
-    process = subprocess.Popen(
-        [*JOB, str(work), str(tree), implementation],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.time() + 300
-    while not first_checkpoint.exists():
-        assert process.poll() is None, "stage 2 ended before it could be interrupted"
-        assert time.time() < deadline, "no stage-2 epoch checkpoint within 5 minutes"
-        time.sleep(0.05)
-    time.sleep(0.3)  # into the next epoch
-    assert process.poll() is None, "stage 2 ended before it could be interrupted"
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    job = Watched([*JOB, str(work), str(tree), implementation])
+    job.wait_for(f"epoch {STAGE1_EPOCH + 2}/{STOP} step")  # stage 2's second epoch: its first is checkpointed
+    job.kill_group()
     assert not (work / "stage2.ckpt").exists()
-    saved = sorted(p.name for p in (work / "epochs").iterdir())
-    assert all(not name.startswith(".") for name in saved), saved  # no half-written temporary file counts
+    saved = sorted(p.name for p in (work / "epochs").glob("epoch_*.ckpt"))
     resumed_epoch = int(saved[-1][len("epoch_") : -len(".ckpt")])
     assert STAGE1_EPOCH < resumed_epoch < STOP
     return work / "epochs" / saved[-1]

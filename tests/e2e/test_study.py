@@ -5,12 +5,7 @@ the per-run values logged in MLflow, and time to target is the first crossing in
 from __future__ import annotations
 
 import math
-import os
-import signal
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import mlflow
@@ -19,6 +14,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from tests.support.processes import Watched
 from tests.support.projects import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project
 from tests.support.trees import write_image_tree
 
@@ -41,22 +37,13 @@ STUDY = {
 # a tiny real study, killed and rerun
 
 
-def kill_after_first_result(project: Path, results: Path) -> None:
-    """``kedro run --pipelines=study``, SIGKILLed (whole process group) once its first run's result file exists."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "kedro", "run", "--pipelines=study"],
-        cwd=project,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.time() + 600
-    while not list(results.glob("*.json")):
-        assert process.poll() is None, "the study ended before it could be interrupted"
-        assert time.time() < deadline, "no finished run within 10 minutes"
-        time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+def kill_after_first_result(project: Path) -> None:
+    """``kedro run --pipelines=study``, SIGKILLed (whole process group) as its second run starts: its first run's
+    result file is written by then."""
+    run = Watched.kedro_run(project, "--pipelines=study")
+    run.wait_for("study: training")
+    run.wait_for("study: training")
+    run.kill_group()
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +58,7 @@ def study(tmp_path_factory):
     }
     project = make_project(root / "project", params)
     results = project / STUDY["dir"] / "runs"
-    kill_after_first_result(project, results)
+    kill_after_first_result(project)
     finished = {path.name: (path.stat().st_mtime_ns, path.read_text()) for path in results.glob("*.json")}
     rerun = kedro(project, "run", "--pipelines=study")
     assert rerun.returncode == 0, rerun.stdout[-5000:] + rerun.stderr[-5000:]

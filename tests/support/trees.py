@@ -1,15 +1,10 @@
-"""Plain helpers shared by the tests (importable as ``from helpers import ...``).
+"""Tiny ImageNet-style image trees written for the tests (generated, every file different, learnable).
 
 Nothing here imports MindSpore, so a test module may import it before or after ``pipelines``.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -80,24 +75,3 @@ def write_image_tree(
                 pixels = np.clip(class_colour(label) + jitter, 0, 255).astype(np.uint8)
                 Image.fromarray(pixels).save(class_dir / f"{name}_{split}_{index:03d}.{fmt}", _PIL_FORMATS[fmt])
     return root
-
-
-def kill_kedro_mid_epoch(project: Path, pipeline: str, checkpoint: Path, into_next_epoch_s: float) -> None:
-    """Run ``kedro run --pipelines=<pipeline>`` in ``project`` and SIGKILL it (whole process group)
-    ``into_next_epoch_s`` seconds after ``checkpoint`` appears, i.e. mid-epoch."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "kedro", "run", f"--pipelines={pipeline}"],
-        cwd=project,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.time() + 300
-    while not checkpoint.exists():
-        assert process.poll() is None, "training ended before it could be interrupted"
-        assert time.time() < deadline, f"no {checkpoint.name} within 5 minutes"
-        time.sleep(0.05)
-    time.sleep(into_next_epoch_s)
-    assert process.poll() is None, "training ended before it could be interrupted"
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()

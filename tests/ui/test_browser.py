@@ -115,6 +115,17 @@ def wait_for(driver: webdriver.Chrome, condition: Callable, name: str, what: str
         pytest.fail(f"{what} not shown within {PAGE_TIMEOUT_S} s at {driver.current_url} ({path}); page text:\n{body}")
 
 
+def settled_screenshot(driver: webdriver.Chrome, name: str) -> Path:
+    """A screenshot once the page's animations (fade-ins, drawn lines) have finished."""
+    wait_for(
+        driver,
+        lambda d: d.execute_script("return document.getAnimations().every(a => a.playState !== 'running')"),
+        name,
+        "a still page",
+    )
+    return screenshot(driver, name)
+
+
 @contextlib.contextmanager
 def static_site(folder: Path) -> Iterator[str]:
     """``folder`` served over HTTP on a free localhost port; yields the base URL."""
@@ -205,8 +216,7 @@ def test_kedro_viz_site_shows_the_pipeline(filled_project, browser):
             "kedro_viz",
             f"{len(expected)} flowchart nodes",
         )
-        time.sleep(1)  # the nodes fade in
-        screenshot(browser, "kedro_viz")
+        settled_screenshot(browser, "kedro_viz")
         nodes = browser.find_elements(By.CSS_SELECTOR, FLOWCHART_NODES)
         shown = {(n.get_attribute("data-node-fullname"), n.get_attribute("data-node-type")) for n in nodes}
         labels = {t.text for t in browser.find_elements(By.CSS_SELECTOR, "svg g.pipeline-node text")}
@@ -244,8 +254,7 @@ def test_kedro_viz_shows_dim_reduce_stages_collapsed_with_layers(filled_project,
             "kedro_viz_dim_reduce",
             "the data and dim_reduce boxes",
         )
-        time.sleep(1)  # the nodes fade in
-        screenshot(browser, "kedro_viz_dim_reduce")
+        settled_screenshot(browser, "kedro_viz_dim_reduce")
         assert drawn(browser, "task") == set()
 
         click_node(browser, "dim_reduce")
@@ -255,8 +264,7 @@ def test_kedro_viz_shows_dim_reduce_stages_collapsed_with_layers(filled_project,
             "kedro_viz_dim_reduce_stages",
             "the stages",
         )
-        time.sleep(1)
-        screenshot(browser, "kedro_viz_dim_reduce_stages")
+        settled_screenshot(browser, "kedro_viz_dim_reduce_stages")
         assert drawn(browser, "task") == set()  # the stages are collapsed too
         # the catalog's layers: the layers button is on and the bands are drawn, named in the layers' order
         layers_button = browser.find_element(By.CSS_SELECTOR, "button.pipeline-menu-button--layers")
@@ -273,8 +281,7 @@ def test_kedro_viz_shows_dim_reduce_stages_collapsed_with_layers(filled_project,
         click_node(browser, "dim_reduce.stage2")
         stage2 = f"{FLOWCHART_NODES}[data-id='{stage2_train}']"
         wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, stage2), "kedro_viz_stage2_expanded", "stage 2")
-        time.sleep(1)
-        screenshot(browser, "kedro_viz_stage2_expanded")
+        settled_screenshot(browser, "kedro_viz_stage2_expanded")
         assert drawn(browser, "modularPipeline") == {"data", *stages} - {"dim_reduce.stage2"}
         assert drawn(browser, "task") == {"train"}  # dim_reduce.stage2.train, by the last part of its name
 
@@ -378,6 +385,5 @@ def test_mlflow_compare_view_draws_val_top1_of_every_recipe(recipe_store, recipe
         return found if expected in found else None
 
     legends = wait_for(browser, with_every_line, "mlflow_compare_top1", f"a val/top1 chart with {sorted(expected)}")
-    time.sleep(1)  # the lines are drawn
-    screenshot(browser, "mlflow_compare_top1")
+    settled_screenshot(browser, "mlflow_compare_top1")
     assert legends == [expected]  # one chart, a line for each recipe's training
