@@ -78,3 +78,17 @@ def recipe_store(tmp_path_factory):
     from tests.support.stores import fill_store
 
     return fill_store(tmp_path_factory.mktemp("recipe_store"))
+
+
+@pytest.fixture(scope="session")
+def viz_site(tmp_path_factory):
+    """A tiny project with its ``kedro viz build`` site in ``build/``, built once for every test that reads it."""
+    from tests.support.projects import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project
+
+    root = tmp_path_factory.mktemp("viz")
+    tree = write_image_tree(root / "tree", classes=("cat", "dog", "fox"), per_class={"train": 4, "val": 2})
+    params = {**TINY_PARAMS, **DIM_REDUCE_PARAMS, "data": {**TINY_PARAMS["data"], "root": str(tree)}}
+    project = make_project(root / "project", params)
+    result = kedro(project, "viz", "build", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return project

@@ -1,42 +1,24 @@
 """One metric schema for every recipe: baseline, thor and dim_reduce log the same per-epoch keys at steps
-1..E (so the MLflow UI overlays their runs) and the final evaluation under ``final/…``, read back from one
-real MLflow store that three ``kedro run``s filled."""
+1..E (so the MLflow UI overlays their runs) and the final evaluation under ``final/…``, read back from the
+shared recipe store that real ``kedro run``s filled (``tests.support.stores``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import mlflow
 import pandas as pd
-import pytest
 
 from pipelines.metrics import TRAINING_KEYS
-from tests.support.projects import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project, runs
-from tests.support.trees import write_image_tree
+from tests.support.projects import DIM_REDUCE_PARAMS, TINY_PARAMS
+from tests.support.stores import complete_run, tracking_uri
 
 EPOCHS = TINY_PARAMS["baseline"]["epochs"]
-THOR_PARAMS = {"thor": {"epochs": EPOCHS, "batch_size": 4, "frequency": 4, "eval_interval": 1}}
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("schema")
-    tree = write_image_tree(root / "tree", classes=("cat", "dog", "fox"), per_class={"train": 8, "val": 3})
-    params = {
-        **TINY_PARAMS,
-        **THOR_PARAMS,
-        **DIM_REDUCE_PARAMS,
-        "data": {**TINY_PARAMS["data"], "root": str(tree)},
-    }
-    return make_project(root / "project", params)
-
-
-def run_pipeline(project: Path, pipeline: str):
-    """``kedro run --pipelines=<pipeline>`` in ``project``; its MLflow run (the kedro run's, not a child)."""
-    result = kedro(project, "run", f"--pipelines={pipeline}")
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
-    client, found = runs(project)
-    (run,) = [r for r in found if r.data.tags.get("pipeline") == pipeline and "mlflow.parentRunId" not in r.data.tags]
-    return client, run
+def schema_run(store: Path, pipeline: str):
+    """The MLflow client of the shared recipe store and its complete run of ``pipeline``."""
+    return mlflow.MlflowClient(tracking_uri(store)), complete_run(store, pipeline)
 
 
 def steps(client, run, key: str) -> list[int]:
@@ -64,8 +46,9 @@ def assert_compiled_in_the_first_epoch_only(history: pd.DataFrame) -> None:
     assert (history["train/epoch_time_s"] > 0).all()
 
 
-def test_baseline_logs_the_schema(project):
-    client, run = run_pipeline(project, "baseline")
+def test_baseline_logs_the_schema(recipe_store):
+    project = recipe_store
+    client, run = schema_run(project, "baseline")
     assert_schema(client, run, list(range(1, EPOCHS + 1)))
     assert steps(client, run, "val/top1") == list(range(1, EPOCHS + 1))  # eval_interval 1
     history = pd.read_csv(project / "data/08_reporting/baseline_history.csv")
@@ -73,8 +56,9 @@ def test_baseline_logs_the_schema(project):
     assert_compiled_in_the_first_epoch_only(history)
 
 
-def test_thor_logs_the_same_schema_with_its_own_figures_under_thor(project):
-    client, run = run_pipeline(project, "thor")
+def test_thor_logs_the_same_schema_with_its_own_figures_under_thor(recipe_store):
+    project = recipe_store
+    client, run = schema_run(project, "thor")
     assert_schema(client, run, list(range(1, EPOCHS + 1)))
     assert steps(client, run, "val/top1") == list(range(1, EPOCHS + 1))
     assert steps(client, run, "thor/damping") == list(range(1, EPOCHS + 1))
@@ -84,17 +68,14 @@ def test_thor_logs_the_same_schema_with_its_own_figures_under_thor(project):
     assert_compiled_in_the_first_epoch_only(history)  # its second-order and reuse graphs: steps 1 and 2
 
 
-def test_the_baseline_and_thor_runs_overlay_on_the_same_keys(project):
-    client, found = runs(project)
-    by_pipeline = {r.data.tags.get("pipeline"): r for r in found if "mlflow.parentRunId" not in r.data.tags}
-    if not {"baseline", "thor"} <= by_pipeline.keys():
-        pytest.skip("needs the baseline and thor runs of the tests above")
+def test_the_baseline_and_thor_runs_overlay_on_the_same_keys(recipe_store):
+    runs = {pipeline: complete_run(recipe_store, pipeline) for pipeline in ("baseline", "thor")}
     for key in ("val/top1", "train/loss", "final/top1"):
-        assert all(key in by_pipeline[p].data.metrics for p in ("baseline", "thor")), key
+        assert all(key in run.data.metrics for run in runs.values()), key
 
 
-def test_dim_reduce_logs_each_training_into_its_own_child_run(project):
-    client, run = run_pipeline(project, "dim_reduce")
+def test_dim_reduce_logs_each_training_into_its_own_child_run(recipe_store):
+    client, run = schema_run(recipe_store, "dim_reduce")
     children = client.search_runs(
         [run.info.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'", order_by=["attributes.start_time"]
     )

@@ -5,24 +5,12 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.support.projects import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project, runs
-from tests.support.trees import write_image_tree
-
-
-@pytest.fixture(scope="module")
-def viz_project(tmp_path_factory) -> Path:
-    """A tiny project with its ``kedro viz build`` site."""
-    root = tmp_path_factory.mktemp("viz")
-    tree = write_image_tree(root / "tree", classes=("cat", "dog", "fox"), per_class={"train": 4, "val": 2})
-    params = {**TINY_PARAMS, **DIM_REDUCE_PARAMS, "data": {**TINY_PARAMS["data"], "root": str(tree)}}
-    project = make_project(root / "project", params)
-    result = kedro(project, "viz", "build", timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return project
+from tests.support.projects import kedro, runs
 
 
 def viz_panel(project: Path, pipeline: str, full_name: str) -> dict:
@@ -43,8 +31,8 @@ def viz_panel(project: Path, pipeline: str, full_name: str) -> dict:
         ("dim_reduce", "dim_reduce.stage1.build_network", "shared.py", "build_network"),
     ],
 )
-def test_viz_shows_each_node_its_own_file_and_code(viz_project, pipeline, node, source, function):
-    panel = viz_panel(viz_project, pipeline, node)
+def test_viz_shows_each_node_its_own_file_and_code(viz_site, pipeline, node, source, function):
+    panel = viz_panel(viz_site, pipeline, node)
     assert panel["filepath"].endswith(f"src/pipelines/{source}")
     assert panel["code"].startswith(f"def {function}(")
 
@@ -56,20 +44,22 @@ def pasted(project: Path, command: str):
     return kedro(project, *argv[1:])
 
 
-def test_viz_run_commands_work_when_pasted(viz_project):
+def test_viz_run_commands_work_when_pasted(viz_site, tmp_path):
+    # pasted in a new copy of the project, so the shared site's project stays untouched
+    project = shutil.copytree(viz_site, tmp_path / "project", ignore=shutil.ignore_patterns("build"))
     # a node and a dataset of dim_reduce, which __default__ does not hold; their commands name no pipeline
-    node_command = viz_panel(viz_project, "dim_reduce", "dim_reduce.stage1.build_network")["run_command"]
+    node_command = viz_panel(viz_site, "dim_reduce", "dim_reduce.stage1.build_network")["run_command"]
     assert node_command == "kedro run --to-nodes='dim_reduce.stage1.build_network'"
-    result = pasted(viz_project, node_command)
+    result = pasted(project, node_command)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    initial = viz_project / "data/06_models/dim_reduce/initial.ckpt"
-    assert initial.is_file() and not (viz_project / "data/06_models/dim_reduce/stage1.ckpt").exists()
+    initial = project / "data/06_models/dim_reduce/initial.ckpt"
+    assert initial.is_file() and not (project / "data/06_models/dim_reduce/stage1.ckpt").exists()
     initial.unlink()
 
-    dataset_command = viz_panel(viz_project, "dim_reduce", "dim_reduce.stage1.initial_weights")["run_command"]
+    dataset_command = viz_panel(viz_site, "dim_reduce", "dim_reduce.stage1.initial_weights")["run_command"]
     assert dataset_command == "kedro run --to-outputs=dim_reduce.stage1.initial_weights"
-    result = pasted(viz_project, dataset_command)
+    result = pasted(project, dataset_command)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert initial.is_file()
-    _, found = runs(viz_project)
+    _, found = runs(project)
     assert [run.data.tags["pipeline"] for run in found] == ["dim_reduce", "dim_reduce"]

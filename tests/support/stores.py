@@ -1,7 +1,7 @@
 """A project whose MLflow store holds real runs of the training pipelines, for the report tests.
 
-Filled once per session (``recipe_store`` in conftest.py) and shared by tests/test_report.py and
-tests/test_notebook.py: a baseline run, a dim_reduce run (its stage1, stage2 and control as child
+Filled once per session (``recipe_store`` in conftest.py) and shared by the slow tier's metric-schema, report,
+notebook and browser tests: a baseline run, a dim_reduce run (its stage1, stage2 and control as child
 runs), a thor run, an adasum run (one worker), and two newer partial reruns the report must pass
 over: thor's evaluation node alone, and dim_reduce's stage 2 alone.
 """
@@ -16,7 +16,7 @@ from tests.support.projects import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_p
 from tests.support.trees import write_image_tree
 
 EXPERIMENT = "resnet-recipes"  # conf/base/mlflow.yml
-THOR_PARAMS = {"epochs": 2, "batch_size": 4, "frequency": 4}
+THOR_PARAMS = {"epochs": 2, "batch_size": 4, "frequency": 4, "eval_interval": 1}
 ADASUM_PARAMS = {"epochs": 2, "batch_size": 4, "lr": {"lr_max": 0.05, "warmup_epochs": 0}}
 COMMANDS = (
     ("--pipelines=baseline",),
@@ -62,3 +62,9 @@ def trainings(client: mlflow.MlflowClient, run: mlflow.entities.Run) -> dict[str
     """The child runs of ``run`` (dim_reduce's stage1, stage2, control) by their ``training`` tag."""
     children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'")
     return {child.data.tags["training"]: child for child in children}
+
+
+def complete_run(project: Path, pipeline: str) -> mlflow.entities.Run:
+    """The run of the whole ``pipeline`` (not a partial rerun of some of its nodes), newest first."""
+    (run, *_) = [run for run in recipe_runs(project, pipeline) if not run.info.run_name.endswith("(partial)")]
+    return run

@@ -32,7 +32,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.support.projects import PROJECT, kedro, run_on_tiny_tree
+from tests.support.projects import PROJECT, run_on_tiny_tree
 from tests.support.stores import recipe_runs, tracking_uri, trainings
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -67,10 +67,8 @@ def chromium_installed() -> None:
 
 @pytest.fixture(scope="module")
 def filled_project(tmp_path_factory) -> Path:
-    """A project whose ``mlflow.db`` holds one real baseline run and whose ``build/`` holds the kedro-viz site."""
+    """A project whose ``mlflow.db`` holds one real baseline run."""
     project, _ = run_on_tiny_tree(tmp_path_factory.mktemp("browser"), "baseline", {"train": 4, "val": 2})
-    result = kedro(project, "viz", "build", timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
     return project
 
 
@@ -200,15 +198,15 @@ def mlflow_ui(filled_project, tmp_path) -> Iterator[str]:
         yield url
 
 
-def test_kedro_viz_site_shows_the_pipeline(filled_project, browser):
-    graph = json.loads((filled_project / "build" / "api" / "main").read_text())
+def test_kedro_viz_site_shows_the_pipeline(viz_site, browser):
+    graph = json.loads((viz_site / "build" / "api" / "main").read_text())
     # the site opens on __default__ with parameters hidden; with every modular pipeline expanded, every other
     # node of that pipeline is drawn (a task node by the last part of its name, ``train``)
     pipeline_nodes = [n for n in graph["nodes"] if "__default__" in n.get("pipelines", [])]
     expected = {(n["name"], n["type"]) for n in pipeline_nodes if n["type"] in ("task", "data")}
     assert BASELINE_TASKS <= {n["full_name"] for n in pipeline_nodes if n["type"] == "task"}
     no_feature_tour(browser)
-    with static_site(filled_project / "build") as url:
+    with static_site(viz_site / "build") as url:
         browser.get(f"{url}/?expandAllPipelines=true")
         wait_for(
             browser,
@@ -240,12 +238,12 @@ def click_node(driver: webdriver.Chrome, full_name: str) -> None:
     driver.find_element(By.CSS_SELECTOR, f"{FLOWCHART_NODES}[data-node-fullname='{full_name}']").click()
 
 
-def test_kedro_viz_shows_dim_reduce_stages_collapsed_with_layers(filled_project, browser):
-    graph = json.loads((filled_project / "build" / "api" / "pipelines" / "dim_reduce").read_text())
+def test_kedro_viz_shows_dim_reduce_stages_collapsed_with_layers(viz_site, browser):
+    graph = json.loads((viz_site / "build" / "api" / "pipelines" / "dim_reduce").read_text())
     (stage2_train,) = [n["id"] for n in graph["nodes"] if n.get("full_name") == "dim_reduce.stage2.train"]
     stages = {f"dim_reduce.{stage}" for stage in DIM_REDUCE_STAGES}
     no_feature_tour(browser)
-    with static_site(filled_project / "build") as url:
+    with static_site(viz_site / "build") as url:
         browser.get(f"{url}/?pid=dim_reduce")
         # every namespace starts collapsed: the data pipeline and dim_reduce are one box each, no task is drawn
         wait_for(
