@@ -26,14 +26,20 @@ from pipelines.params import ParameterError, validate_parameters
 from pipelines.tracking import (
     MlflowRunHandoff,
     active_run_id,
+    base_is_server,
+    comparison_url,
+    current_tracking_uri,
+    experiment_of,
     mark_killed,
     mark_orphaned_runs_killed,
     run_identity,
     run_name,
     runs_page_url,
+    runs_to_compare,
     set_run_name,
     set_tags,
     tag_failure,
+    ui_base_url,
 )
 
 logger = logging.getLogger(__name__)
@@ -227,11 +233,8 @@ class ProjectHooks:
     @hook_impl
     def after_pipeline_run(self, run_params: dict, run_result, pipeline, catalog) -> None:
         self._restore_handlers()
-        # kedro-mlflow's configuration (mlflow.yml's ui: host, port) is on the context
-        ui = getattr(getattr(getattr(self, "_context", None), "mlflow", None), "ui", None)
         if getattr(self, "_run_id", None) is not None:
-            url = runs_page_url(getattr(ui, "host", "127.0.0.1"), getattr(ui, "port", 5000), self._run_id)
-            logger.info("MLflow: the runs table is %s while `mlflow ui` runs (README)", url)
+            self._log_links()
 
     @hook_impl(trylast=True)  # after kedro-mlflow's hook has ended the run FAILED
     def on_pipeline_error(self, error: Exception, run_params: dict, pipeline, catalog) -> None:
@@ -243,6 +246,19 @@ class ProjectHooks:
         # the same text as the command's Error: block
         message = error.format_message() if isinstance(error, click.ClickException) else Failure.of(error).summary()
         tag_failure(self._run_id, message)
+
+    def _log_links(self) -> None:
+        """Where to see the run: the chart comparing its runs (and the runs table) at the tracking server's address,
+        or at ``mlflow ui``'s over a local store (kedro-mlflow's ``mlflow.yml``: ``server``, ``ui``)."""
+        config = getattr(getattr(self, "_context", None), "mlflow", None)
+        ui = getattr(config, "ui", None)
+        base = ui_base_url(current_tracking_uri(), getattr(ui, "host", "127.0.0.1"), getattr(ui, "port", 5000))
+        local = "" if base_is_server(current_tracking_uri()) else " (start `mlflow ui` first, README)"
+        experiment_id = experiment_of(self._run_id)
+        compared = runs_to_compare(self._run_id)
+        if compared:
+            logger.info("MLflow: compare the runs at %s%s", comparison_url(base, experiment_id, compared), local)
+        logger.info("MLflow: the runs table is %s", runs_page_url(base, experiment_id))
 
     def _restore_handlers(self) -> None:
         signals.restore(getattr(self, "_previous_handlers", {}))  # and no deferred stop after the run

@@ -131,6 +131,11 @@ def test_report_pipeline(workspace):
         assert table.at[recipe, "top1"] == pytest.approx(only_run(uri, recipe).data.metrics[FINAL_TOP1])
     histories = outputs["report.histories"]
     assert sorted(histories.groupby("recipe")["epoch"].max().items()) == [("baseline", 2), ("thor", 1)]
+    # the runs the closing link compares: the recipes' runs the report read
+    report_run = only_run(uri, "report")
+    assert set(report_run.data.tags["compared_runs"].split(",")) == {
+        only_run(uri, r).info.run_id for r in ("baseline", "thor")
+    }
 
 
 def test_migrate_pipeline(workspace, tmp_path):

@@ -7,6 +7,7 @@ import logging
 import pandas as pd
 from matplotlib.figure import Figure
 
+from pipelines import tracking
 from pipelines.params import ReportParams
 from pipelines.reporting.compare import compare, figures
 from pipelines.tracking import MlflowRunReader
@@ -23,6 +24,7 @@ def compare_recipes(report: ReportParams) -> tuple[pd.DataFrame, pd.DataFrame, p
     comparison = compare(
         MlflowRunReader.of_active_run(), report.recipes, report.target_top1, report.run_ids.model_dump()
     )
+    tracking.record_compared_runs([run_id for run_id in comparison.table["run_id"] if isinstance(run_id, str)])
     for row in comparison.table.itertuples():
         if row.run_status == "missing":
             continue
