@@ -74,10 +74,14 @@ def make_image_tree(tmp_path):
 
 @pytest.fixture(scope="session")
 def recipe_store(tmp_path_factory):
-    """A project whose MLflow store holds real baseline and thor runs (tests/report_store.py); filled once."""
+    """A project whose runs of every recipe (and a report) are on a local ``mlflow server``, as on a team's
+    (``tests.support.stores``); the server runs until the session ends."""
+    from tests.support.servers import mlflow_server
     from tests.support.stores import fill_store
 
-    return fill_store(tmp_path_factory.mktemp("recipe_store"))
+    root = tmp_path_factory.mktemp("recipe_store")
+    with mlflow_server(root / "server.db", root / "server.log", artifacts=root / "artifacts") as url:
+        yield fill_store(root, url)
 
 
 @pytest.fixture(scope="session")

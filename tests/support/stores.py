@@ -1,9 +1,11 @@
-"""A project whose MLflow store holds real runs of the training pipelines, for the report tests.
+"""A project whose MLflow store holds real runs of the training pipelines, on a team's kind of tracking server.
 
-Filled once per session (``recipe_store`` in conftest.py) and shared by the slow tier's metric-schema, report,
-notebook and browser tests: a baseline run, a dim_reduce run (its stage1, stage2 and control as child
-runs), a thor run, an adasum run (one worker), and two newer partial reruns the report must pass
-over: thor's evaluation node alone, and dim_reduce's stage 2 alone.
+The store is an ``mlflow server`` (SQLite backend, proxied artifacts) that the project's ``conf/local/mlflow.yml``
+points at, as a team points its projects at theirs. Filled once per session (``recipe_store`` in conftest.py) and
+shared by the slow tier's team-server, metric-schema, report, notebook and browser tests: a baseline run, a
+dim_reduce run (its stage1, stage2 and control as child runs), a thor run, an adasum run (one worker), two newer
+partial reruns the report must pass over (thor's evaluation node alone, dim_reduce's stage 2 alone), and a
+report run.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import mlflow
+import yaml
 
 from tests.support.projects import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project
 from tests.support.trees import write_image_tree
@@ -28,8 +31,12 @@ COMMANDS = (
 )
 
 
-def fill_store(root: Path) -> Path:
-    """Run the four recipes (and two partial reruns) in one new project under ``root``."""
+REPORT_OUTPUT = "report_output.txt"  # what the report's kedro run printed (its closing links among it)
+
+
+def fill_store(root: Path, server: str) -> Path:
+    """Run the four recipes (and two partial reruns), then the report, in one new project under ``root`` that
+    logs to the tracking server at ``server``."""
     tree = write_image_tree(root / "tree", classes=("cat", "dog", "fox"), per_class={"train": 8, "val": 3})
     params = {
         **TINY_PARAMS,
@@ -39,13 +46,24 @@ def fill_store(root: Path) -> Path:
         "adasum": ADASUM_PARAMS,
     }
     project = make_project(root / "project", params)
+    host, port = server.removeprefix("http://").split(":")
+    (project / "conf/local/mlflow.yml").write_text(
+        yaml.safe_dump({"server": {"mlflow_tracking_uri": server}, "ui": {"host": host, "port": port}})
+    )
     for args in COMMANDS:
         result = kedro(project, "run", *args)
         assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    report = kedro(project, "run", "--pipelines=report")
+    assert report.returncode == 0, report.stdout[-5000:] + report.stderr[-5000:]
+    (project / REPORT_OUTPUT).write_text(report.stdout + report.stderr)
     return project
 
 
 def tracking_uri(project: Path) -> str:
+    """The tracking URI the project logs to (``conf/local/mlflow.yml``, else its local SQLite store)."""
+    local = project / "conf/local/mlflow.yml"
+    if local.is_file():
+        return yaml.safe_load(local.read_text())["server"]["mlflow_tracking_uri"]
     return f"sqlite:///{project / 'mlflow.db'}"
 
 

@@ -12,14 +12,8 @@ import contextlib
 import functools
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
+import re
 import threading
-import time
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -33,13 +27,13 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.support.projects import PROJECT, run_on_tiny_tree
-from tests.support.stores import recipe_runs, tracking_uri, trainings
+from tests.support.servers import mlflow_server
+from tests.support.stores import REPORT_OUTPUT, recipe_runs, tracking_uri
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 ARTIFACTS = PROJECT / "test-artifacts" / "browser"
 PAGE_TIMEOUT_S = 90  # a page's scripts, on 2 shared cores
-SERVER_START_TIMEOUT_S = 180  # mlflow server imports for ~30 s on a busy machine
 # The baseline pipeline's task nodes, named here so that the check cannot pass on an empty graph.
 FLOWCHART_NODES = "svg g.pipeline-node[data-node-fullname]"
 LAYER_NAMES = ".pipeline-flowchart__layer-names--visible .pipeline-layer-name"
@@ -143,58 +137,10 @@ def static_site(folder: Path) -> Iterator[str]:
         thread.join(timeout=10)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def mlflow_server(project: Path, log: Path) -> Iterator[str]:
-    """``mlflow server`` on a free localhost port over ``project``'s store; yields its URL, always stopped after."""
-    port = free_port()
-    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    command += ["--backend-store-uri", f"sqlite:///{project / 'mlflow.db'}"]
-    with log.open("w") as out:
-        # its own process group: the server runs uvicorn in a child process, and both must go at the end
-        server = subprocess.Popen(
-            command,
-            cwd=project,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"},
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            assert server.poll() is None, f"mlflow server exited with {server.returncode}:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, (
-                f"mlflow server not up in {SERVER_START_TIMEOUT_S} s:\n{log.read_text()}"
-            )
-            time.sleep(0.5)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(timeout=10)
-
-
 @pytest.fixture
 def mlflow_ui(filled_project, tmp_path) -> Iterator[str]:
     """The MLflow UI over the tiny baseline run's store."""
-    with mlflow_server(filled_project, tmp_path / "mlflow_server.log") as url:
+    with mlflow_server(filled_project / "mlflow.db", tmp_path / "mlflow_server.log") as url:
         yield url
 
 
@@ -323,65 +269,44 @@ def test_mlflow_ui_shows_the_run_and_its_metrics(filled_project, mlflow_ui, brow
 
 def classic_mlflow_views(driver: webdriver.Chrome) -> None:
     """The classic run views (not the GenAI ones a new experiment opens on), without the assistant panel."""
+    before_each_page(driver, "localStorage.setItem('mlflow.workflowType_v1', JSON.stringify('machine_learning'));")
+    no_assistant_panel(driver)
+
+
+def no_assistant_panel(driver: webdriver.Chrome) -> None:
+    """No MLflow Assistant panel over the page (it opens by itself on a browser's first visit)."""
     before_each_page(
         driver,
-        "localStorage.setItem('mlflow.workflowType_v1', JSON.stringify('machine_learning'));"
         "localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false');"
         "localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true');",
     )
 
 
-@pytest.fixture
-def recipe_ui(recipe_store, tmp_path) -> Iterator[str]:
-    """The MLflow UI over the store of every recipe's runs (tests/report_store.py)."""
-    with mlflow_server(recipe_store, tmp_path / "mlflow_server.log") as url:
-        yield url
+def test_the_printed_link_opens_one_val_top1_chart_with_every_compared_run(recipe_store, browser):
+    """The report's ``kedro run`` ends with a link to the comparison; opened as it is, with no click, it shows one
+    val/top1 chart with a line for each run the report compared, at the tracking server's address."""
+    server = tracking_uri(recipe_store)
+    output = (recipe_store / REPORT_OUTPUT).read_text()
+    (link,) = re.findall(r"MLflow: compare the runs at (\S+)", output)
+    assert link.startswith(f"{server}/#/metric?") and "workflowType=machine_learning" in link
+    client = mlflow.MlflowClient(server)
+    (report,) = recipe_runs(recipe_store, "report")
+    compared = [client.get_run(run_id) for run_id in report.data.tags["compared_runs"].split(",")]
+    expected = {f"{run.info.run_name} (val/top1)" for run in compared if "val/top1" in run.data.metrics}
+    assert len(expected) == 6  # baseline, thor, adasum, dim_reduce's stage 1, stage 2 and control
+    no_assistant_panel(browser)
+    browser.get(link)
 
-
-def run_row(name: str) -> str:
-    """XPath of the runs table's row of the run named ``name``."""
-    return f"//*[@role='row'][.//a[.='{name}']]"
-
-
-def chart_legends(driver: webdriver.Chrome) -> list[set[str]]:
-    """The legend (``<run name> (<metric>)`` lines) of each chart card drawn in the runs page's chart view."""
-    cards = driver.find_elements(By.CSS_SELECTOR, "[data-testid='draggable-chart-cards-grid'] > div")
-    return [{line for line in card.text.splitlines() if line.endswith(")")} for card in cards]
-
-
-def test_mlflow_compare_view_draws_val_top1_of_every_recipe(recipe_store, recipe_ui, browser):
-    client = mlflow.MlflowClient(tracking_uri(recipe_store))
-    # the runs that trained each recipe: baseline and thor log into the kedro run itself (the newer partial thor
-    # rerun evaluated only), dim_reduce's stage 2 and control into child runs of its complete run
-    baseline = recipe_runs(recipe_store, "baseline")[0]
-    thor = next(run for run in recipe_runs(recipe_store, "thor") if "val/top1" in run.data.metrics)
-    dim_reduce = next(run for run in recipe_runs(recipe_store, "dim_reduce") if "control" in trainings(client, run))
-    children = trainings(client, dim_reduce)
-    lines = {"baseline": baseline, "thor": thor, "stage2": children["stage2"], "control": children["control"]}
-    assert {name: run.info.run_name for name, run in lines.items()} == {name: name for name in lines}
-    assert all(client.get_metric_history(run.info.run_id, "val/top1") for run in lines.values())
-    only_these = "attributes.run_id IN ({})".format(", ".join(f"'{run.info.run_id}'" for run in lines.values()))
-    classic_mlflow_views(browser)
-
-    # the runs page's chart view, which compares the runs shown in its table
-    query = urllib.parse.urlencode({"searchFilter": only_these, "compareRunsMode": "CHART"})
-    browser.get(f"{recipe_ui}/#/experiments/{baseline.info.experiment_id}/runs?{query}")
-    wait_for(browser, lambda d: d.find_elements(By.XPATH, run_row("dim_reduce")), "mlflow_compare_top1", "the runs")
-    # the child runs sit under their parent: expand it, and hide the parent itself (it trained nothing)
-    browser.find_element(By.XPATH, f"{run_row('dim_reduce')}//button[contains(@data-component-id, 'runname')]").click()
-    wait_for(browser, lambda d: d.find_elements(By.XPATH, run_row("control")), "mlflow_compare_top1", "the child runs")
-    visibility = "//label[input[contains(@class, 'is-visibility-toggle-checkbox')]]"
-    browser.find_element(By.XPATH, run_row("dim_reduce") + visibility).click()
-    browser.find_element(By.CSS_SELECTOR, "input[placeholder='Search metric charts']").send_keys("val/top1")
-    expected = {f"{name} (val/top1)" for name in lines}
-
-    def with_every_line(driver) -> list[set[str]] | None:
+    def legend(driver) -> set[str] | None:
         try:
-            found = chart_legends(driver)
-        except StaleElementReferenceException:  # a card redrawn while it was read
+            texts = {element.text for element in driver.find_elements(By.CSS_SELECTOR, "svg text")}
+        except StaleElementReferenceException:  # a chart redrawn while it was read
             return None
-        return found if expected in found else None
+        found = {text for text in texts if text.endswith("(val/top1)")}
+        return found if found >= expected else None
 
-    legends = wait_for(browser, with_every_line, "mlflow_compare_top1", f"a val/top1 chart with {sorted(expected)}")
+    shown = wait_for(browser, legend, "mlflow_compare_top1", f"a val/top1 chart with {sorted(expected)}")
     settled_screenshot(browser, "mlflow_compare_top1")
-    assert legends == [expected]  # one chart, a line for each recipe's training
+    assert shown == expected
+    assert len(browser.find_elements(By.CSS_SELECTOR, "div.js-plotly-plot")) == 1  # one chart
+    assert "Model training" in browser.find_element(By.TAG_NAME, "body").text  # not the GenAI pages
