@@ -5,21 +5,44 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipelines.hooks import configuration_env
-from pipelines.tracking import run_name
+from pipelines.tracking import run_description, run_name, short_key
 
 
-def test_run_names_show_the_overrides_that_change_the_configuration():
-    keys = ["thor.lr.lr_init", "thor.epochs", "baseline.epochs", "baseline.lr.lr_init", "model.name", "data.root"]
-    assert run_name(["thor"], {"thor.lr.lr_init": 0.05}, keys, partial=False) == "thor lr_init=0.05"
-    # outside the pipeline's own section a key keeps its parent, and more where that is ambiguous
-    keys += ["dim_reduce.stage2.lr.lr_init", "dim_reduce.stage2.alpha"]
-    overrides = {"baseline.epochs": 3, "model.name": "resnet18", "dim_reduce.stage2.lr.lr_init": 1.0}
-    assert run_name(["thor"], overrides, keys, partial=True) == (
-        "thor baseline.epochs=3 model.name=resnet18 stage2.lr.lr_init=1.0 (partial)"
+def test_run_names_are_short_and_abbreviate_each_key_the_same_way_everywhere():
+    keys = [
+        "thor.lr.lr_init",
+        "thor.epochs",
+        "baseline.epochs",
+        "baseline.lr.lr_init",
+        "model.name",
+        "data.root",
+        "dim_reduce.stage1.trajectory.start_epoch",
+        "dim_reduce.stage2.alpha",
+    ]
+    # a key is cut to its shortest suffix no other key ends with, whichever pipeline runs
+    assert short_key("dim_reduce.stage1.trajectory.start_epoch", keys) == "start_epoch"
+    assert short_key("thor.lr.lr_init", keys) == "thor.lr.lr_init"  # baseline's lr_init too: the whole key
+    assert short_key("dim_reduce.stage2.alpha", keys) == "alpha"
+    assert run_name(["dim_reduce"], None, {"dim_reduce.stage1.trajectory.start_epoch": 2}, keys, False) == (
+        "dim_reduce start_epoch=2"
     )
-    assert run_name(["data", "baseline"], {"baseline.lr.lr_init": [1, 2]}, keys, partial=False) == (
-        "data+baseline lr_init=[1, 2]"
+    assert run_name(["study"], None, {"dim_reduce.stage1.trajectory.start_epoch": 2}, keys, False) == (
+        "study start_epoch=2"
     )
+    assert run_name(["thor"], "ascend", {"thor.epochs": 3}, keys, partial=True) == "thor ascend thor.epochs=3 (partial)"
+    assert run_name(["data", "baseline"], None, {"dim_reduce.stage2.alpha": [1, 2]}, keys, False) == (
+        "data+baseline alpha=[1,2]"
+    )
+    long = run_name(
+        ["dim_reduce"], None, {"data.root": "/data/imagenet/train-subset", "model.name": "resnet50"}, keys, True
+    )
+    assert len(long) == 40 and long.endswith("… (partial)") and long.startswith("dim_reduce root=/data/")
+
+
+def test_the_description_lists_every_override_in_full():
+    text = run_description("kedro run --pipelines=thor --params=thor.epochs=3", "ascend", {"thor.epochs": 3})
+    assert "`kedro run --pipelines=thor --params=thor.epochs=3`" in text and "environment: ascend" in text
+    assert "- `thor.epochs` = `3`" in text
 
 
 def test_configuration_env_names_where_the_configuration_came_from(tmp_path: Path):

@@ -24,6 +24,7 @@ from pipelines.engine.runtime import DeviceUnavailableError, require_device
 from pipelines.errors import NODE_NOTE, Failure
 from pipelines.params import ParameterError, validate_parameters
 from pipelines.tracking import (
+    DESCRIPTION_TAG,
     MlflowRunHandoff,
     active_run_id,
     base_is_server,
@@ -32,6 +33,7 @@ from pipelines.tracking import (
     experiment_of,
     mark_killed,
     mark_orphaned_runs_killed,
+    run_description,
     run_identity,
     run_name,
     runs_page_url,
@@ -169,7 +171,8 @@ class ProjectHooks:
         self._catalog = catalog  # after_dataset_saved asks it whether a dataset is stored
         names = run_params.get("pipeline_names") or [run_params.get("pipeline_name") or "__default__"]
         partial = any(run_params.get(key) for key in (*NODE_FILTERS, "only_missing_outputs"))
-        set_run_name(run_name(names, self._overrides, list(_leaf_keys(self._raw_params)), partial))
+        chosen_env = self._config_env if self._config_env not in ("base", "local") else None
+        set_run_name(run_name(names, chosen_env, self._overrides, list(_leaf_keys(self._raw_params)), partial))
         command = invoked_command()
         set_tags(
             {
@@ -181,6 +184,7 @@ class ProjectHooks:
                 **({"kedro_command": command} if command else {}),  # else kedro-mlflow's, without --params/--env
                 **{key: str(value) for key, value in self._identity.items()},
                 **run_identity(),
+                DESCRIPTION_TAG: run_description(command, self._config_env, self._overrides),
             }
         )
         self._data_size_tagged = False

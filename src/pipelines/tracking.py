@@ -213,9 +213,29 @@ def run_identity() -> dict[str, str]:
     return {"pid": str(os.getpid()), "host": socket.gethostname()}
 
 
+def flat_params(sections: Mapping[str, object]) -> dict[str, str]:
+    """Parameter sections (``{"dim_reduce.stage2": Stage2Params(...)}``, models or mappings) as MLflow params,
+    one per leaf under its dotted key (``dim_reduce.stage2.rho``), as kedro-mlflow logs a ``kedro run``'s."""
+    flat: dict[str, str] = {}
+
+    def visit(prefix: str, value) -> None:
+        value = value.model_dump() if hasattr(value, "model_dump") else value
+        if isinstance(value, Mapping) and value:
+            for key, inner in value.items():
+                visit(f"{prefix}.{key}", inner)
+        else:
+            flat[prefix] = value if isinstance(value, str) else json.dumps(value)
+
+    for prefix, section in sections.items():
+        visit(prefix, section)
+    return flat
+
+
 @contextmanager
-def training_run(name: str) -> Iterator[mlflow.ActiveRun | None]:
-    """Inside the active (``kedro run``'s) run, the child run ``name`` (tag ``training=<name>``), active meanwhile.
+def training_run(name: str, params: Mapping[str, object] | None = None) -> Iterator[mlflow.ActiveRun | None]:
+    """Inside the active (``kedro run``'s) run, the child run ``name`` (tag ``training=<name>``; named
+    ``<pipeline>/<name>``), active meanwhile; a new one logs the parameter sections ``params`` (``flat_params``),
+    so MLflow's Compare shows each training's own settings.
 
     A child of that name already under the parent is continued (the node that evaluates a training
     logs into the training's run). Outside an active run it does nothing. The child ends FINISHED, or
@@ -233,7 +253,12 @@ def training_run(name: str) -> Iterator[mlflow.ActiveRun | None]:
     if found:
         run = mlflow.start_run(run_id=found[0].info.run_id, nested=True)
     else:
-        run = mlflow.start_run(run_name=name, nested=True, tags={"training": name, **run_identity()})
+        # named after its parent's pipeline too (dim_reduce/stage2), so its own page says whose it is
+        pipeline = client.get_run(parent.info.run_id).data.tags.get("pipeline")
+        title = f"{pipeline}/{name}" if pipeline else name
+        run = mlflow.start_run(run_name=title, nested=True, tags={"training": name, **run_identity()})
+        if params:
+            mlflow.log_params(flat_params(params))
     try:
         yield run
     except BaseException:
@@ -247,8 +272,8 @@ class StudyRuns:
     its tags, per-epoch rows (``EpochMetrics``) and final accuracy."""
 
     @contextmanager
-    def run(self, name: str, tags: Mapping[str, str]) -> Iterator[str | None]:
-        with training_run(name) as run:
+    def run(self, name: str, tags: Mapping[str, str], params: Mapping[str, object]) -> Iterator[str | None]:
+        with training_run(name, params) as run:
             set_tags(tags)
             yield None if run is None else run.info.run_id
 
@@ -374,27 +399,46 @@ class MlflowRunReader:
 # ----------------------------------------------------------------- run names and run states
 
 
-def _short_key(key: str, pipelines: list[str], keys: list[str]) -> str:
-    """The shortest dotted suffix of ``key`` that names it alone: among the keys of its section when the
-    section is one of the run's pipelines (``thor.lr.lr_init`` in a thor run: ``lr_init``), else among
-    ``keys`` and with its parent at least (``model.name``)."""
+RUN_NAME_LIMIT = 40  # characters: the runs table shows about this much of a name
+DESCRIPTION_TAG = "mlflow.note.content"  # the run page's description
+
+
+def short_key(key: str, keys: Sequence[str]) -> str:
+    """The shortest dotted suffix of ``key`` that no other key of ``keys`` ends with (``thor.lr.lr_init``:
+    ``lr_init``; ``model.name``, as other keys end with ``name``): one abbreviation per key, in every run."""
     parts = key.split(".")
-    own = parts[0] in pipelines
-    scope = [k for k in keys if k.startswith(parts[0] + ".")] if own else keys
-    for length in range(1 if own else 2, len(parts)):
+    for length in range(1, len(parts)):
         suffix = ".".join(parts[-length:])
-        if len([k for k in scope if k == suffix or k.endswith("." + suffix)]) == 1:
+        if sum(k == suffix or k.endswith("." + suffix) for k in keys) == 1:
             return suffix
     return key
 
 
-def run_name(pipelines: list[str], overrides: dict, keys: list[str], partial: bool) -> str:
-    """The MLflow run's name: the pipelines, each ``--params`` override that changes the configuration
-    (``thor lr_init=0.05``), and ``(partial)`` when node filters (``--nodes``, ``--from-nodes``, …) cut it."""
-    words = ["+".join(pipelines)]
-    for key, value in overrides.items():
-        words.append(f"{_short_key(key, pipelines, keys)}={value if isinstance(value, str) else json.dumps(value)}")
-    return " ".join(words) + (" (partial)" if partial else "")
+def _value(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+def run_name(pipelines: list[str], env: str | None, overrides: Mapping, keys: Sequence[str], partial: bool) -> str:
+    """The MLflow run's name, at most ``RUN_NAME_LIMIT`` characters: the pipelines, the configuration environment
+    when one was chosen (``--env``), each ``--params`` override that changes the configuration by its short key
+    (``thor lr_init=0.05``), and ``(partial)`` when node filters (``--nodes``, ``--from-nodes``, …) cut the run.
+    A longer name ends in an ellipsis; ``run_description`` holds everything."""
+    words = ["+".join(pipelines), *([env] if env else [])]
+    words += [f"{short_key(key, keys)}={_value(value)}" for key, value in overrides.items()]
+    name = " ".join(words)
+    suffix = " (partial)" if partial else ""
+    if len(name) + len(suffix) > RUN_NAME_LIMIT:
+        name = name[: RUN_NAME_LIMIT - len(suffix) - 1] + "…"
+    return name + suffix
+
+
+def run_description(command: str | None, env: str, overrides: Mapping) -> str:
+    """The run's description (its page shows it): the command, the environment, every override in full."""
+    lines = [f"`{command}`" if command else "kedro run", "", f"configuration environment: {env}"]
+    if overrides:
+        lines += ["", "overrides (`--params`) that change the configuration:"]
+        lines += [f"- `{key}` = `{_value(value)}`" for key, value in overrides.items()]
+    return "\n".join(lines)
 
 
 def _process_alive(pid: int) -> bool:

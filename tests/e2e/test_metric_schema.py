@@ -83,7 +83,7 @@ def test_dim_reduce_logs_each_training_into_its_own_child_run(recipe_store):
     stage1_epochs = DIM_REDUCE_PARAMS["dim_reduce"]["stage1"]["epochs"]
     for child in children:
         name = child.data.tags["training"]
-        assert child.info.run_name == name and child.info.status == "FINISHED"
+        assert child.info.run_name == f"dim_reduce/{name}" and child.info.status == "FINISHED"
         assert steps(client, child, "val/top1"), f"{name} logged no val/top1"
         assert steps(client, child, "train/loss"), f"{name} logged no train/loss"
         for key in ("final/top1", "final/top5"):

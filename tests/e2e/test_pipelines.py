@@ -240,7 +240,7 @@ def test_dim_reduce_mlflow_run(dim_reduce_run):
     assert set(children) == {"stage1", "stage2", "control"}
     for training, epochs in (("stage1", [1, 2]), ("stage2", [3]), ("control", [3])):
         child = children[training]
-        assert child.info.run_name == training and child.info.status == "FINISHED"
+        assert child.info.run_name == f"dim_reduce/{training}" and child.info.status == "FINISHED"
         for key in ("train/loss", "train/lr", "train/images_per_s", "train/epoch_time_s", "val/top1", "val/top5"):
             logged = client.get_metric_history(child.info.run_id, key)
             assert sorted(m.step for m in logged) == (epochs if key.startswith("train/") else epochs[-1:]), key

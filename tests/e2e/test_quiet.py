@@ -53,7 +53,7 @@ def test_runs_are_named_and_tagged(quiet_project):
     project, results = quiet_project
     _, (partial, default) = runs(project)  # newest first
     assert default.info.run_name == default.data.tags["pipeline"] == "__default__"
-    assert partial.info.run_name == "baseline data.eval_batch_size=4 (partial)"
+    assert partial.info.run_name == "baseline eval_batch_size=4 (partial)"
     assert default.data.tags["kedro_command"] == "kedro run"
     command = "kedro run --pipelines=baseline --nodes=baseline.evaluate --params=data.eval_batch_size=4"
     assert partial.data.tags["kedro_command"] == command

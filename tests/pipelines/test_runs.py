@@ -107,6 +107,10 @@ def test_dim_reduce_pipeline(workspace):
     assert set(trainings) == {"stage1", "stage2", "control"}
     for training, child in trainings.items():
         assert FINAL_TOP1 in child.data.metrics, training
+        assert child.info.run_name == f"dim_reduce/{training}"  # whose training it is, on its own page too
+    # each child logs the parameters of its own section, so MLflow's Compare has columns for it
+    assert trainings["stage2"].data.params["dim_reduce.stage2.rho"] == "0.55"
+    assert trainings["control"].data.params["dim_reduce.control.checkpoint.keep_last"] == "2"
 
 
 def test_study_pipeline(workspace):
@@ -118,6 +122,9 @@ def test_study_pipeline(workspace):
     assert list(outputs["study.paired"]["comparison"].unique()) == ["thor vs baseline", "thor vs thor_first_order"]
     runs = children(uri, only_run(uri, "study")).values()
     assert {child.data.tags["recipe"] for child in runs} == {"baseline", "thor", "thor_first_order"}
+    names = {child.info.run_name: child for child in runs}
+    assert set(names) == {"study/baseline/seed0", "study/thor/seed0", "study/thor_first_order/seed0"}
+    assert names["study/thor_first_order/seed0"].data.params["thor.precondition"] == "false"
 
 
 def test_report_pipeline(workspace):

@@ -58,7 +58,7 @@ def train_stage1(
     ``distributed.worker_num`` above 1 it trains on that many msrun workers.
     """
     context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
-    with tracking.training_run("stage1"):
+    with tracking.training_run("stage1", {"dim_reduce.stage1": stage1, "boost": boost}):
         result, index = on_every_rank(
             recipe.train_stage1, context, initial_weights, stage1, boost=boost, callbacks=[tracking.EpochMetrics()]
         )
@@ -135,7 +135,7 @@ def train_stage2(
     ``distributed.worker_num`` above 1 it trains on that many msrun workers.
     """
     context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
-    with tracking.training_run("stage2"):
+    with tracking.training_run("stage2", {"dim_reduce.stage2": stage2}):
         if stage2.implementation == "mindspore_boost":
             result, steps = recipe.train_stage2_with_boost(
                 context,
@@ -177,7 +177,7 @@ def train_control(
     With ``distributed.worker_num`` above 1 it trains on that many msrun workers.
     """
     context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
-    with tracking.training_run("control"):
+    with tracking.training_run("control", {"dim_reduce.stage1": stage1, "dim_reduce.control": control}):
         result = on_every_rank(
             recipe.train_control,
             context,

@@ -61,8 +61,11 @@ class StudyTracking(Protocol):
     is tagged ``recipe`` (the study's), ``result`` (its result row; ``stage1`` for dim_reduce's first stage),
     ``seed`` and ``study_key``; a result file is ``<study_key>.<result>.json``."""
 
-    def run(self, name: str, tags: Mapping[str, str]) -> AbstractContextManager[str | None]:
-        """A child run of the study's run for one training, active meanwhile; yields its id (None: no tracking)."""
+    def run(
+        self, name: str, tags: Mapping[str, str], params: Mapping[str, object]
+    ) -> AbstractContextManager[str | None]:
+        """A child run of the study's run for one training, active meanwhile, with the parameter sections
+        ``params`` it trained with; yields its id (None: no tracking)."""
 
     def callbacks(self) -> list[Callback]:
         """Engine callbacks that log each epoch into the active child run."""
@@ -193,16 +196,18 @@ def _train_single(recipe: str):
     def train_one(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str, tracking: StudyTracking):
         context = inputs.context.with_seed(seed)
         folder = plan.directory / "checkpoints" / key
+        if recipe == "baseline":
+            section = _baseline(inputs, plan)
+        else:
+            section = _thor(inputs, plan, precondition=recipe == "thor")
+        section = section.model_copy(update={"checkpoint": _checkpoint_dir(section, folder)})
         tags = {"recipe": recipe, "result": recipe, "seed": str(seed), "study_key": key}
-        with tracking.run(f"{recipe}-seed{seed}", tags) as run_id:
+        params = {"baseline" if recipe == "baseline" else "thor": section, "runtime": context.runtime}
+        with tracking.run(f"{recipe}/seed{seed}", tags, params) as run_id:
             if recipe == "baseline":
-                section = _baseline(inputs, plan)
-                section = section.model_copy(update={"checkpoint": _checkpoint_dir(section, folder)})
                 initial = build_network(context.model, context.class_index, context.runtime)
                 result = train_baseline(context, initial, section, boost=inputs.boost, callbacks=tracking.callbacks())
             else:
-                section = _thor(inputs, plan, precondition=recipe == "thor")
-                section = section.model_copy(update={"checkpoint": _checkpoint_dir(section, folder)})
                 initial = build_network(thor_model(context.model, section), context.class_index, context.runtime)
                 result = train_thor(context, initial, section, callbacks=tracking.callbacks())
             record = _record(recipe, seed, key, run_id, _figures(result), tracking)
@@ -228,7 +233,10 @@ def _train_dim_reduce(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str,
     )
     control = dim.control.model_copy(update={"checkpoint": _checkpoint_dir(dim.control, folder / "control")})
     tags = {"recipe": "dim_reduce", "seed": str(seed), "study_key": key}
-    with tracking.run(f"stage1-seed{seed}", tags | {"result": "stage1"}):
+    runtime = {"runtime": context.runtime}
+    with tracking.run(
+        f"dim_reduce/stage1/seed{seed}", tags | {"result": "stage1"}, {"dim_reduce.stage1": stage1, **runtime}
+    ):
         initial = build_network(model, class_index, context.runtime)
         first, trajectory = train_stage1(context, initial, stage1, boost=inputs.boost, callbacks=tracking.callbacks())
         # its final evaluation, as dim_reduce's stage1 child run has one
@@ -237,7 +245,8 @@ def _train_dim_reduce(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str,
     components = trajectory_pca(chosen, model, class_index, dim.pca).components
     records, finals = {}, [first.checkpoint]
     for row in RESULT_ROWS["dim_reduce"]:
-        with tracking.run(f"{row}-seed{seed}", tags | {"result": row}) as run_id:
+        sections = {"dim_reduce.stage2": stage2} if row == "stage2" else {"dim_reduce.control": control}
+        with tracking.run(f"dim_reduce/{row}/seed{seed}", tags | {"result": row}, {**sections, **runtime}) as run_id:
             if row == "stage2":
                 result, _ = train_stage2(context, first.checkpoint, components, stage2, callbacks=tracking.callbacks())
             else:
@@ -266,7 +275,8 @@ def _train_adasum(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str, tra
             update={"checkpoint": _checkpoint_dir(section, plan.directory / "checkpoints" / key / row)}
         )
         tags = {"recipe": "adasum", "result": row, "seed": str(seed), "study_key": key}
-        with tracking.run(f"{row}-seed{seed}", tags | {"workers": str(plan.adasum_workers)}) as run_id:
+        params = {"adasum": section, "runtime": context.runtime, "distributed": context.distributed}
+        with tracking.run(f"adasum/{row}/seed{seed}", tags | {"workers": str(plan.adasum_workers)}, params) as run_id:
             result = on_every_rank(
                 train_adasum,
                 context,
