@@ -227,3 +227,19 @@ assert "pipelines.params" not in before and not loaded, loaded
 """
     result = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_an_unknown_environment_is_named_with_those_that_exist(tmp_path):
+    import click
+
+    from pipelines.hooks import require_environment
+
+    conf = tmp_path / "conf"
+    for env in ("base", "ascend", "gpu"):
+        (conf / env).mkdir(parents=True)
+    with pytest.raises(click.ClickException) as error:
+        require_environment(conf, "cuda")
+    assert "configuration environment 'cuda' does not exist" in error.value.message
+    assert "holds ascend, base, gpu" in error.value.message
+    for env in (None, "gpu", "local"):  # local is optional: Kedro reads it when it is there
+        require_environment(conf, env)

@@ -128,9 +128,22 @@ def runner_name(described: str) -> str:
     return found[1] if found else described
 
 
+def require_environment(conf_source: str | Path, env: str | None) -> None:
+    """Refuse an ``--env`` that names no folder of ``conf_source``, listing those that exist (``local`` may be
+    absent: it is optional)."""
+    if env is None or env == "local" or (Path(conf_source) / env).is_dir():
+        return
+    existing = sorted(p.name for p in Path(conf_source).iterdir() if p.is_dir() and not p.name.startswith("."))
+    raise click.ClickException(
+        f"configuration environment {env!r} does not exist: {_shown_path(Path(conf_source))}/ holds "
+        f"{', '.join(existing)}; choose one of those with --env (base is the CPU default, used without --env)"
+    )
+
+
 class ProjectHooks:
-    @hook_impl
+    @hook_impl(tryfirst=True)  # before kedro-mlflow's hook reads mlflow.yml of a missing environment
     def after_context_created(self, context) -> None:
+        require_environment(context.config_loader.conf_source, context.env)
         # The raw configuration (runtime --params merged in), not context.params: that property runs
         # Kedro's own typed-parameter validation, which imports every pipeline's nodes (MindSpore)
         # and stops at the first failing section; this check reports every problem in well under a second.

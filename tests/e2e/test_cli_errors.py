@@ -130,6 +130,16 @@ def missing_device(root: Path):
     return project, run(project, "--env=gpu"), expected
 
 
+def unknown_environment(root: Path):
+    project = project_on(root)
+    expected = Expected(
+        ["configuration environment 'cuda' does not exist: conf/ holds ascend, base, gpu, local"],
+        None,
+        traceback_logged=False,
+    )
+    return project, run(project, "--pipelines=baseline", "--env=cuda"), expected
+
+
 def loss_not_finite(root: Path):
     project = project_on(root)
     outcome = run(project, "--pipelines=baseline", "--params=baseline.lr.lr_max=1e36")
@@ -179,6 +189,7 @@ CASES: list[Case] = [
     missing_checkpoint,
     corrupt_checkpoint,
     missing_device,
+    unknown_environment,
     loss_not_finite,
     pytest.param(failed_msrun_rank, marks=pytest.mark.slow),
     interrupted,
