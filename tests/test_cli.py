@@ -31,3 +31,17 @@ def test_plain_items_parse_as_kedro_parses_them():
 def test_an_item_without_equals_names_the_item():
     with pytest.raises(click.UsageError, match="study.epochs"):
         parse("study.epochs")
+
+
+def test_kedro_viz_offline_shows_no_update_banner(monkeypatch):
+    """Offline (PyPI unreachable), kedro-viz 12.5 would report version "None" as newer than the installed one."""
+    from kedro_viz import __version__
+    from kedro_viz.api.rest.responses import version
+
+    from pipelines.cli import _kedro_viz_without_a_false_update_banner
+
+    monkeypatch.setattr(version, "get_latest_version", lambda: None)  # PyPI's answer when it cannot be reached
+    assert version.get_version_response().is_outdated  # the bug: "Kedro-Viz None is here!"
+    _kedro_viz_without_a_false_update_banner()
+    response = version.get_version_response()
+    assert not response.is_outdated and response.latest == __version__

@@ -42,7 +42,11 @@ logger = logging.getLogger(__name__)
 # (category, message regex, module regex) of warnings that third-party code raises about itself
 # on every start: nothing a user of this project can act on. OmegaConf 2.4 deprecates the call
 # Kedro and kedro-mlflow make to register their resolvers.
-THIRD_PARTY_WARNINGS = ((UserWarning, r"register_new_resolver\(\) is deprecated", r"kedro(_mlflow)?\."),)
+THIRD_PARTY_WARNINGS = (
+    (UserWarning, r"register_new_resolver\(\) is deprecated", r"kedro(_mlflow)?\."),
+    # FastAPI 0.165 deprecates the response class kedro-viz 12.5 builds its API on: one warning per module
+    (UserWarning, r"ORJSONResponse is deprecated", r"kedro_viz\."),
+)
 # kedro-mlflow's KedroPipelineModel has no type hints on predict, and MLflow warns (in colour) when
 # the class is defined, i.e. when Kedro imports the plugin.
 PREDICT_TYPE_HINTS = re.compile(r"(\x1b\[\d+m)?Add type hints to the `predict` method")
@@ -55,6 +59,8 @@ QUIET_RECORDS = (
     ("kedro.runner.sequential_runner", r"Using synchronous mode"),
     ("kedro_mlflow.framework.hooks.mlflow_hook", r"Registering new custom resolver"),
     ("kedro_viz.integrations.kedro.run_hooks", r"Workflow tracking is disabled"),
+    # a site built before any `kedro run` of the project has no run events: nothing is wrong
+    ("kedro_viz.api.rest.responses.run_events", r"Run events file .* not found"),
 )
 
 # Moved to DEBUG during a ``kedro run`` of this command, which reports the failure itself: Kedro's
@@ -123,6 +129,25 @@ def quiet_start() -> None:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
     _define_kedro_pipeline_model_quietly()
     demote_records(QUIET_RECORDS)
+    if sys.argv[1:2] == ["viz"]:
+        _kedro_viz_without_a_false_update_banner()
+
+
+def _kedro_viz_without_a_false_update_banner() -> None:
+    """kedro-viz 12.5's ``/api/version`` turns a failed PyPI lookup (no network to pypi.python.org, as on a
+    cluster's nodes) into the string ``"None"`` and compares version strings, so ``"12.5.0" < "None"`` reads as
+    outdated and the page shows "Kedro-Viz None is here!". Without an answer from PyPI, the latest version known is
+    the installed one."""
+    from kedro_viz import __version__
+    from kedro_viz.api.rest.responses import version
+    from packaging.version import parse
+
+    lookup = version.get_latest_version
+
+    def latest_known():
+        return lookup() or parse(__version__)
+
+    version.get_latest_version = latest_known
 
 
 def _log_files() -> list[logging.FileHandler]:
