@@ -46,7 +46,7 @@ def create_thor_optimizer(
     loss_scale: float,
     batch_size: int,
     frequency: int,
-    split_indices: Sequence[int] = (),
+    split_indices: Sequence[int],
 ):
     """``nn.thor`` for ``net``, which it converts in place (``Conv2dThor``/``DenseThor``, same weight names).
 
@@ -75,8 +75,8 @@ def create_thor_model(
     optimizer,
     *,
     loss_scale: float,
-    amp_level: str = "O2",
-    keep_batchnorm_fp32: bool = False,
+    amp_level: str,
+    keep_batchnorm_fp32: bool,
 ):
     """The ``ModelThor`` that trains the converted ``net`` with its ``nn.thor`` ``optimizer``, as the tutorial builds
     it: a ``Model`` with a fixed loss scale (no overflow skipping), converted by ``ConvertModelUtils``."""
