@@ -50,7 +50,9 @@ def test_without_the_preconditioner_thor_is_momentum_on_thors_recipe(setting):
     thor = params.thor
     initial, result = train(params, manifest, class_index)
     assert result.step.preconditioner is None
-    assert {"thor/second_order_steps", "thor/inverses_computed"}.isdisjoint(result.history[-1])
+    counters = ("thor/second_order_steps", "thor/trace_skips", "thor/inverses_computed")
+    assert [result.history[-1][key] for key in counters] == [0.0, 0.0, 0.0]
+    assert {"thor/second_order_step_s", "thor/reuse_step_s"}.isdisjoint(result.history[-1])
     assert not any(name.startswith("optimizer.thor.") for name in result.checkpoint.params)
 
     # the reference: THOR's network, schedule, weight decay and loss scale in a plain Momentum step, same batches

@@ -3,8 +3,9 @@
 Recipe (models repo official/cv/ResNet, THOR): the THOR lr and damping schedules (``thor_lr``,
 ``thor_damping``), label smoothing, a fixed loss scale, the last BatchNorm gamma of each block
 zero-initialised (``thor.zero_init_last_bn_gamma``), statistics and inverses refreshed every
-``frequency`` steps. ``implementation: own``: ``optim.thor.preconditioner`` (the gradients of every
-Conv2d/Dense preconditioned, then the baseline's Momentum), a step the engine calls per batch;
+``frequency`` steps. ``implementation: own``: ``optim.thor.step`` (the gradients of every Conv2d/Dense
+preconditioned, then the baseline's Momentum), a step the engine calls per batch; ``thor.precondition: false``
+keeps all of that recipe but passes the gradients to the Momentum unchanged (what the curvature adds);
 ``implementation: mindspore``: ``nn.thor`` trained by ``ModelThor`` through ``engine.model_bridge``
 (Ascend/GPU). ``train_thor`` builds the step and hands everything else (resume, epochs, evaluation,
 checkpoints, rows) to ``engine.loop.train``, like ``recipes.momentum``.
@@ -14,7 +15,7 @@ names; under ``optimizer.`` the optimizer's state and THOR's buffers (statistics
 Each epoch's row adds ``thor/damping`` and, for ``own``, ``thor/second_order_step_s`` and
 ``thor/reuse_step_s`` (median seconds of the epoch's steps of each kind, data loading included),
 ``thor/second_order_steps``, ``thor/trace_skips`` and ``thor/inverses_computed`` (totals since the start of
-training).
+training; 0 with ``thor.precondition: false``, whose rows have no step times of either kind).
 """
 
 from __future__ import annotations
@@ -174,11 +175,14 @@ class MindsporeThorStep(ModelTrainStep):
 
 class ThorFigures(Callback):
     """Adds THOR's figures to each epoch's row: the damping of its last step (``step.damping_per_step``) and, with
-    this project's preconditioner (``step.preconditioner``), the median step time of each kind and the counters."""
+    this project's preconditioner (``step.preconditioner``), the median step time of each kind and the counters.
+    With the preconditioner off (``thor.precondition: false``) the counters are 0 and no step is of either kind;
+    ``nn.thor`` keeps its counters to itself, so its rows have none."""
 
     def bind(self, step: TrainStep) -> None:
         self.damping_per_step = step.damping_per_step
         self.preconditioner = step.preconditioner
+        self.first_order = isinstance(step, OwnThorStep) and step.preconditioner is None
         self.steps_per_epoch = 0
 
     def on_train_begin(self, total_epochs: int, steps_per_epoch: int, start_epoch: int) -> None:
@@ -211,6 +215,8 @@ class ThorFigures(Callback):
             figures[THOR_TRACE_SKIPS] = float(self.preconditioner.trace_skips)
             figures[THOR_INVERSES_COMPUTED] = float(self.preconditioner.inverses_computed)
             figures.update({kind: statistics.median(times) for kind, times in self.times.items() if times})
+        elif self.first_order:
+            figures.update(dict.fromkeys((THOR_SECOND_ORDER_STEPS, THOR_TRACE_SKIPS, THOR_INVERSES_COMPUTED), 0.0))
         return figures
 
     def on_train_end(self) -> None:
@@ -249,17 +255,27 @@ def train_thor(
         net = network_from_checkpoint(network, class_index, start, "start checkpoint")
         lr_per_step, damping_per_step = thor_schedules(thor, steps_per_epoch)
         loss_fn = CrossEntropySmooth(classes, thor.label_smoothing)
-        logger.info(
-            "THOR (%s) training of %s, batch %d, frequency %d, lr %.4g -> %.4g, damping %.4g -> %.4g",
-            thor.implementation,
-            model.name,
-            thor.batch_size,
-            thor.frequency,
-            lr_per_step[0],
-            lr_per_step[-1],
-            damping_per_step[0],
-            damping_per_step[-1],
-        )
+        if thor.precondition:
+            logger.info(
+                "THOR (%s) training of %s, batch %d, frequency %d, lr %.4g -> %.4g, damping %.4g -> %.4g",
+                thor.implementation,
+                model.name,
+                thor.batch_size,
+                thor.frequency,
+                lr_per_step[0],
+                lr_per_step[-1],
+                damping_per_step[0],
+                damping_per_step[-1],
+            )
+        else:
+            logger.info(
+                "THOR's recipe without the preconditioner (thor.precondition false: gradients straight to Momentum) "
+                "training of %s, batch %d, lr %.4g -> %.4g",
+                model.name,
+                thor.batch_size,
+                lr_per_step[0],
+                lr_per_step[-1],
+            )
         if thor.implementation == "mindspore":
             from pipelines.optim.thor.mindspore_thor import create_thor_optimizer
 
