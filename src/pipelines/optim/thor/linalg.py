@@ -16,10 +16,10 @@ def blocking(n: int, block_size: int | None) -> tuple[int, int]:
     return (n + size - 1) // size, size
 
 
-def block_inverse(matrix, block_size=None, method="cholesky"):
+def block_inverse(matrix, block_size: int | None, method: str):
     """Inverses of the diagonal blocks of the SPD ``matrix`` (n x n), as an (nb, b, b) tensor.
 
-    ``block_size=None`` (or >= n): one block, the full inverse. Otherwise blocks of ``block_size``,
+    ``block_size`` None (or >= n): one block, the full inverse. Otherwise blocks of ``block_size``,
     the last padded with the identity. ``method`` "cholesky": ``ops.cholesky``, then
     ``ops.cholesky_solve`` against the identity (batched ``cholesky_inverse`` returns wrong values on
     CPU in MindSpore 2.10, and is 2.5x slower unbatched); "matrix_inverse": ``ops.MatrixInverse``
