@@ -109,7 +109,11 @@ def report_run(recipe_store):
 def test_table_equals_the_runs_logged_metrics(report_run):
     project, result = report_run
     table = pd.read_csv(project / "data/08_reporting/report/comparison.csv").set_index("recipe")
-    assert list(table.index) == RECIPE_NAMES
+    assert list(table.index) == [*RECIPE_NAMES[:2], "dim_reduce/control", *RECIPE_NAMES[2:]]
+    client = mlflow.MlflowClient(tracking_uri(project))
+    control = trainings(client, trained_run(project, "dim_reduce"))["control"]
+    assert table.loc["dim_reduce/control", "run_id"] == control.info.run_id
+    assert table.loc["dim_reduce/control", "top1"] == logged(client, control.info.run_id, "final/top1")[0]
     for recipe in RECIPE_NAMES:
         expected = expected_row(project, recipe, TARGET)
         assert (table.loc[recipe, "run_id"], table.loc[recipe, "run_status"]) == (expected.pop("run_id"), "FINISHED")
@@ -129,6 +133,26 @@ def test_table_equals_the_runs_logged_metrics(report_run):
         partial = recipe_runs(project, pipeline)[0]
         assert partial.info.run_id != trained_run(project, pipeline).info.run_id
         assert f"skipping {pipeline} run {partial.info.run_id}" in output
+
+
+def test_differences_say_by_how_much_each_recipe_beats_the_baseline(report_run):
+    """Each recipe's final accuracy minus the baseline's, stage 2's minus its control's, from the logged finals;
+    the summary puts them in points with the budgets they trained."""
+    project, result = report_run
+    table = pd.read_csv(project / "data/08_reporting/report/comparison.csv").set_index("recipe")
+    differences = pd.read_csv(project / "data/08_reporting/report/differences.csv")
+    top1 = differences[differences["measure"] == "final_top1_difference"].set_index("comparison")
+    for recipe in ("thor", "adasum"):
+        expected = table.loc[recipe, "top1"] - table.loc["baseline", "top1"]
+        assert top1.loc[f"{recipe} vs baseline", "mean"] == pytest.approx(expected), recipe
+    client = mlflow.MlflowClient(tracking_uri(project))
+    children = trainings(client, trained_run(project, "dim_reduce"))
+    stage2, control = (logged(client, children[name].info.run_id, "final/top1")[0] for name in ("stage2", "control"))
+    assert top1.loc["stage2 vs control", "mean"] == pytest.approx(stage2 - control)
+    assert set(top1["source"]) == {"single runs"}  # the store has no study
+    summary = (project / "data/08_reporting/report/summary.md").read_text()
+    thor = 100 * top1.loc["thor vs baseline", "mean"]
+    assert f"| thor vs baseline | final_top1_difference | {thor:+.2f} pt" in summary
 
 
 def test_histories_hold_each_epoch(report_run):

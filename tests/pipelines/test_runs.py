@@ -138,6 +138,12 @@ def test_report_pipeline(workspace):
         assert table.at[recipe, "top1"] == pytest.approx(only_run(uri, recipe).data.metrics[FINAL_TOP1])
     histories = outputs["report.histories"]
     assert sorted(histories.groupby("recipe")["epoch"].max().items()) == [("baseline", 2), ("thor", 1)]
+    # by how much, at the budgets shown, labelled as single runs (no study in this store)
+    differences = outputs["report.differences"].set_index(["comparison", "measure"])
+    thor_gain = differences.loc[("thor vs baseline", "final_top1_difference")]
+    assert thor_gain["mean"] == pytest.approx(table.at["thor", "top1"] - table.at["baseline", "top1"])
+    assert thor_gain["budget"] == "1 vs 2 epochs (unequal)" and thor_gain["source"] == "single runs"
+    assert "| thor vs baseline | final_top1_difference |" in outputs["report.summary"]
     # the runs the closing link compares: the recipes' runs the report read
     report_run = only_run(uri, "report")
     assert set(report_run.data.tags["compared_runs"].split(",")) == {

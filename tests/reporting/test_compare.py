@@ -299,7 +299,9 @@ def test_dim_reduce_is_read_from_its_child_runs(tmp_path, caplog):
 def test_pinned_dim_reduce_run_must_be_complete(tmp_path):
     uri, ids = hand_logged_store(tmp_path)
     pinned = compare(reader(uri), ["dim_reduce"], 0.85, {"dim_reduce": ids["dim_reduce"]})
-    assert pinned.table["run_id"].tolist() == [ids["dim_reduce"]]
+    rows = pinned.table.set_index("recipe")["run_id"]
+    assert list(rows.index) == ["dim_reduce", "dim_reduce/control"]  # the control beside stage 2, from the pinned run
+    assert rows["dim_reduce"] == ids["dim_reduce"] and rows["dim_reduce/control"] not in ids.values()
     with pytest.raises(
         ValueError, match=r"report.run_ids.dim_reduce: run \w+ lacks the metrics \['stage1: train/loss'\]"
     ):

@@ -33,4 +33,7 @@ def test_notebook_compares_the_recipes_of_the_store(recipe_store):
     trained = next(run for run, stage1 in stage1s if stage1 is not None and "train/loss" in stage1.data.metrics)
     assert trained.info.run_id in html
     assert "val/top1" in html and "train/epoch_time_s" in html  # the per-epoch history, in the schema's keys
+    markdown = "\n".join(output["data"].get("text/markdown", "") for output in outputs if "data" in output)
+    assert "| thor vs baseline | final_top1_difference |" in markdown  # by how much, as the report says it
+    assert "| stage2 vs control | final_top1_difference |" in markdown
     assert tracking_uri(recipe_store) in "\n".join(output.get("text", "") for output in outputs)

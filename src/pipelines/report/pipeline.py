@@ -16,7 +16,7 @@ def create_pipeline(**kwargs) -> Pipeline:
                 node(
                     compare_recipes,
                     "params:report",
-                    ["table", "histories", "explained_variance"],
+                    ["table", "histories", "explained_variance", "differences", "summary"],
                     name="compare_recipes",
                 ),
                 node(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypedDict
 
@@ -151,6 +151,8 @@ class Comparison:
     table: pd.DataFrame
     histories: pd.DataFrame
     explained_variance: pd.DataFrame
+    # each training's final top1/top5 and its budget (epochs), by name: the recipes', dim_reduce's stage2 and control
+    finals: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def absolute_tracking_uri(uri: str, project_path: str | Path) -> str:
@@ -403,6 +405,7 @@ def compare(
     rows: dict[str, dict] = {}
     settings: dict[str, dict[str, str | None]] = {}
     histories = []
+    finals: dict[str, dict[str, float]] = {}
     for recipe in chosen:
         run = find_run(reader, recipe, (run_ids or {}).get(recipe.name))
         runs[recipe.name] = run
@@ -425,6 +428,19 @@ def compare(
         resumed = any(key == "resumed_from" for r in (run, *trained.values()) for key in r["tags"])
         rows[recipe.name] = table_row(recipe, run, recipe_curve(history), final, target_top1, resumed)
         settings[recipe.name] = data_and_model(run)
+        for name in (*recipe.trainings[1:], *recipe.side_trainings) or (recipe.name,):
+            ended = history[history["training"] == name]["epoch"]
+            finals[name] = {**final_accuracy(metrics[name]), "epochs": float(ended.max()) if len(ended) else math.nan}
+        for side in recipe.side_trainings:  # dim_reduce's control: beside stage 2 in the table, at its budget
+            rows[f"{recipe.name}/{side}"] = {
+                "recipe": f"{recipe.name}/{side}",
+                "run_id": trained[side]["run_id"],
+                "run_status": trained[side]["status"],
+                "top1": finals[side]["top1"],
+                "top5": finals[side]["top5"],
+                "epochs": int(finals[side]["epochs"]),
+                "target_top1": target_top1,
+            }
         logger.info("Report: %s from run %s", recipe.name, run["run_id"])
     if not histories:
         raise NoRunsError(
@@ -451,6 +467,7 @@ def compare(
         table=table,
         histories=pd.concat(histories, ignore_index=True),
         explained_variance=pd.DataFrame(columns=VARIANCE_COLUMNS) if variance is None else variance,
+        finals=finals,
     )
 
 
@@ -467,6 +484,15 @@ def stage_boundaries(histories: pd.DataFrame, x: str) -> dict[str, float]:
     return boundaries
 
 
+def _label_the_end(axes, xs: pd.Series, ys: pd.Series, colour: str) -> None:
+    """The line's last value written beside its last point, so the figure says how far each recipe got."""
+    if len(xs):
+        axes.annotate(
+            f"{ys.iloc[-1]:.4g}", (xs.iloc[-1], ys.iloc[-1]), textcoords="offset points", xytext=(4, 4), fontsize=8,
+            color=colour,
+        )  # fmt: skip
+
+
 def _curves(histories: pd.DataFrame, x: str, y: str, xlabel: str, ylabel: str, title: str, scale: float = 1.0):
     """One line per recipe (``y`` against ``x``), side trainings dashed from their branch point, and
     a dotted line where a chained recipe switches training (dim_reduce: stage 1 -> stage 2)."""
@@ -478,6 +504,7 @@ def _curves(histories: pd.DataFrame, x: str, y: str, xlabel: str, ylabel: str, t
         logged = curve[curve[y].notna()]
         (line,) = axes.plot(logged[x], scale * logged[y], marker="o", markersize=4, label=recipe)
         colours[recipe] = line.get_color()
+        _label_the_end(axes, logged[x], scale * logged[y], line.get_color())
         side = rows[~rows.index.isin(curve.index)]
         for training, side_rows in side.groupby("training", sort=False):
             first = RECIPES[recipe].trainings[0]
@@ -488,6 +515,7 @@ def _curves(histories: pd.DataFrame, x: str, y: str, xlabel: str, ylabel: str, t
                 drawn[x], scale * drawn[y], linestyle="--", marker="s", markersize=3, color=line.get_color(),
                 label=f"{recipe} {training}",
             )  # fmt: skip
+            _label_the_end(axes, drawn[x], scale * drawn[y], line.get_color())
     for recipe, boundary in stage_boundaries(histories, x).items():
         first, second = RECIPES[recipe].trainings[:2]
         axes.axvline(boundary, color=colours[recipe], linestyle=":", linewidth=1.2, label=f"_{recipe} boundary")
