@@ -74,3 +74,25 @@ def test_the_comparison_link_names_the_runs_the_metric_and_model_training_mode()
     assert json.loads(query["metric"][0]) == "val/top1" and json.loads(query["plot_metric_keys"][0]) == ["val/top1"]
     assert json.loads(query["experiments"][0]) == ["7"]
     assert query["workflowType"] == ["machine_learning"]
+
+
+def test_each_compared_run_is_named_once_even_when_a_child_is_named_with_its_parent(tmp_path: Path):
+    import mlflow
+
+    from pipelines.tracking import COMPARED_RUNS_TAG, record_compared_runs, runs_to_compare
+
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    try:
+        with mlflow.start_run() as parent:
+            with mlflow.start_run(nested=True) as stage2:
+                mlflow.log_metric("val/top1", 0.5, step=1)
+            with mlflow.start_run(nested=True) as control:
+                mlflow.log_metric("val/top1", 0.4, step=1)
+        with mlflow.start_run() as report:  # the report names dim_reduce's run and its control row
+            record_compared_runs([parent.info.run_id, control.info.run_id])
+        tag = mlflow.MlflowClient().get_run(report.info.run_id).data.tags[COMPARED_RUNS_TAG]
+        assert sorted(tag.split(",")) == sorted([parent.info.run_id, stage2.info.run_id, control.info.run_id])
+        assert sorted(runs_to_compare(report.info.run_id)) == sorted([stage2.info.run_id, control.info.run_id])
+    finally:
+        mlflow.set_tracking_uri(previous)

@@ -251,7 +251,7 @@ class ProjectHooks:
     def after_pipeline_run(self, run_params: dict, run_result, pipeline, catalog) -> None:
         self._restore_handlers()
         if getattr(self, "_run_id", None) is not None:
-            self._log_links()
+            self._print_links()
 
     @hook_impl(trylast=True)  # after kedro-mlflow's hook has ended the run FAILED
     def on_pipeline_error(self, error: Exception, run_params: dict, pipeline, catalog) -> None:
@@ -264,7 +264,7 @@ class ProjectHooks:
         message = error.format_message() if isinstance(error, click.ClickException) else Failure.of(error).summary()
         tag_failure(self._run_id, message)
 
-    def _log_links(self) -> None:
+    def _print_links(self) -> None:
         """Where to see the run: the chart comparing its runs (and the runs table) at the tracking server's address,
         or at ``mlflow ui``'s over a local store (kedro-mlflow's ``mlflow.yml``: ``server``, ``ui``)."""
         config = getattr(getattr(self, "_context", None), "mlflow", None)
@@ -273,9 +273,10 @@ class ProjectHooks:
         local = "" if base_is_server(current_tracking_uri()) else " (start `mlflow ui` first, README)"
         experiment_id = experiment_of(self._run_id)
         compared = runs_to_compare(self._run_id)
+        # printed, not logged: the console's log handler wraps lines at its width and would break the links
         if compared:
-            logger.info("MLflow: compare the runs at %s%s", comparison_url(base, experiment_id, compared), local)
-        logger.info("MLflow: the runs table is %s", runs_page_url(base, experiment_id))
+            click.echo(f"MLflow: compare the runs at {comparison_url(base, experiment_id, compared)}{local}")
+        click.echo(f"MLflow: the runs table is {runs_page_url(base, experiment_id)}")
 
     def _restore_handlers(self) -> None:
         signals.restore(getattr(self, "_previous_handlers", {}))  # and no deferred stop after the run

@@ -154,7 +154,7 @@ def record_compared_runs(run_ids: Sequence[str]) -> None:
         for run_id in run_ids
         for child in (mlflow.MlflowClient().get_run(run_id), *child_runs(run_id))
     ]
-    set_tags({COMPARED_RUNS_TAG: ",".join(compared)})
+    set_tags({COMPARED_RUNS_TAG: ",".join(dict.fromkeys(compared))})  # once each: a child may be named too
 
 
 def runs_to_compare(run_id: str, metric: str = VAL_TOP1) -> list[str]:
@@ -165,7 +165,7 @@ def runs_to_compare(run_id: str, metric: str = VAL_TOP1) -> list[str]:
     candidates = [run, *child_runs(run_id)]
     named = run.data.tags.get(COMPARED_RUNS_TAG, "")
     candidates += [client.get_run(other) for other in named.split(",") if other]
-    return [candidate.info.run_id for candidate in candidates if metric in candidate.data.metrics]
+    return list(dict.fromkeys(candidate.info.run_id for candidate in candidates if metric in candidate.data.metrics))
 
 
 def log_epoch_rows(rows: Sequence[Mapping[str, float]], step_key: str = "epoch") -> None:
