@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import mlflow
 
-from tests.support.stores import REPORT_OUTPUT, complete_run, recipe_runs, tracking_uri, trainings
+from tests.support.stores import REPORT_OUTPUT, complete_run, store_report, tracking_uri, trainings
 
 
 def test_runs_child_runs_and_artifacts_arrive_on_the_server(recipe_store):
@@ -29,7 +29,7 @@ def test_runs_child_runs_and_artifacts_arrive_on_the_server(recipe_store):
 def test_the_report_reads_the_runs_back_from_the_server_and_the_links_name_it(recipe_store):
     server = tracking_uri(recipe_store)
     client = mlflow.MlflowClient(server)
-    (report,) = recipe_runs(recipe_store, "report")
+    report = store_report(recipe_store)
     compared = set(report.data.tags["compared_runs"].split(","))
     dim_reduce = complete_run(recipe_store, "dim_reduce")
     assert complete_run(recipe_store, "baseline").info.run_id in compared

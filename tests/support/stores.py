@@ -82,6 +82,11 @@ def trainings(client: mlflow.MlflowClient, run: mlflow.entities.Run) -> dict[str
     return {child.data.tags["training"]: child for child in children}
 
 
+def store_report(project: Path) -> mlflow.entities.Run:
+    """The report run ``fill_store`` made (its output is ``REPORT_OUTPUT``); later tests may add their own."""
+    return recipe_runs(project, "report")[-1]
+
+
 def complete_run(project: Path, pipeline: str) -> mlflow.entities.Run:
     """The run of the whole ``pipeline`` (not a partial rerun of some of its nodes), newest first."""
     (run, *_) = [run for run in recipe_runs(project, pipeline) if not run.info.run_name.endswith("(partial)")]
