@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipelines.engine.runtime import DeviceUnavailableError, device_available, require_device
-from tests.support.config import load_params
+from tests.support.config import load_config, load_params
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +43,13 @@ def test_base_is_the_cpu_default(base):
     assert base["runtime"]["device_target"] == "CPU"
     assert base["data"]["source"] == "fashion_mnist"
     assert base["model"]["name"] == "resnet_narrow"
+
+
+def test_the_tracking_uri_is_the_local_store_unless_mlflow_tracking_uri_names_a_server(monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert load_config("base", "mlflow")["server"]["mlflow_tracking_uri"] == "sqlite:///mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://mlflow.team.example")
+    assert load_config("ascend", "mlflow")["server"]["mlflow_tracking_uri"] == "https://mlflow.team.example"
 
 
 def test_cpu_is_always_available():

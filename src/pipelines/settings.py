@@ -1,6 +1,7 @@
 """Kedro project settings."""
 
 from kedro.config import OmegaConfigLoader
+from omegaconf.resolvers import oc
 
 from .cli import quiet_start
 from .datasets.artifacts import ArtifactHooks
@@ -18,4 +19,6 @@ CONFIG_LOADER_ARGS = {
     "base_env": "base",
     "default_run_env": "local",
     "merge_strategy": {"parameters": "soft", "catalog": "soft", "mlflow": "soft"},
+    # Kedro reads environment variables in credentials only; mlflow.yml's tracking URI honours MLFLOW_TRACKING_URI
+    "custom_resolvers": {"oc.env": oc.env},
 }

@@ -13,13 +13,18 @@ from pipelines import settings
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
-def load_params(env: str) -> dict:
+def load_config(env: str, key: str) -> dict:
     loader = OmegaConfigLoader(
         conf_source=str(CONF),
         env=env,
+        config_patterns={"mlflow": ["mlflow*", "mlflow*/**"]},  # as kedro-mlflow registers it
         **{k: v for k, v in settings.CONFIG_LOADER_ARGS.items() if k != "default_run_env"},
     )
-    return loader["parameters"]
+    return loader[key]
+
+
+def load_params(env: str) -> dict:
+    return load_config(env, "parameters")
 
 
 def changed(params: dict, dotted: str, value) -> dict:
