@@ -14,6 +14,7 @@ import pytest
 
 from pipelines.metrics import EPOCH_KEYS, FINAL_TOP1, TRAIN_LOSS
 from pipelines.pipeline_registry import PIPELINE_NAMES
+from tests.support.backends import assert_declared_on_every_target, dumped_graphs
 from tests.support.runner import run_pipeline, tiny_parameters
 from tests.support.trees import write_image_tree
 
@@ -44,6 +45,14 @@ def children(uri: str, run) -> dict[str, object]:
     return {child.data.tags.get("training", child.info.run_name): child for child in found}
 
 
+def run_audited(pipeline: str, params, uri: str, graphs) -> dict:
+    """``run_pipeline``, then the backend audit of every graph it compiled (tests/support/backends.py)."""
+    with dumped_graphs(graphs):
+        outputs = run_pipeline(pipeline, params, uri)
+    assert_declared_on_every_target(graphs)
+    return outputs
+
+
 def assert_trained(outputs: dict, recipe: str, epochs: int) -> None:
     report, history = outputs[f"{recipe}.eval_report"], outputs[f"{recipe}.history"]
     assert report["val_images"] == 3 * len(CLASSES) and report["epoch"] == epochs
@@ -70,18 +79,18 @@ def test_data_pipeline(workspace):
     assert outputs["data.bad_files"].empty
 
 
-def test_baseline_pipeline(workspace):
+def test_baseline_pipeline(workspace, tmp_path):
     tree, uri = workspace
-    outputs = run_pipeline("baseline", tiny_parameters(tree), uri)
+    outputs = run_audited("baseline", tiny_parameters(tree), uri, tmp_path / "graphs")
     assert_trained(outputs, "baseline", epochs=2)
     run = only_run(uri, "baseline")
     assert run.data.metrics[FINAL_TOP1] == pytest.approx(outputs["baseline.eval_report"]["top1"])
     assert [m.step for m in client(uri).get_metric_history(run.info.run_id, TRAIN_LOSS)] == [1, 2]
 
 
-def test_thor_pipeline(workspace):
+def test_thor_pipeline(workspace, tmp_path):
     tree, uri = workspace
-    outputs = run_pipeline("thor", tiny_parameters(tree), uri)
+    outputs = run_audited("thor", tiny_parameters(tree), uri, tmp_path / "graphs")
     assert_trained(outputs, "thor", epochs=2)
     history = outputs["thor.history"]
     # 24 images in batches of 4: 12 steps, the inverses refreshed every 2
@@ -89,15 +98,15 @@ def test_thor_pipeline(workspace):
     assert outputs["thor.final_checkpoint"].metadata["epoch"] == 2
 
 
-def test_adasum_pipeline(workspace):
+def test_adasum_pipeline(workspace, tmp_path):
     tree, uri = workspace
-    outputs = run_pipeline("adasum", tiny_parameters(tree), uri)
+    outputs = run_audited("adasum", tiny_parameters(tree), uri, tmp_path / "graphs")
     assert_trained(outputs, "adasum", epochs=1)
 
 
-def test_dim_reduce_pipeline(workspace):
+def test_dim_reduce_pipeline(workspace, tmp_path):
     tree, uri = workspace
-    outputs = run_pipeline("dim_reduce", tiny_parameters(tree), uri)
+    outputs = run_audited("dim_reduce", tiny_parameters(tree), uri, tmp_path / "graphs")
     comparison = outputs["dim_reduce.evaluation.comparison"]
     assert list(comparison["model"]) == ["stage1", "stage2", "control"]
     assert list(comparison["epoch"]) == [2, 3, 3]
@@ -168,7 +177,7 @@ def test_migrate_pipeline(workspace, tmp_path):
             }
         },
     )
-    outputs = run_pipeline("migrate", params, uri)
+    outputs = run_audited("migrate", params, uri, tmp_path / "graphs")
     report = outputs["migrate.parity_report"]
     assert report["passed"] is True
     assert isinstance(outputs["migrate.parity_tensors"], pd.DataFrame) and len(outputs["migrate.parity_tensors"])
