@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines.engine.checkpoint import Checkpoint
+from pipelines.models.loss import CrossEntropySmooth
 from pipelines.models.resnet import RESNET_LAYOUTS, ResNetLayout
 from pipelines.params import MigrationParity
 from pipelines.porting.layouts import TORCH_INSTALL_HINT, TORCHVISION_ARCHITECTURES
@@ -296,8 +297,9 @@ def single_step_parity(
     # Copies: a MindSpore tensor made from a numpy array may share its memory, and the step updates in place.
     before_step = {name: np.array(value, dtype=np.float64) for name, value in checkpoint.params.items()}
     net.set_train(True)
+    # the recipes' dense cross entropy: the sparse primitive is declared for GPU and CPU only (README "Backends")
     step = nn.TrainOneStepCell(
-        nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")),
+        nn.WithLossCell(net, CrossEntropySmooth(num_classes, 0.0)),
         nn.SGD(net.trainable_params(), learning_rate=lr, momentum=0.0, weight_decay=0.0),
     )
     ms_loss = float(step(ms.Tensor(images), ms.Tensor(labels)).asnumpy())
