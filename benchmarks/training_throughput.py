@@ -84,7 +84,7 @@ def main() -> None:
         PeriodicCheckpoint(lambda epoch: capture_state(net, optimizer, {"epoch": epoch}), workdir / "ckpt"),
     ]
     pipeline_data = dataset()
-    one_epoch = TrainingSpec(epochs=1, batch_size=args.batch_size, images_per_step=args.batch_size)
+    one_epoch = TrainingSpec(epochs=1, batch_size=args.batch_size, examples_per_step=args.batch_size)
 
     bare_net, bare_loss, bare_optimizer = parts()
     model = Model(

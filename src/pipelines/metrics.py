@@ -16,12 +16,18 @@ import pandas as pd
 TRAIN_LOSS = "train/loss"  # mean training loss over the epoch
 TRAIN_LR = "train/lr"  # learning rate of the epoch's last step
 TRAIN_IMAGES_PER_S = "train/images_per_s"  # all ranks together
+TRAIN_SEQUENCES_PER_S = "train/sequences_per_s"  # a language model's throughput in place of images/s
 TRAIN_EPOCH_TIME_S = "train/epoch_time_s"  # training only: evaluations and graph compilations excluded
 # seconds of the epoch's steps that compiled a graph (a cell's first call in GRAPH mode: seconds on CPU, a fixed
 # cost that a short run would otherwise charge to its optimizer), logged apart from the training time
 TRAIN_COMPILE_S = "train/compile_s"
 VAL_TOP1 = "val/top1"  # fractions in [0, 1], on evaluation epochs only
 VAL_TOP5 = "val/top5"
+# a language model's (thor_bert) evaluation in place of top-1/top-5: masked-LM accuracy (a fraction in [0, 1]) and
+# loss on the held-out examples, and the next-sentence accuracy
+VAL_MLM_ACCURACY = "val/mlm_accuracy"
+VAL_MLM_LOSS = "val/mlm_loss"
+VAL_NSP_ACCURACY = "val/nsp_accuracy"
 TRAINING_KEYS = (TRAIN_LOSS, TRAIN_LR, TRAIN_IMAGES_PER_S, TRAIN_EPOCH_TIME_S, TRAIN_COMPILE_S)
 EPOCH_KEYS = (*TRAINING_KEYS, VAL_TOP1, VAL_TOP5)
 TIMESTAMP_KEY = "timestamp"  # wall clock at the end of the epoch (seconds since the Unix epoch); not a metric
@@ -33,11 +39,25 @@ VAL_STEP_TOP5 = "val/step_top5"
 TRAIN_ELAPSED_S = "train/elapsed_s"  # training seconds from epoch 1 to this step, evaluations and compilations excluded
 EVAL_TIME_S = "eval/time_s"  # seconds this evaluation took (not part of any training time)
 STEP_KEYS = (VAL_STEP_TOP1, VAL_STEP_TOP5, TRAIN_ELAPSED_S, EVAL_TIME_S)
+VAL_STEP_MLM_ACCURACY = "val/step_mlm_accuracy"  # a language model's, on its step-evaluation subset
+VAL_STEP_MLM_LOSS = "val/step_mlm_loss"
 
 FINAL_PREFIX = "final/"  # the evaluation node's accuracy of the final checkpoint, logged once
 FINAL_TOP1 = FINAL_PREFIX + "top1"
 FINAL_TOP5 = FINAL_PREFIX + "top5"
 FINAL_KEYS = (FINAL_TOP1, FINAL_TOP5)
+FINAL_MLM_ACCURACY = FINAL_PREFIX + "mlm_accuracy"
+FINAL_MLM_LOSS = FINAL_PREFIX + "mlm_loss"
+
+# What an evaluation returns -> the row keys it is logged under: image recipes (top-1/top-5) and language models
+IMAGE_EVALUATION = (("top1", VAL_TOP1), ("top5", VAL_TOP5))
+IMAGE_STEP_EVALUATION = (("top1", VAL_STEP_TOP1), ("top5", VAL_STEP_TOP5))
+LANGUAGE_EVALUATION = (
+    ("mlm_accuracy", VAL_MLM_ACCURACY),
+    ("mlm_loss", VAL_MLM_LOSS),
+    ("nsp_accuracy", VAL_NSP_ACCURACY),
+)
+LANGUAGE_STEP_EVALUATION = (("mlm_accuracy", VAL_STEP_MLM_ACCURACY), ("mlm_loss", VAL_STEP_MLM_LOSS))
 
 REPLICA_DIVERGENCE = "distributed/replica_max_abs_diff"  # once, with several ranks (0 when data parallel works)
 

@@ -218,7 +218,7 @@ def nan_loss(root: Path):
     checkpoints = Checkpointing(root / "epochs", every_epochs=1, keep_last=2)
 
     def run(epochs: int):
-        spec = TrainingSpec(epochs=epochs, batch_size=4, images_per_step=4, schedule_epochs=2)
+        spec = TrainingSpec(epochs=epochs, batch_size=4, examples_per_step=4, schedule_epochs=2)
         make_step = lambda start, steps_per_epoch: TrainStep(cell, net, optimizer, lr)  # noqa: E731
         return train(spec, dataset, make_step, fingerprint="nan", checkpoints=checkpoints)
 

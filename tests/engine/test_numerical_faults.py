@@ -43,7 +43,7 @@ def dense_training(loss_scale: float) -> TrainStep:
 
 
 def train_one_epoch(step: TrainStep) -> list[dict]:
-    spec = TrainingSpec(epochs=1, batch_size=BATCH, images_per_step=BATCH)
+    spec = TrainingSpec(epochs=1, batch_size=BATCH, examples_per_step=BATCH)
     return train(spec, dataset(), lambda start, steps_per_epoch: step).history
 
 

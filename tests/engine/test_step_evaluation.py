@@ -50,7 +50,7 @@ def run(train_data, epochs: int, checkpoints: Checkpointing | None = None, callb
         return {"top1": float(next(accuracies)), "top5": 1.0}
 
     network = nn.Dense(1, 1)
-    spec = TrainingSpec(epochs=epochs, batch_size=BATCH, images_per_step=BATCH, eval_every_steps=2)
+    spec = TrainingSpec(epochs=epochs, batch_size=BATCH, examples_per_step=BATCH, eval_every_steps=2)
     return train(
         spec,
         train_data,

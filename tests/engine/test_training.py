@@ -102,7 +102,7 @@ def fit(
 
     # a scripted step trains nothing; a one-weight network stands in for what the final state holds
     ready = step if isinstance(step, TrainStep) else TrainStep(step, nn.Dense(1, 1), lr_per_step=lr_per_step)
-    spec = TrainingSpec(epochs=epochs, batch_size=BATCH, images_per_step=BATCH, eval_interval=eval_interval)
+    spec = TrainingSpec(epochs=epochs, batch_size=BATCH, examples_per_step=BATCH, eval_interval=eval_interval)
     result = train(
         spec,
         dataset,
@@ -200,7 +200,7 @@ def test_callbacks_add_their_own_figures_to_the_row_before_anyone_sees_it(train_
 def test_start_after_stop_or_beyond_the_schedule_is_refused(train_data):
     with pytest.raises(ValueError, match=r"start 3 <= stop 2 <= schedule length 2"):
         fit(constant_step(), train_data, 2, start_epoch=3)
-    spec = TrainingSpec(epochs=4, batch_size=BATCH, images_per_step=BATCH, schedule_epochs=3)
+    spec = TrainingSpec(epochs=4, batch_size=BATCH, examples_per_step=BATCH, schedule_epochs=3)
     with pytest.raises(ValueError, match=r"start 0 <= stop 4 <= schedule length 3"):
         train(spec, train_data, lambda start, steps: TrainStep(constant_step(), None))
 
@@ -274,7 +274,7 @@ def momentum_training(tmp_path, train_data, val_data, callbacks=(), epochs: int 
         restore_state(net, start_checkpoint)
         return TrainStep(cell, net, optimizer, lr_per_step)
 
-    spec = TrainingSpec(epochs=epochs, batch_size=BATCH, images_per_step=BATCH, eval_interval=1, data_seed=7)
+    spec = TrainingSpec(epochs=epochs, batch_size=BATCH, examples_per_step=BATCH, eval_interval=1, data_seed=7)
     return train(
         spec,
         train_data,
@@ -333,7 +333,7 @@ def model_step(start_checkpoint, steps_per_epoch: int, epochs: int, poison: bool
 
 def test_model_train_steps_give_the_same_rows_callbacks_checkpoints_and_resume(tmp_path, manifest, val_data):
     start = capture_state(build(0, lr_schedule())[0], None, {"epoch": 0})
-    spec = TrainingSpec(epochs=3, batch_size=BATCH, images_per_step=BATCH, eval_interval=2, data_seed=7)
+    spec = TrainingSpec(epochs=3, batch_size=BATCH, examples_per_step=BATCH, eval_interval=2, data_seed=7)
 
     def run(*callbacks):
         return train(
@@ -375,7 +375,7 @@ def test_model_train_steps_give_the_same_rows_callbacks_checkpoints_and_resume(t
 
 
 def test_model_train_steps_stop_on_a_non_finite_loss(train_data):
-    spec = TrainingSpec(epochs=2, batch_size=BATCH, images_per_step=BATCH)
+    spec = TrainingSpec(epochs=2, batch_size=BATCH, examples_per_step=BATCH)
     recorder = Recorder()
     with pytest.raises(NonFiniteLossError, match=f"at epoch 1, step 1/{STEPS_PER_EPOCH}"):
         train(
@@ -524,7 +524,7 @@ def test_a_finished_training_is_not_resumed(tmp_path):
 def test_a_finished_training_removes_its_periodic_checkpoints_once_its_final_state_is_saved(tmp_path, train_data):
     folder = tmp_path / "epochs"
     write_epoch(tmp_path / "other", 1, "other")  # another training's folder is left alone
-    spec = TrainingSpec(epochs=3, batch_size=BATCH, images_per_step=BATCH)
+    spec = TrainingSpec(epochs=3, batch_size=BATCH, examples_per_step=BATCH)
     result = train(
         spec,
         train_data,

@@ -13,6 +13,8 @@ from pipelines.engine.callbacks import Callback
 from pipelines.engine.step import TrainStep
 from pipelines.metrics import (
     EVAL_TIME_S,
+    IMAGE_EVALUATION,
+    IMAGE_STEP_EVALUATION,
     STEP_KEY,
     TIMESTAMP_KEY,
     TRAIN_COMPILE_S,
@@ -21,10 +23,6 @@ from pipelines.metrics import (
     TRAIN_IMAGES_PER_S,
     TRAIN_LOSS,
     TRAIN_LR,
-    VAL_STEP_TOP1,
-    VAL_STEP_TOP5,
-    VAL_TOP1,
-    VAL_TOP5,
 )
 
 
@@ -42,19 +40,24 @@ class TrainingSpec:
 
     ``epochs``: the epoch to stop after (1-based; a resumed or continued training starts later).
     ``schedule_epochs``: length of the lr schedule (default ``epochs``; dim_reduce stage 1 stops at 70 of 90).
-    ``batch_size``: per rank; ``images_per_step``: all ranks together. ``eval_interval``: evaluate every N
+    ``batch_size``: per rank; ``examples_per_step``: all ranks together. ``eval_interval``: evaluate every N
     epochs (0: only after the last). ``data_seed``: seeds epoch ``e``'s shuffle and augmentation with
     ``data_seed + e`` (None: MindSpore's global seed, one stream). ``eval_every_steps``: also evaluate
-    every N global steps with ``train``'s ``evaluate_steps`` (0: never).
+    every N global steps with ``train``'s ``evaluate_steps`` (0: never). ``throughput_key``: the row key of
+    examples per second; ``evaluation_keys`` / ``step_evaluation_keys``: (name the evaluation returns, row key)
+    pairs (image recipes: top-1/top-5; a language model: masked-LM accuracy and loss, ``pipelines.metrics``).
     """
 
     epochs: int
     batch_size: int
-    images_per_step: int
+    examples_per_step: int
     schedule_epochs: int | None = None
     eval_interval: int = 0
     data_seed: int | None = None
     eval_every_steps: int = 0
+    throughput_key: str = TRAIN_IMAGES_PER_S
+    evaluation_keys: tuple[tuple[str, str], ...] = IMAGE_EVALUATION
+    step_evaluation_keys: tuple[tuple[str, str], ...] = IMAGE_STEP_EVALUATION
 
 
 class EpochRunner:
@@ -134,8 +137,7 @@ class EpochRunner:
         self.evaluating_s += took
         row = {
             STEP_KEY: global_step,
-            VAL_STEP_TOP1: float(accuracy["top1"]),
-            VAL_STEP_TOP5: float(accuracy["top5"]),
+            **{key: float(accuracy[name]) for name, key in self.spec.step_evaluation_keys},
             TRAIN_ELAPSED_S: trained_s,
             EVAL_TIME_S: took,
             TIMESTAMP_KEY: time.time(),
@@ -154,13 +156,13 @@ class EpochRunner:
         lr = self.step.lr((epoch + 1) * self.steps_per_epoch - 1)
         if lr is not None:
             row[TRAIN_LR] = lr
-        row[TRAIN_IMAGES_PER_S] = self.steps_per_epoch * self.spec.images_per_step / elapsed
+        row[self.spec.throughput_key] = self.steps_per_epoch * self.spec.examples_per_step / elapsed
         row[TRAIN_EPOCH_TIME_S] = elapsed
         row[TRAIN_COMPILE_S] = self.compiling_s
         interval = self.spec.eval_interval
         if self.evaluate is not None and (epoch + 1 == self.spec.epochs or (interval and (epoch + 1) % interval == 0)):
-            accuracy = self.evaluate(self.step)
-            row[VAL_TOP1], row[VAL_TOP5] = float(accuracy["top1"]), float(accuracy["top5"])
+            figures = self.evaluate(self.step)
+            row.update({key: float(figures[name]) for name, key in self.spec.evaluation_keys})
         for callback in self.callbacks:
             row.update(callback.epoch_metrics(epoch))
         row[TIMESTAMP_KEY] = time.time()

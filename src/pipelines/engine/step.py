@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 class TrainStep:
     """One optimizer's training step as the engine drives it.
 
-    ``run(images, labels)`` trains on one batch and returns the loss tensor, or
+    ``run(*batch)`` trains on one batch (its columns: images and labels, or a language model's token columns) and
+    returns the loss tensor, or
     ``(loss, overflow, loss_scale)`` as ``nn.TrainOneStepWithLossScaleCell`` does. ``network`` is
     what is evaluated and saved; ``optimizer`` (a MindSpore optimizer, optional) holds the state saved
     under ``optimizer.``; ``lr_per_step`` is the schedule (``train/lr`` reads it); ``loss_scale`` the
@@ -48,8 +49,8 @@ class TrainStep:
         self.lr_per_step = None if lr_per_step is None else np.asarray(lr_per_step)
         self.loss_scale = float(getattr(run, "sens", 1.0) if loss_scale is None else loss_scale)
 
-    def __call__(self, images, labels):
-        return self.run(images, labels)
+    def __call__(self, *batch):
+        return self.run(*batch)
 
     def lr(self, step: int) -> float | None:
         """The learning rate of global step ``step`` (0-based), or None without a schedule."""
@@ -77,7 +78,7 @@ class TrainStep:
         """Called once after ``restore`` (if any) and before the first batch; nothing to do by default."""
 
     def train_epochs(self, dataset, runner: EpochRunner, start_epoch: int) -> None:
-        """Run the epochs from ``start_epoch`` to the runner's last, one ``self(images, labels)`` per batch.
+        """Run the epochs from ``start_epoch`` to the runner's last, one ``self(*batch)`` per batch.
 
         A step that another driver trains (``Model.train``: ``model_bridge.ModelTrainStep``) overrides this.
         """
@@ -95,9 +96,9 @@ class TrainStep:
                     ds.config.set_seed(data_seed + epoch)  # read when the iterator starts its pipeline
                 iterator = dataset.create_tuple_iterator(num_epochs=1)
                 runner.epoch_begin(epoch)
-                for index, (images, labels) in enumerate(checked_batches(iterator)):  # a bad image: one line naming it
+                for index, batch in enumerate(checked_batches(iterator)):  # a bad image: one line naming it
                     called = time.perf_counter()
-                    output = self(images, labels)
+                    output = self(*batch)
                     runner.step_end(epoch, index, output, called if take_compile_announcements() else None)
                     take_compile_announcements()  # the step evaluation's own graph is evaluation time
                 runner.epoch_end(epoch)

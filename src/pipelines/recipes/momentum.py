@@ -122,7 +122,7 @@ def train_momentum(
     spec = TrainingSpec(
         epochs=epochs,
         batch_size=training.batch_size,
-        images_per_step=training.batch_size * worker_num,
+        examples_per_step=training.batch_size * worker_num,
         schedule_epochs=schedule_epochs,
         eval_interval=training.eval_interval,
         data_seed=runtime.seed,

@@ -112,14 +112,14 @@ class OwnThorStep(TrainStep):
         self.damping_per_step = thor.damping_per_step
         self.recipe = "THOR" if thor.preconditioner is not None else "THOR's recipe without the preconditioner"
 
-    def __call__(self, images, labels):
+    def __call__(self, *batch):
         # THOR compiles its second-order step and the steps between separately, each on its first use
         if self.preconditioner is None:
             kind = "first order: the preconditioner is off"
         else:
             kind = "second-order step" if self.preconditioner.second_order_now() else "step reusing the inverses"
         announce_compile(self, f"the training graph (THOR, {kind})")
-        return self.run(images, labels)
+        return self.run(*batch)
 
     def capture(self) -> dict[str, np.ndarray]:
         params = {name: value for name, value in super().capture().items() if not is_statistic(name)}
@@ -305,7 +305,7 @@ def train_thor(
     spec = TrainingSpec(
         epochs=thor.epochs,
         batch_size=thor.batch_size,
-        images_per_step=thor.batch_size * worker_num,
+        examples_per_step=thor.batch_size * worker_num,
         eval_interval=thor.eval_interval,
         data_seed=runtime.seed,
         eval_every_steps=thor.eval_every_steps,

@@ -183,7 +183,7 @@ def test_model_train_bridge_records_rows_runs_our_callbacks_and_writes_checkpoin
     steps = Steps()
     evaluations = []
     result = train(
-        TrainingSpec(epochs=4, batch_size=4, images_per_step=4, eval_interval=2),
+        TrainingSpec(epochs=4, batch_size=4, examples_per_step=4, eval_interval=2),
         tiny_dataset(),
         make_step,
         start=start,
@@ -207,7 +207,7 @@ def test_model_train_bridge_stops_on_a_non_finite_loss():
     steps = Steps()
     with pytest.raises(NonFiniteLossError, match="at epoch 1, step 1/3"):
         train(
-            TrainingSpec(epochs=2, batch_size=4, images_per_step=4),
+            TrainingSpec(epochs=2, batch_size=4, examples_per_step=4),
             tiny_dataset(),
             momentum_step_factory(True),
             callbacks=[steps],

@@ -26,14 +26,14 @@ import mindspore as ms
 import numpy as np
 
 from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint
-from pipelines.optim.momentum import NO_DECAY_MARKERS
+from pipelines.optim.momentum import decays_unless_norm_or_bias
 
 # the last name part of the buffers Conv2dThor / DenseThor add to the network; optimizer state, not weights
 STATISTICS_NAMES = ("matrix_a_cov", "matrix_g_cov", "a_normalizer", "g_normalizer", "matrix_a", "matrix_g")
 
 
 def _decays(param) -> bool:
-    return not any(marker in param.name for marker in NO_DECAY_MARKERS)
+    return decays_unless_norm_or_bias(param.name)
 
 
 def create_thor_optimizer(
@@ -50,7 +50,8 @@ def create_thor_optimizer(
 ):
     """``nn.thor`` for ``net``, which it converts in place (``Conv2dThor``/``DenseThor``, same weight names).
 
-    Weight decay skips BatchNorm gamma/beta and biases (``optim.NO_DECAY_MARKERS``), as the baseline's Momentum does.
+    Weight decay skips BatchNorm gamma/beta and biases (``optim.momentum.decays_unless_norm_or_bias``), as the
+    baseline's Momentum does.
     An empty ``split_indices`` is MindSpore's default (all A/G layers in one allreduce group).
     """
     from mindspore import nn

@@ -4,17 +4,20 @@ baseline's Momentum optimizer (``create_thor_step``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
 from pipelines.distributed.collectives import MeanOverRanks
-from pipelines.optim.momentum import create_momentum
+from pipelines.optim.momentum import create_momentum, decays_unless_norm_or_bias
 from pipelines.optim.thor.preconditioner import ThorPreconditioner
 
 
 class _Gradients(nn.Cell):
-    """Scaled loss and gradients, unscaled (and averaged over ranks): ``(images, labels) -> (loss, grads)``."""
+    """Scaled loss and gradients, unscaled (and averaged over ranks): ``(*batch) -> (loss, grads)``, the batch's
+    columns as the network with its loss takes them (images and labels, or BERT's seven columns)."""
 
     def __init__(self, net_with_loss: nn.Cell, weights, loss_scale, ranks):
         super().__init__(auto_prefix=False)
@@ -23,11 +26,11 @@ class _Gradients(nn.Cell):
         self.mean_over_ranks = MeanOverRanks(ranks)
         self.value_and_grad = ms.value_and_grad(self._scaled_loss, None, weights)
 
-    def _scaled_loss(self, images, labels):
-        return self.net_with_loss(images, labels) * self.loss_scale
+    def _scaled_loss(self, *batch):
+        return self.net_with_loss(*batch) * self.loss_scale
 
-    def construct(self, images, labels):
-        scaled_loss, scaled_grads = self.value_and_grad(images, labels)
+    def construct(self, *batch):
+        scaled_loss, scaled_grads = self.value_and_grad(*batch)
         loss = self.mean_over_ranks(scaled_loss / self.loss_scale)
         grads = ()
         for grad in scaled_grads:
@@ -44,8 +47,8 @@ class _PreconditionedStep(nn.Cell):
         self.precondition = precondition
         self.optimizer = optimizer
 
-    def construct(self, images, labels, damping):
-        loss, grads = self.gradients(images, labels)
+    def construct(self, damping, *batch):
+        loss, grads = self.gradients(*batch)
         return ops.depend(loss, self.optimizer(self.precondition(grads, damping)))
 
 
@@ -58,8 +61,8 @@ class _CapturingGradients(nn.Cell):
         self.gradients = gradients
         self.traces = traces
 
-    def construct(self, images, labels, damping):
-        loss, grads = self.gradients(images, labels)
+    def construct(self, damping, *batch):
+        loss, grads = self.gradients(*batch)
         return loss, grads, self.traces(grads, damping)
 
 
@@ -71,8 +74,8 @@ class _FirstOrderStep(nn.Cell):
         self.gradients = gradients
         self.optimizer = optimizer
 
-    def construct(self, images, labels):
-        loss, grads = self.gradients(images, labels)
+    def construct(self, *batch):
+        loss, grads = self.gradients(*batch)
         return ops.depend(loss, self.optimizer(grads))
 
 
@@ -89,7 +92,10 @@ class _PreconditionedUpdate(nn.Cell):
 
 
 class ThorStep:
-    """THOR training step ``(images, labels) -> loss``: gradients, ``preconditioner``, then ``optimizer``.
+    """THOR training step ``(*batch) -> loss``: gradients, ``preconditioner``, then ``optimizer``.
+
+    ``net_with_loss`` takes a batch's columns and returns the batch-mean loss (``nn.WithLossCell`` of an image
+    network and its loss, or a network that computes its own loss, like BERT's pre-training network).
 
     The optimizer is an ordinary MindSpore optimizer over ``net.trainable_params()`` (in that order) that receives
     unscaled gradients (``loss_scale`` 1): ``create_thor_step`` passes the baseline's Momentum, so momentum, weight
@@ -107,7 +113,7 @@ class ThorStep:
     def __init__(
         self,
         net: nn.Cell,
-        loss_fn: nn.Cell,
+        net_with_loss: nn.Cell,
         preconditioner: ThorPreconditioner | None,
         optimizer: nn.Optimizer,
         lr_per_step: np.ndarray,
@@ -124,7 +130,7 @@ class ThorStep:
         self.lr_per_step = np.asarray(lr_per_step, np.float32).ravel()
         self.damping_per_step = np.asarray(damping_per_step, np.float32).ravel()
         self.loss_scale = float(loss_scale)
-        gradients = _Gradients(nn.WithLossCell(net, loss_fn), optimizer.parameters, loss_scale, rank_size)
+        gradients = _Gradients(net_with_loss, optimizer.parameters, loss_scale, rank_size)
         net.set_train(True)
         if preconditioner is None:
             self._first_order = _FirstOrderStep(gradients, optimizer)
@@ -135,7 +141,7 @@ class ThorStep:
             self._capturing = _CapturingGradients(gradients, preconditioner.traces_cell)
             self._update = _PreconditionedUpdate(preconditioner.reuse_cell, optimizer)
 
-    def __call__(self, images, labels) -> ms.Tensor:
+    def __call__(self, *batch) -> ms.Tensor:
         """One training step; returns the (unscaled, rank-averaged) loss."""
         preconditioner = self.preconditioner
         steps = int(self.optimizer.global_step.asnumpy()[0]) if preconditioner is None else preconditioner.steps
@@ -145,26 +151,26 @@ class ThorStep:
                 f"({len(self.lr_per_step)} steps); build the schedule for every step of the training"
             )
         if preconditioner is None:
-            return self._first_order(images, labels)
+            return self._first_order(*batch)
         second_order = preconditioner.second_order_now()
         damping = ms.Tensor(preconditioner.damping, ms.float32)
         if second_order and preconditioner.trace_rule is not None:
-            return self._trace_rule_step(images, labels, damping)
+            return self._trace_rule_step(damping, *batch)
         preconditioner.capture(second_order)
         try:
-            loss = (self._second_order if second_order else self._reuse)(images, labels, damping)
+            loss = (self._second_order if second_order else self._reuse)(damping, *batch)
         finally:
             preconditioner.capture(False)
         preconditioner.count_step(second_order)
         return loss
 
-    def _trace_rule_step(self, images, labels, damping: ms.Tensor) -> ms.Tensor:
+    def _trace_rule_step(self, damping: ms.Tensor, *batch) -> ms.Tensor:
         """A second-order step under the trace rule: statistics and traces, the refreshed layers' inverses only,
         then the update with the stored inverses (see the module docstring)."""
         preconditioner = self.preconditioner
         preconditioner.capture(True)
         try:
-            loss, grads, traces = self._capturing(images, labels, damping)
+            loss, grads, traces = self._capturing(damping, *batch)
         finally:
             preconditioner.capture(False)
         preconditioner.refresh_by_trace_rule(traces.asnumpy(), damping)
@@ -175,7 +181,7 @@ class ThorStep:
 
 def create_thor_step(
     net: nn.Cell,
-    loss_fn: nn.Cell,
+    loss_fn: nn.Cell | None,
     lr_per_step: np.ndarray,
     damping_per_step: np.ndarray,
     *,
@@ -188,11 +194,14 @@ def create_thor_step(
     rank_size: int,
     inverse_method: str | None,
     precondition: bool,
+    decays: Callable[[str], bool] = decays_unless_norm_or_bias,
 ) -> ThorStep:
-    """THOR for ``net``: the preconditioner, then the baseline's Momentum (``create_momentum``: weight decay
-    except on BatchNorm gamma/beta and biases, ``lr_per_step`` indexed by its global step) with loss scale 1, as the
-    preconditioner already receives unscaled gradients. See ``ThorPreconditioner`` for the other arguments;
-    ``precondition`` False builds no preconditioner (``ThorStep``: THOR's recipe without its second order)."""
+    """THOR for ``net``: the preconditioner, then the baseline's Momentum (``create_momentum``: weight decay on the
+    parameters ``decays`` names, by default all but BatchNorm gamma/beta and biases; ``lr_per_step`` indexed by its
+    global step) with loss scale 1, as the preconditioner already receives unscaled gradients. ``loss_fn`` None:
+    ``net`` computes its own loss from a batch's columns (BERT's pre-training network). See ``ThorPreconditioner``
+    for the other arguments; ``precondition`` False builds no preconditioner (``ThorStep``: THOR's recipe without its
+    second order)."""
     preconditioner = (
         ThorPreconditioner(
             net,
@@ -208,10 +217,10 @@ def create_thor_step(
         else None
     )
     lr_per_step = np.asarray(lr_per_step, np.float32).ravel()
-    optimizer = create_momentum(net, lr_per_step, momentum, weight_decay, 1.0)
+    optimizer = create_momentum(net, lr_per_step, momentum, weight_decay, 1.0, decays=decays)
     return ThorStep(
         net,
-        loss_fn,
+        net if loss_fn is None else nn.WithLossCell(net, loss_fn),
         preconditioner,
         optimizer,
         lr_per_step,

@@ -194,7 +194,7 @@ def _train_stage2_with_boost_here(
             TrainingSpec(
                 epochs=int(start.metadata.get("epoch", 0)) + stage2.epochs,
                 batch_size=stage2.batch_size,
-                images_per_step=stage2.batch_size,
+                examples_per_step=stage2.batch_size,
                 data_seed=runtime.seed,
             ),
             train_data(manifest, data, stage2.batch_size, runtime.seed),

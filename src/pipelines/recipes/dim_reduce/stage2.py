@@ -227,7 +227,7 @@ def train_stage2(
     spec = TrainingSpec(
         epochs=int(stage1_checkpoint.metadata.get("epoch", 0)) + stage2.epochs,
         batch_size=stage2.batch_size,
-        images_per_step=stage2.batch_size * worker_num,
+        examples_per_step=stage2.batch_size * worker_num,
         data_seed=runtime.seed,
         eval_every_steps=stage2.eval_every_steps,
     )
