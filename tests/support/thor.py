@@ -62,7 +62,9 @@ def make_thor(net, steps=8, lr=0.1, damping=0.03, **settings) -> ThorStep:
     """THOR for ``net`` with ``RECIPE``'s settings but for ``settings``, and constant (or given) schedules."""
     lrs = np.full(steps, lr, np.float32) if np.isscalar(lr) else np.asarray(lr, np.float32)
     dampings = np.full(steps, damping, np.float32) if np.isscalar(damping) else np.asarray(damping, np.float32)
-    return create_thor_step(net, CrossEntropySmooth(CLASSES, 0.0), lrs, dampings, **{**RECIPE, **settings})
+    return create_thor_step(
+        net, nn.WithLossCell(net, CrossEntropySmooth(CLASSES, 0.0)), lrs, dampings, **{**RECIPE, **settings}
+    )
 
 
 def run(thor: ThorStep, x, y) -> float:

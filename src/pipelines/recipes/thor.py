@@ -26,6 +26,7 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
+from mindspore import nn
 
 from pipelines.engine.callbacks import Callback
 from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint
@@ -80,7 +81,7 @@ def own_thor_step(
     """This project's THOR for ``net`` with the recipe's settings (``thor``) and schedules."""
     step = create_thor_step(
         net,
-        loss_fn,
+        nn.WithLossCell(net, loss_fn),
         lr_per_step,
         damping_per_step,
         momentum=thor.momentum,

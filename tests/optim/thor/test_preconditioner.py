@@ -438,7 +438,9 @@ def test_short_training_reduces_the_loss():
     epochs, steps = 4, data.get_dataset_size()
     lrs = thor_lr(0.1, 2.0, 6, epochs, steps)
     damping = thor_damping(0.03, 0.5, epochs, steps)
-    thor = create_thor_step(net, CrossEntropySmooth(3, 0.1), lrs, damping, **{**RECIPE, "frequency": 5})
+    thor = create_thor_step(
+        net, nn.WithLossCell(net, CrossEntropySmooth(3, 0.1)), lrs, damping, **{**RECIPE, "frequency": 5}
+    )
     assert len(thor.preconditioner.wrappers) == 2  # the conv inside the SequentialCell and the dense layer
     result = train(TrainingSpec(epochs, 16, 16), data, lambda start, steps_per_epoch: OwnThorStep(thor))
     assert result.history[-1][TRAIN_LOSS] < 0.6 * result.history[0][TRAIN_LOSS]

@@ -10,38 +10,15 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from pipelines.distributed.collectives import MeanOverRanks
+from pipelines.optim.gradients import FirstOrderStep, UnscaledGradients
 from pipelines.optim.momentum import create_momentum, decays_unless_norm_or_bias
 from pipelines.optim.thor.preconditioner import ThorPreconditioner
 
 
-class _Gradients(nn.Cell):
-    """Scaled loss and gradients, unscaled (and averaged over ranks): ``(*batch) -> (loss, grads)``, the batch's
-    columns as the network with its loss takes them (images and labels, or BERT's seven columns)."""
-
-    def __init__(self, net_with_loss: nn.Cell, weights, loss_scale, ranks):
-        super().__init__(auto_prefix=False)
-        self.net_with_loss = net_with_loss
-        self.loss_scale = float(loss_scale)
-        self.mean_over_ranks = MeanOverRanks(ranks)
-        self.value_and_grad = ms.value_and_grad(self._scaled_loss, None, weights)
-
-    def _scaled_loss(self, *batch):
-        return self.net_with_loss(*batch) * self.loss_scale
-
-    def construct(self, *batch):
-        scaled_loss, scaled_grads = self.value_and_grad(*batch)
-        loss = self.mean_over_ranks(scaled_loss / self.loss_scale)
-        grads = ()
-        for grad in scaled_grads:
-            grads += (self.mean_over_ranks(grad / self.loss_scale),)
-        return loss, grads
-
-
 class _PreconditionedStep(nn.Cell):
-    """One compiled step: gradients (``_Gradients``), precondition, optimizer."""
+    """One compiled step: gradients (``UnscaledGradients``), precondition, optimizer."""
 
-    def __init__(self, gradients: _Gradients, precondition: nn.Cell, optimizer: nn.Optimizer):
+    def __init__(self, gradients: UnscaledGradients, precondition: nn.Cell, optimizer: nn.Optimizer):
         super().__init__(auto_prefix=False)
         self.gradients = gradients
         self.precondition = precondition
@@ -56,7 +33,7 @@ class _CapturingGradients(nn.Cell):
     """The trace rule's first part of a second-order step: gradients with the statistics captured, and each
     layer's damped trace (``ThorPreconditioner.traces_cell``)."""
 
-    def __init__(self, gradients: _Gradients, traces: nn.Cell):
+    def __init__(self, gradients: UnscaledGradients, traces: nn.Cell):
         super().__init__(auto_prefix=False)
         self.gradients = gradients
         self.traces = traces
@@ -64,19 +41,6 @@ class _CapturingGradients(nn.Cell):
     def construct(self, damping, *batch):
         loss, grads = self.gradients(*batch)
         return loss, grads, self.traces(grads, damping)
-
-
-class _FirstOrderStep(nn.Cell):
-    """THOR's step with the preconditioner switched off: the gradients, unscaled, straight to the optimizer."""
-
-    def __init__(self, gradients: _Gradients, optimizer: nn.Optimizer):
-        super().__init__(auto_prefix=False)
-        self.gradients = gradients
-        self.optimizer = optimizer
-
-    def construct(self, *batch):
-        loss, grads = self.gradients(*batch)
-        return ops.depend(loss, self.optimizer(grads))
 
 
 class _PreconditionedUpdate(nn.Cell):
@@ -130,10 +94,10 @@ class ThorStep:
         self.lr_per_step = np.asarray(lr_per_step, np.float32).ravel()
         self.damping_per_step = np.asarray(damping_per_step, np.float32).ravel()
         self.loss_scale = float(loss_scale)
-        gradients = _Gradients(net_with_loss, optimizer.parameters, loss_scale, rank_size)
+        gradients = UnscaledGradients(net_with_loss, optimizer.parameters, loss_scale, rank_size)
         net.set_train(True)
         if preconditioner is None:
-            self._first_order = _FirstOrderStep(gradients, optimizer)
+            self._first_order = FirstOrderStep(gradients, optimizer)
             return
         self._second_order = _PreconditionedStep(gradients, preconditioner.second_order_cell, optimizer)
         self._reuse = _PreconditionedStep(gradients, preconditioner.reuse_cell, optimizer)
@@ -181,7 +145,7 @@ class ThorStep:
 
 def create_thor_step(
     net: nn.Cell,
-    loss_fn: nn.Cell | None,
+    net_with_loss: nn.Cell,
     lr_per_step: np.ndarray,
     damping_per_step: np.ndarray,
     *,
@@ -198,8 +162,9 @@ def create_thor_step(
 ) -> ThorStep:
     """THOR for ``net``: the preconditioner, then the baseline's Momentum (``create_momentum``: weight decay on the
     parameters ``decays`` names, by default all but BatchNorm gamma/beta and biases; ``lr_per_step`` indexed by its
-    global step) with loss scale 1, as the preconditioner already receives unscaled gradients. ``loss_fn`` None:
-    ``net`` computes its own loss from a batch's columns (BERT's pre-training network). See ``ThorPreconditioner``
+    global step) with loss scale 1, as the preconditioner already receives unscaled gradients. ``net_with_loss``: a
+    cell that computes the batch-mean loss of ``net`` from a batch's columns (``nn.WithLossCell(net, loss_fn)``, or
+    BERT's pre-training network with its losses). See ``ThorPreconditioner``
     for the other arguments; ``precondition`` False builds no preconditioner (``ThorStep``: THOR's recipe without its
     second order)."""
     preconditioner = (
@@ -220,7 +185,7 @@ def create_thor_step(
     optimizer = create_momentum(net, lr_per_step, momentum, weight_decay, 1.0, decays=decays)
     return ThorStep(
         net,
-        net if loss_fn is None else nn.WithLossCell(net, loss_fn),
+        net_with_loss,
         preconditioner,
         optimizer,
         lr_per_step,
