@@ -89,3 +89,39 @@ def thor_damping(damping_init: float, damping_decay: float, total_epochs: int, s
     """THOR damping per step: ``damping_init * damping_decay^(e/10)``, ``e = (i+1)/steps_per_epoch``."""
     epochs = np.arange(1, total_epochs * steps_per_epoch + 1, dtype=np.float64) / steps_per_epoch
     return (damping_init * damping_decay ** (epochs / 10.0)).astype(np.float32)
+
+
+def bert_polynomial_decay(
+    *, value_max: float, value_min: float, power: float, total_steps: int, steps: int
+) -> np.ndarray:
+    """BERT-THOR's lr or damping per step: ``(value_max - value_min) (1 - i/total_steps)^power + value_min``.
+
+    The models repo's ``official/nlp/Bert_thor/src/utils.py`` (``get_bert_thor_lr``, ``get_bert_thor_damping``,
+    both ``_get_poly_lr`` with no warm-up): ``i`` counts from 0, so step 0 is ``value_max`` and the last of its
+    ``total_steps`` values is ``(value_max - value_min) (1/total_steps)^power + value_min``; values below 0 are
+    clipped to 0. Its array ends at ``total_steps``; here steps from ``total_steps`` on hold ``value_min`` (``i`` is
+    capped at ``total_steps``, as in MindSpore's ``PolynomialDecayLR``) instead of leaving the array.
+    """
+    i = np.minimum(np.arange(steps, dtype=np.float64), total_steps)
+    values = (value_max - value_min) * (1.0 - i / total_steps) ** power + value_min
+    return np.maximum(values, 0.0).astype(np.float32)
+
+
+def bert_warmup_polynomial_lr(
+    *, lr_max: float, lr_end: float, power: float, warmup_steps: int, decay_steps: int, steps: int
+) -> np.ndarray:
+    """Lamb / AdamWeightDecay learning rate of the models repo's BERT, per step (``i`` = the optimizer's
+    global_step, from 0).
+
+    ``BertLearningRate`` (``official/nlp/Bert/src/utils.py``, the same class in ``Bert_thor/src/utils.py``):
+    while ``i < warmup_steps`` MindSpore's ``WarmUpLR``, ``lr_max * i / warmup_steps``; from then on its
+    ``PolynomialDecayLR`` over the global step itself (not ``i - warmup_steps``):
+    ``(lr_max - lr_end) (1 - min(i, decay_steps)/decay_steps)^power + lr_end``, which holds ``lr_end`` from
+    ``decay_steps`` on. ``warmup_steps`` 0 means no warm-up. The models repo passes the training steps as
+    ``decay_steps``.
+    """
+    i = np.arange(steps, dtype=np.float64)
+    decayed = (lr_max - lr_end) * (1.0 - np.minimum(i, decay_steps) / decay_steps) ** power + lr_end
+    if warmup_steps > 0:
+        decayed = np.where(i < warmup_steps, lr_max * i / warmup_steps, decayed)
+    return decayed.astype(np.float32)
