@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh Debian machine: the Fashion-MNIST package
-# (default dataset), Chromium and its WebDriver (tests/test_browser.py opens kedro-viz and the MLflow UI
-# in it) and a virtual environment in .venv/ with the locked dependencies.
+# (default dataset), the Python 3.11 documentation's sources (the thor_bert text corpus), Chromium
+# and its WebDriver (tests/test_browser.py opens kedro-viz and the MLflow UI in it) and a virtual
+# environment in .venv/ with the locked dependencies.
 # Safe to rerun: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,15 @@ if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
   echo "Installing Debian package dataset-fashion-mnist"
   $sudo apt-get update -qq
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist
+fi
+
+# The thor_bert pipeline pre-trains BERT on the prose of the Python 3.11 docs' reST sources (pipelines.text.corpus)
+if [ ! -f /usr/share/doc/python3.11/html/_sources/library/index.rst.txt ]; then
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  echo "Installing Debian package python3.11-doc (the thor_bert text corpus)"
+  $sudo apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3.11-doc
 fi
 
 if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
