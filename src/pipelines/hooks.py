@@ -5,6 +5,7 @@ runs of earlier processes that were killed outright. Every MLflow call goes thro
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shlex
 import subprocess
@@ -16,12 +17,13 @@ import yaml
 from kedro.framework.hooks import hook_impl
 from pydantic import BaseModel
 
-from pipelines import signals
+from pipelines import fast_dev_run, signals
 from pipelines.distributed.launch import hand_off_runs_with
 from pipelines.engine.checkpoint import Checkpoint
 from pipelines.engine.resume import remove_finished_checkpoints
 from pipelines.engine.runtime import DeviceUnavailableError, require_device
 from pipelines.errors import NODE_NOTE, Failure
+from pipelines.images.fashion_mnist import CLASS_NAMES as DEFAULT_TREE_CLASSES
 from pipelines.params import ParameterError, validate_parameters
 from pipelines.tracking import (
     DESCRIPTION_TAG,
@@ -99,6 +101,64 @@ def configured_values(conf_source: str | Path, env: str) -> dict:
     return values
 
 
+def _deep_merge(base: dict, extra: dict) -> dict:
+    merged = dict(base)
+    for key, value in extra.items():
+        both = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = _deep_merge(merged[key], value) if both else value
+    return merged
+
+
+def rehearse_on_cpu(context, env: str, raw_params: dict) -> fast_dev_run.Substitutions:
+    """``runtime.fast_dev_run``: the substitutions of ``pipelines.fast_dev_run`` for this machine, applied as
+    runtime parameters (the user's ``--params`` win) and logged in one line.
+
+    Applied through ``context.config_loader.runtime_params``, the public attribute of Kedro's config loader that
+    holds ``--params``: OmegaConfigLoader merges it into the parameters on every ``config_loader["parameters"]``,
+    and ``KedroContext.params`` (which builds the catalog's ``params:`` datasets the nodes read) reads them from
+    there, so validation, MLflow's params and every node see the substituted values.
+    """
+    project = Path(context.project_path)
+
+    def classes_in(root: str, train_dir: str) -> int | None:
+        path = Path(root) if Path(root).is_absolute() else project / root
+        if not path.is_dir():
+            return None
+        train = path / train_dir
+        return sum(p.is_dir() and not p.name.startswith(".") for p in train.iterdir()) if train.is_dir() else 0
+
+    base = configured_values(context.config_loader.conf_source, "base")
+    default_data = {
+        "source": base["data.source"],
+        "root": base["data.root"],
+        "split_dirs": {"train": base["data.split_dirs.train"], "val": base["data.split_dirs.val"]},
+    }
+    given = dict(_leaf_items(context.config_loader.runtime_params or {}))
+    substitutions = fast_dev_run.fast_dev_run_overrides(
+        raw_params,
+        env=env,
+        cpu_workers=len(os.sched_getaffinity(0)),
+        default_data=default_data,
+        classes_in=classes_in,
+        default_classes=len(DEFAULT_TREE_CLASSES),
+    )
+    for key in [k for k in substitutions.values if k in given and k not in ("data.root", "data.source")]:
+        del substitutions.values[key]  # set by --params: the user's value stands
+    loader = context.config_loader
+    loader.runtime_params = _deep_merge(loader.runtime_params or {}, substitutions.nested())
+    # The catalog's files (final checkpoints, histories, reports, the manifest) move under data/fast_dev_run/<env>/
+    # too. A key set on the loader is returned as it is (OmegaConfigLoader.__getitem__), and KedroContext builds
+    # the catalog from loader["catalog"].
+    loader["catalog"] = {
+        name: {**entry, "filepath": fast_dev_run.relocated(entry["filepath"], env)}
+        if isinstance(entry, dict) and str(entry.get("filepath", "")).startswith("data/")
+        else entry
+        for name, entry in loader["catalog"].items()
+    }
+    logger.info("fast_dev_run: %s", substitutions.summary())
+    return substitutions
+
+
 def configuration_env(conf_source: str | Path, env: str | None) -> str:
     """The environment the configuration came from: ``env`` when given; without it Kedro applies
     conf/local on top of conf/base, so ``local`` when conf/local holds a configuration file, else ``base``."""
@@ -150,6 +210,11 @@ class ProjectHooks:
         env = context.env or "local"
         sources = parameter_sources(context.config_loader.conf_source, env, getattr(context, "_runtime_params", None))
         raw_params = context.config_loader["parameters"]
+        self._fast_dev_run = None
+        if raw_params.get("runtime", {}).get("fast_dev_run") is True:
+            self._fast_dev_run = rehearse_on_cpu(context, env, raw_params)
+            sources |= dict.fromkeys(self._fast_dev_run.values, "runtime.fast_dev_run")
+            raw_params = context.config_loader["parameters"]
         try:
             params = validate_parameters(raw_params, sources)
             require_device(params.runtime.device_target, env)
@@ -185,7 +250,9 @@ class ProjectHooks:
         names = run_params.get("pipeline_names") or [run_params.get("pipeline_name") or "__default__"]
         partial = any(run_params.get(key) for key in (*NODE_FILTERS, "only_missing_outputs"))
         chosen_env = self._config_env if self._config_env not in ("base", "local") else None
-        set_run_name(run_name(names, chosen_env, self._overrides, list(_leaf_keys(self._raw_params)), partial))
+        rehearsal = getattr(self, "_fast_dev_run", None)
+        keys = list(_leaf_keys(self._raw_params))
+        set_run_name(run_name(names, chosen_env, self._overrides, keys, partial, fast_dev_run=rehearsal is not None))
         command = invoked_command()
         set_tags(
             {
@@ -198,6 +265,8 @@ class ProjectHooks:
                 **{key: str(value) for key, value in self._identity.items()},
                 **run_identity(),
                 DESCRIPTION_TAG: run_description(command, self._config_env, self._overrides),
+                # the report skips runs with this tag: a rehearsal, not a result
+                **({fast_dev_run.TAG: rehearsal.summary()} if rehearsal is not None else {}),
             }
         )
         self._data_size_tagged = False

@@ -76,6 +76,8 @@ class RuntimeParams(Section):
     device_target: DeviceTarget
     mode: ExecutionMode
     seed: int
+    # true: rehearse the environment's recipe on this CPU machine with a few batches (pipelines.fast_dev_run)
+    fast_dev_run: bool
 
 
 class DistributedParams(Section):

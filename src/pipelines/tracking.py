@@ -418,13 +418,23 @@ def _value(value) -> str:
     return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
 
 
-def run_name(pipelines: list[str], env: str | None, overrides: Mapping, keys: Sequence[str], partial: bool) -> str:
-    """The MLflow run's name, at most ``RUN_NAME_LIMIT`` characters: the pipelines, the configuration environment
-    when one was chosen (``--env``), each ``--params`` override that changes the configuration by its short key
-    (``thor lr_init=0.05``), and ``(partial)`` when node filters (``--nodes``, ``--from-nodes``, …) cut the run.
-    A longer name ends in an ellipsis; ``run_description`` holds everything."""
-    words = ["+".join(pipelines), *([env] if env else [])]
-    words += [f"{short_key(key, keys)}={_value(value)}" for key, value in overrides.items()]
+def run_name(
+    pipelines: list[str],
+    env: str | None,
+    overrides: Mapping,
+    keys: Sequence[str],
+    partial: bool,
+    *,
+    fast_dev_run: bool = False,
+) -> str:
+    """The MLflow run's name, at most ``RUN_NAME_LIMIT`` characters: ``fast_dev_run`` first for a rehearsal, the
+    pipelines, the configuration environment when one was chosen (``--env``), each ``--params`` override that
+    changes the configuration by its short key (``thor lr_init=0.05``), and ``(partial)`` when node filters
+    (``--nodes``, ``--from-nodes``, …) cut the run. A longer name ends in an ellipsis; ``run_description`` holds
+    everything."""
+    words = [*(["fast_dev_run"] if fast_dev_run else []), "+".join(pipelines), *([env] if env else [])]
+    shown = {k: v for k, v in overrides.items() if not (fast_dev_run and k == "runtime.fast_dev_run")}
+    words += [f"{short_key(key, keys)}={_value(value)}" for key, value in shown.items()]
     name = " ".join(words)
     suffix = " (partial)" if partial else ""
     if len(name) + len(suffix) > RUN_NAME_LIMIT:

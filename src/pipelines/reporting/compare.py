@@ -28,6 +28,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from pipelines.fast_dev_run import TAG as FAST_DEV_RUN_TAG
 from pipelines.metrics import (
     EPOCH_KEYS,
     FINAL_KEYS,
@@ -203,7 +204,8 @@ def missing_metrics(recipe: Recipe, run: RunRecord, children: Mapping[str, RunRe
 
 
 def find_run(reader: RunReader, recipe: Recipe, run_id: str | None = None) -> RunRecord | None:
-    """The run to report for ``recipe``: ``run_id`` when pinned, else its latest complete FINISHED run.
+    """The run to report for ``recipe``: ``run_id`` when pinned, else its latest complete FINISHED run that is not a
+    rehearsal (``runtime.fast_dev_run``, tagged ``fast_dev_run``).
 
     A pinned run must exist, be tagged with one of the recipe's pipelines and be complete;
     skipped runs (partial reruns lacking the recipe's metrics) are logged. ``None`` when there is none.
@@ -226,6 +228,8 @@ def find_run(reader: RunReader, recipe: Recipe, run_id: str | None = None) -> Ru
     for tag in recipe.pipelines:
         candidates += reader.search(f"tags.pipeline = '{tag}' and attributes.status = 'FINISHED'")
     for run in sorted(candidates, key=lambda r: r["start_time_ms"], reverse=True):
+        if FAST_DEV_RUN_TAG in run["tags"]:
+            continue  # a few batches on CPU: not a result
         missing = missing_metrics(recipe, run, children_by_training(reader, run) if recipe.trainings else {})
         if not missing:
             return run

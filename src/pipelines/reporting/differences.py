@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 
+from pipelines.fast_dev_run import TAG as FAST_DEV_RUN_TAG
 from pipelines.reporting.compare import RunReader
 
 DIFFERENCE_COLUMNS = ["comparison", "measure", "mean", "ci_low", "ci_high", "n", "budget", "source"]
@@ -58,8 +59,11 @@ def study_differences(paired: pd.DataFrame, seeds: int, epochs: int | None) -> p
 
 
 def newest_study(reader: RunReader) -> pd.DataFrame | None:
-    """The paired differences of the experiment's newest finished study, labelled with its seeds and budget."""
+    """The paired differences of the experiment's newest finished study (not a ``fast_dev_run`` rehearsal), labelled
+    with its seeds and budget."""
     for run in reader.search("tags.pipeline = 'study' and attributes.status = 'FINISHED'"):
+        if FAST_DEV_RUN_TAG in run["tags"]:
+            continue
         paired = reader.artifact_csv(run["run_id"], "study/paired.csv")
         if paired is not None and len(paired):
             seeds = int(paired.loc[paired["measure"] == "final_top1_difference", "n"].max())

@@ -1,0 +1,159 @@
+"""pipelines.fast_dev_run: the substitutions that rehearse an environment's recipe on CPU (pure, milliseconds)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines.fast_dev_run import TAG, fast_dev_run_overrides, relocated
+from pipelines.params import validate_parameters
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+DEFAULT_DATA = {
+    "source": "fashion_mnist",
+    "root": "data/01_raw/fashion_mnist",
+    "split_dirs": {"train": "train", "val": "val"},
+}
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    merged = dict(base)
+    for key, value in extra.items():
+        both = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = _merge(merged[key], value) if both else value
+    return merged
+
+
+def merged_params(env: str, extra: dict | None = None) -> dict:
+    """base, then ``env`` (Kedro's soft merge), then ``extra`` as --params would."""
+    params: dict = {}
+    for folder in dict.fromkeys(("base", env)):
+        for path in sorted((CONF / folder).glob("parameters*.yml")):
+            params = _merge(params, yaml.safe_load(path.read_text()) or {})
+    return _merge(params, extra or {})
+
+
+def overrides(env: str, *, trees: dict[str, int] | None = None, cpu_workers: int = 2, extra: dict | None = None):
+    trees = {"/local/tree": 3} if trees is None else trees
+    return fast_dev_run_overrides(
+        merged_params(env, extra),
+        env=env,
+        cpu_workers=cpu_workers,
+        default_data=DEFAULT_DATA,
+        classes_in=lambda root, train: trees.get(root),
+        default_classes=10,
+    )
+
+
+@pytest.mark.parametrize("env", ["base", "ascend", "gpu"])
+@pytest.mark.parametrize("root", ["/local/tree", "/data/imagenet"])
+def test_the_substituted_configuration_is_valid_and_runs_on_cpu(env, root):
+    extra = {"runtime": {"fast_dev_run": True}, "data": {"root": root}}
+    substitutions = overrides(env, extra=extra)
+    params = validate_parameters(_merge(merged_params(env, extra), substitutions.nested()))
+    assert params.runtime.device_target == "CPU"
+    assert params.distributed.node_rank == 0 and params.distributed.nodes == 1
+    assert params.thor.implementation == "own" and params.adasum.implementation == "own"
+    assert params.dim_reduce.stage2.implementation == "own"
+    for training in (params.baseline, params.adasum, params.thor, params.dim_reduce.stage1, params.dim_reduce.stage2):
+        assert training.batch_size == 2
+        assert training.checkpoint.dir.startswith(f"data/fast_dev_run/{env}/06_models/")
+    assert params.dim_reduce.control.checkpoint.dir.startswith(f"data/fast_dev_run/{env}/06_models/")
+    assert params.study.dir.startswith(f"data/fast_dev_run/{env}/07_model_output/")
+    assert params.study.seeds == [0] and params.study.epochs == 1
+
+
+@pytest.mark.parametrize("env", ["ascend", "gpu"])
+def test_the_recipe_is_kept(env):
+    extra = {"runtime": {"fast_dev_run": True}, "data": {"root": "/local/tree"}}
+    original = validate_parameters(merged_params(env, {**extra, "runtime": {**merged_params(env)["runtime"]}}))
+    params = validate_parameters(_merge(merged_params(env, extra), overrides(env, extra=extra).nested()))
+    assert params.model == original.model  # resnet50, 1001 classes
+    assert params.data.image_size == original.data.image_size == 224
+    assert params.data.crop_scale == original.data.crop_scale
+    assert params.boost == original.boost
+    assert params.runtime.mode == original.runtime.mode
+    for name in ("baseline", "adasum"):
+        kept, was = getattr(params, name), getattr(original, name)
+        assert (kept.lr, kept.momentum, kept.weight_decay, kept.loss_scale, kept.label_smoothing) == (
+            was.lr,
+            was.momentum,
+            was.weight_decay,
+            was.loss_scale,
+            was.label_smoothing,
+        )
+    assert (params.thor.lr, params.thor.damping, params.thor.block_size, params.thor.loss_scale) == (
+        original.thor.lr,
+        original.thor.damping,
+        original.thor.block_size,
+        original.thor.loss_scale,
+    )
+    assert params.dim_reduce.stage1.lr == original.dim_reduce.stage1.lr
+
+
+def test_workers_the_machine_takes_at_least_two_a_power_of_two():
+    ascend = {"runtime": {"fast_dev_run": True}, "data": {"root": "/local/tree"}}
+    assert overrides("ascend", cpu_workers=2, extra=ascend).values["distributed.worker_num"] == 2
+    assert overrides("ascend", cpu_workers=1, extra=ascend).values["distributed.worker_num"] == 2
+    assert overrides("ascend", cpu_workers=6, extra=ascend).values["distributed.worker_num"] == 4
+    assert "distributed.worker_num" not in overrides("ascend", cpu_workers=64, extra=ascend).values  # the env's 8
+    base = overrides("base", extra={"runtime": {"fast_dev_run": True}})
+    assert "distributed.worker_num" not in base.values  # one worker stays one
+
+
+def test_a_missing_root_falls_back_to_the_cpu_default_tree_and_says_so():
+    substitutions = overrides("ascend", extra={"runtime": {"fast_dev_run": True}})  # /data/imagenet: absent
+    assert substitutions.values["data.root"] == DEFAULT_DATA["root"]
+    assert substitutions.values["data.source"] == "fashion_mnist"
+    assert "data.root=data/01_raw/fashion_mnist (/data/imagenet does not exist: the CPU default tree)" in (
+        substitutions.summary()
+    )
+    given = overrides("ascend", extra={"runtime": {"fast_dev_run": True}, "data": {"root": "/local/tree"}})
+    assert "data.root" not in given.values and "data.source" not in given.values
+    # base's source writes Fashion-MNIST under the root: a tree of the user's is read as a folder
+    base = overrides("base", extra={"runtime": {"fast_dev_run": True}, "data": {"root": "/local/tree"}})
+    assert base.values["data.source"] == "folder"
+
+
+def test_enough_images_for_three_steps_on_every_rank():
+    extra = {"runtime": {"fast_dev_run": True}, "data": {"root": "/local/tree"}}
+    three = overrides("ascend", trees={"/local/tree": 3}, extra=extra).values
+    assert three["data.max_per_class.train"] * 3 >= 3 * 2 * 2  # steps x ranks x batch
+    thousand = overrides("ascend", trees={"/local/tree": 1000}, extra=extra).values
+    assert thousand["data.max_per_class.train"] == 1 and thousand["data.max_per_class.val"] == 1
+
+
+def test_dim_reduce_rules_are_satisfied_by_the_rehearsal_itself():
+    extra = {"runtime": {"fast_dev_run": True}, "data": {"root": "/local/tree"}}
+    values = overrides("ascend", extra=extra).values
+    # 2 epochs from epoch 1, a file every step of >= 3 steps: >= 6 files, more than collect.n_files
+    assert values["dim_reduce.stage1.trajectory.start_epoch"] <= values["dim_reduce.stage1.epochs"] == 2
+    assert values["dim_reduce.pca.n_components"] < values["dim_reduce.collect.n_files"] <= 6
+    assert values["dim_reduce.stage1.schedule_epochs"] > values["dim_reduce.stage1.epochs"]  # stops early, as 70/90
+
+
+def test_only_changes_are_listed_and_the_summary_is_one_line():
+    substitutions = overrides("base", extra={"runtime": {"fast_dev_run": True}})
+    assert "runtime.device_target" not in substitutions.values  # base is CPU already
+    assert "model.name" not in substitutions.values
+    line = substitutions.summary()
+    assert "\n" not in line and line.startswith("data.eval_batch_size=4") and "study.seeds=[0]" in line
+    assert TAG == "fast_dev_run"
+
+
+def test_the_thor_implementation_of_mindspore_is_replaced_on_cpu():
+    extra = {
+        "runtime": {"fast_dev_run": True},
+        "data": {"root": "/local/tree"},
+        "thor": {"implementation": "mindspore"},
+    }
+    values = overrides("gpu", extra=extra).values
+    assert values["thor.implementation"] == "own" and values["thor.frequency"] == 2
+
+
+def test_everything_a_rehearsal_writes_lies_under_its_own_folder():
+    assert relocated("data/06_models/baseline/epochs", "ascend") == "data/fast_dev_run/ascend/06_models/baseline/epochs"
+    assert relocated("data/07_model_output/study", "gpu") == "data/fast_dev_run/gpu/07_model_output/study"
+    assert relocated("checkpoints/mine", "base") == "data/fast_dev_run/base/checkpoints/mine"
