@@ -438,6 +438,154 @@ class ThorParams(Section):
         return self
 
 
+class BertCorpusParams(Section):
+    """The text corpus: reST sources under ``root`` (default: the Python 3.11 documentation of Debian's
+    ``python3.11-doc``), split by document into train and held-out before anything is fitted."""
+
+    root: str
+    held_out_fraction: OpenFraction
+    split_seed: int
+    max_documents: PositiveInt | None  # the first N documents by name (fast dev runs, tests); None: all
+
+
+class BertTokenizerParams(Section):
+    """A WordPiece vocabulary trained on the train documents (Hugging Face tokenizers)."""
+
+    vocab_size: Annotated[int, Field(ge=16)]  # the 5 special tokens and some pieces
+    min_frequency: PositiveInt
+    lowercase: bool
+
+
+class BertExampleParams(Section):
+    """Pre-training examples as BERT's create_pretraining_data makes them (masked LM and next sentence)."""
+
+    max_seq_length: Annotated[int, Field(ge=8)]
+    max_predictions_per_seq: PositiveInt
+    masked_lm_prob: OpenFraction
+    short_seq_prob: Fraction
+    dupe_factor: PositiveInt
+    seed: int
+
+
+class BertNetworkParams(Section):
+    """The BERT encoder and its pre-training heads (the vocabulary size comes from the tokenizer)."""
+
+    hidden_size: PositiveInt
+    num_hidden_layers: PositiveInt
+    num_attention_heads: PositiveInt
+    intermediate_size: PositiveInt
+    hidden_dropout_prob: Fraction
+    attention_probs_dropout_prob: Fraction
+    max_position_embeddings: PositiveInt
+    type_vocab_size: PositiveInt
+    initializer_range: PositiveFloat
+
+    @model_validator(mode="after")
+    def _heads_divide_hidden(self) -> BertNetworkParams:
+        if self.hidden_size % self.num_attention_heads:
+            CrossKeyProblems.raise_if_any(
+                [
+                    (
+                        "thor_bert.network.num_attention_heads",
+                        f"is {self.num_attention_heads}, which does not divide hidden_size {self.hidden_size}",
+                    )
+                ]
+            )
+        return self
+
+
+class PolynomialDecay(Section):
+    """(max - min) (1 - i / total_steps)^power + min (the models repo's get_bert_thor_lr / _damping); total_steps
+    None: the training's own length."""
+
+    max: PositiveFloat
+    min: NonNegativeFloat
+    power: PositiveFloat
+    total_steps: PositiveInt | None
+
+
+class WarmupPolynomialLr(Section):
+    """Linear warm-up over ``warmup_steps`` to ``lr_max``, then polynomial decay to ``lr_end`` over ``decay_steps``
+    (None: the rest of the training), as the models repo's BertLearningRate."""
+
+    lr_max: PositiveFloat
+    lr_end: NonNegativeFloat
+    power: PositiveFloat
+    warmup_steps: NonNegativeInt
+    decay_steps: PositiveInt | None
+
+
+class BertThorTraining(Section):
+    """THOR on BERT: every Dense layer preconditioned, then Momentum; weight decay except on LayerNorm and biases."""
+
+    epochs: PositiveInt
+    batch_size: PositiveInt  # per device
+    lr: PolynomialDecay
+    damping: PolynomialDecay
+    momentum: Fraction
+    weight_decay: NonNegativeFloat
+    loss_scale: PositiveFloat
+    frequency: Annotated[int, Field(ge=2)]
+    block_size: PositiveInt | None
+    split_indices: list[int]  # MindSpore's allreduce fusion of the A/G statistics (recorded; see README)
+    eval_interval: NonNegativeInt
+    checkpoint: CheckpointParams
+    eval_every_steps: NonNegativeInt
+
+
+class BertBaselineTraining(Section):
+    """The first-order baseline of the THOR document's BERT script (Lamb or AdamWeightDecay, warm-up polynomial lr),
+    weight decay except on LayerNorm and biases."""
+
+    optimizer: Literal["adamweightdecay", "lamb"]
+    epochs: PositiveInt
+    batch_size: PositiveInt  # per device
+    lr: WarmupPolynomialLr
+    weight_decay: NonNegativeFloat
+    eps: PositiveFloat
+    loss_scale: PositiveFloat
+    eval_interval: NonNegativeInt
+    checkpoint: CheckpointParams
+    eval_every_steps: NonNegativeInt
+
+
+class ThorBertParams(Section):
+    """``thor_bert``: text corpus -> tokenizer -> pre-training examples -> BERT -> THOR and its first-order baseline
+    -> masked-LM evaluation on held-out text."""
+
+    corpus: BertCorpusParams
+    tokenizer: BertTokenizerParams
+    examples: BertExampleParams
+    network: BertNetworkParams
+    eval_batch_size: PositiveInt
+    step_eval_examples: PositiveInt | None  # held-out examples of the evaluation every K steps; None: all
+    target_mlm_accuracy: OpenFraction  # time and steps to this held-out masked-LM accuracy (report, study)
+    thor: BertThorTraining
+    baseline: BertBaselineTraining
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ThorBertParams:
+        problems = []
+        examples, network = self.examples, self.network
+        if examples.max_seq_length > network.max_position_embeddings:
+            problems.append(
+                (
+                    "thor_bert.examples.max_seq_length",
+                    f"is {examples.max_seq_length}, beyond network.max_position_embeddings "
+                    f"{network.max_position_embeddings}",
+                )
+            )
+        if examples.max_predictions_per_seq >= examples.max_seq_length:
+            problems.append(
+                (
+                    "thor_bert.examples.max_predictions_per_seq",
+                    f"is {examples.max_predictions_per_seq}, not below max_seq_length {examples.max_seq_length}",
+                )
+            )
+        CrossKeyProblems.raise_if_any(problems)
+        return self
+
+
 class TrackingParams(Section):
     """What MLflow keeps beside metrics and parameters."""
 
@@ -449,7 +597,8 @@ class TrackingParams(Section):
 # dim_reduce gives two result rows, stage2 and control (P-BFGS against Momentum from the same stage 1); adasum
 # two, adasum and allreduce (the adasum section's training on study.adasum_workers msrun ranks, both ways)
 # thor_first_order: the thor section with thor.precondition false (THOR's recipe without its curvature)
-StudyRecipe = Literal["baseline", "thor", "thor_first_order", "dim_reduce", "adasum"]
+# thor_bert gives two rows, thor_bert and thor_bert_baseline (THOR against the first-order baseline on BERT)
+StudyRecipe = Literal["baseline", "thor", "thor_first_order", "dim_reduce", "adasum", "thor_bert"]
 
 
 class StudyParams(Section):
@@ -494,6 +643,7 @@ class Parameters(Section):
     migrate: MigrateParams
     report: ReportParams
     thor: ThorParams
+    thor_bert: ThorBertParams
     study: StudyParams
     tracking: TrackingParams
 
@@ -541,6 +691,14 @@ class Parameters(Section):
                     "every backend), or run on Ascend/GPU (--env=ascend, --env=gpu)",
                 )
             )
+        if self.thor_bert.baseline.optimizer == "lamb" and device_target == "CPU":
+            problems.append(
+                (
+                    "thor_bert.baseline.optimizer",
+                    "is lamb, whose kernel MindSpore has only on Ascend and GPU, but runtime.device_target is CPU; use "
+                    "adamweightdecay (the script's other first-order choice) on CPU",
+                )
+            )
         if "dim_reduce" in self.study.recipes and self.dim_reduce.stage2.implementation != "own":
             problems.append(
                 (
@@ -557,6 +715,8 @@ class Parameters(Section):
                 "dim_reduce.stage1": self.dim_reduce.stage1,
                 "dim_reduce.stage2": self.dim_reduce.stage2,
                 "dim_reduce.control": self.dim_reduce.control,
+                "thor_bert.thor": self.thor_bert.thor,
+                "thor_bert.baseline": self.thor_bert.baseline,
             }
             problems += [
                 (

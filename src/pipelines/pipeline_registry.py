@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from kedro.pipeline import Pipeline
 
 # The registered names besides __default__ (tests/test_registry.py checks them against register_pipelines()).
-PIPELINE_NAMES = ("data", "baseline", "dim_reduce", "thor", "adasum", "report", "migrate", "study")
+PIPELINE_NAMES = ("data", "baseline", "dim_reduce", "thor", "adasum", "report", "migrate", "study", "thor_bert")
 DEFAULT = ("data", "baseline")
 
 
@@ -29,6 +29,7 @@ def register_pipelines() -> dict[str, Pipeline]:
     from .report.pipeline import create_pipeline as create_report
     from .study.pipeline import create_pipeline as create_study
     from .thor.pipeline import create_pipeline as create_thor
+    from .thor_bert.pipeline import create_pipeline as create_thor_bert
 
     data = create_data()
     baseline = data + create_baseline()
@@ -41,6 +42,7 @@ def register_pipelines() -> dict[str, Pipeline]:
         "report": create_report(),
         "migrate": create_migrate(),
         "study": data + create_study(),
+        "thor_bert": create_thor_bert(),  # text, not images: no data pipeline
         "__default__": baseline,
     }
 

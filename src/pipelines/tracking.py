@@ -54,9 +54,13 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
         mlflow.log_metrics(finite, step=step)
 
 
-def log_final(accuracy: Mapping[str, float]) -> None:
-    """Log a final evaluation (``top1``, ``top5`` fractions) as ``final/top1``, ``final/top5``."""
-    log_metrics({FINAL_PREFIX + k: accuracy[k] for k in ("top1", "top5") if k in accuracy})
+FINAL_FIGURES = ("top1", "top5", "mlm_accuracy", "mlm_loss", "nsp_accuracy")  # what a final evaluation may hold
+
+
+def log_final(figures: Mapping[str, float]) -> None:
+    """Log a final evaluation (``top1``, ``top5`` fractions; a language model's ``mlm_accuracy``, ``mlm_loss``,
+    ``nsp_accuracy``) as ``final/top1``, …; other keys of ``figures`` (a report's ``epoch``) are not metrics."""
+    log_metrics({FINAL_PREFIX + k: figures[k] for k in FINAL_FIGURES if k in figures})
 
 
 def set_tags(tags: Mapping[str, str]) -> None:

@@ -16,7 +16,7 @@ from pipelines.params import Parameters
 from pipelines.pipeline_registry import PIPELINE_NAMES, pipelines_named_by, register_pipelines
 from tests.support.projects import PROJECT
 
-LAYERS = {"raw", "intermediate", "primary", "model_input", "models", "model_output", "reporting"}
+LAYERS = {"raw", "intermediate", "primary", "feature", "model_input", "models", "model_output", "reporting"}
 DIM_REDUCE_STAGES = {"stage1", "trajectory_pca", "stage2", "control", "evaluation"}
 
 

@@ -7,12 +7,22 @@ tier's (tests/e2e/)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import mlflow
 import pandas as pd
 import pytest
 
-from pipelines.metrics import EPOCH_KEYS, FINAL_TOP1, TRAIN_LOSS
+from pipelines.metrics import (
+    EPOCH_KEYS,
+    FINAL_MLM_ACCURACY,
+    FINAL_TOP1,
+    TRAIN_LOSS,
+    TRAIN_SEQUENCES_PER_S,
+    VAL_MLM_ACCURACY,
+    VAL_MLM_LOSS,
+    VAL_TOP1,
+)
 from pipelines.pipeline_registry import PIPELINE_NAMES
 from tests.support.backends import assert_declared_on_every_target, dumped_graphs
 from tests.support.runner import run_pipeline, tiny_parameters
@@ -134,6 +144,35 @@ def test_study_pipeline(workspace):
     names = {child.info.run_name: child for child in runs}
     assert set(names) == {"study/baseline/seed0", "study/thor/seed0", "study/thor_first_order/seed0"}
     assert names["study/thor_first_order/seed0"].data.params["thor.precondition"] == "false"
+
+
+def test_thor_bert_pipeline(workspace):
+    _, uri = workspace
+    params = tiny_parameters(Path("unused"))
+    outputs = run_pipeline("thor_bert", params, uri)
+    train, held_out = outputs["thor_bert.corpus.train_documents"], outputs["thor_bert.corpus.held_out_documents"]
+    assert not set(train["document"]) & set(held_out["document"])  # split by document, before the tokenizer
+    examples = outputs["thor_bert.examples.train_examples"]
+    assert examples["input_ids"].shape[1] == 32 and examples["masked_lm_ids"].shape[1] == 5
+    comparison = outputs["thor_bert.evaluation.comparison"].set_index("training")
+    assert list(comparison.index) == ["thor", "baseline"]
+    for training in ("thor", "baseline"):
+        report, history = outputs[f"thor_bert.{training}.eval_report"], outputs[f"thor_bert.{training}.history"]
+        assert report["examples"] == len(outputs["thor_bert.examples.held_out_examples"]["input_ids"])
+        assert 0.0 <= report["mlm_accuracy"] <= 1.0 and math.isfinite(report["mlm_loss"])
+        assert comparison.at[training, "mlm_accuracy"] == report["mlm_accuracy"]
+        assert list(history["epoch"]) == [1, 2]
+        assert {TRAIN_LOSS, TRAIN_SEQUENCES_PER_S, VAL_MLM_ACCURACY, VAL_MLM_LOSS} <= set(history.columns)
+        assert VAL_TOP1 not in history  # top-1 is the image recipes'
+        # the last epoch's evaluation is the evaluation node's: the same held-out examples, the same weights
+        assert history[VAL_MLM_ACCURACY].iloc[-1] == pytest.approx(report["mlm_accuracy"])
+    assert outputs["thor_bert.thor.history"]["thor/second_order_steps"].iloc[-1] > 0
+    runs = children(uri, only_run(uri, "thor_bert"))
+    assert set(runs) == {"thor", "baseline"}
+    for training, run in runs.items():
+        assert run.info.status == "FINISHED" and run.info.run_name == f"thor_bert/{training}"
+        assert 0 <= run.data.metrics[FINAL_MLM_ACCURACY] <= 1 and VAL_MLM_ACCURACY in run.data.metrics
+    assert runs["baseline"].data.params["thor_bert.baseline.optimizer"] == "adamweightdecay"
 
 
 def test_report_pipeline(workspace):

@@ -49,6 +49,23 @@ TINY = {
         "stage2": {"batch_size": 4},
     },
     "study": {"recipes": ["baseline", "thor", "thor_first_order"], "seeds": [0], "epochs": 1, "eval_every_steps": 2},
+    # a 1-layer BERT of 16 hidden units on the first documents of the real corpus, sequences of 32 tokens
+    "thor_bert": {
+        "corpus": {"max_documents": 12, "held_out_fraction": 0.25},
+        "tokenizer": {"vocab_size": 300},
+        "examples": {"max_seq_length": 32, "max_predictions_per_seq": 5},
+        "network": {
+            "hidden_size": 16,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "intermediate_size": 32,
+            "max_position_embeddings": 32,
+        },
+        "eval_batch_size": 32,
+        "step_eval_examples": 32,
+        "thor": {"epochs": 2, "batch_size": 16, "frequency": 3},
+        "baseline": {"epochs": 2, "batch_size": 16, "lr": {"warmup_steps": 2}},
+    },
 }
 
 

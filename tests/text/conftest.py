@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.text.corpus import DEBIAN_SOURCE, Document, read_documents, split_documents
+from pipelines.text.corpus import DEBIAN_SOURCE, Document, split_documents
 from pipelines.text.tokenizer import train_wordpiece
+from tests.support.text import read_documents
 
 
 @pytest.fixture(scope="session")

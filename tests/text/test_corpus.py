@@ -7,7 +7,8 @@ import textwrap
 
 import pytest
 
-from pipelines.text.corpus import CorpusNotFoundError, Document, read_documents, split_documents
+from pipelines.text.corpus import CorpusNotFoundError, Document, split_documents
+from tests.support.text import read_documents
 
 SPHINX_PAGE = """\
     .. _target-label:

@@ -1,6 +1,7 @@
 """Kedro datasets of this project."""
 
 from .checkpoint_dataset import CheckpointDataset
+from .npz_dataset import NpzArraysDataset
 from .numpy_dataset import NumpyArrayDataset
 
-__all__ = ["CheckpointDataset", "NumpyArrayDataset"]
+__all__ = ["CheckpointDataset", "NpzArraysDataset", "NumpyArrayDataset"]

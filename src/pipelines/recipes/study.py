@@ -5,9 +5,11 @@ its own stage 1, fits the PCA of its trajectory, then P-BFGS stage 2 and, from t
 the Momentum control for the same epochs, giving two result rows, ``stage2`` and ``control``; ``adasum``
 trains the adasum section's Momentum for ``StudyPlan.epochs`` on ``StudyPlan.adasum_workers`` msrun ranks
 twice, combining the ranks' updates by Adasum (row ``adasum``) and by averaging gradients (``allreduce``),
-from the same initial weights. Every training
-evaluates every ``eval_every_steps`` steps on the fixed val subset (``data.step_eval_images``), so time to
-target is read at step resolution.
+from the same initial weights; ``thor_bert`` trains BERT with THOR (row ``thor_bert``) and with its first-order
+baseline (``thor_bert_baseline``) from the same initial weights for ``StudyPlan.epochs`` each, on the corpus,
+tokenizer and examples prepared once (``StudyInputs.language``). Every training evaluates every
+``eval_every_steps`` steps on the fixed val subset (``data.step_eval_images``; thor_bert: the first
+``thor_bert.step_eval_examples`` held-out examples), so time to target is read at step resolution.
 
 A finished (recipe, seed) run leaves ``<dir>/runs/<key>.json`` (the key holds recipe, seed and a
 fingerprint of the configuration), written atomically; a rerun reads it instead of training again, and an
@@ -30,11 +32,20 @@ from pipelines.engine.callbacks import Callback
 from pipelines.engine.checkpoint import write_atomically
 from pipelines.engine.loop import TrainingResult
 from pipelines.engine.resume import fingerprint, remove_finished_checkpoints
+from pipelines.metrics import (
+    VAL_MLM_ACCURACY,
+    VAL_MLM_LOSS,
+    VAL_STEP_MLM_ACCURACY,
+    VAL_STEP_TOP1,
+    VAL_TOP1,
+    VAL_TOP5,
+)
 from pipelines.params import (
     AdasumParams,
     BaselineParams,
     BoostParams,
     DimReduceParams,
+    ThorBertParams,
     ThorParams,
 )
 from pipelines.recipes.common import build_network
@@ -42,6 +53,7 @@ from pipelines.recipes.context import TrainingContext
 from pipelines.recipes.dim_reduce import collect_trajectory, train_control, train_stage1, train_stage2, trajectory_pca
 from pipelines.recipes.momentum import train_adasum, train_baseline
 from pipelines.recipes.thor import thor_model, train_thor
+from pipelines.recipes.thor_bert import LanguageModelContext, build_bert, train_bert_baseline, train_bert_thor
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +65,7 @@ RESULT_ROWS = {
     "thor_first_order": ("thor_first_order",),
     "dim_reduce": ("stage2", "control"),
     "adasum": ("adasum", "allreduce"),
+    "thor_bert": ("thor_bert", "thor_bert_baseline"),
 }
 
 
@@ -71,12 +84,14 @@ class StudyTracking(Protocol):
         """Engine callbacks that log each epoch into the active child run."""
 
     def log_final(self, accuracy: Mapping[str, float]) -> None:
-        """Log the final full-val ``top1``/``top5`` into the active child run."""
+        """Log the final full-val ``top1``/``top5`` (a language model's ``mlm_accuracy``/``mlm_loss``) into the
+        active child run."""
 
 
 @dataclass(frozen=True)
 class StudyInputs:
-    """The data and shared sections (``context``) and every recipe's own section."""
+    """The data and shared sections (``context``), every recipe's own section, and thor_bert's prepared corpus,
+    tokenizer and examples (``language``; None when the study has no thor_bert)."""
 
     context: TrainingContext
     baseline: BaselineParams
@@ -84,6 +99,8 @@ class StudyInputs:
     dim_reduce: DimReduceParams
     adasum: AdasumParams
     boost: BoostParams
+    thor_bert: ThorBertParams
+    language: LanguageModelContext | None = None
 
 
 @dataclass(frozen=True)
@@ -100,8 +117,10 @@ def run_study(inputs: StudyInputs, plan: StudyPlan, tracking: StudyTracking) -> 
     """Every recipe of the plan over every seed, skipping the runs finished earlier; one record per result row.
 
     A record: ``recipe`` (a result row's name, ``RESULT_ROWS``), ``seed``, ``key``, ``mlflow_run_id``,
-    ``final_top1``/``final_top5`` on the whole val split after the last epoch, ``steps_per_epoch``, and the
-    engine's ``history`` (per epoch) and ``step_history`` (per step evaluation).
+    ``final_top1``/``final_top5`` on the whole val split after the last epoch (thor_bert's rows:
+    ``final_mlm_accuracy``/``final_mlm_loss`` on every held-out example), ``step_metric`` (the step-evaluation key
+    time to target reads), ``steps_per_epoch``, and the engine's ``history`` (per epoch) and ``step_history`` (per
+    step evaluation).
     """
     workers = inputs.context.distributed.worker_num
     if workers != 1:
@@ -137,6 +156,11 @@ def _configuration(inputs: StudyInputs, plan: StudyPlan, recipe: str, seed: int)
         "thor": (_thor(inputs, plan, precondition=True).model_dump(exclude={"checkpoint"}),),
         "thor_first_order": (_thor(inputs, plan, precondition=False).model_dump(exclude={"checkpoint"}),),
         "adasum": (_adasum(inputs, plan).model_dump(exclude={"checkpoint"}), plan.adasum_workers),
+        "thor_bert": (
+            _bert(inputs.thor_bert.thor, plan).model_dump(exclude={"checkpoint"}),
+            _bert(inputs.thor_bert.baseline, plan).model_dump(exclude={"checkpoint"}),
+            inputs.thor_bert.model_dump(exclude={"thor", "baseline"}),
+        ),
         "dim_reduce": (
             inputs.dim_reduce.model_dump(
                 exclude={
@@ -168,6 +192,11 @@ def _adasum(inputs: StudyInputs, plan: StudyPlan) -> AdasumParams:
     return inputs.adasum.model_copy(update={"epochs": plan.epochs, "eval_every_steps": plan.eval_every_steps})
 
 
+def _bert(section, plan: StudyPlan):
+    """A thor_bert training section (thor or baseline) on the study's budget and step evaluation."""
+    return section.model_copy(update={"epochs": plan.epochs, "eval_every_steps": plan.eval_every_steps})
+
+
 def _checkpoint_dir(section, folder: Path):
     return section.checkpoint.model_copy(update={"dir": str(folder)})
 
@@ -175,9 +204,13 @@ def _checkpoint_dir(section, folder: Path):
 def _figures(result: TrainingResult) -> dict:
     """What the study keeps of a training (plain data, kept in its result file)."""
     last = result.history[-1]  # the engine evaluates on the whole val split after the last epoch
+    if VAL_MLM_ACCURACY in last:
+        finals = {"final_mlm_accuracy": last[VAL_MLM_ACCURACY], "final_mlm_loss": last[VAL_MLM_LOSS]}
+        finals["step_metric"] = VAL_STEP_MLM_ACCURACY
+    else:
+        finals = {"final_top1": last[VAL_TOP1], "final_top5": last[VAL_TOP5], "step_metric": VAL_STEP_TOP1}
     return {
-        "final_top1": last["val/top1"],
-        "final_top5": last["val/top5"],
+        **finals,
         "steps_per_epoch": result.steps_per_epoch,
         "history": result.history,
         "step_history": result.step_history,
@@ -185,8 +218,11 @@ def _figures(result: TrainingResult) -> dict:
 
 
 def _record(recipe: str, seed: int, key: str, run_id: str | None, figures: dict, tracking: StudyTracking) -> dict:
-    """A result row's record; its final accuracy goes to the active child run."""
-    tracking.log_final({"top1": figures["final_top1"], "top5": figures["final_top5"]})
+    """A result row's record; its final figures go to the active child run."""
+    if "final_mlm_accuracy" in figures:
+        tracking.log_final({"mlm_accuracy": figures["final_mlm_accuracy"], "mlm_loss": figures["final_mlm_loss"]})
+    else:
+        tracking.log_final({"top1": figures["final_top1"], "top5": figures["final_top5"]})
     return {"recipe": recipe, "seed": seed, "key": key, "mlflow_run_id": run_id, **figures}
 
 
@@ -290,10 +326,32 @@ def _train_adasum(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str, tra
     return records, finals
 
 
+def _train_thor_bert(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str, tracking: StudyTracking):
+    """BERT with THOR and with its first-order baseline from the same initial weights, each a child run."""
+    context = inputs.language.with_seed(seed)
+    initial = build_bert(context.network, context.vocab_size, context.runtime)
+    records, finals = {}, []
+    trainings = {"thor_bert": (inputs.thor_bert.thor, train_bert_thor)}
+    trainings["thor_bert_baseline"] = (inputs.thor_bert.baseline, train_bert_baseline)
+    for row, (configured, train) in trainings.items():
+        budgeted = _bert(configured, plan)
+        section = budgeted.model_copy(
+            update={"checkpoint": _checkpoint_dir(budgeted, plan.directory / "checkpoints" / key / row)}
+        )
+        tags = {"recipe": "thor_bert", "result": row, "seed": str(seed), "study_key": key}
+        params = {f"thor_bert.{'thor' if row == 'thor_bert' else 'baseline'}": section, "runtime": context.runtime}
+        with tracking.run(f"thor_bert/{row.removeprefix('thor_bert_') or 'thor'}/seed{seed}", tags, params) as run_id:
+            result = train(context, initial, section, callbacks=tracking.callbacks())
+            records[row] = _record(row, seed, key, run_id, _figures(result), tracking)
+        finals.append(result.checkpoint)
+    return records, finals
+
+
 _TRAINERS = {
     "baseline": _train_single("baseline"),
     "thor": _train_single("thor"),
     "thor_first_order": _train_single("thor_first_order"),
     "dim_reduce": _train_dim_reduce,
     "adasum": _train_adasum,
+    "thor_bert": _train_thor_bert,
 }

@@ -4,7 +4,8 @@ matplotlib); no MindSpore, no MLflow.
 
 Accuracies are fractions in [0, 1]; times are training seconds with every evaluation excluded (the engine's
 ``train/elapsed_s``). Time to target is read at step resolution: the first evaluation every K steps (on the
-fixed val subset) whose top-1 reaches the target; epochs to target is that step over the steps per epoch.
+fixed val subset) whose accuracy reaches the target (top-1 for the image recipes, held-out masked-LM accuracy for
+thor_bert's rows); steps to target is that step, epochs to target that step over the steps per epoch.
 """
 
 from __future__ import annotations
@@ -18,18 +19,37 @@ from matplotlib.figure import Figure
 
 from pipelines.metrics import STEP_KEY, TRAIN_ELAPSED_S, VAL_STEP_TOP1
 
-# columns of the per-run table, each summarised per recipe by ``summarise``
-MEASURES = ("final_top1", "final_top5", "time_to_target_s", "epochs_to_target")
+# columns of the per-run table, each summarised per recipe by ``summarise`` (a language model's rows have the
+# masked-LM figures in place of top-1/top-5; a measure a table lacks, or no run of a recipe has, is left out)
+MEASURES = (
+    "final_top1",
+    "final_top5",
+    "final_mlm_accuracy",
+    "final_mlm_loss",
+    "time_to_target_s",
+    "steps_to_target",
+    "epochs_to_target",
+)
 # the paired comparisons, (result row, its reference) on the same seeds: THOR against the Momentum recipe (the recipe
 # as documented), THOR against its own recipe without the preconditioner (what the curvature adds at equal recipe),
 # dim_reduce's P-BFGS stage 2 against Momentum continued from the same stage-1 checkpoint for the same epochs, and
 # Adasum against averaged gradients on the same ranks
-PAIRS = (("thor", "baseline"), ("thor", "thor_first_order"), ("stage2", "control"), ("adasum", "allreduce"))
+PAIRS = (
+    ("thor", "baseline"),
+    ("thor", "thor_first_order"),
+    ("stage2", "control"),
+    ("adasum", "allreduce"),
+    ("thor_bert", "thor_bert_baseline"),
+)
 CONFIDENCE = 0.95
 # Measures that are accuracies, and the paired differences of accuracies: their intervals are cut to what an
 # accuracy can be (a t-interval of a few seeds near 1 otherwise reaches past it)
-ACCURACY_BOUNDS = {"final_top1": (0.0, 1.0), "final_top5": (0.0, 1.0)}
-DIFFERENCE_BOUNDS = {"final_top1_difference": (-1.0, 1.0), "final_top5_difference": (-1.0, 1.0)}
+ACCURACY_BOUNDS = {"final_top1": (0.0, 1.0), "final_top5": (0.0, 1.0), "final_mlm_accuracy": (0.0, 1.0)}
+DIFFERENCE_BOUNDS = {
+    "final_top1_difference": (-1.0, 1.0),
+    "final_top5_difference": (-1.0, 1.0),
+    "final_mlm_accuracy_difference": (-1.0, 1.0),
+}
 
 
 def _t_quantile(probability: float, degrees_of_freedom: int) -> float:
@@ -40,22 +60,25 @@ def _t_quantile(probability: float, degrees_of_freedom: int) -> float:
     return float(stats.t.ppf(probability, degrees_of_freedom))
 
 
-def first_crossing(step_rows: Sequence[Mapping[str, float]], target_top1: float) -> Mapping[str, float] | None:
-    """The first step-evaluation row (in step order) whose ``val/step_top1`` reaches ``target_top1``, or None."""
+def first_crossing(
+    step_rows: Sequence[Mapping[str, float]], target: float, metric: str = VAL_STEP_TOP1
+) -> Mapping[str, float] | None:
+    """The first step-evaluation row (in step order) whose ``metric`` reaches ``target``, or None."""
     for row in sorted(step_rows, key=lambda row: row[STEP_KEY]):
-        if row[VAL_STEP_TOP1] >= target_top1:
+        if row[metric] >= target:
             return row
     return None
 
 
-def run_figures(record: Mapping, target_top1: float) -> dict[str, float]:
-    """The per-run measures of a study run's record (``final_top1``, ``final_top5``, ``steps_per_epoch``,
-    ``step_history``): final accuracies, time and epochs to ``target_top1`` (NaN when never reached)."""
-    crossing = first_crossing(record["step_history"], target_top1)
-    return {
-        "final_top1": float(record["final_top1"]),
-        "final_top5": float(record["final_top5"]),
+def run_figures(record: Mapping, target: float) -> dict[str, float]:
+    """The per-run measures of a study run's record (its final figures, ``steps_per_epoch``, ``step_history`` and
+    ``step_metric``, the step-evaluation key the target is read on): the final figures, time, steps and epochs to
+    ``target`` (NaN when never reached)."""
+    crossing = first_crossing(record["step_history"], target, record.get("step_metric", VAL_STEP_TOP1))
+    finals = {measure: float(record[measure]) for measure in MEASURES if measure.startswith("final_")}
+    return finals | {
         "time_to_target_s": math.nan if crossing is None else float(crossing[TRAIN_ELAPSED_S]),
+        "steps_to_target": math.nan if crossing is None else float(crossing[STEP_KEY]),
         "epochs_to_target": math.nan if crossing is None else crossing[STEP_KEY] / record["steps_per_epoch"],
     }
 
@@ -89,7 +112,7 @@ def summarise(runs: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataFram
     rows = []
     for recipe, group in runs.groupby("recipe", sort=False):
         row: dict[str, float | str | int] = {"recipe": recipe, "runs": len(group)}
-        for measure in MEASURES:
+        for measure in (measure for measure in MEASURES if measure in group):
             mean, low, high, n = t_interval(group[measure].tolist(), confidence, ACCURACY_BOUNDS.get(measure))
             row.update({measure: mean, f"{measure}_ci_low": low, f"{measure}_ci_high": high, f"{measure}_n": n})
         rows.append(row)
@@ -101,9 +124,9 @@ def paired_differences(
 ) -> pd.DataFrame:
     """Each recipe of ``pairs`` present with its reference, on the seeds both ran: per seed the ratio of times to
     target (``time_to_target_ratio``, recipe / reference, seeds where both reached it), of epochs to target
-    (``epochs_to_target_ratio``: the same without the cost per step, graph compilation included) and the
-    differences of final top-1 and top-5 (``final_top1_difference``, recipe - reference, same epochs); mean and
-    t-interval of each.
+    (``epochs_to_target_ratio``: the same without the cost per step, graph compilation included; and of steps, for
+    a language model's pair) and the differences of final top-1 and top-5 (``final_top1_difference``, recipe -
+    reference, same epochs; masked-LM accuracy and loss for a language model's pair); mean and t-interval of each.
 
     Columns: ``comparison`` (``thor vs baseline``), ``measure``, ``mean``, ``ci_low``, ``ci_high``, ``n``.
     """
@@ -115,12 +138,20 @@ def paired_differences(
             continue
         other, base = by_seed.loc[recipe], by_seed.loc[reference]
         seeds = sorted(set(other.index) & set(base.index))
-        measures = {
-            "time_to_target_ratio": [other.at[s, "time_to_target_s"] / base.at[s, "time_to_target_s"] for s in seeds],
-            "epochs_to_target_ratio": [other.at[s, "epochs_to_target"] / base.at[s, "epochs_to_target"] for s in seeds],
-            "final_top1_difference": [other.at[s, "final_top1"] - base.at[s, "final_top1"] for s in seeds],
-            "final_top5_difference": [other.at[s, "final_top5"] - base.at[s, "final_top5"] for s in seeds],
-        }
+        ours, theirs = other.loc[seeds], base.loc[seeds]
+        measures = {"time_to_target_ratio": (ours["time_to_target_s"] / theirs["time_to_target_s"]).tolist()}
+        if "final_mlm_accuracy" in runs and theirs["final_mlm_accuracy"].notna().all():  # a language model's pair
+            measures |= {
+                "steps_to_target_ratio": (ours["steps_to_target"] / theirs["steps_to_target"]).tolist(),
+                "final_mlm_accuracy_difference": (ours["final_mlm_accuracy"] - theirs["final_mlm_accuracy"]).tolist(),
+                "final_mlm_loss_difference": (ours["final_mlm_loss"] - theirs["final_mlm_loss"]).tolist(),
+            }
+        else:
+            measures |= {
+                "epochs_to_target_ratio": (ours["epochs_to_target"] / theirs["epochs_to_target"]).tolist(),
+                "final_top1_difference": (ours["final_top1"] - theirs["final_top1"]).tolist(),
+                "final_top5_difference": (ours["final_top5"] - theirs["final_top5"]).tolist(),
+            }
         for measure, values in measures.items():
             mean, low, high, n = t_interval(values, confidence, DIFFERENCE_BOUNDS.get(measure))
             rows.append(
@@ -133,13 +164,16 @@ def paired_differences(
 def curves_figure(
     curves: pd.DataFrame, target_top1: float | None = None, points: int = 60, confidence: float = CONFIDENCE
 ) -> Figure:
-    """Top-1 on the step subset against training seconds: per recipe each seed's curve (thin) and the mean over
+    """Accuracy on the step subset against training seconds: per recipe each seed's curve (thin) and the mean over
     seeds with its t-interval as a band, on a common time grid up to the shortest run's last evaluation
-    (linear interpolation between evaluations). ``curves``: columns recipe, seed, elapsed_s, top1."""
+    (linear interpolation between evaluations). ``curves``: columns recipe, seed, elapsed_s, top1 (a language
+    model's rows: its held-out masked-LM accuracy, column mlm_accuracy, in place of top-1)."""
     figure = Figure(figsize=(7, 4.5), tight_layout=True)
     axes = figure.add_subplot()
-    for index, (recipe, group) in enumerate(curves.groupby("recipe", sort=False)):
+    for index, (recipe, rows) in enumerate(curves.groupby("recipe", sort=False)):
         colour = f"C{index}"
+        language = "mlm_accuracy" in rows and rows["top1"].isna().all()
+        group = rows.assign(top1=rows["mlm_accuracy"]) if language else rows
         series = [run.sort_values("elapsed_s") for _, run in group.groupby("seed")]
         for run in series:
             axes.plot(run["elapsed_s"], run["top1"], color=colour, alpha=0.25, linewidth=0.8)
@@ -158,7 +192,7 @@ def curves_figure(
     if target_top1 is not None:
         axes.axhline(target_top1, color="grey", linestyle="--", linewidth=0.8, label=f"target {target_top1:g}")
     axes.set_xlabel("training time (s, evaluations excluded)")
-    axes.set_ylabel("val top-1 (step-evaluation subset)")
+    axes.set_ylabel("val top-1, or held-out masked-LM accuracy (step subset)")
     axes.legend(loc="lower right")
     axes.grid(alpha=0.3)
     return figure

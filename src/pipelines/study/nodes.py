@@ -11,7 +11,14 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from pipelines import tracking
-from pipelines.metrics import STEP_KEY, TRAIN_ELAPSED_S, TRAIN_EPOCH_TIME_S, VAL_STEP_TOP1, VAL_STEP_TOP5
+from pipelines.metrics import (
+    STEP_KEY,
+    TRAIN_ELAPSED_S,
+    TRAIN_EPOCH_TIME_S,
+    VAL_STEP_MLM_ACCURACY,
+    VAL_STEP_TOP1,
+    VAL_STEP_TOP5,
+)
 from pipelines.params import (
     AdasumParams,
     BaselineParams,
@@ -22,10 +29,12 @@ from pipelines.params import (
     ModelParams,
     RuntimeParams,
     StudyParams,
+    ThorBertParams,
     ThorParams,
 )
 from pipelines.recipes.context import TrainingContext
 from pipelines.recipes.study import StudyInputs, StudyPlan, run_study
+from pipelines.recipes.thor_bert import prepare_language_model
 from pipelines.reporting.study import MEASURES, curves_figure, paired_differences, run_figures, summarise
 
 logger = logging.getLogger(__name__)
@@ -35,14 +44,17 @@ RUN_COLUMNS = [
     "seed",
     "final_top1",
     "final_top5",
+    "final_mlm_accuracy",
+    "final_mlm_loss",
     "time_to_target_s",
+    "steps_to_target",
     "epochs_to_target",
     "train_time_s",
     "steps_per_epoch",
     "mlflow_run_id",
     "key",
 ]
-CURVE_COLUMNS = ["recipe", "seed", "step", "elapsed_s", "top1", "top5"]
+CURVE_COLUMNS = ["recipe", "seed", "step", "elapsed_s", "top1", "top5", "mlm_accuracy"]
 
 
 def run_recipes(
@@ -57,23 +69,27 @@ def run_recipes(
     dim_reduce: DimReduceParams,
     adasum: AdasumParams,
     boost: BoostParams,
+    thor_bert: ThorBertParams,
     study: StudyParams,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every recipe of ``study.recipes`` over every seed of ``study.seeds`` (those not finished earlier).
 
-    Returns one row per result (``RUN_COLUMNS``: final top-1/top-5 on val after the last epoch, time and epochs
-    to ``study.target_top1`` at step resolution, training seconds) and the step-evaluation curves
-    (``CURVE_COLUMNS``: top-1/top-5 on the step subset against training seconds).
+    Returns one row per result (``RUN_COLUMNS``: final top-1/top-5 on val after the last epoch, time, steps and
+    epochs to ``study.target_top1`` at step resolution, training seconds; thor_bert's rows: the held-out masked-LM
+    accuracy and loss, and the target ``thor_bert.target_mlm_accuracy``) and the step-evaluation curves
+    (``CURVE_COLUMNS``: top-1/top-5, or masked-LM accuracy, on the step subset against training seconds).
     """
     context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
-    inputs = StudyInputs(context, baseline, thor, dim_reduce, adasum, boost)
+    language = prepare_language_model(thor_bert, runtime, distributed) if "thor_bert" in study.recipes else None
+    inputs = StudyInputs(context, baseline, thor, dim_reduce, adasum, boost, thor_bert, language)
+    targets = {VAL_STEP_TOP1: study.target_top1, VAL_STEP_MLM_ACCURACY: thor_bert.target_mlm_accuracy}
     plan = StudyPlan(
         study.recipes, study.seeds, study.epochs, study.eval_every_steps, Path(study.dir), study.adasum_workers
     )
     records = run_study(inputs, plan, tracking.StudyRuns())
     runs = [
         {"recipe": r["recipe"], "seed": r["seed"]}
-        | run_figures(r, study.target_top1)
+        | run_figures(r, targets[r.get("step_metric", VAL_STEP_TOP1)])
         | {
             "train_time_s": sum(row[TRAIN_EPOCH_TIME_S] for row in r["history"]),
             "steps_per_epoch": r["steps_per_epoch"],
@@ -88,8 +104,9 @@ def run_recipes(
             "seed": r["seed"],
             "step": row[STEP_KEY],
             "elapsed_s": row[TRAIN_ELAPSED_S],
-            "top1": row[VAL_STEP_TOP1],
-            "top5": row[VAL_STEP_TOP5],
+            "top1": row.get(VAL_STEP_TOP1),
+            "top5": row.get(VAL_STEP_TOP5),
+            "mlm_accuracy": row.get(VAL_STEP_MLM_ACCURACY),
         }
         for r in records
         for row in r["step_history"]
@@ -104,7 +121,10 @@ def summarise_study(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     summary = summarise(runs)
     paired = paired_differences(runs)
     metrics = {
-        f"study/{row['recipe']}/{measure}": row[measure] for _, row in summary.iterrows() for measure in MEASURES
+        f"study/{row['recipe']}/{measure}": row[measure]
+        for _, row in summary.iterrows()
+        for measure in MEASURES
+        if measure in row
     }
     metrics |= {
         f"study/{row['comparison'].replace(' vs ', '_vs_')}/{row['measure']}": row["mean"]
@@ -121,6 +141,7 @@ def _log_table(summary: pd.DataFrame, paired: pd.DataFrame) -> None:
         cells = [
             f"{m} {row[m]:.4g} [{row[f'{m}_ci_low']:.4g}, {row[f'{m}_ci_high']:.4g}] n={row[f'{m}_n']}"
             for m in MEASURES
+            if row.get(f"{m}_n", 0) > 0  # a recipe's own measures: top-1 or masked-LM accuracy
         ]
         lines.append(f"  {row['recipe']}: " + "; ".join(cells))
     for _, row in paired.iterrows():

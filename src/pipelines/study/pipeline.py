@@ -26,6 +26,7 @@ def create_pipeline(**kwargs) -> Pipeline:
                         "params:dim_reduce",
                         "params:adasum",
                         "params:boost",
+                        "params:thor_bert",
                         "params:study",
                     ],
                     ["runs", "curves"],

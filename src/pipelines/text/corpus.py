@@ -4,8 +4,10 @@ The corpus is the Python 3.11 documentation's reST sources as Debian's ``python3
 (``DEBIAN_SOURCE``). Each file is parsed by docutils; Sphinx's own roles and directives, which docutils does
 not know, are read as plain text (roles) or as reST content without their arguments (directives), and
 listing-like directives (toctree, index, grammar, doctest) are dropped. The prose of paragraph nodes outside
-code, tables, comments, substitution definitions and docutils' own messages is cut into sentences by NLTK's
-unsupervised Punkt, trained on the corpus's own paragraphs (no NLTK data download).
+code, tables, comments, substitution definitions and docutils' own messages (``read_sources``) is cut into
+sentences (``into_sentences``) by NLTK's unsupervised Punkt, trained on the train documents' own paragraphs
+(``fit_sentence_splitter``: no NLTK data download), after ``split_documents`` has set the held-out documents apart:
+nothing is fitted on held-out text.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import contextlib
 import hashlib
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import docutils.core
+import pandas as pd
 from docutils import nodes
 from docutils.parsers.rst import Directive, directives, roles
 from nltk.tokenize.punkt import PunktSentenceTokenizer, PunktTrainer
@@ -168,39 +172,60 @@ def _source_files(root: str | Path) -> list[Path]:
     return files
 
 
-def read_documents(root: str | Path) -> list[Document]:
-    """The documents under ``root`` (every ``*.rst.txt``, sorted by relative path) as prose sentences.
+@dataclass(frozen=True)
+class Source:
+    """A corpus file's prose paragraphs, before they are cut into sentences."""
 
-    Sentences are Punkt's cuts of each paragraph, stripped; only empty strings are dropped. Documents without a
-    sentence are left out (named in the debug log). Punkt learns its abbreviations and sentence starters from
-    the paragraphs of all the files read.
-    """
+    name: str  # path relative to the corpus root
+    paragraphs: tuple[str, ...]
+
+
+def read_sources(root: str | Path, *, limit: int | None) -> list[Source]:
+    """The prose paragraphs of every ``*.rst.txt`` under ``root`` (the first ``limit`` by relative path; None: all),
+    sorted by relative path."""
     root = Path(root)
-    files = _source_files(root)
+    files = _source_files(root)[:limit]
     with _sphinx_markup_as_text():
-        paragraphs = {path.relative_to(root).as_posix(): _paragraphs(path) for path in files}
+        return [Source(path.relative_to(root).as_posix(), tuple(_paragraphs(path))) for path in files]
+
+
+def fit_sentence_splitter(sources: Sequence[Source]) -> PunktSentenceTokenizer:
+    """Punkt trained on the paragraphs of ``sources`` (the train documents): its abbreviations, collocations and
+    sentence starters."""
     trainer = PunktTrainer()
-    for texts in paragraphs.values():
-        trainer.train("\n\n".join(texts), finalize=False)
+    for source in sources:
+        trainer.train("\n\n".join(source.paragraphs), finalize=False)
     trainer.finalize_training()
-    splitter = PunktSentenceTokenizer(trainer.get_params())
+    return PunktSentenceTokenizer(trainer.get_params())
+
+
+def into_sentences(sources: Sequence[Source], splitter: PunktSentenceTokenizer) -> list[Document]:
+    """``sources`` as documents of sentences (``splitter``'s cuts of each paragraph, stripped; only empty strings
+    dropped). Documents without a sentence are left out (named in the debug log)."""
     documents = []
-    for name, texts in paragraphs.items():
+    for source in sources:
         sentences = tuple(
-            sentence.strip() for text in texts for sentence in splitter.tokenize(text) if sentence.strip()
+            sentence.strip() for text in source.paragraphs for sentence in splitter.tokenize(text) if sentence.strip()
         )
         if sentences:
-            documents.append(Document(name=name, sentences=sentences))
+            documents.append(Document(name=source.name, sentences=sentences))
         else:
-            logger.debug("%s has no prose sentence: left out", name)
-    logger.info(
-        "Read %d documents (%d without prose left out), %d sentences from %s",
-        len(documents),
-        len(files) - len(documents),
-        sum(len(document.sentences) for document in documents),
-        root,
-    )
+            logger.debug("%s has no prose sentence: left out", source.name)
     return documents
+
+
+def documents_table(documents: Sequence[Document]) -> pd.DataFrame:
+    """One row per sentence: ``document`` (its name) and ``sentence``, in document order."""
+    rows = [(document.name, sentence) for document in documents for sentence in document.sentences]
+    return pd.DataFrame(rows, columns=["document", "sentence"])
+
+
+def documents_from_table(table: pd.DataFrame) -> list[Document]:
+    """The documents of a ``documents_table``, in their order."""
+    return [
+        Document(name=str(name), sentences=tuple(group["sentence"].astype(str)))
+        for name, group in table.groupby("document", sort=False)
+    ]
 
 
 def _rank(seed: int, name: str) -> bytes:
@@ -208,9 +233,12 @@ def _rank(seed: int, name: str) -> bytes:
     return hashlib.sha256(f"{seed}\0{name}".encode()).digest()
 
 
+Named = TypeVar("Named", Source, Document)
+
+
 def split_documents(
-    documents: list[Document], *, held_out_fraction: float, seed: int
-) -> tuple[list[Document], list[Document]]:
+    documents: Sequence[Named], *, held_out_fraction: float, seed: int
+) -> tuple[list[Named], list[Named]]:
     """Train and held-out documents: ``round(held_out_fraction * n)`` documents (at least one) held out, in an
     order that depends only on ``seed`` and the names; each side keeps the input order. Raises ``ValueError``
     when the fraction leaves either side empty."""

@@ -1,0 +1,183 @@
+"""Nodes of the ``thor_bert`` pipeline: the corpus, tokenizer and examples (``pipelines.text``), then THOR and the
+first-order baseline on BERT (``pipelines.recipes.thor_bert``). Each training logs into its own MLflow child run
+(``thor``, ``baseline``: ``thor_bert/thor``, ``thor_bert/baseline``); the comparison goes to the ``kedro run``'s run.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pandas as pd
+
+from pipelines import tracking
+from pipelines.distributed.launch import on_every_rank
+from pipelines.engine.checkpoint import Checkpoint
+from pipelines.metrics import history_table
+from pipelines.params import (
+    BertBaselineTraining,
+    BertCorpusParams,
+    BertExampleParams,
+    BertNetworkParams,
+    BertThorTraining,
+    BertTokenizerParams,
+    DistributedParams,
+    RuntimeParams,
+    ThorBertParams,
+)
+from pipelines.recipes import thor_bert as recipe
+from pipelines.text.corpus import documents_from_table, documents_table
+from pipelines.text.tokenizer import tokenizer_from_json, tokenizer_to_json
+
+logger = logging.getLogger(__name__)
+
+THOR_MINUS_BASELINE_MLM = "thor_bert/thor_minus_baseline_mlm_accuracy"
+
+
+def split_corpus(corpus: BertCorpusParams) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The corpus's sentences, one row per sentence (``document``, ``sentence``), train and held-out documents
+    apart."""
+    train_documents, held_out = recipe.split_corpus(corpus)
+    tracking.log_metrics(
+        {"thor_bert/train_documents": len(train_documents), "thor_bert/held_out_documents": len(held_out)}
+    )
+    return documents_table(train_documents), documents_table(held_out)
+
+
+def fit_tokenizer(train_documents: pd.DataFrame, tokenizer: BertTokenizerParams) -> str:
+    """A WordPiece tokenizer of the train documents, as its JSON (Hugging Face tokenizers' format)."""
+    fitted = recipe.fit_tokenizer(documents_from_table(train_documents), tokenizer)
+    tracking.log_metrics({"thor_bert/vocab_size": fitted.get_vocab_size()})
+    return tokenizer_to_json(fitted)
+
+
+def create_examples(
+    train_documents: pd.DataFrame, held_out_documents: pd.DataFrame, tokenizer: str, examples: BertExampleParams
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Masked-LM and next-sentence examples of the train and of the held-out documents."""
+    fitted = tokenizer_from_json(tokenizer)
+    train = recipe.pretraining_examples(documents_from_table(train_documents), fitted, examples)
+    held_out = recipe.pretraining_examples(documents_from_table(held_out_documents), fitted, examples)
+    tracking.log_metrics(
+        {"thor_bert/train_examples": len(train["input_ids"]), "thor_bert/held_out_examples": len(held_out["input_ids"])}
+    )
+    logger.info("thor_bert: %d train and %d held-out examples", len(train["input_ids"]), len(held_out["input_ids"]))
+    return train, held_out
+
+
+def build_network(network: BertNetworkParams, tokenizer: str, runtime: RuntimeParams) -> Checkpoint:
+    """Initial BERT weights (seeded by ``runtime.seed``), the vocabulary size the tokenizer's."""
+    return recipe.build_bert(network, tokenizer_from_json(tokenizer).get_vocab_size(), runtime)
+
+
+def _context(
+    train_examples: dict, held_out_examples: dict, tokenizer: str, thor_bert: ThorBertParams, runtime, distributed
+) -> recipe.LanguageModelContext:
+    return recipe.LanguageModelContext(
+        train_examples,
+        held_out_examples,
+        tokenizer_from_json(tokenizer).get_vocab_size(),
+        thor_bert.network,
+        thor_bert.eval_batch_size,
+        thor_bert.step_eval_examples,
+        runtime,
+        distributed,
+    )
+
+
+def train_thor(
+    initial_weights: Checkpoint,
+    train_examples: dict[str, np.ndarray],
+    held_out_examples: dict[str, np.ndarray],
+    tokenizer: str,
+    thor_bert: ThorBertParams,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
+) -> tuple[Checkpoint, pd.DataFrame]:
+    """THOR on BERT (every Dense layer preconditioned, then Momentum) in the child run ``thor``: the final
+    checkpoint and the per-epoch history. A rerun resumes from ``thor_bert.thor.checkpoint.dir``."""
+    context = _context(train_examples, held_out_examples, tokenizer, thor_bert, runtime, distributed)
+    return _train("thor", recipe.train_bert_thor, context, initial_weights, thor_bert.thor)
+
+
+def train_baseline(
+    initial_weights: Checkpoint,
+    train_examples: dict[str, np.ndarray],
+    held_out_examples: dict[str, np.ndarray],
+    tokenizer: str,
+    thor_bert: ThorBertParams,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
+) -> tuple[Checkpoint, pd.DataFrame]:
+    """The first-order baseline (AdamWeightDecay or Lamb) from the same initial weights, in the child run
+    ``baseline``. A rerun resumes from ``thor_bert.baseline.checkpoint.dir``."""
+    context = _context(train_examples, held_out_examples, tokenizer, thor_bert, runtime, distributed)
+    return _train("baseline", recipe.train_bert_baseline, context, initial_weights, thor_bert.baseline)
+
+
+def _train(
+    name: str, train, context, initial_weights: Checkpoint, section: BertThorTraining | BertBaselineTraining
+) -> tuple[Checkpoint, pd.DataFrame]:
+    with tracking.training_run(name, {f"thor_bert.{name}": section, "thor_bert.network": context.network}):
+        result = on_every_rank(train, context, initial_weights, section, callbacks=[tracking.EpochMetrics()])
+        tracking.log_metrics(result.summary)
+    return result.checkpoint, history_table(result.history)
+
+
+def _evaluate(name: str, checkpoint: Checkpoint, held_out_examples, tokenizer, thor_bert, runtime) -> dict:
+    context = _context({}, held_out_examples, tokenizer, thor_bert, runtime, None)
+    report = recipe.evaluate_bert(context, checkpoint, f"thor_bert {name}")
+    with tracking.training_run(name):
+        tracking.log_final(report)
+    return report
+
+
+def evaluate_thor(
+    checkpoint: Checkpoint,
+    held_out_examples: dict[str, np.ndarray],
+    tokenizer: str,
+    thor_bert: ThorBertParams,
+    runtime: RuntimeParams,
+) -> dict:
+    """Held-out masked-LM accuracy and loss of THOR's checkpoint, logged as ``final/…`` of its child run."""
+    return _evaluate("thor", checkpoint, held_out_examples, tokenizer, thor_bert, runtime)
+
+
+def evaluate_baseline(
+    checkpoint: Checkpoint,
+    held_out_examples: dict[str, np.ndarray],
+    tokenizer: str,
+    thor_bert: ThorBertParams,
+    runtime: RuntimeParams,
+) -> dict:
+    """Held-out masked-LM accuracy and loss of the baseline's checkpoint, logged as ``final/…`` of its child run."""
+    return _evaluate("baseline", checkpoint, held_out_examples, tokenizer, thor_bert, runtime)
+
+
+def compare(thor_report: dict, baseline_report: dict, thor_bert: ThorBertParams) -> pd.DataFrame:
+    """One row per training: held-out masked-LM accuracy and loss, next-sentence accuracy, epochs, and the
+    difference to the baseline; prints both accuracies."""
+    reports = {"thor": thor_report, "baseline": baseline_report}
+    budgets = {"thor": thor_bert.thor.epochs, "baseline": thor_bert.baseline.epochs}
+    table = pd.DataFrame(
+        [
+            {"training": name, "epochs": budgets[name]}
+            | {key: report[key] for key in ("mlm_accuracy", "mlm_loss", "nsp_accuracy", "examples")}
+            for name, report in reports.items()
+        ]
+    )
+    table["mlm_accuracy_minus_baseline"] = table["mlm_accuracy"] - baseline_report["mlm_accuracy"]
+    gain = thor_report["mlm_accuracy"] - baseline_report["mlm_accuracy"]
+    tracking.log_metrics({THOR_MINUS_BASELINE_MLM: gain})
+    logger.info(
+        "thor_bert: held-out masked-LM accuracy THOR %.2f%% (%d epochs), %s baseline %.2f%% (%d epochs); "
+        "THOR - baseline %+.2f points, on %d held-out examples",
+        100 * thor_report["mlm_accuracy"],
+        budgets["thor"],
+        thor_bert.baseline.optimizer,
+        100 * baseline_report["mlm_accuracy"],
+        budgets["baseline"],
+        100 * gain,
+        thor_report["examples"],
+    )
+    return table
