@@ -148,3 +148,14 @@ def test_dataset_factories_give_each_recipe_its_files_and_artifacts(catalog, nam
     dataset = catalog.get(name)
     assert Path(dataset._describe()["filepath"]).as_posix().endswith(file)
     assert dataset.metadata.get("mlflow_artifact") == artifact
+
+
+def test_corpus_sentences_survive_the_catalog_round_trip(catalog, tmp_path):
+    """Sentences pandas would read as missing values or numbers come back as the text they are."""
+    from pipelines.text.corpus import Document, documents_from_table, documents_table
+
+    documents = [Document("a.rst.txt", ("NaN", "None", "1.0", "null", "")), Document("b.rst.txt", ("Plain text.",))]
+    dataset = catalog.get("thor_bert.corpus.train_documents")
+    dataset._filepath = tmp_path / "train_documents.csv"  # the catalog's dataset, pointed at a temporary file
+    dataset.save(documents_table(documents))
+    assert documents_from_table(dataset.load()) == documents
