@@ -157,3 +157,26 @@ def test_everything_a_rehearsal_writes_lies_under_its_own_folder():
     assert relocated("data/06_models/baseline/epochs", "ascend") == "data/fast_dev_run/ascend/06_models/baseline/epochs"
     assert relocated("data/07_model_output/study", "gpu") == "data/fast_dev_run/gpu/07_model_output/study"
     assert relocated("checkpoints/mine", "base") == "data/fast_dev_run/base/checkpoints/mine"
+
+
+def test_a_run_that_may_train_thor_starts_only_the_workers_memory_takes():
+    extra = {"runtime": {"fast_dev_run": True}, "data": {"root": "/local/tree"}}
+
+    def workers(memory_gb, pipelines):
+        found = fast_dev_run_overrides(
+            merged_params("ascend", extra),
+            env="ascend",
+            cpu_workers=2,
+            memory_gb=memory_gb,
+            pipelines=pipelines,
+            default_data=DEFAULT_DATA,
+            classes_in=lambda root, train: 3,
+            default_classes=10,
+        )
+        return found.values["distributed.worker_num"]
+
+    assert workers(23, ["baseline", "adasum", "dim_reduce"]) == 2
+    assert workers(23, ["thor"]) == 1  # ResNet-50 THOR: 12.8 GB a worker
+    assert workers(23, ["study"]) == 1  # study.recipes has thor
+    assert workers(23, None) == 1
+    assert workers(64, ["thor"]) == 2

@@ -21,7 +21,7 @@ parameters before validation, so the nodes see the substituted values.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
@@ -31,6 +31,11 @@ TAG = "fast_dev_run"
 BATCH_PER_WORKER = 2  # images per worker and step in every training
 STEPS_PER_EPOCH = 3  # at least: THOR's second-order and reuse steps both run, dim_reduce keeps enough weights
 EVAL_IMAGES = 4  # data.step_eval_images and the evaluation batch
+# Memory one msrun worker of a training takes at its peak (GB): THOR's of ResNet-50 measured at 12.8 GB on CPU (about
+# the same at 112 px: its graphs, not the images), the first-order trainings' well below; THOR_MEMORY_GB bounds the
+# workers of a run that may train THOR, so two THOR workers are not started on a machine with less than 26 GB.
+THOR_MEMORY_GB = 13
+WORKER_MEMORY_GB = 6
 ROOT = "data/fast_dev_run"  # everything a rehearsal writes: data/fast_dev_run/<env>/06_models/…
 
 
@@ -148,6 +153,11 @@ def _study(section: Mapping, plan: Plan) -> dict:
     }
 
 
+def _thor_bert(section: Mapping, plan: Plan) -> dict:
+    # Only what CPU requires so far; the thor_bert pipeline is not rehearsed yet (its budget rules belong here).
+    return {"baseline.optimizer": "adamweightdecay"} if section.get("baseline", {}).get("optimizer") == "lamb" else {}
+
+
 def _tracking(section: Mapping, plan: Plan) -> dict:
     return {"artifact_max_mb": 0}  # checkpoints and reports stay on disk: nothing is stored as a result
 
@@ -162,6 +172,7 @@ SECTION_RULES: dict[str, Rule] = {
     "thor": _thor,
     "dim_reduce": _dim_reduce,
     "study": _study,
+    "thor_bert": _thor_bert,
     "tracking": _tracking,
 }
 
@@ -218,19 +229,27 @@ def fast_dev_run_overrides(
     *,
     env: str,
     cpu_workers: int,
+    memory_gb: float = math.inf,
+    pipelines: Collection[str] | None = None,
     default_data: Mapping[str, Any],
     classes_in: Callable[[str, str], int | None],
     default_classes: int,
 ) -> Substitutions:
     """The substitutions that rehearse ``raw_params`` (an environment's merged configuration) on this CPU machine.
 
-    ``cpu_workers``: the machine's cores (msrun workers at most). ``default_data``: the CPU default tree's
+    ``cpu_workers``: the machine's cores; ``memory_gb`` its memory; msrun workers: as many as both take (at least 2
+    where the environment has several and memory allows), fewer where ``pipelines`` (the run's, ``None``: unknown)
+    may train THOR (``THOR_MEMORY_GB`` each). ``default_data``: the CPU default tree's
     ``source``, ``root`` and ``split_dirs`` (conf/base's data section), used when ``data.root`` does not exist.
     ``classes_in(root, train_dir)``: the class folders of a tree's train split, ``None`` when ``root`` does not
     exist; ``default_classes``: the default tree's classes before it is written out.
     """
     workers_in_env = raw_params["distributed"]["worker_num"]
+    study_thor = any(r.startswith("thor") for r in raw_params.get("study", {}).get("recipes", []))
+    thor_may_run = pipelines is None or "thor" in pipelines or ("study" in pipelines and study_thor)
+    fit = int(min(memory_gb / (THOR_MEMORY_GB if thor_may_run else WORKER_MEMORY_GB), 1 << 16))
     workers = 1 if workers_in_env == 1 else _power_of_two_at_most(max(2, min(workers_in_env, cpu_workers)))
+    workers = max(1, min(workers, _power_of_two_at_most(fit)))
     study_adasum = raw_params.get("study", {}).get("adasum_workers", 2)
     plan = Plan(
         env=env,

@@ -138,6 +138,8 @@ def rehearse_on_cpu(context, env: str, raw_params: dict) -> fast_dev_run.Substit
         raw_params,
         env=env,
         cpu_workers=len(os.sched_getaffinity(0)),
+        memory_gb=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9,
+        pipelines=requested_pipelines(),
         default_data=default_data,
         classes_in=classes_in,
         default_classes=len(DEFAULT_TREE_CLASSES),
@@ -180,6 +182,17 @@ def invoked_command() -> str | None:
         return None
     program = "kedro" if context.parent is not None else "python -m pipelines"
     return shlex.join([program, *sys.argv[1:]])
+
+
+def requested_pipelines() -> list[str] | None:
+    """The pipelines ``kedro run`` was asked for (``--pipelines``, ``--pipeline``), or ``None`` when it names none
+    (its node filters may pick any pipeline) or runs outside a command line."""
+    context = click.get_current_context(silent=True)
+    names = context and (context.params.get("pipelines") or context.params.get("pipeline"))
+    if not names:
+        return None
+    names = names if isinstance(names, list | tuple) else str(names).split(",")
+    return [name.strip() for name in names]
 
 
 def runner_name(described: str) -> str:
