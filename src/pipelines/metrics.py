@@ -17,6 +17,7 @@ TRAIN_LOSS = "train/loss"  # mean training loss over the epoch
 TRAIN_LR = "train/lr"  # learning rate of the epoch's last step
 TRAIN_IMAGES_PER_S = "train/images_per_s"  # all ranks together
 TRAIN_SEQUENCES_PER_S = "train/sequences_per_s"  # a language model's throughput in place of images/s
+THROUGHPUT_UNITS = {TRAIN_IMAGES_PER_S: "img", TRAIN_SEQUENCES_PER_S: "seq"}  # as the progress line shows them
 TRAIN_EPOCH_TIME_S = "train/epoch_time_s"  # training only: evaluations and graph compilations excluded
 # seconds of the epoch's steps that compiled a graph (a cell's first call in GRAPH mode: seconds on CPU, a fixed
 # cost that a short run would otherwise charge to its optimizer), logged apart from the training time

@@ -46,7 +46,7 @@ from pipelines.engine.resume import CHECKPOINT_DIR_KEY, CHECKPOINT_PREFIX, KEEP_
 from pipelines.engine.state import HISTORY_KEY, encode_history, history_of
 from pipelines.engine.step import TrainStep
 from pipelines.images.folder import dataset_figures
-from pipelines.metrics import REPLICA_DIVERGENCE
+from pipelines.metrics import REPLICA_DIVERGENCE, THROUGHPUT_UNITS
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +157,8 @@ def train(
             state[STEP_HISTORY_KEY] = encode_history(step_history)
         return Checkpoint(step.capture(), state)
 
-    chosen: list[Callback] = [ProgressReporter(spec.batch_size), ConstantFigures(dataset_figures(dataset)), *callbacks]
+    progress = ProgressReporter(spec.batch_size, THROUGHPUT_UNITS[spec.throughput_key])
+    chosen: list[Callback] = [progress, ConstantFigures(dataset_figures(dataset)), *callbacks]
     if checkpoints is not None and rank_context().is_node_leader:  # the other ranks hold the same state
         chosen.append(
             PeriodicCheckpoint(capture, checkpoints.directory, checkpoints.every_epochs, checkpoints.keep_last)

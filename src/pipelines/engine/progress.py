@@ -61,12 +61,16 @@ def _format_seconds(seconds: float) -> str:
 
 
 class ProgressReporter(Callback):
-    """Training callback that shows steps, images/s and ETA for the epoch and the whole run."""
+    """Training callback that shows steps, examples/s (``unit``: ``img``, ``seq``) and ETA for the epoch and the whole
+    run."""
 
-    def __init__(self, batch_size: int, log_every_fraction: float = 0.25, console: Console | None = None):
+    def __init__(
+        self, batch_size: int, unit: str = "img", log_every_fraction: float = 0.25, console: Console | None = None
+    ):
         from rich import get_console
 
         self.batch_size = batch_size
+        self.unit = unit
         self.log_every_fraction = log_every_fraction
         self.console = console or get_console()
         self.live = self.console.is_terminal
@@ -83,7 +87,7 @@ class ProgressReporter(Callback):
                 TextColumn("[bold]{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn("{task.fields[rate]:>8.1f} img/s  loss {task.fields[loss]:.4f}"),
+                TextColumn("{task.fields[rate]:>8.1f} " + self.unit + "/s  loss {task.fields[loss]:.4f}"),
                 TimeElapsedColumn(),
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
@@ -116,7 +120,7 @@ class ProgressReporter(Callback):
             run_elapsed = time.perf_counter() - self.run_start
             eta = run_elapsed / self.steps_done_in_run * (self.steps_left_in_run - self.steps_done_in_run)
             logger.info(
-                "epoch %d/%d step %d/%d loss %.4f %.1f img/s ETA epoch %s run %s",
+                "epoch %d/%d step %d/%d loss %.4f %.1f " + self.unit + "/s ETA epoch %s run %s",
                 epoch + 1,
                 self.total_epochs,
                 step + 1,
