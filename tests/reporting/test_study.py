@@ -84,3 +84,18 @@ def test_summary_and_paired_differences():
     difference = paired.loc["final_top1_difference"]
     assert difference["mean"] == pytest.approx(np.mean([0.03, 0.02, 0.04]))
     assert difference["ci_low"] < difference["mean"] < difference["ci_high"]
+
+
+def test_run_figures_of_an_image_recipe_have_no_masked_lm_figures():
+    from pipelines.metrics import STEP_KEY, TRAIN_ELAPSED_S, VAL_STEP_TOP1
+    from pipelines.reporting.study import run_figures
+
+    record = {
+        "final_top1": 0.5,
+        "final_top5": 0.9,
+        "steps_per_epoch": 3,
+        "step_history": [{STEP_KEY: 2, TRAIN_ELAPSED_S: 1.0, VAL_STEP_TOP1: 0.6}],
+    }
+    figures = run_figures(record, 0.55)
+    assert figures["final_top1"] == 0.5 and math.isnan(figures["final_mlm_accuracy"])
+    assert figures["steps_to_target"] == 2

@@ -75,7 +75,8 @@ def run_figures(record: Mapping, target: float) -> dict[str, float]:
     ``step_metric``, the step-evaluation key the target is read on): the final figures, time, steps and epochs to
     ``target`` (NaN when never reached)."""
     crossing = first_crossing(record["step_history"], target, record.get("step_metric", VAL_STEP_TOP1))
-    finals = {measure: float(record[measure]) for measure in MEASURES if measure.startswith("final_")}
+    # an image recipe has no masked-LM figures and a language model no top-1: NaN, which the statistics skip
+    finals = {measure: float(record.get(measure, math.nan)) for measure in MEASURES if measure.startswith("final_")}
     return finals | {
         "time_to_target_s": math.nan if crossing is None else float(crossing[TRAIN_ELAPSED_S]),
         "steps_to_target": math.nan if crossing is None else float(crossing[STEP_KEY]),
