@@ -180,3 +180,31 @@ def test_a_run_that_may_train_thor_starts_only_the_workers_memory_takes():
     assert workers(23, ["study"]) == 1  # study.recipes has thor
     assert workers(23, None) == 1
     assert workers(64, ["thor"]) == 2
+
+
+@pytest.mark.parametrize("env", ["base", "ascend", "gpu"])
+def test_thor_bert_keeps_the_envs_bert_on_a_few_documents(env):
+    extra = {"runtime": {"fast_dev_run": True}}
+    substitutions = overrides(env, extra=extra)
+    params = validate_parameters(_merge(merged_params(env, extra), substitutions.nested()))
+    configured = validate_parameters(merged_params(env)).thor_bert
+    bert = params.thor_bert
+    assert bert.network == configured.network and bert.examples == configured.examples  # the env's BERT, as set
+    assert bert.corpus.max_documents == 4 and bert.thor.frequency == 2
+    assert bert.baseline.optimizer == "adamweightdecay"  # Lamb has no CPU kernel (ascend and gpu configure it)
+    for training in (bert.thor, bert.baseline):
+        assert training.epochs == 1 and training.batch_size == 2
+        assert training.checkpoint.dir.startswith(f"data/fast_dev_run/{env}/")
+    assert bert.thor.lr == configured.thor.lr and bert.baseline.lr == configured.baseline.lr  # schedule shapes kept
+    # a run of thor_bert may train THOR: the workers are bounded by THOR's memory, as for thor
+    small = fast_dev_run_overrides(
+        merged_params("ascend", extra),
+        env="ascend",
+        cpu_workers=8,
+        memory_gb=23,
+        pipelines=["thor_bert"],
+        default_data=DEFAULT_DATA,
+        classes_in=lambda root, train: None,
+        default_classes=10,
+    )
+    assert small.values["distributed.worker_num"] == 1

@@ -153,16 +153,31 @@ def _study(section: Mapping, plan: Plan) -> dict:
     }
 
 
+BERT_DOCUMENTS = 4  # corpus documents a rehearsal reads: examples for a few steps of the env's sequence length
+
+
 def _thor_bert(section: Mapping, plan: Plan) -> dict:
-    # Only what CPU requires so far; the thor_bert pipeline is not rehearsed yet (its budget rules belong here).
-    return {"baseline.optimizer": "adamweightdecay"} if section.get("baseline", {}).get("optimizer") == "lamb" else {}
+    """The env's BERT (network, sequence length, schedules' shape, THOR and baseline settings) on the first few
+    documents for one epoch of a few steps; Lamb, which MindSpore runs on Ascend and GPU only, becomes the script's
+    AdamWeightDecay."""
+    values = {
+        "corpus.max_documents": BERT_DOCUMENTS,
+        "eval_batch_size": BATCH_PER_WORKER,
+        "step_eval_examples": EVAL_IMAGES,
+        "thor.frequency": 2,  # a second-order step, then a step reusing its inverses
+    }
+    for training in ("thor", "baseline"):
+        values |= {f"{training}.{k}": v for k, v in _training(section[training], plan).items()}
+    if section["baseline"]["optimizer"] == "lamb":
+        values["baseline.optimizer"] = "adamweightdecay"
+    return values
 
 
 def _tracking(section: Mapping, plan: Plan) -> dict:
     return {"artifact_max_mb": 0}  # checkpoints and reports stay on disk: nothing is stored as a result
 
 
-# section -> its rule. Add a section's rules here, e.g. "thor_bert": _thor_bert (a function like _thor).
+# section -> its rule. A new section adds its rule here.
 SECTION_RULES: dict[str, Rule] = {
     "runtime": _runtime,
     "distributed": _distributed,
@@ -246,7 +261,11 @@ def fast_dev_run_overrides(
     """
     workers_in_env = raw_params["distributed"]["worker_num"]
     study_thor = any(r.startswith("thor") for r in raw_params.get("study", {}).get("recipes", []))
-    thor_may_run = pipelines is None or "thor" in pipelines or ("study" in pipelines and study_thor)
+    thor_may_run = (
+        pipelines is None
+        or any(name.startswith("thor") for name in pipelines)  # thor, thor_bert
+        or ("study" in pipelines and study_thor)
+    )
     fit = int(min(memory_gb / (THOR_MEMORY_GB if thor_may_run else WORKER_MEMORY_GB), 1 << 16))
     workers = 1 if workers_in_env == 1 else _power_of_two_at_most(max(2, min(workers_in_env, cpu_workers)))
     workers = max(1, min(workers, _power_of_two_at_most(fit)))
