@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import io
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from kedro.io import AbstractDataset, DatasetError
 
-from pipelines.engine.checkpoint import atomic_path, remove_abandoned_temporaries
+from pipelines.engine.checkpoint import remove_abandoned_temporaries, write_atomically
 
 
 class NpzArraysDataset(AbstractDataset[dict[str, np.ndarray], dict[str, np.ndarray]]):
@@ -41,13 +41,9 @@ class NpzArraysDataset(AbstractDataset[dict[str, np.ndarray], dict[str, np.ndarr
     def save(self, data: dict[str, np.ndarray]) -> None:
         self._filepath.parent.mkdir(parents=True, exist_ok=True)
         remove_abandoned_temporaries(self._filepath.parent)
-        tmp = atomic_path(self._filepath)
-        try:
-            with open(tmp, "wb") as handle:
-                np.savez(handle, **data)
-            os.replace(tmp, self._filepath)
-        finally:
-            tmp.unlink(missing_ok=True)
+        buffer = io.BytesIO()
+        np.savez(buffer, **data)
+        write_atomically(self._filepath, buffer.getvalue())
 
     def _exists(self) -> bool:
         return self._filepath.is_file()
