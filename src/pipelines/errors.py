@@ -39,6 +39,7 @@ ADVICE: dict[str, Advice] = {
         "trainings resume from their last checkpoint."
     ),
     "NonFiniteLossError": None,
+    "ThorInverseError": None,
     "OwnProcessError": None,
     "NoRunsError": None,
     "DatasetError": lambda message: (

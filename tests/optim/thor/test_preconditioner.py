@@ -20,7 +20,7 @@ from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.schedules import thor_damping, thor_lr
 from pipelines.optim.thor.capture import CapturedLayer
 from pipelines.optim.thor.linalg import apply_left, apply_right, block_inverse, blocks_to_dense
-from pipelines.optim.thor.step import create_thor_step
+from pipelines.optim.thor.step import ThorInverseError, create_thor_step
 from pipelines.recipes.thor import OwnThorStep
 from tests.support.thor import C_OUT, NAMES, POSITIONS, RECIPE, TinyNet, batch, make_thor, params_of, run
 
@@ -326,6 +326,13 @@ def test_a_step_past_the_lr_schedule_is_refused():
     run(thor, *batch(0))
     with pytest.raises(ValueError, match=r"THOR step 2 is past the end of its lr schedule \(1 steps\)"):
         run(thor, *batch(1))
+
+
+def test_a_statistic_cholesky_cannot_invert_is_named_with_the_damping():
+    thor = make_thor(TinyNet(), damping=0.0)  # A of an all-zero input is the zero matrix: not positive definite
+    x, y = batch(0)
+    with pytest.raises(ThorInverseError, match=r"THOR step 1: .* not positive definite .* \(damping 0\)"):
+        run(thor, np.zeros_like(x), y)
 
 
 def test_trace_rule_refreshes_on_changing_statistics():

@@ -55,6 +55,10 @@ class _PreconditionedUpdate(nn.Cell):
         return self.optimizer(self.precondition(grads, damping))
 
 
+class ThorInverseError(FloatingPointError):
+    """A damped A or G factor that Cholesky cannot invert: damping too small for float32, or statistics overflowed."""
+
+
 class ThorStep:
     """THOR training step ``(*batch) -> loss``: gradients, ``preconditioner``, then ``optimizer``.
 
@@ -118,13 +122,22 @@ class ThorStep:
             return self._first_order(*batch)
         second_order = preconditioner.second_order_now()
         damping = ms.Tensor(preconditioner.damping, ms.float32)
-        if second_order and preconditioner.trace_rule is not None:
-            return self._trace_rule_step(damping, *batch)
-        preconditioner.capture(second_order)
         try:
-            loss = (self._second_order if second_order else self._reuse)(damping, *batch)
-        finally:
-            preconditioner.capture(False)
+            if second_order and preconditioner.trace_rule is not None:
+                return self._trace_rule_step(damping, *batch)
+            preconditioner.capture(second_order)
+            try:
+                loss = (self._second_order if second_order else self._reuse)(damping, *batch)
+            finally:
+                preconditioner.capture(False)
+        except RuntimeError as error:
+            if "Cholesky" not in str(error):
+                raise
+            raise ThorInverseError(
+                f"THOR step {steps + 1}: a layer's damped statistic is not positive definite in float32 (damping "
+                f"{preconditioner.damping:.3g}); the damping is too small for these statistics, or they overflowed. "
+                "Raise the damping (its minimum, or its schedule's total steps), or lower the learning rate."
+            ) from None
         preconditioner.count_step(second_order)
         return loss
 
