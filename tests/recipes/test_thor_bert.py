@@ -44,6 +44,7 @@ def without_timings(history):
     ]
 
 
+@pytest.mark.slow  # six trainings (about 45 s): the slow tier's
 @pytest.mark.parametrize(("training", "train"), [("thor", train_bert_thor), ("baseline", train_bert_baseline)])
 def test_an_interrupted_training_resumes_to_the_uninterrupted_history(language, tmp_path, training, train):
     thor_bert, context = language
