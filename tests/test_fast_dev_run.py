@@ -208,3 +208,22 @@ def test_thor_bert_keeps_the_envs_bert_on_a_few_documents(env):
         default_classes=10,
     )
     assert small.values["distributed.worker_num"] == 1
+
+
+def test_a_run_with_one_worker_reads_images_for_three_steps_not_for_the_studys_adasum_ranks():
+    extra = {"runtime": {"fast_dev_run": True}, "data": {"root": "/local/tree"}}
+
+    def per_class(pipelines, recipes):
+        return fast_dev_run_overrides(
+            merged_params("ascend", {**extra, "study": {"recipes": recipes}}),
+            env="ascend",
+            cpu_workers=2,
+            memory_gb=23,
+            pipelines=pipelines,
+            default_data=DEFAULT_DATA,
+            classes_in=lambda root, train: 3,
+            default_classes=10,
+        ).values["data.max_per_class.train"]
+
+    assert per_class(["thor"], ["baseline", "thor"]) * 3 == 3 * 1 * 2  # 3 steps x 1 worker x batch 2
+    assert per_class(["study"], ["adasum"]) * 3 == 3 * 2 * 2  # the study's adasum trains on 2 ranks

@@ -297,7 +297,10 @@ def fast_dev_run_overrides(
     elif data["source"] != "folder" and data["root"] != default_data["root"]:
         wanted["data.source"] = "folder"  # a tree of the user's, read as it is
     # enough images for STEPS_PER_EPOCH steps of every training, on the most ranks any of them uses
-    ranks = max(plan.workers, plan.adasum_workers if "study" in raw_params else 1)
+    study_adasum_runs = (pipelines is None or "study" in pipelines) and "adasum" in raw_params.get("study", {}).get(
+        "recipes", []
+    )
+    ranks = max(plan.workers, plan.adasum_workers if study_adasum_runs else 1)
     per_class = max(1, math.ceil(STEPS_PER_EPOCH * ranks * BATCH_PER_WORKER / max(classes, 1)))
     wanted["data.max_per_class.train"] = per_class
     wanted["data.max_per_class.val"] = max(1, math.ceil(EVAL_IMAGES / max(classes, 1)))
