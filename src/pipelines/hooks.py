@@ -24,6 +24,7 @@ from pipelines.engine.resume import remove_finished_checkpoints
 from pipelines.engine.runtime import DeviceUnavailableError, require_device
 from pipelines.errors import NODE_NOTE, Failure
 from pipelines.images.fashion_mnist import CLASS_NAMES as DEFAULT_TREE_CLASSES
+from pipelines.metrics import VAL_MLM_ACCURACY, VAL_TOP1
 from pipelines.params import ParameterError, validate_parameters
 from pipelines.tracking import (
     DESCRIPTION_TAG,
@@ -47,6 +48,8 @@ from pipelines.tracking import (
 )
 
 logger = logging.getLogger(__name__)
+
+COMPARED_METRICS = (VAL_TOP1, VAL_MLM_ACCURACY)  # the chart a run's closing link opens on, the first its runs logged
 
 
 def _git_commit(project_path: Path) -> str:
@@ -354,10 +357,15 @@ class ProjectHooks:
         base = ui_base_url(current_tracking_uri(), getattr(ui, "host", "127.0.0.1"), getattr(ui, "port", 5000))
         local = "" if base_is_server(current_tracking_uri()) else " (start `mlflow ui` first, README)"
         experiment_id = experiment_of(self._run_id)
-        compared = runs_to_compare(self._run_id)
+        # the image recipes' top-1, else a language model's masked-LM accuracy (thor_bert)
+        metric, compared = next(
+            ((metric, runs) for metric in COMPARED_METRICS if (runs := runs_to_compare(self._run_id, metric))),
+            (None, []),
+        )
         # printed, not logged: the console's log handler wraps lines at its width and would break the links
         if compared:
-            click.echo(f"MLflow: compare the runs at {comparison_url(base, experiment_id, compared)}{local}")
+            url = comparison_url(base, experiment_id, compared, metric)
+            click.echo(f"MLflow: compare the runs at {url}{local}")
         click.echo(f"MLflow: the runs table is {runs_page_url(base, experiment_id)}")
 
     def _restore_handlers(self) -> None:
