@@ -152,6 +152,8 @@ def _log_table(summary: pd.DataFrame, paired: pd.DataFrame) -> None:
     logger.info("\n".join(lines))
 
 
-def plot_study(curves: pd.DataFrame, study: StudyParams) -> Figure:
-    """Top-1 on the step subset against training time, per result row: seeds, mean and 95 % band."""
-    return curves_figure(curves, study.target_top1)
+def plot_study(curves: pd.DataFrame, study: StudyParams, thor_bert: ThorBertParams) -> Figure:
+    """Top-1 (thor_bert's rows: held-out masked-LM accuracy) on the step subset against training time, per result
+    row: seeds, mean and 95 % band; the target line is top-1's, or the masked-LM one in a study of thor_bert only."""
+    language_only = curves["top1"].isna().all() and curves["mlm_accuracy"].notna().any()
+    return curves_figure(curves, thor_bert.target_mlm_accuracy if language_only else study.target_top1)

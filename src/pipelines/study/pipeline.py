@@ -33,7 +33,7 @@ def create_pipeline(**kwargs) -> Pipeline:
                     name="run",
                 ),
                 node(summarise_study, "runs", ["summary", "paired"], name="summarise"),
-                node(plot_study, ["curves", "params:study"], "top1_vs_time_plot", name="plot"),
+                node(plot_study, ["curves", "params:study", "params:thor_bert"], "top1_vs_time_plot", name="plot"),
             ]
         ),
         "study",
