@@ -50,6 +50,9 @@ def require_device(device_target: str, env: str | None = None) -> None:
         )
 
 
+MAX_CALL_DEPTH = 10000
+
+
 def configure_mindspore(device_target: str = "CPU", mode: str = "graph", seed: int = 0) -> None:
     """Select the device, execution mode and global seed for this process."""
     import mindspore as ms
@@ -59,5 +62,7 @@ def configure_mindspore(device_target: str = "CPU", mode: str = "graph", seed: i
     require_device(device_target)
     if rank_context().size == 1:  # an msrun worker chose its device before init(); it cannot change
         ms.set_device(device_target)
-    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    # THOR's graphs loop over every preconditioned layer: BERT-large's 147 Dense layers pass MindSpore's default
+    # limit of 1,000 nested calls when the graph is compiled ("Exceed function call depth limit 1000")
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE, max_call_depth=MAX_CALL_DEPTH)
     ms.set_seed(seed)
