@@ -21,8 +21,8 @@ from tests.support.projects import kedro, make_project, runs
 from tests.support.trees import write_image_tree
 
 TOGETHER = ("baseline,adasum,dim_reduce", "thor", "study")
-# thor_bert rehearses each environment's BERT; BERT-base and BERT-large take minutes a step on these 2 cores (README:
-# about 7 and ... minutes), so the slow tier runs base's and the README gives the other two's measured runs
+# thor_bert rehearses each environment's BERT: BERT-base's and BERT-large's THOR exceed this machine's 23 GB (README,
+# "Rehearse a target on CPU"), so the slow tier rehearses base's
 BERT_ENVS = ("base",)
 
 
