@@ -20,6 +20,7 @@ from pipelines.models.bert import (
 )
 from pipelines.models.resnet import count_parameters
 from pipelines.optim.thor.capture import set_capture, wrap_layers
+from pipelines.text.examples import COLUMNS
 
 TINY = BertConfig(
     vocab_size=60,
@@ -34,15 +35,6 @@ TINY = BertConfig(
     initializer_range=0.02,
 )
 BATCH, SEQ, PREDICTIONS = 4, 16, 3
-COLUMNS = (
-    "input_ids",
-    "input_mask",
-    "token_type_ids",
-    "next_sentence_labels",
-    "masked_lm_positions",
-    "masked_lm_ids",
-    "masked_lm_weights",
-)
 
 
 def decays(param) -> bool:

@@ -22,6 +22,7 @@ from pipelines.models.bert import BertConfig, BertNetworkWithLoss, create_bert
 from pipelines.optim.gradients import UnscaledGradients
 from pipelines.optim.momentum import decays_unless_layernorm_or_bias
 from pipelines.optim.thor.step import create_thor_step
+from pipelines.text.examples import COLUMNS
 from tests.support.bert_kfac import dense_names, forward_backward
 
 CONFIG = BertConfig(
@@ -37,15 +38,6 @@ CONFIG = BertConfig(
     initializer_range=0.02,  # replaced by set_weights
 )
 BATCH, SEQ, PREDICTIONS = 4, 8, 3
-COLUMNS = (
-    "input_ids",
-    "input_mask",
-    "token_type_ids",
-    "next_sentence_labels",
-    "masked_lm_positions",
-    "masked_lm_ids",
-    "masked_lm_weights",
-)
 LR, DAMPING, MOMENTUM, WEIGHT_DECAY, LOSS_SCALE = 0.1, 0.03, 0.9, 1e-3, 8.0
 RECIPE = {
     "momentum": MOMENTUM,
