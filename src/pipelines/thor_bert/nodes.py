@@ -23,7 +23,6 @@ from pipelines.params import (
     BertTokenizerParams,
     DistributedParams,
     RuntimeParams,
-    ThorBertParams,
 )
 from pipelines.recipes import thor_bert as recipe
 from pipelines.text.corpus import documents_from_table, documents_table
@@ -71,15 +70,23 @@ def build_network(network: BertNetworkParams, tokenizer: str, runtime: RuntimePa
 
 
 def _context(
-    train_examples: dict, held_out_examples: dict, tokenizer: str, thor_bert: ThorBertParams, runtime, distributed
+    train_examples: dict,
+    held_out_examples: dict,
+    tokenizer: str,
+    network: BertNetworkParams,
+    eval_batch_size: int,
+    step_eval_examples: int | None,
+    runtime: RuntimeParams,
+    distributed: DistributedParams | None,
 ) -> recipe.LanguageModelContext:
+    vocab_size = tokenizer_from_json(tokenizer).get_vocab_size()
     return recipe.LanguageModelContext(
         train_examples,
         held_out_examples,
-        tokenizer_from_json(tokenizer).get_vocab_size(),
-        thor_bert.network,
-        thor_bert.eval_batch_size,
-        thor_bert.step_eval_examples,
+        vocab_size,
+        network,
+        eval_batch_size,
+        step_eval_examples,
         runtime,
         distributed,
     )
@@ -90,14 +97,19 @@ def train_thor(
     train_examples: dict[str, np.ndarray],
     held_out_examples: dict[str, np.ndarray],
     tokenizer: str,
-    thor_bert: ThorBertParams,
+    network: BertNetworkParams,
+    eval_batch_size: int,
+    step_eval_examples: int | None,
+    thor: BertThorTraining,
     runtime: RuntimeParams,
     distributed: DistributedParams,
 ) -> tuple[Checkpoint, pd.DataFrame]:
     """THOR on BERT (every Dense layer preconditioned, then Momentum) in the child run ``thor``: the final
     checkpoint and the per-epoch history. A rerun resumes from ``thor_bert.thor.checkpoint.dir``."""
-    context = _context(train_examples, held_out_examples, tokenizer, thor_bert, runtime, distributed)
-    return _train("thor", recipe.train_bert_thor, context, initial_weights, thor_bert.thor)
+    context = _context(
+        train_examples, held_out_examples, tokenizer, network, eval_batch_size, step_eval_examples, runtime, distributed
+    )
+    return _train("thor", recipe.train_bert_thor, context, initial_weights, thor)
 
 
 def train_baseline(
@@ -105,14 +117,19 @@ def train_baseline(
     train_examples: dict[str, np.ndarray],
     held_out_examples: dict[str, np.ndarray],
     tokenizer: str,
-    thor_bert: ThorBertParams,
+    network: BertNetworkParams,
+    eval_batch_size: int,
+    step_eval_examples: int | None,
+    baseline: BertBaselineTraining,
     runtime: RuntimeParams,
     distributed: DistributedParams,
 ) -> tuple[Checkpoint, pd.DataFrame]:
     """The first-order baseline (AdamWeightDecay or Lamb) from the same initial weights, in the child run
     ``baseline``. A rerun resumes from ``thor_bert.baseline.checkpoint.dir``."""
-    context = _context(train_examples, held_out_examples, tokenizer, thor_bert, runtime, distributed)
-    return _train("baseline", recipe.train_bert_baseline, context, initial_weights, thor_bert.baseline)
+    context = _context(
+        train_examples, held_out_examples, tokenizer, network, eval_batch_size, step_eval_examples, runtime, distributed
+    )
+    return _train("baseline", recipe.train_bert_baseline, context, initial_weights, baseline)
 
 
 def _train(
@@ -124,8 +141,10 @@ def _train(
     return result.checkpoint, history_table(result.history)
 
 
-def _evaluate(name: str, checkpoint: Checkpoint, held_out_examples, tokenizer, thor_bert, runtime) -> dict:
-    context = _context({}, held_out_examples, tokenizer, thor_bert, runtime, None)
+def _evaluate(
+    name: str, checkpoint: Checkpoint, held_out_examples, tokenizer, network, eval_batch_size, runtime
+) -> dict:
+    context = _context({}, held_out_examples, tokenizer, network, eval_batch_size, None, runtime, None)
     report = recipe.evaluate_bert(context, checkpoint, f"thor_bert {name}")
     with tracking.training_run(name):
         tracking.log_final(report)
@@ -136,29 +155,33 @@ def evaluate_thor(
     checkpoint: Checkpoint,
     held_out_examples: dict[str, np.ndarray],
     tokenizer: str,
-    thor_bert: ThorBertParams,
+    network: BertNetworkParams,
+    eval_batch_size: int,
     runtime: RuntimeParams,
 ) -> dict:
     """Held-out masked-LM accuracy and loss of THOR's checkpoint, logged as ``final/…`` of its child run."""
-    return _evaluate("thor", checkpoint, held_out_examples, tokenizer, thor_bert, runtime)
+    return _evaluate("thor", checkpoint, held_out_examples, tokenizer, network, eval_batch_size, runtime)
 
 
 def evaluate_baseline(
     checkpoint: Checkpoint,
     held_out_examples: dict[str, np.ndarray],
     tokenizer: str,
-    thor_bert: ThorBertParams,
+    network: BertNetworkParams,
+    eval_batch_size: int,
     runtime: RuntimeParams,
 ) -> dict:
     """Held-out masked-LM accuracy and loss of the baseline's checkpoint, logged as ``final/…`` of its child run."""
-    return _evaluate("baseline", checkpoint, held_out_examples, tokenizer, thor_bert, runtime)
+    return _evaluate("baseline", checkpoint, held_out_examples, tokenizer, network, eval_batch_size, runtime)
 
 
-def compare(thor_report: dict, baseline_report: dict, thor_bert: ThorBertParams) -> pd.DataFrame:
+def compare(
+    thor_report: dict, baseline_report: dict, thor: BertThorTraining, baseline: BertBaselineTraining
+) -> pd.DataFrame:
     """One row per training: held-out masked-LM accuracy and loss, next-sentence accuracy, epochs, and the
     difference to the baseline; prints both accuracies."""
     reports = {"thor": thor_report, "baseline": baseline_report}
-    budgets = {"thor": thor_bert.thor.epochs, "baseline": thor_bert.baseline.epochs}
+    budgets = {"thor": thor.epochs, "baseline": baseline.epochs}
     table = pd.DataFrame(
         [
             {"training": name, "epochs": budgets[name]}
@@ -174,7 +197,7 @@ def compare(thor_report: dict, baseline_report: dict, thor_bert: ThorBertParams)
         "THOR - baseline %+.2f points, on %d held-out examples",
         100 * thor_report["mlm_accuracy"],
         budgets["thor"],
-        thor_bert.baseline.optimizer,
+        baseline.optimizer,
         100 * baseline_report["mlm_accuracy"],
         budgets["baseline"],
         100 * gain,

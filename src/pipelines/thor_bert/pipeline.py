@@ -26,7 +26,8 @@ NAMESPACE = "thor_bert"
 TOKENIZER = f"{NAMESPACE}.tokenizer.tokenizer"
 TRAIN_EXAMPLES = f"{NAMESPACE}.examples.train_examples"
 HELD_OUT_EXAMPLES = f"{NAMESPACE}.examples.held_out_examples"
-TRAINING_INPUTS = ["train_examples", "held_out_examples", "tokenizer", "params:thor_bert", "params:runtime"]
+# sub-sections only: Kedro 1.7 cannot validate a pipeline reading both params:thor_bert and params:thor_bert.<key>
+EXAMPLES = ["held_out_examples", "tokenizer", "params:thor_bert.network", "params:thor_bert.eval_batch_size"]
 
 
 def create_pipeline(**kwargs) -> Pipeline:
@@ -78,7 +79,15 @@ def create_pipeline(**kwargs) -> Pipeline:
             [
                 node(
                     train,
-                    ["initial_weights", *TRAINING_INPUTS, "params:distributed"],
+                    [
+                        "initial_weights",
+                        "train_examples",
+                        *EXAMPLES,
+                        "params:thor_bert.step_eval_examples",
+                        f"params:thor_bert.{name}",
+                        "params:runtime",
+                        "params:distributed",
+                    ],
                     ["final_checkpoint", "history"],
                     name="train",
                 )
@@ -89,17 +98,22 @@ def create_pipeline(**kwargs) -> Pipeline:
         [
             node(
                 evaluate_thor,
-                ["thor_checkpoint", "held_out_examples", "tokenizer", "params:thor_bert", "params:runtime"],
+                ["thor_checkpoint", *EXAMPLES, "params:runtime"],
                 "thor_report",
                 name="evaluate_thor",
             ),
             node(
                 evaluate_baseline,
-                ["baseline_checkpoint", "held_out_examples", "tokenizer", "params:thor_bert", "params:runtime"],
+                ["baseline_checkpoint", *EXAMPLES, "params:runtime"],
                 "baseline_report",
                 name="evaluate_baseline",
             ),
-            node(compare, ["thor_report", "baseline_report", "params:thor_bert"], "comparison", name="compare"),
+            node(
+                compare,
+                ["thor_report", "baseline_report", "params:thor_bert.thor", "params:thor_bert.baseline"],
+                "comparison",
+                name="compare",
+            ),
         ]
     )
     return (
