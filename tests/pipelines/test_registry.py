@@ -98,7 +98,7 @@ def parameter_type(key: str):
 
 def test_nodes_take_the_parameter_sub_keys_they_use_as_typed_models(registered):
     for node in {node for pipeline in registered.values() for node in pipeline.nodes}:
-        hints = typing.get_type_hints(node.func)
+        hints = typing.get_type_hints(node.func, include_extras=True)  # bounds too (PositiveInt)
         arguments = list(inspect.signature(node.func).parameters)
         for position, name in enumerate(node.inputs):
             if name.startswith("params:"):

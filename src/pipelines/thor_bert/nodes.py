@@ -22,6 +22,7 @@ from pipelines.params import (
     BertThorTraining,
     BertTokenizerParams,
     DistributedParams,
+    PositiveInt,
     RuntimeParams,
 )
 from pipelines.recipes import thor_bert as recipe
@@ -75,7 +76,7 @@ def _context(
     tokenizer: str,
     network: BertNetworkParams,
     eval_batch_size: int,
-    step_eval_examples: int | None,
+    step_eval_examples: PositiveInt | None,
     runtime: RuntimeParams,
     distributed: DistributedParams | None,
 ) -> recipe.LanguageModelContext:
@@ -99,7 +100,7 @@ def train_thor(
     tokenizer: str,
     network: BertNetworkParams,
     eval_batch_size: int,
-    step_eval_examples: int | None,
+    step_eval_examples: PositiveInt | None,
     thor: BertThorTraining,
     runtime: RuntimeParams,
     distributed: DistributedParams,
@@ -119,7 +120,7 @@ def train_baseline(
     tokenizer: str,
     network: BertNetworkParams,
     eval_batch_size: int,
-    step_eval_examples: int | None,
+    step_eval_examples: PositiveInt | None,
     baseline: BertBaselineTraining,
     runtime: RuntimeParams,
     distributed: DistributedParams,
