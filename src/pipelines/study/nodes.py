@@ -39,21 +39,7 @@ from pipelines.reporting.study import MEASURES, curves_figure, paired_difference
 
 logger = logging.getLogger(__name__)
 
-RUN_COLUMNS = [
-    "recipe",
-    "seed",
-    "final_top1",
-    "final_top5",
-    "final_mlm_accuracy",
-    "final_mlm_loss",
-    "time_to_target_s",
-    "steps_to_target",
-    "epochs_to_target",
-    "train_time_s",
-    "steps_per_epoch",
-    "mlflow_run_id",
-    "key",
-]
+RUN_COLUMNS = ["recipe", "seed", *MEASURES, "train_time_s", "steps_per_epoch", "mlflow_run_id", "key"]
 CURVE_COLUMNS = ["recipe", "seed", "step", "elapsed_s", "top1", "top5", "mlm_accuracy"]
 
 
