@@ -9,6 +9,7 @@ import yaml
 
 from pipelines.fast_dev_run import TAG, fast_dev_run_overrides, relocated
 from pipelines.params import validate_parameters
+from tests.support.runner import merged
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 DEFAULT_DATA = {
@@ -18,21 +19,13 @@ DEFAULT_DATA = {
 }
 
 
-def _merge(base: dict, extra: dict) -> dict:
-    merged = dict(base)
-    for key, value in extra.items():
-        both = isinstance(value, dict) and isinstance(merged.get(key), dict)
-        merged[key] = _merge(merged[key], value) if both else value
-    return merged
-
-
 def merged_params(env: str, extra: dict | None = None) -> dict:
     """base, then ``env`` (Kedro's soft merge), then ``extra`` as --params would."""
     params: dict = {}
     for folder in dict.fromkeys(("base", env)):
         for path in sorted((CONF / folder).glob("parameters*.yml")):
-            params = _merge(params, yaml.safe_load(path.read_text()) or {})
-    return _merge(params, extra or {})
+            params = merged(params, yaml.safe_load(path.read_text()) or {})
+    return merged(params, extra or {})
 
 
 def overrides(env: str, *, trees: dict[str, int] | None = None, cpu_workers: int = 2, extra: dict | None = None):
@@ -52,7 +45,7 @@ def overrides(env: str, *, trees: dict[str, int] | None = None, cpu_workers: int
 def test_the_substituted_configuration_is_valid_and_runs_on_cpu(env, root):
     extra = {"runtime": {"fast_dev_run": True}, "data": {"root": root}}
     substitutions = overrides(env, extra=extra)
-    params = validate_parameters(_merge(merged_params(env, extra), substitutions.nested()))
+    params = validate_parameters(merged(merged_params(env, extra), substitutions.nested()))
     assert params.runtime.device_target == "CPU"
     assert params.distributed.node_rank == 0 and params.distributed.nodes == 1
     assert params.thor.implementation == "own" and params.adasum.implementation == "own"
@@ -69,7 +62,7 @@ def test_the_substituted_configuration_is_valid_and_runs_on_cpu(env, root):
 def test_the_recipe_is_kept(env):
     extra = {"runtime": {"fast_dev_run": True}, "data": {"root": "/local/tree"}}
     original = validate_parameters(merged_params(env, {**extra, "runtime": {**merged_params(env)["runtime"]}}))
-    params = validate_parameters(_merge(merged_params(env, extra), overrides(env, extra=extra).nested()))
+    params = validate_parameters(merged(merged_params(env, extra), overrides(env, extra=extra).nested()))
     assert params.model == original.model  # resnet50, 1001 classes
     assert params.data.image_size == original.data.image_size == 224
     assert params.data.crop_scale == original.data.crop_scale
@@ -186,7 +179,7 @@ def test_a_run_that_may_train_thor_starts_only_the_workers_memory_takes():
 def test_thor_bert_keeps_the_envs_bert_on_a_few_documents(env):
     extra = {"runtime": {"fast_dev_run": True}}
     substitutions = overrides(env, extra=extra)
-    params = validate_parameters(_merge(merged_params(env, extra), substitutions.nested()))
+    params = validate_parameters(merged(merged_params(env, extra), substitutions.nested()))
     configured = validate_parameters(merged_params(env)).thor_bert
     bert = params.thor_bert
     assert bert.network == configured.network and bert.examples == configured.examples  # the env's BERT, as set
