@@ -42,8 +42,16 @@ def resnet18(tmp_path_factory):
 
 def test_without_torch_only_migrate_needs_it(tmp_path):
     script = f"""
+import importlib.abc
 import sys
-sys.modules["torch"] = None  # as if PyTorch were not installed
+
+# as if PyTorch were not installed (a None in sys.modules would break SciPy's own torch probe)
+class NoTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "torch":
+            raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+sys.meta_path.insert(0, NoTorch())
 from pipelines.pipeline_registry import register_pipelines
 assert "migrate" in register_pipelines()
 from pipelines.porting.migrate import load_state_dict

@@ -53,7 +53,9 @@ def test_runs_are_named_and_tagged(quiet_project):
     project, results = quiet_project
     _, (partial, default) = runs(project)  # newest first
     assert default.info.run_name == default.data.tags["pipeline"] == "__default__"
-    assert partial.info.run_name == "baseline eval_batch_size=4 (partial)"
+    # eval_batch_size is also thor_bert's key, so the short key is data.eval_batch_size: over the name's limit
+    assert partial.info.run_name == "baseline data.eval_batch_size… (partial)"
+    assert "- `data.eval_batch_size` = `4`" in partial.data.tags["mlflow.note.content"]
     assert default.data.tags["kedro_command"] == "kedro run"
     command = "kedro run --pipelines=baseline --nodes=baseline.evaluate --params=data.eval_batch_size=4"
     assert partial.data.tags["kedro_command"] == command

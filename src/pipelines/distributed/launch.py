@@ -287,7 +287,8 @@ def run_worker(job_dir: Path) -> None:
     die_with_parent(signal.SIGKILL)
     job = pickle.loads((job_dir / JOB_FILE).read_bytes())
     rank_id = int(os.environ.get("RANK_ID", "0"))
-    (job_dir / f"rank_{rank_id}.pid").write_text(str(os.getpid()))
+    # atomically: the launcher polls these files while the workers start
+    write_atomically(job_dir / f"rank_{rank_id}.pid", str(os.getpid()).encode())
     logging.basicConfig(
         level=logging.INFO, format=f"[rank {rank_id}] %(asctime)s %(levelname)s %(name)s: %(message)s", force=True
     )
