@@ -68,6 +68,7 @@ def problems(params: dict, sources: dict | None = None) -> list[str]:
         ("data.eval_resize_ratio", 1.2, "data.eval_resize_ratio is 1.2 but must be <= 1"),
         ("distributed.master_port", 80, "distributed.master_port is 80 but must be >= 1024"),
         ("boost.freeze_type", 2, "boost.freeze_type is 2 but must be <= 1"),
+        ("dim_reduce.pca.n_components", 0, "dim_reduce.pca.n_components is 0 but must be > 0"),
         # rules across keys name the key to change
         ("dim_reduce.pca.n_components", 40, "dim_reduce.pca.n_components is 40 but must be below"),
         ("dim_reduce.stage1.epochs", 9, "dim_reduce.stage1.epochs is 9, beyond schedule_epochs 8"),
