@@ -23,6 +23,9 @@ ADVICE: dict[str, Advice] = {
     "BadImageError": None,
     "InputPipelineError": None,
     "ChangedImageError": None,
+    "CheckpointMemoryError": (
+        "The file is kept as it is: free memory (stop other jobs on this machine) and rerun the same command."
+    ),
     "CheckpointError": (
         "Rerun the nodes that write it (the whole pipeline, without --nodes or --from-nodes); "
         "delete a truncated or corrupt file first."

@@ -15,6 +15,7 @@ from pipelines.engine.checkpoint import (
     METADATA_KEY,
     Checkpoint,
     CheckpointError,
+    CheckpointMemoryError,
     CheckpointSpaceError,
     atomic_path,
     check_compatible,
@@ -103,6 +104,23 @@ def test_corrupt_file_raises_checkpoint_error_naming_the_path(tmp_path, content)
     with pytest.raises(CheckpointError) as error:
         load_checkpoint(path)
     assert str(path) in str(error.value)
+
+
+def test_an_intact_file_larger_than_the_free_memory_is_not_called_corrupt(tmp_path, checkpoint, monkeypatch):
+    from mindspore.train import serialization
+
+    from pipelines.errors import Failure
+
+    path = tmp_path / "model.ckpt"
+    save_checkpoint(checkpoint, path)
+    monkeypatch.setattr(serialization, "_get_available_memory", lambda: 1000)  # MindSpore's probe of free memory
+    with pytest.raises(CheckpointMemoryError) as error:
+        load_checkpoint(path)
+    failure = Failure.of(error.value)
+    assert str(path) in failure.lines[0] and "corrupt" not in failure.summary()
+    assert "free memory" in failure.advice and "delete" not in failure.advice
+    monkeypatch.undo()
+    assert load_checkpoint(path).params.keys() == checkpoint.params.keys()  # the file was kept as it was
 
 
 def test_missing_file_raises_checkpoint_error_naming_the_path(tmp_path):

@@ -28,6 +28,10 @@ class CheckpointError(ValueError):
     """A checkpoint file is missing, truncated, corrupt or does not fit the network."""
 
 
+class CheckpointMemoryError(CheckpointError):
+    """An intact checkpoint file larger than the free memory: MindSpore reads a ``.ckpt`` whole before parsing."""
+
+
 @dataclass
 class Checkpoint:
     params: dict[str, np.ndarray]
@@ -146,6 +150,11 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     try:
         loaded = ms.load_checkpoint(str(path))
     except Exception as error:  # MindSpore raises ValueError/RuntimeError/DecodeError alike
+        if isinstance(error, MemoryError) or "available memory" in str(error):
+            raise CheckpointMemoryError(
+                f"checkpoint {path} ({path.stat().st_size / 1e6:.0f} MB) does not fit in the free memory now: "
+                f"MindSpore reads a .ckpt whole before parsing it ({error})"
+            ) from error
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {error}") from error
     metadata = json.loads(loaded.pop(METADATA_KEY, "{}"))
     if not loaded:
