@@ -1,14 +1,26 @@
 #!/usr/bin/env bash
 # Installs what is missing, then runs the fast test tier: everything in-process, spread over the cores (minutes).
-# `--all` then runs the slow tier too (kedro run processes, msrun, browsers, JupyterLab; what CI runs), one test
-# at a time: its tests time real processes and share one recipe store. Other arguments go to pytest.
+# `--all` then runs the slow tier too (kedro run processes, msrun, browsers, JupyterLab; what CI runs): two tests
+# at a time (each starts processes that use the two cores and a few GB; the tests of one shared set-up stay on one
+# worker), then the tests marked `exclusive`, which need the machine's memory to themselves, one at a time.
+# Other arguments go to pytest; the 15 slowest tests of each part are listed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
+
+# pytest, where "no test selected" (status 5: the arguments pick none of this part) is not a failure
+part() {
+  local status=0
+  pytest --durations=15 "$@" || status=$?
+  [ "$status" -eq 0 ] || [ "$status" -eq 5 ] || exit "$status"
+}
+
 if [ "${1:-}" = "--all" ]; then
   shift
-  pytest -n auto --dist worksteal "$@"
-  exec pytest -m slow -p no:xdist "$@"
+  part -n auto --dist worksteal "$@"
+  part -m "slow and not exclusive" -n 2 --dist loadgroup "$@"
+  part -m "slow and exclusive" -p no:xdist "$@"
+  exit 0
 fi
 exec pytest -n auto --dist worksteal "$@"

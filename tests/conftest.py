@@ -23,6 +23,9 @@ import pytest
 from tests.support.trees import write_image_tree
 
 SLOW_FOLDERS = ("e2e", "distributed", "ui")
+# The slow tier runs two tests at a time, grouped by ``xdist_group`` (``--dist loadgroup``): the tests of an
+# expensive session set-up share the worker that builds it once
+SHARED_SETUPS = ("recipe_store", "viz_site")
 
 
 def pytest_addoption(parser):
@@ -34,6 +37,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if Path(item.fspath).relative_to(tests).parts[0] in SLOW_FOLDERS:
             item.add_marker(pytest.mark.slow)
+        for setup in SHARED_SETUPS:
+            if setup in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(setup))
     if config.getoption("--all") or config.getoption("-m"):
         return
     slow = [item for item in items if item.get_closest_marker("slow")]

@@ -112,6 +112,38 @@ def _deep_merge(base: dict, extra: dict) -> dict:
     return merged
 
 
+def rehearsal_substitutions(
+    raw_params: dict, *, env: str, project: Path, conf_source: str | Path, pipelines: list[str] | None
+) -> fast_dev_run.Substitutions:
+    """``pipelines.fast_dev_run``'s substitutions of ``raw_params`` (``env``'s merged parameters) for this machine's
+    cores and memory, image trees found relative to ``project``, the CPU default tree as ``conf_source``'s base
+    configures it."""
+
+    def classes_in(root: str, train_dir: str) -> int | None:
+        path = Path(root) if Path(root).is_absolute() else project / root
+        if not path.is_dir():
+            return None
+        train = path / train_dir
+        return sum(p.is_dir() and not p.name.startswith(".") for p in train.iterdir()) if train.is_dir() else 0
+
+    base = configured_values(conf_source, "base")
+    default_data = {
+        "source": base["data.source"],
+        "root": base["data.root"],
+        "split_dirs": {"train": base["data.split_dirs.train"], "val": base["data.split_dirs.val"]},
+    }
+    return fast_dev_run.fast_dev_run_overrides(
+        raw_params,
+        env=env,
+        cpu_workers=len(os.sched_getaffinity(0)),
+        memory_gb=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9,
+        pipelines=pipelines,
+        default_data=default_data,
+        classes_in=classes_in,
+        default_classes=len(DEFAULT_TREE_CLASSES),
+    )
+
+
 def rehearse_on_cpu(context, env: str, raw_params: dict) -> fast_dev_run.Substitutions:
     """``runtime.fast_dev_run``: the substitutions of ``pipelines.fast_dev_run`` for this machine, applied as
     runtime parameters (the user's ``--params`` win) and logged in one line.
@@ -121,31 +153,13 @@ def rehearse_on_cpu(context, env: str, raw_params: dict) -> fast_dev_run.Substit
     and ``KedroContext.params`` (which builds the catalog's ``params:`` datasets the nodes read) reads them from
     there, so validation, MLflow's params and every node see the substituted values.
     """
-    project = Path(context.project_path)
-
-    def classes_in(root: str, train_dir: str) -> int | None:
-        path = Path(root) if Path(root).is_absolute() else project / root
-        if not path.is_dir():
-            return None
-        train = path / train_dir
-        return sum(p.is_dir() and not p.name.startswith(".") for p in train.iterdir()) if train.is_dir() else 0
-
-    base = configured_values(context.config_loader.conf_source, "base")
-    default_data = {
-        "source": base["data.source"],
-        "root": base["data.root"],
-        "split_dirs": {"train": base["data.split_dirs.train"], "val": base["data.split_dirs.val"]},
-    }
     given = dict(_leaf_items(context.config_loader.runtime_params or {}))
-    substitutions = fast_dev_run.fast_dev_run_overrides(
+    substitutions = rehearsal_substitutions(
         raw_params,
         env=env,
-        cpu_workers=len(os.sched_getaffinity(0)),
-        memory_gb=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9,
+        project=Path(context.project_path),
+        conf_source=context.config_loader.conf_source,
         pipelines=requested_pipelines(),
-        default_data=default_data,
-        classes_in=classes_in,
-        default_classes=len(DEFAULT_TREE_CLASSES),
     )
     for key in [k for k in substitutions.values if k in given and k not in ("data.root", "data.source")]:
         del substitutions.values[key]  # set by --params: the user's value stands
