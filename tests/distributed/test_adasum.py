@@ -4,7 +4,6 @@ a two-rank training."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from pipelines.optim.adasum.collective import (
     adasum_reference,
 )
+from tests.support.servers import free_port
 
 WORKER = Path(__file__).parent / "adasum_worker.py"
 
@@ -25,12 +25,6 @@ MSRUN_TIMEOUT_S = 600
 def formula(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     dot = float(a @ b)
     return (1 - dot / (2 * float(a @ a))) * a + (1 - dot / (2 * float(b @ b))) * b
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_msrun(workers: int, args: list[str], tmp_path: Path) -> None:

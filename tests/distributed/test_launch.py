@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 from pathlib import Path
 
 import pytest
@@ -16,15 +15,10 @@ from pipelines.engine.checkpoint import load_checkpoint
 from pipelines.params import DistributedParams
 from tests.support.processes import Watched, wait_until_gone
 from tests.support.projects import DIM_REDUCE_PARAMS, PROJECT, TINY_PARAMS, kedro, make_project, runs
+from tests.support.servers import free_port
 from tests.support.trees import write_image_tree
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def two_workers() -> dict:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 
 from tests.support.processes import Watched
 from tests.support.projects import TINY_PARAMS, kedro, make_project, runs
+from tests.support.servers import free_port
 from tests.support.trees import write_image_tree
 
 MAX_ERROR_LINES = 5
@@ -59,12 +59,6 @@ def project_on(root: Path, params: dict | None = None, data: dict | None = None)
 def run(project: Path, *args: str) -> Outcome:
     result = kedro(project, "run", *args, timeout=600)
     return Outcome(result.returncode, result.stdout, result.stderr)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------- the cases

@@ -16,7 +16,6 @@ a dictionary").
 from __future__ import annotations
 
 import json
-import socket
 import time
 
 import pytest
@@ -28,6 +27,7 @@ from pipelines.pipeline_registry import register_pipelines
 from tests.support.config import CONF, load_params
 from tests.support.projects import kedro, make_project, runs
 from tests.support.runner import merged
+from tests.support.servers import free_port
 from tests.support.trees import write_image_tree
 
 TOGETHER = ("baseline,adasum,dim_reduce", "thor", "study")
@@ -58,12 +58,6 @@ def rehearsed_parameters(env: str, pipelines: str, tree, project) -> str:
     keys = sorted({i.removeprefix("params:") for n in names for i in registry[n].inputs() if i.startswith("params:")})
     text = json.dumps({key: lookup(effective, key) for key in keys}, sort_keys=True)
     return text.replace(f"{ROOT}/{env}/", f"{ROOT}/<env>/")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,15 +16,11 @@ import pytest
 from jupyter_client import BlockingKernelClient
 from jupyter_core.paths import jupyter_runtime_dir
 
+from tests.support.servers import free_port
+
 PROJECT = Path(__file__).resolve().parents[2]
 NOTEBOOK = "compare_recipes.ipynb"
 START_TIMEOUT_S = 180
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def api(url: str, method: str = "GET", body: dict | None = None) -> dict:
