@@ -11,6 +11,8 @@ import json
 import os
 import shutil
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +31,7 @@ class CheckpointError(ValueError):
 
 
 class CheckpointMemoryError(CheckpointError):
-    """An intact checkpoint file larger than the free memory: MindSpore reads a ``.ckpt`` whole before parsing."""
+    """An intact checkpoint file larger than the available memory: MindSpore reads a ``.ckpt`` whole before parsing."""
 
 
 @dataclass
@@ -140,6 +142,35 @@ def save_checkpoint(checkpoint: Checkpoint, path: str | Path) -> None:
         tmp.with_suffix(TEMPORARY_MARK).unlink(missing_ok=True)  # MindSpore's own temporary
 
 
+def available_memory() -> int | None:
+    """Bytes the kernel can give a process now without swapping (``MemAvailable``: free memory plus the page cache
+    it can reclaim); ``None`` where ``/proc/meminfo`` does not say."""
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+    except OSError:
+        return None
+    found = [int(line.split()[1]) * 1024 for line in lines if line.startswith("MemAvailable:")]
+    return found[0] if found else None
+
+
+@contextmanager
+def _reclaimable_cache_counted() -> Iterator[None]:
+    """MindSpore 2.10 refuses a ``.ckpt`` larger than the *free* pages (``SC_AVPHYS_PAGES``), which leave out the
+    page cache: right after a training wrote a large checkpoint, the cache holds it and an 862 MB file was refused
+    on a 23 GB machine with 13 GB of cache. Its check is given ``available_memory`` instead while it reads."""
+    from mindspore.train import serialization
+
+    own = getattr(serialization, "_get_available_memory", None)
+    if own is None or available_memory() is None:
+        yield
+        return
+    serialization._get_available_memory = available_memory
+    try:
+        yield
+    finally:
+        serialization._get_available_memory = own
+
+
 def load_checkpoint(path: str | Path) -> Checkpoint:
     """Read a ``.ckpt`` file; a missing, truncated or corrupt file raises ``CheckpointError`` naming it."""
     import mindspore as ms
@@ -148,11 +179,12 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
-        loaded = ms.load_checkpoint(str(path))
+        with _reclaimable_cache_counted():
+            loaded = ms.load_checkpoint(str(path))
     except Exception as error:  # MindSpore raises ValueError/RuntimeError/DecodeError alike
         if isinstance(error, MemoryError) or "available memory" in str(error):
             raise CheckpointMemoryError(
-                f"checkpoint {path} ({path.stat().st_size / 1e6:.0f} MB) does not fit in the free memory now: "
+                f"checkpoint {path} ({path.stat().st_size / 1e6:.0f} MB) does not fit in the available memory now: "
                 f"MindSpore reads a .ckpt whole before parsing it ({error})"
             ) from error
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {error}") from error
