@@ -32,6 +32,7 @@ def pytest_addoption(parser):
     parser.addoption("--all", action="store_true", help="also run the slow tier (kedro run processes, msrun, browsers)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks this adds
 def pytest_collection_modifyitems(config, items):
     tests = Path(__file__).parent
     for item in items:
