@@ -2,7 +2,7 @@
 # Installs what is missing, then runs the fast test tier: everything in-process, spread over the cores (minutes).
 # `--all` then runs the slow tier too (kedro run processes, msrun, browsers, JupyterLab; what CI runs): two tests
 # at a time (each starts processes that use the two cores and a few GB; the tests of one shared set-up stay on one
-# worker), then the tests marked `exclusive`, which need the machine's memory to themselves, one at a time.
+# worker), then the tests marked `exclusive` (memory, signal timing), one at a time.
 # Other arguments go to pytest; the 15 slowest tests of each part are listed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
