@@ -122,6 +122,21 @@ def test_an_intact_file_larger_than_the_available_memory_is_not_called_corrupt(t
     assert load_checkpoint(path).params.keys() == checkpoint.params.keys()  # the file was kept as it was
 
 
+def test_running_out_of_memory_while_parsing_is_not_called_corrupt(tmp_path, checkpoint, monkeypatch):
+    import mindspore as ms
+
+    def parse_out_of_memory(*_args, **_kwargs):  # what MindSpore raises when protobuf's parse runs out of memory
+        raise ValueError("For 'load_checkpoint', not enough memory to load checkpoint protobuf content") from (
+            MemoryError()
+        )
+
+    path = tmp_path / "model.ckpt"
+    save_checkpoint(checkpoint, path)
+    monkeypatch.setattr(ms, "load_checkpoint", parse_out_of_memory)
+    with pytest.raises(CheckpointMemoryError, match="does not fit in the available memory"):
+        load_checkpoint(path)
+
+
 def test_page_cache_counts_as_memory_for_a_load(tmp_path, checkpoint, monkeypatch):
     """MindSpore's own probe counts free pages only; with the page cache full it would refuse any file."""
     from mindspore.train import serialization

@@ -171,6 +171,15 @@ def _reclaimable_cache_counted() -> Iterator[None]:
         serialization._get_available_memory = own
 
 
+def _out_of_memory(error: BaseException) -> bool:
+    """MindSpore's two ways of saying a ``.ckpt`` does not fit in memory: its refusal before reading
+    (``_CheckpointProtobufSizeError``) and the ``ValueError`` it raises from a ``MemoryError`` while parsing."""
+    return any(
+        isinstance(e, MemoryError) or type(e).__name__ == "_CheckpointProtobufSizeError"
+        for e in (error, error.__cause__)
+    )
+
+
 def load_checkpoint(path: str | Path) -> Checkpoint:
     """Read a ``.ckpt`` file; a missing, truncated or corrupt file raises ``CheckpointError`` naming it."""
     import mindspore as ms
@@ -182,7 +191,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         with _reclaimable_cache_counted():
             loaded = ms.load_checkpoint(str(path))
     except Exception as error:  # MindSpore raises ValueError/RuntimeError/DecodeError alike
-        if isinstance(error, MemoryError) or "available memory" in str(error):
+        if _out_of_memory(error):
             raise CheckpointMemoryError(
                 f"checkpoint {path} ({path.stat().st_size / 1e6:.0f} MB) does not fit in the available memory now: "
                 f"MindSpore reads a .ckpt whole before parsing it ({error})"
