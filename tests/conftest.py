@@ -4,7 +4,8 @@ The fast tier (``bash scripts/test.sh``, plain ``pytest``) runs everything in-pr
 every pipeline's nodes, each registered pipeline once through Kedro's ``SequentialRunner``. The slow tier
 (``bash scripts/test.sh --all``, ``pytest --all``, and CI) adds the tests that start processes: real ``kedro run``
 commands (``tests/e2e/``), msrun workers (``tests/distributed/``), Chromium and JupyterLab (``tests/ui/``).
-Those folders, and any test marked ``slow``, are the slow tier.
+Those folders, and any test marked ``slow``, are the slow tier; a module of theirs marked ``fast`` runs in-process
+(the launcher's pure parts) and joins the fast tier.
 
 ``pipelines`` is imported first on purpose: its ``__init__`` sets ``ONEDNN_MAX_CPU_ISA`` (and
 ``GLOG_v``), which only take effect if they are in the environment before MindSpore loads.
@@ -36,7 +37,8 @@ def pytest_addoption(parser):
 def pytest_collection_modifyitems(config, items):
     tests = Path(__file__).parent
     for item in items:
-        if Path(item.fspath).relative_to(tests).parts[0] in SLOW_FOLDERS:
+        in_slow_folder = Path(item.fspath).relative_to(tests).parts[0] in SLOW_FOLDERS
+        if in_slow_folder and not item.get_closest_marker("fast"):
             item.add_marker(pytest.mark.slow)
         for setup in SHARED_SETUPS:
             if setup in getattr(item, "fixturenames", ()):

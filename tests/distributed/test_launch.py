@@ -7,14 +7,12 @@ import signal
 from pathlib import Path
 
 import pytest
-import yaml
-from pydantic import ValidationError
 
-from pipelines.distributed.launch import DistributedTrainingError, launch, msrun_command
+from pipelines.distributed.launch import DistributedTrainingError, launch
 from pipelines.engine.checkpoint import load_checkpoint
-from pipelines.params import DistributedParams
+from tests.support.config import distributed_params
 from tests.support.processes import Watched, wait_until_gone
-from tests.support.projects import DIM_REDUCE_PARAMS, PROJECT, TINY_PARAMS, kedro, make_project, runs
+from tests.support.projects import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project, runs
 from tests.support.servers import free_port
 from tests.support.trees import write_image_tree
 
@@ -23,12 +21,6 @@ pytestmark = pytest.mark.slow
 
 def two_workers() -> dict:
     return {"worker_num": 2, "local_worker_num": 2, "master_port": free_port()}
-
-
-def distributed_params(**changes) -> DistributedParams:
-    """The ``distributed`` section of conf/base with ``changes``, as the nodes receive it."""
-    base = yaml.safe_load((PROJECT / "conf/base/parameters.yml").read_text())["distributed"]
-    return DistributedParams(**{**base, **changes})
 
 
 def tiny_project(root: Path, params: dict, per_class: dict) -> Path:
@@ -55,33 +47,6 @@ def assert_no_worker_left(project: Path) -> None:
     pids = worker_pids(project)
     assert pids, "no worker ever started"
     assert wait_until_gone(pids, timeout=15) == [], "msrun workers outlived the run"
-
-
-@pytest.mark.parametrize(
-    ("distributed", "key"),
-    [
-        ({"worker_num": 2, "local_worker_num": 4, "node_rank": 0}, "distributed.local_worker_num"),
-        ({"worker_num": 6, "local_worker_num": 4, "node_rank": 0}, "distributed.worker_num"),
-        ({"worker_num": 16, "local_worker_num": 8, "node_rank": 2}, "distributed.node_rank"),
-    ],
-)
-def test_inconsistent_worker_counts_are_named(distributed, key):
-    with pytest.raises(ValidationError) as error:
-        distributed_params(**distributed)
-    (problem,) = error.value.errors()
-    assert [k for k, _ in problem["ctx"]["problems"]] == [key]
-
-
-def test_two_nodes_of_eight_are_valid_and_launch_their_own_workers(tmp_path):
-    distributed = distributed_params(
-        worker_num=16, local_worker_num=8, master_addr="10.0.0.1", master_port=8118, node_rank=1
-    )
-    assert distributed.nodes == 2
-    command = msrun_command(distributed, tmp_path)
-    assert command[0] == "msrun"
-    for flag in ("--worker_num=16", "--local_worker_num=8", "--master_addr=10.0.0.1", "--node_rank=1"):
-        assert flag in command
-    assert command[-4:] == ["python", "-m", "pipelines.distributed.worker", str(tmp_path)]
 
 
 def test_a_rank_that_raises_fails_the_launch_with_its_traceback(tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ from pathlib import Path
 from kedro.config import OmegaConfigLoader
 
 from pipelines import settings
+from pipelines.params import DistributedParams
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -35,3 +36,8 @@ def changed(params: dict, dotted: str, value) -> dict:
         node = node.setdefault(key, {})
     node[leaf] = value
     return params
+
+
+def distributed_params(**changes) -> DistributedParams:
+    """The ``distributed`` section of conf/base with ``changes``, as the nodes receive it."""
+    return DistributedParams(**{**load_params("base")["distributed"], **changes})

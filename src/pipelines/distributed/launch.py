@@ -171,26 +171,41 @@ def _stop(msrun: subprocess.Popen, job: _Job) -> None:
     job.stop_workers()
 
 
-# MindSpore's cluster error on the ranks left when another node's workers stop answering (killed, cut off)
-_TIMED_OUT_RANK = re.compile(r"Timed out node list is: [^{]*\{([\d, ]+)\}")
+# Where MindSpore records a rank that stopped answering (a killed node, a cut network): the scheduler's log on the
+# master node, and the cluster error raised on the ranks left. Either may come first, or alone: a rank left may
+# also exit without a Python error, or fail in a collective with another message.
+_SCHEDULER_TIMED_OUT = re.compile(r"The node: (\d+) is timed out")
+_RANK_TIMED_OUT = re.compile(r"Timed out node list is: [^{]*\{([\d, ]+)\}")
 
 
-def _failure_message(job: _Job, rc: int | None, first_dead: list[int], local_worker_num: int) -> str:
+def _timed_out_ranks(job: _Job) -> set[int]:
+    """Ranks the scheduler log or any rank's error names as timed out."""
+    scheduler_log = job.dir / "scheduler.log"
+    text = scheduler_log.read_text(errors="replace") if scheduler_log.exists() else ""
+    ranks = {int(rank) for rank in _SCHEDULER_TIMED_OUT.findall(text)}
+    for error in job.rank_files("error").values():
+        for listed in _RANK_TIMED_OUT.findall(error.read_text(errors="replace")):
+            ranks.update(int(rank) for rank in listed.split(","))
+    return ranks
+
+
+def _failure_message(job: _Job, rc: int | None, first_dead: list[int], distributed: DistributedParams) -> str:
     errors = job.rank_files("error")
-    if errors:
-        rank, error = min(errors.items(), key=lambda item: item[1].stat().st_mtime)  # the first to fail
-        text = error.read_text().rstrip()
-        timed_out = _TIMED_OUT_RANK.search(text)
-        if timed_out:
-            lost = sorted(int(r) for r in timed_out[1].split(","))
-            nodes = sorted({r // local_worker_num for r in lost})
-            return (
-                f"node {', '.join(map(str, nodes))} of the msrun job stopped answering (rank "
-                f"{', '.join(map(str, lost))} timed out): its kedro run was stopped or killed, or the network between "
-                f"the nodes failed; see that node's own output and msrun logs. Rank {rank} here stopped with it "
-                f"(logs: {job.dir}/worker_{rank}.log)"
-            )
-        return f"rank {rank} of the msrun job failed (logs: {job.dir}/worker_{rank}.log):\n{text}"
+    first_error = min(errors.items(), key=lambda item: item[1].stat().st_mtime) if errors else None  # first to fail
+    local_worker_num = distributed.local_worker_num
+    lost = sorted(r for r in _timed_out_ranks(job) if r // local_worker_num != distributed.node_rank)
+    if lost:
+        nodes = sorted({r // local_worker_num for r in lost})
+        here = first_error[0] if first_error else (first_dead or [distributed.node_rank * local_worker_num])[0]
+        return (
+            f"node {', '.join(map(str, nodes))} of the msrun job stopped answering (rank "
+            f"{', '.join(map(str, lost))} timed out): its kedro run was stopped or killed, or the network between "
+            f"the nodes failed; see that node's own output and msrun logs. Rank {here} here stopped with it "
+            f"(logs: {job.dir}/worker_{here}.log)"
+        )
+    if first_error:
+        rank, error = first_error
+        return f"rank {rank} of the msrun job failed (logs: {job.dir}/worker_{rank}.log):\n{error.read_text().rstrip()}"
     # msrun reports the first worker it saw exit; it kills the others itself
     reported = re.search(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)", job.msrun_log())
     ranks_by_pid = {pid: rank for rank, pid in job.pids().items()}
@@ -264,7 +279,7 @@ def launch(
     files.stop_workers()
     result = job_dir / RESULT_FILE
     if rc != 0 or files.rank_files("error") or not result.exists():
-        raise DistributedTrainingError(_failure_message(files, rc, first_dead, distributed.local_worker_num))
+        raise DistributedTrainingError(_failure_message(files, rc, first_dead, distributed))
     if run_handoff is not None:
         run_handoff.reclaim()  # rank 0 handed the run back; the caller's run goes on
     with open(result, "rb") as f:
