@@ -25,8 +25,20 @@ from tests.support.trees import write_image_tree
 
 SLOW_FOLDERS = ("e2e", "distributed", "ui")
 # The slow tier runs two tests at a time, grouped by ``xdist_group`` (``--dist loadgroup``): the tests of an
-# expensive session set-up share the worker that builds it once
+# expensive session set-up share the worker that builds it once, and so do the tests of a module-scoped set-up
 SHARED_SETUPS = ("recipe_store", "viz_site")
+
+
+def setup_group(item: pytest.Item) -> str | None:
+    """The one ``xdist_group`` of ``item`` (xdist joins several into a name of their own): the session set-up it
+    reads, else its module when it reads a module-scoped fixture, else none."""
+    names = getattr(item, "fixturenames", ())
+    shared = [setup for setup in SHARED_SETUPS if setup in names]
+    if shared:
+        return shared[0]
+    definitions = getattr(item, "_fixtureinfo", None)
+    scopes = {defs[-1].scope for defs in definitions.name2fixturedefs.values() if defs} if definitions else set()
+    return item.nodeid.split("::")[0] if "module" in scopes else None
 
 
 def pytest_addoption(parser):
@@ -40,9 +52,9 @@ def pytest_collection_modifyitems(config, items):
         in_slow_folder = Path(item.fspath).relative_to(tests).parts[0] in SLOW_FOLDERS
         if in_slow_folder and not item.get_closest_marker("fast"):
             item.add_marker(pytest.mark.slow)
-        for setup in SHARED_SETUPS:
-            if setup in getattr(item, "fixturenames", ()):
-                item.add_marker(pytest.mark.xdist_group(setup))
+        group = setup_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     if config.getoption("--all") or config.getoption("-m"):
         return
     slow = [item for item in items if item.get_closest_marker("slow")]

@@ -5,6 +5,7 @@ Each exception carries its evidence, and tests/engine/test_backends.py checks th
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,7 +26,9 @@ DEVICE_PATHS = {("Ascend", "Cholesky"): "MatrixInverse", ("Ascend", "CholeskySol
 
 @contextmanager
 def dumped_graphs(folder: Path) -> Iterator[Path]:
-    """MindSpore's IR of every graph compiled meanwhile, under ``folder``."""
+    """MindSpore's IR of every graph compiled meanwhile, under ``folder``: only the ``validate`` pass the audit reads
+    (MindSpore reads ``MS_DEV_DUMP_IR_PASSES`` at its first dump; every pass's IR doubled a tiny run's time)."""
+    os.environ.setdefault("MS_DEV_DUMP_IR_PASSES", "validate")
     ms.set_context(save_graphs=1, save_graphs_path=str(folder))
     try:
         yield folder
