@@ -24,31 +24,42 @@ from tests.support.trees import write_image_tree
 CLASSES = ("cat", "dog", "fox")
 
 
-@pytest.fixture
-def setting(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    tree = write_image_tree(tmp_path / "tree", classes=CLASSES, per_class={"train": 8, "val": 3})
+@pytest.fixture(scope="module")
+def setting(tmp_path_factory):
+    root = tmp_path_factory.mktemp("thor_switch")
+    tree = write_image_tree(root / "tree", classes=CLASSES, per_class={"train": 8, "val": 3})
     params = tiny_parameters(tree, {"thor": {"epochs": 2, "precondition": False, "eval_interval": 0}})
     manifest = scan_image_tree(tree, {"train": "train", "val": "val"}).manifest
     class_index = {name: label for label, name in enumerate(CLASSES)}
-    return params, manifest, class_index
+    return root, params, manifest, class_index
 
 
-def train(params, manifest, class_index):
+def train(root, params, manifest, class_index):
+    """THOR's recipe trained in a folder of its own under ``root`` (its checkpoints land there)."""
     initial = build_network(thor_model(params.model, params.thor), class_index, params.runtime)
     context = TrainingContext(manifest, class_index, params.model, params.data, params.runtime, params.distributed)
-    result = train_thor(context, initial, params.thor)
+    folder = root / f"precondition_{params.thor.precondition}"
+    folder.mkdir()  # a new folder: nothing to resume from
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        result = train_thor(context, initial, params.thor)
     return initial, result
+
+
+@pytest.fixture(scope="module")
+def first_order(setting):
+    """THOR's recipe with the switch off, trained once for the tests of this module."""
+    return train(*setting)
 
 
 def trainable(checkpoint, names) -> dict[str, np.ndarray]:
     return {name: checkpoint.params[name] for name in names}
 
 
-def test_without_the_preconditioner_thor_is_momentum_on_thors_recipe(setting):
-    params, manifest, class_index = setting
+def test_without_the_preconditioner_thor_is_momentum_on_thors_recipe(setting, first_order):
+    _, params, manifest, class_index = setting
     thor = params.thor
-    initial, result = train(params, manifest, class_index)
+    initial, result = first_order
     assert result.step.preconditioner is None
     counters = ("thor/second_order_steps", "thor/trace_skips", "thor/inverses_computed")
     assert [result.history[-1][key] for key in counters] == [0.0, 0.0, 0.0]
@@ -76,13 +87,12 @@ def test_without_the_preconditioner_thor_is_momentum_on_thors_recipe(setting):
         np.testing.assert_array_equal(trained[name], reference[name], err_msg=name)
 
 
-def test_the_switch_changes_the_training_and_its_fingerprint(setting):
-    params, manifest, class_index = setting
-    first_order = params.thor
-    second_order = first_order.model_copy(update={"precondition": True})
-    assert fingerprint(first_order) != fingerprint(second_order)
-    _, without = train(params, manifest, class_index)
-    _, with_curvature = train(params.model_copy(update={"thor": second_order}), manifest, class_index)
+def test_the_switch_changes_the_training_and_its_fingerprint(setting, first_order):
+    root, params, manifest, class_index = setting
+    second_order = params.thor.model_copy(update={"precondition": True})
+    assert fingerprint(params.thor) != fingerprint(second_order)
+    _, without = first_order
+    _, with_curvature = train(root, params.model_copy(update={"thor": second_order}), manifest, class_index)
     assert with_curvature.history[-1]["thor/second_order_steps"] > 0
     names = [n for n in without.checkpoint.network_params() if n.endswith("weight")]
     assert any(not np.array_equal(without.checkpoint.params[n], with_curvature.checkpoint.params[n]) for n in names)
