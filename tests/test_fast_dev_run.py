@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import yaml
 
 from pipelines.fast_dev_run import TAG, fast_dev_run_overrides, relocated
 from pipelines.params import validate_parameters
+from tests.support.config import load_params
 from tests.support.runner import merged
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 DEFAULT_DATA = {
     "source": "fashion_mnist",
     "root": "data/01_raw/fashion_mnist",
@@ -20,12 +17,8 @@ DEFAULT_DATA = {
 
 
 def merged_params(env: str, extra: dict | None = None) -> dict:
-    """base, then ``env`` (Kedro's soft merge), then ``extra`` as --params would."""
-    params: dict = {}
-    for folder in dict.fromkeys(("base", env)):
-        for path in sorted((CONF / folder).glob("parameters*.yml")):
-            params = merged(params, yaml.safe_load(path.read_text()) or {})
-    return merged(params, extra or {})
+    """base, then ``env`` (Kedro's own loader), then ``extra`` as --params would."""
+    return merged(load_params(env), extra or {})
 
 
 def overrides(env: str, *, trees: dict[str, int] | None = None, cpu_workers: int = 2, extra: dict | None = None):
