@@ -5,7 +5,6 @@ the per-run values logged in MLflow, and time to target is the first crossing in
 from __future__ import annotations
 
 import math
-import socket
 from pathlib import Path
 
 import mlflow
@@ -16,6 +15,7 @@ from scipy import stats
 
 from tests.support.processes import Watched
 from tests.support.projects import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project
+from tests.support.servers import free_port
 from tests.support.trees import write_image_tree
 
 TARGET = 0.34  # just above chance with 3 classes
@@ -201,11 +201,8 @@ def test_dim_reduce_study_pairs_stage2_with_its_control(dim_reduce_study):
 
 @pytest.fixture(scope="module")
 def adasum_study(tmp_path_factory):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     params = {
-        "distributed": {"master_port": port},
+        "distributed": {"master_port": free_port()},
         "adasum": {"batch_size": 4, "lr": {"lr_max": 0.05, "warmup_epochs": 0}},
     }
     return run_tiny_study(tmp_path_factory.mktemp("adasum_study"), "adasum", params)
