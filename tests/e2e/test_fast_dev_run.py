@@ -6,11 +6,12 @@ substitutions, the environment's own folder aside) is that run again, and is not
 baseline, adasum and dim_reduce recipes are the same ResNet-50 recipe once the device is CPU. The comparison is
 computed, so a recipe that comes to differ is rehearsed again.
 
-Processes are shared to keep the slow tier short: per environment one ``kedro run`` of baseline, adasum and
-dim_reduce together (2 msrun workers), one of thor and one of the study (a run that may train THOR starts the
+Processes are shared to keep the slow tier short: per environment one ``kedro run`` (one test) of baseline, adasum
+and dim_reduce together (2 msrun workers), one of thor and one of the study (a run that may train THOR starts the
 workers memory takes: ResNet-50's THOR needs about 13 GB a worker; and Kedro 1.7 cannot validate the study's
 ``params:dim_reduce`` and dim_reduce's ``params:dim_reduce.pca`` in one run: "intermediate key 'dim_reduce' is not
-a dictionary").
+a dictionary"). ascend's and gpu's are marked ``large_memory``: one at a time, in one process, so gpu's may find
+ascend's.
 """
 
 from __future__ import annotations
@@ -30,13 +31,20 @@ from tests.support.runner import merged
 from tests.support.servers import free_port
 from tests.support.trees import write_image_tree
 
-TOGETHER = ("baseline,adasum,dim_reduce", "thor", "study")
+# THOR's first, every environment's: ResNet-50's THOR compiles on one core, and scripts/test.sh --all runs the fast tier
+# beside it
+TOGETHER = ("thor", "study", "baseline,adasum,dim_reduce")
 # thor_bert rehearses each environment's BERT: BERT-base's and BERT-large's THOR exceed this machine's 23 GB (README,
 # "Rehearse a target on CPU"), so the slow tier rehearses base's
 BERT_ENVS = ("base",)
-
-
-EXCLUSIVE = pytest.mark.exclusive
+# ResNet-50's rehearsals take 11 to 13 GB: one at a time, beside the in-process fast tier (6 GB) and nothing else
+LARGE_MEMORY_ENVS = ("ascend", "gpu")
+REHEARSALS = [
+    pytest.param(env, pipelines, marks=[pytest.mark.large_memory] if env in LARGE_MEMORY_ENVS else [])
+    for pipelines in (*TOGETHER, "thor_bert")
+    for env in ("base", *LARGE_MEMORY_ENVS)
+    if pipelines != "thor_bert" or env in BERT_ENVS
+]
 REHEARSED: dict[str, str] = {}  # the parameters a rehearsal's nodes read -> the environment that ran it
 
 
@@ -60,41 +68,44 @@ def rehearsed_parameters(env: str, pipelines: str, tree, project) -> str:
     return text.replace(f"{ROOT}/{env}/", f"{ROOT}/<env>/")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one tree: its path is among the parameters that tell a repeated rehearsal
 def tree(tmp_path_factory):
     return write_image_tree(
         tmp_path_factory.mktemp("tree"), classes=("cat", "dog", "fox"), per_class={"train": 8, "val": 2}
     )
 
 
-# ResNet-50's THOR takes 13 GB or more in a rehearsal: ascend's and gpu's run alone, after the other slow tests
-@pytest.mark.parametrize("env", ["base", pytest.param("ascend", marks=EXCLUSIVE), pytest.param("gpu", marks=EXCLUSIVE)])
-def test_every_training_pipeline_rehearses_the_environment_on_cpu(tmp_path, tree, env, capsys):
+def test_the_rehearsals_cover_every_training_pipeline_of_every_environment():
+    rehearsed = {(p.values[0], name) for p in REHEARSALS for name in p.values[1].split(",")}
+    training = {"baseline", "adasum", "dim_reduce", "thor", "study", "thor_bert"}
+    assert training <= set(register_pipelines())
+    expected = {(env, name) for env in ("base", *LARGE_MEMORY_ENVS) for name in training}
+    assert rehearsed == {pair for pair in expected if pair[1] != "thor_bert" or pair[0] in BERT_ENVS}
+
+
+@pytest.mark.parametrize(("env", "pipelines"), REHEARSALS)
+def test_the_pipelines_rehearse_the_environment_on_cpu(tmp_path, tree, env, pipelines, capsys):
     project = make_project(tmp_path / "project", {})
-    repeated = set()
-    for pipelines in (*TOGETHER, "thor_bert") if env in BERT_ENVS else TOGETHER:
-        parameters = rehearsed_parameters(env, pipelines, tree, project)
-        if parameters in REHEARSED:
-            with capsys.disabled():
-                print(f"\nfast_dev_run --env={env} --pipelines={pipelines}: --env={REHEARSED[parameters]}'s, not rerun")
-            repeated.update(pipelines.split(","))
-            continue
-        params = f"runtime.fast_dev_run=true,data.root={tree},distributed.master_port={free_port()}"
-        started = time.monotonic()
-        result = kedro(project, "run", f"--pipelines={pipelines}", f"--env={env}", f"--params={params}", timeout=1500)
+    parameters = rehearsed_parameters(env, pipelines, tree, project)
+    if parameters in REHEARSED:
         with capsys.disabled():
-            print(f"\nfast_dev_run --env={env} --pipelines={pipelines}: {time.monotonic() - started:.0f} s wall")
-        assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
-        assert "fast_dev_run:" in result.stdout + result.stderr
-        if pipelines == "thor_bert":  # its closing link opens the chart of the language model's key
-            link = next(line for line in result.stdout.splitlines() if line.startswith("MLflow: compare the runs at"))
-            assert "mlm_accuracy" in link and "top1" not in link
-        REHEARSED[parameters] = env
+            print(f"\nfast_dev_run --env={env} --pipelines={pipelines}: --env={REHEARSED[parameters]}'s, not rerun")
+        return
+    params = f"runtime.fast_dev_run=true,data.root={tree},distributed.master_port={free_port()}"
+    started = time.monotonic()
+    result = kedro(project, "run", f"--pipelines={pipelines}", f"--env={env}", f"--params={params}", timeout=1500)
+    with capsys.disabled():
+        print(f"\nfast_dev_run --env={env} --pipelines={pipelines}: {time.monotonic() - started:.0f} s wall")
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    assert "fast_dev_run:" in result.stdout + result.stderr
+    if pipelines == "thor_bert":  # its closing link opens the chart of the language model's key
+        link = next(line for line in result.stdout.splitlines() if line.startswith("MLflow: compare the runs at"))
+        assert "mlm_accuracy" in link and "top1" not in link
+    REHEARSED[parameters] = env
 
     client, found = runs(project)
     ran = {name for run in found for name in run.data.tags.get("pipeline", "").split("+")}  # adasum+dim_reduce+…
-    expected = {"baseline", "adasum", "dim_reduce", "thor", "study", *(["thor_bert"] if env in BERT_ENVS else [])}
-    assert ran | repeated >= expected and not ran & repeated
+    assert ran >= set(pipelines.split(","))
     for run in found:
         if run.data.tags.get("mlflow.parentRunId"):
             continue  # dim_reduce's and the study's trainings: their parent carries the tags
