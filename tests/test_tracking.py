@@ -83,6 +83,8 @@ def test_each_compared_run_is_named_once_even_when_a_child_is_named_with_its_par
 
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    # the active experiment is process-wide: an earlier test's (tests.support.runner) is not in this new store
+    mlflow.set_experiment("compared-runs")
     try:
         with mlflow.start_run() as parent:
             with mlflow.start_run(nested=True) as stage2:
