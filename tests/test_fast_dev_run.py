@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.fast_dev_run import TAG, THOR_FREQUENCY, fast_dev_run_overrides, relocated
+from pipelines.fast_dev_run import TAG, fast_dev_run_overrides, relocated
 from pipelines.params import validate_parameters
 from tests.support.config import load_params
 from tests.support.runner import merged
@@ -136,7 +136,7 @@ def test_the_thor_implementation_of_mindspore_is_replaced_on_cpu():
         "thor": {"implementation": "mindspore"},
     }
     values = overrides("gpu", extra=extra).values
-    assert values["thor.implementation"] == "own" and values["thor.frequency"] == THOR_FREQUENCY
+    assert values["thor.implementation"] == "own" and values["thor.frequency"] == 3  # one second-order step an epoch
 
 
 def test_everything_a_rehearsal_writes_lies_under_its_own_folder():
@@ -176,7 +176,7 @@ def test_thor_bert_keeps_the_envs_bert_on_a_few_documents(env):
     configured = validate_parameters(merged_params(env)).thor_bert
     bert = params.thor_bert
     assert bert.network == configured.network and bert.examples == configured.examples  # the env's BERT, as set
-    assert bert.corpus.max_documents == 4 and bert.thor.frequency == THOR_FREQUENCY
+    assert bert.corpus.max_documents == 4 and bert.thor.frequency == 3
     assert bert.baseline.optimizer == "adamweightdecay"  # Lamb has no CPU kernel (ascend and gpu configure it)
     for training in (bert.thor, bert.baseline):
         assert training.epochs == 1 and training.batch_size == 2
