@@ -31,12 +31,12 @@ def main() -> None:
 
     import mindspore as ms
 
+    from pipelines.data import fashion_mnist
+    from pipelines.data.folder import scan_image_tree, subset_manifest
     from pipelines.engine.runtime import configure_mindspore
     from pipelines.engine.state import capture_state, restore_network
-    from pipelines.images import fashion_mnist
-    from pipelines.images.folder import scan_image_tree, subset_manifest
     from pipelines.models.loss import CrossEntropySmooth
-    from pipelines.recipes.common import create_network, train_data
+    from pipelines.recipes.classifier import create_network, train_data
     from pipelines.recipes.thor import own_thor_step, thor_model, thor_schedules
 
     conf = load_conf()

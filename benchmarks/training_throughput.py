@@ -38,14 +38,14 @@ def main() -> None:
     from mindspore import nn
     from mindspore.train import FixedLossScaleManager, Model
 
+    from pipelines.data import fashion_mnist
+    from pipelines.data.folder import create_dataset, scan_image_tree, subset_manifest
     from pipelines.engine.callbacks import PeriodicCheckpoint
     from pipelines.engine.epochs import TrainingSpec
     from pipelines.engine.loop import train
     from pipelines.engine.runtime import configure_mindspore
     from pipelines.engine.state import capture_state, restore_state
     from pipelines.engine.step import TrainStep
-    from pipelines.images import fashion_mnist
-    from pipelines.images.folder import create_dataset, scan_image_tree, subset_manifest
     from pipelines.models.loss import CrossEntropySmooth
     from pipelines.models.resnet import create_resnet
     from pipelines.optim.momentum import create_momentum

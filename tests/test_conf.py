@@ -126,13 +126,13 @@ def test_parameter_choices_match_the_library():
 
     from pipelines import params
     from pipelines.boost.options import FREEZE_TYPES, GRAD_CENTRALIZATION_MODES, GRAD_CENTRALIZATION_TARGETS
+    from pipelines.data.folder import BAD_FILE_POLICIES, VERIFY_MODES
     from pipelines.engine.runtime import DEVICE_TARGETS
-    from pipelines.images.folder import BAD_FILE_POLICIES, VERIFY_MODES
+    from pipelines.migrate.layouts import TORCHVISION_ARCHITECTURES
     from pipelines.models.resnet import CONV_INITS, DENSE_INITS, RESNET_LAYOUTS
     from pipelines.optim.adasum.collective import EXCHANGES
     from pipelines.optim.schedules import LR_SCHEDULES
-    from pipelines.porting.layouts import TORCHVISION_ARCHITECTURES
-    from pipelines.reporting.compare import RECIPES
+    from pipelines.report.compare import RECIPES
 
     assert get_args(params.DeviceTarget) == DEVICE_TARGETS
     assert get_args(params.VerifyMode) == VERIFY_MODES

@@ -18,12 +18,12 @@ from kedro.framework.hooks import hook_impl
 from pydantic import BaseModel
 
 from pipelines import fast_dev_run, signals
+from pipelines.data.fashion_mnist import CLASS_NAMES as DEFAULT_TREE_CLASSES
 from pipelines.distributed.launch import hand_off_runs_with
 from pipelines.engine.checkpoint import Checkpoint
 from pipelines.engine.resume import remove_finished_checkpoints
 from pipelines.engine.runtime import DeviceUnavailableError, require_device
 from pipelines.errors import NODE_NOTE, Failure
-from pipelines.images.fashion_mnist import CLASS_NAMES as DEFAULT_TREE_CLASSES
 from pipelines.metrics import VAL_MLM_ACCURACY, VAL_TOP1
 from pipelines.params import ParameterError, validate_parameters
 from pipelines.tracking import (

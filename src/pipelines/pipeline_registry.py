@@ -21,15 +21,15 @@ def register_pipelines() -> dict[str, Pipeline]:
     """Each recipe after the data pipeline; ``__default__`` is ``baseline``."""
     # Imported here, not at the top: ``pipelines_named_by`` serves the command line before any run, and the
     # pipeline modules load MindSpore through their nodes.
-    from .adasum.pipeline import create_pipeline as create_adasum
-    from .baseline.pipeline import create_pipeline as create_baseline
-    from .data.pipeline import create_pipeline as create_data
-    from .dim_reduce.pipeline import create_pipeline as create_dim_reduce
-    from .migrate.pipeline import create_pipeline as create_migrate
-    from .report.pipeline import create_pipeline as create_report
-    from .study.pipeline import create_pipeline as create_study
-    from .thor.pipeline import create_pipeline as create_thor
-    from .thor_bert.pipeline import create_pipeline as create_thor_bert
+    from .pipelines.adasum.pipeline import create_pipeline as create_adasum
+    from .pipelines.baseline.pipeline import create_pipeline as create_baseline
+    from .pipelines.data.pipeline import create_pipeline as create_data
+    from .pipelines.dim_reduce.pipeline import create_pipeline as create_dim_reduce
+    from .pipelines.migrate.pipeline import create_pipeline as create_migrate
+    from .pipelines.report.pipeline import create_pipeline as create_report
+    from .pipelines.study.pipeline import create_pipeline as create_study
+    from .pipelines.thor.pipeline import create_pipeline as create_thor
+    from .pipelines.thor_bert.pipeline import create_pipeline as create_thor_bert
 
     data = create_data()
     baseline = data + create_baseline()

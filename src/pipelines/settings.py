@@ -3,8 +3,8 @@
 from kedro.config import OmegaConfigLoader
 from omegaconf.resolvers import oc
 
+from .catalog.artifacts import ArtifactHooks
 from .cli import quiet_start
-from .datasets.artifacts import ArtifactHooks
 from .hooks import ProjectHooks
 
 # `kedro` calls it first (pyproject's kedro.init entry point); here for sessions started from Python

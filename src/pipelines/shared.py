@@ -25,7 +25,7 @@ from pipelines.engine.checkpoint import Checkpoint
 from pipelines.engine.loop import TrainingResult
 from pipelines.metrics import history_table
 from pipelines.params import DataParams, ModelParams, RuntimeParams
-from pipelines.recipes import common
+from pipelines.recipes import classifier
 
 PARAMS_PREFIX = "params:"
 # Read by every evaluation node after the checkpoint it evaluates.
@@ -76,7 +76,7 @@ def training_outputs(result: TrainingResult) -> tuple[Checkpoint, pd.DataFrame]:
 
 def build_network(model: ModelParams, class_index: dict[str, int], runtime: RuntimeParams) -> Checkpoint:
     """Initial weights of the configured ResNet, seeded by ``runtime.seed``."""
-    return common.build_network(model, class_index, runtime)
+    return classifier.build_network(model, class_index, runtime)
 
 
 def build_network_node(output: str = "initial_weights") -> Node:
@@ -99,7 +99,7 @@ def evaluate_and_log(
     ``label`` names the model in the log (``baseline: top-1 …``); with ``child_run`` the metrics go to that
     training's child run (``tracking.training_run``) instead of the ``kedro run``'s run.
     """
-    report = common.evaluate_checkpoint(checkpoint, manifest, class_index, model, data, runtime, label)
+    report = classifier.evaluate_checkpoint(checkpoint, manifest, class_index, model, data, runtime, label)
     with tracking.training_run(child_run) if child_run else nullcontext():
         tracking.log_final(report)
     return report

@@ -272,7 +272,7 @@ def training_run(name: str, params: Mapping[str, object] | None = None) -> Itera
 
 
 class StudyRuns:
-    """MLflow for a study (``recipes.study.StudyTracking``): each training a child run of the study's run, with
+    """MLflow for a study (``study.runner.StudyTracking``): each training a child run of the study's run, with
     its tags, per-epoch rows (``EpochMetrics``) and final accuracy."""
 
     @contextmanager
@@ -326,7 +326,7 @@ class MlflowRunHandoff:
 
 
 class MlflowRunReader:
-    """Read access to one MLflow experiment as plain data, for ``pipelines.reporting.compare`` (its
+    """Read access to one MLflow experiment as plain data, for ``pipelines.report.compare`` (its
     ``RunReader``): runs as ``RunRecord`` dicts, metric histories and CSV artifacts as DataFrames."""
 
     def __init__(self, tracking_uri: str, experiment_name: str):

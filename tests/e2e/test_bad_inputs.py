@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 import yaml
 
+from pipelines.data.folder import BadImageError, DataLayoutError, create_dataset, scan_image_tree
 from pipelines.engine.checkpoint import Checkpoint, CheckpointError, save_checkpoint
 from pipelines.engine.epochs import NonFiniteLossError, TrainingSpec
 from pipelines.engine.loop import Checkpointing, train
 from pipelines.engine.resume import find_resume_checkpoint
 from pipelines.engine.step import TrainStep
-from pipelines.images.folder import BadImageError, DataLayoutError, create_dataset, scan_image_tree
 from pipelines.params import DataParams
 from tests.support.projects import TINY_PARAMS, kedro, make_project, runs
 from tests.support.training import build
@@ -47,7 +47,7 @@ def tree(root: Path) -> Path:
 
 
 def build_manifest_node(image_root: Path) -> Callable[[], object]:
-    from pipelines.data.nodes import build_manifest
+    from pipelines.pipelines.data.nodes import build_manifest
 
     data = yaml.safe_load((PROJECT / "conf/base/parameters.yml").read_text())["data"]
     return lambda: build_manifest(str(image_root), DataParams(**{**data, "on_bad_file": "fail"}))
@@ -166,8 +166,8 @@ def n_components_too_large(root: Path):
 
 
 def checkpoints_of_a_different_network(root: Path):
-    from pipelines.dim_reduce.nodes import collect_trajectory
     from pipelines.models.resnet import create_resnet
+    from pipelines.pipelines.dim_reduce.nodes import collect_trajectory
 
     five_classes = create_resnet("resnet_narrow", 5)
     paths = []

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from pipelines.engine.checkpoint import load_checkpoint
-from pipelines.params import MigrationParity
-from pipelines.porting.migrate import (
+from pipelines.migrate.convert import (
     TORCH_INSTALL_HINT,
     load_state_dict,
 )
+from pipelines.params import MigrationParity
 from tests.support.projects import kedro, make_project, runs
 from tests.support.torch_weights import IMAGE_SIZE, random_torch_resnet, save_state_dict
 
@@ -54,7 +54,7 @@ class NoTorch(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, NoTorch())
 from pipelines.pipeline_registry import register_pipelines
 assert "migrate" in register_pipelines()
-from pipelines.porting.migrate import load_state_dict
+from pipelines.migrate.convert import load_state_dict
 try:
     load_state_dict({str(tmp_path / "x.pth")!r})
 except ImportError as error:

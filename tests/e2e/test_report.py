@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from pipelines.metrics import EPOCH_KEYS
-from pipelines.reporting.compare import (
+from pipelines.report.compare import (
     compare,
     figures,
 )

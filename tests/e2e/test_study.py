@@ -101,7 +101,7 @@ def test_ci_columns_follow_from_the_logged_per_run_values(study):
         half = stats.t.ppf(0.975, len(logged) - 1) * np.std(logged, ddof=1) / math.sqrt(len(logged))
         row = summary.loc[recipe]
         assert row["final_top1"] == pytest.approx(mean)
-        # an accuracy's interval is cut to [0, 1] (tests/reporting/test_study.py)
+        # an accuracy's interval is cut to [0, 1] (tests/report/test_study.py)
         assert row["final_top1_ci_low"] == pytest.approx(max(mean - half, 0.0), nan_ok=True)
         assert row["final_top1_ci_high"] == pytest.approx(min(mean + half, 1.0), nan_ok=True)
         assert row["final_top1_n"] == 2

@@ -23,11 +23,11 @@ def viz_panel(project: Path, pipeline: str, full_name: str) -> dict:
 @pytest.mark.parametrize(
     ("pipeline", "node", "source", "function"),
     [
-        ("baseline", "baseline.train", "baseline/nodes.py", "train_baseline"),
-        ("baseline", "baseline.evaluate", "baseline/nodes.py", "evaluate_baseline"),
-        ("thor", "thor.train", "thor/nodes.py", "train_thor"),
-        ("dim_reduce", "dim_reduce.stage2.train", "dim_reduce/nodes.py", "train_stage2"),
-        ("dim_reduce", "dim_reduce.evaluation.evaluate_control", "dim_reduce/nodes.py", "evaluate_control"),
+        ("baseline", "baseline.train", "pipelines/baseline/nodes.py", "train_baseline"),
+        ("baseline", "baseline.evaluate", "pipelines/baseline/nodes.py", "evaluate_baseline"),
+        ("thor", "thor.train", "pipelines/thor/nodes.py", "train_thor"),
+        ("dim_reduce", "dim_reduce.stage2.train", "pipelines/dim_reduce/nodes.py", "train_stage2"),
+        ("dim_reduce", "dim_reduce.evaluation.evaluate_control", "pipelines/dim_reduce/nodes.py", "evaluate_control"),
         ("dim_reduce", "dim_reduce.stage1.build_network", "shared.py", "build_network"),
     ],
 )

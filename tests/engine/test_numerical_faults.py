@@ -87,10 +87,10 @@ def test_pbfgs_skips_an_overflowing_step_and_says_so():
 def test_stage2_with_too_large_a_loss_scale_stops_as_a_loss_scale_error(tmp_path):
     import yaml
 
+    from pipelines.data.folder import scan_image_tree
     from pipelines.engine.state import capture_state
-    from pipelines.images.folder import scan_image_tree
     from pipelines.params import DataParams, DimReduceParams, DistributedParams, ModelParams, RuntimeParams
-    from pipelines.recipes.common import create_network
+    from pipelines.recipes.classifier import create_network
     from pipelines.recipes.dim_reduce import train_stage2
     from tests.support.stage2_job import PROJECT
     from tests.support.trees import write_image_tree

@@ -8,12 +8,12 @@ import time
 import numpy as np
 import pytest
 
+from pipelines.data.folder import create_dataset, scan_image_tree
 from pipelines.engine.callbacks import Callback
 from pipelines.engine.checkpoint import Checkpoint
 from pipelines.engine.epochs import TrainingSpec
 from pipelines.engine.loop import Checkpointing, train
 from pipelines.engine.step import TrainStep
-from pipelines.images.folder import create_dataset, scan_image_tree
 from pipelines.metrics import EVAL_TIME_S, STEP_KEY, TRAIN_ELAPSED_S, TRAIN_EPOCH_TIME_S, VAL_STEP_TOP1
 
 BATCH = 4

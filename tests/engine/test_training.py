@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from pipelines.data.folder import create_dataset, scan_image_tree
 from pipelines.engine.callbacks import Callback, PeriodicCheckpoint
 from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
 from pipelines.engine.epochs import NonFiniteLossError, TrainingSpec
@@ -17,7 +18,6 @@ from pipelines.engine.model_bridge import ModelTrainStep
 from pipelines.engine.resume import find_resume_checkpoint, fingerprint, remove_finished_checkpoints
 from pipelines.engine.state import capture_state, history_of, restore_state
 from pipelines.engine.step import TrainStep
-from pipelines.images.folder import create_dataset, scan_image_tree
 from pipelines.metrics import EPOCH_KEYS, TIMESTAMP_KEY, history_table
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.models.resnet import create_resnet

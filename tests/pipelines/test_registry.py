@@ -84,7 +84,7 @@ def test_each_node_runs_its_own_function(registered):
         assert func.__qualname__ == func.__name__, node.name  # not a closure or a lambda
         source = Path(inspect.getfile(func))
         folder = node.name.split(".")[0]
-        assert source == PROJECT / f"src/pipelines/{folder}/nodes.py" or source.name == "shared.py", node.name
+        assert source == PROJECT / f"src/pipelines/pipelines/{folder}/nodes.py" or source.name == "shared.py", node.name
         assert inspect.getsource(func).startswith(f"def {func.__name__}("), node.name
 
 

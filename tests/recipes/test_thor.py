@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from mindspore import nn
 
+from pipelines.data.folder import scan_image_tree
 from pipelines.engine.resume import fingerprint
-from pipelines.images.folder import scan_image_tree
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.momentum import create_momentum
-from pipelines.recipes.common import build_network, network_from_checkpoint, train_data
+from pipelines.recipes.classifier import build_network, network_from_checkpoint, train_data
 from pipelines.recipes.context import TrainingContext
 from pipelines.recipes.thor import thor_model, thor_schedules, train_thor
 from tests.support.runner import tiny_parameters

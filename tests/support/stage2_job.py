@@ -57,12 +57,12 @@ def parameters(work: Path, implementation: str = "own"):
 def main(work: Path, tree: Path, implementation: str) -> None:
     import mlflow
 
-    from pipelines.dim_reduce.nodes import train_stage2
+    from pipelines.data.folder import scan_image_tree
     from pipelines.engine.checkpoint import save_checkpoint
     from pipelines.engine.runtime import configure_mindspore
     from pipelines.engine.state import capture_state
-    from pipelines.images.folder import scan_image_tree
-    from pipelines.recipes.common import create_network
+    from pipelines.pipelines.dim_reduce.nodes import train_stage2
+    from pipelines.recipes.classifier import create_network
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     params = parameters(work, implementation)

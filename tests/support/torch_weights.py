@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from pipelines.porting.torch_resnet import TorchResNet
+from pipelines.migrate.torch_resnet import TorchResNet
 
 IMAGE_SIZE = 64  # at 32 px the last stage is 1 x 1: training-mode BatchNorm over 4 values is ill-conditioned
 

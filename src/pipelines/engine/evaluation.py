@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipelines.data.folder import checked_batches
 from pipelines.engine.progress import announce_compile
-from pipelines.images.folder import checked_batches
 
 
 def evaluate(net, dataset, top_k: tuple[int, ...] = (1, 5)) -> dict[str, float]:

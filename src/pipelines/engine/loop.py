@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines.data.folder import dataset_figures
 from pipelines.distributed.launch import rank_context, verify_replicas
 from pipelines.engine.callbacks import Callback, ConstantFigures, PeriodicCheckpoint
 from pipelines.engine.checkpoint import Checkpoint, load_checkpoint
@@ -45,7 +46,6 @@ from pipelines.engine.progress import ProgressReporter
 from pipelines.engine.resume import CHECKPOINT_DIR_KEY, CHECKPOINT_PREFIX, KEEP_STALE, find_resume_checkpoint
 from pipelines.engine.state import HISTORY_KEY, encode_history, history_of
 from pipelines.engine.step import TrainStep
-from pipelines.images.folder import dataset_figures
 from pipelines.metrics import REPLICA_DIVERGENCE, THROUGHPUT_UNITS
 
 logger = logging.getLogger(__name__)

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pipelines.data.folder import checked_batches
 from pipelines.engine.checkpoint import Checkpoint
 from pipelines.engine.progress import announce_compile, take_compile_announcements
 from pipelines.engine.state import capture_state, restore_optimizer
-from pipelines.images.folder import checked_batches
 
 if TYPE_CHECKING:
     from pipelines.engine.epochs import EpochRunner

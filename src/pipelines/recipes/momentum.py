@@ -27,7 +27,7 @@ from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.momentum import create_momentum
 from pipelines.optim.schedules import momentum_lr, scaled_lr_max
 from pipelines.params import AdasumParams, BaselineParams, BoostParams, MomentumTraining, RuntimeParams
-from pipelines.recipes.common import (
+from pipelines.recipes.classifier import (
     configure,
     network_from_checkpoint,
     num_classes,
@@ -105,7 +105,7 @@ def train_momentum(
             training.loss_scale,
         )
         if adasum is not None and adasum.implementation == "mindspore_boost":
-            from pipelines.optim.adasum.boost import boost_adasum_model
+            from pipelines.optim.adasum.mindspore_adasum import boost_adasum_model
 
             step = ModelTrainStep(
                 lambda: boost_adasum_model(net, loss_fn, optimizer, training.loss_scale),

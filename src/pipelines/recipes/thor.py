@@ -42,7 +42,7 @@ from pipelines.optim.schedules import thor_damping, thor_lr
 from pipelines.optim.thor.capture import is_statistic
 from pipelines.optim.thor.step import ThorStep, create_thor_step
 from pipelines.params import ModelParams, ThorParams
-from pipelines.recipes.common import (
+from pipelines.recipes.classifier import (
     configure,
     network_from_checkpoint,
     num_classes,

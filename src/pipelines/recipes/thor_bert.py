@@ -58,7 +58,7 @@ from pipelines.params import (
     RuntimeParams,
     ThorBertParams,
 )
-from pipelines.recipes.common import configure
+from pipelines.recipes.classifier import configure
 from pipelines.recipes.thor import OwnThorStep, ThorFigures
 from pipelines.text.corpus import Document, fit_sentence_splitter, into_sentences, read_sources, split_documents
 from pipelines.text.dataset import create_text_dataset

@@ -207,7 +207,7 @@ import pipelines
 import mindspore as ms
 import mindspore.dataset as ds
 from mindspore import nn
-from pipelines.optim.dim_reduce.boost import boost_config, boost_model
+from pipelines.optim.dim_reduce.mindspore_dim_reduce import boost_config, boost_model
 from pipelines.engine.checkpoint import Checkpoint
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.engine.runtime import configure_mindspore

@@ -13,7 +13,7 @@ process of its own, as boost's configuration is a process-wide singleton). Epoch
 stage 1: stage 2 and the control continue at ``stage1.epochs + 1``.
 """
 
-from pipelines.recipes.dim_reduce.boost_stage2 import train_stage2_with_boost
+from pipelines.recipes.dim_reduce.mindspore_stage2 import train_stage2_with_boost
 from pipelines.recipes.dim_reduce.stage1 import collect_trajectory, train_control, train_stage1, trajectory_pca
 from pipelines.recipes.dim_reduce.stage2 import STEP_TIMESTAMP, train_stage2
 

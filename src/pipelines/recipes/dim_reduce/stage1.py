@@ -23,7 +23,7 @@ from pipelines.params import (
     Stage1Params,
     Stage2Params,
 )
-from pipelines.recipes.common import create_network
+from pipelines.recipes.classifier import create_network
 from pipelines.recipes.context import TrainingContext
 from pipelines.recipes.momentum import train_momentum
 

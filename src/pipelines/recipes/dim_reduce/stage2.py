@@ -28,7 +28,7 @@ from pipelines.engine.step import TrainStep
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.dim_reduce.pbfgs import PBFGS, STATE_PREFIX, PBFGSConfig
 from pipelines.params import Stage2Params
-from pipelines.recipes.common import (
+from pipelines.recipes.classifier import (
     configure,
     network_from_checkpoint,
     num_classes,

@@ -1,0 +1,109 @@
+"""Catalog datasets as MLflow artifacts, up to a size: ``ArtifactHooks``.
+
+A catalog entry marks its file as an artifact in its metadata::
+
+    "{recipe}.{training}.final_checkpoint":
+      type: pipelines.catalog.CheckpointDataset
+      filepath: data/06_models/{recipe}/{training}.ckpt
+      metadata:
+        mlflow_artifact:
+          folder: checkpoints      # the artifact folder
+          training: "{training}"   # optional: the training's child run holds it (tracking.training_run)
+
+After each save, the file goes into the run's artifacts if it is at most ``tracking.artifact_max_mb``; a larger
+one stays where it is, and the run gets three tags instead, ``artifact/<folder>/<file name>/path`` (absolute),
+``…/bytes`` and ``…/sha256``, enough to find the file again and check it is the one this run wrote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+from kedro.framework.hooks import hook_impl
+
+from pipelines import tracking
+from pipelines.params import TrackingParams
+
+logger = logging.getLogger(__name__)
+
+METADATA_KEY = "mlflow_artifact"
+BYTES_PER_MB = 1_000_000
+TAG_PREFIX = "artifact"
+_HASH_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A saved file to log: where it is, its artifact folder, and the child run (training) that holds it."""
+
+    file: Path
+    folder: str
+    training: str | None = None
+
+    @classmethod
+    def of(cls, dataset) -> Artifact | None:
+        """The artifact a catalog dataset's metadata declares, or None."""
+        spec = (getattr(dataset, "metadata", None) or {}).get(METADATA_KEY)
+        if not spec:
+            return None
+        # every dataset of this project's catalog describes its file as ``filepath``, as kedro-datasets' do
+        return cls(Path(dataset._describe()["filepath"]), spec["folder"], spec.get("training"))
+
+    @property
+    def tag_key(self) -> str:
+        return f"{TAG_PREFIX}/{self.folder}/{self.file.name}"
+
+
+def sha256(path: Path) -> str:
+    """Hex sha256 of the file ``path``, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def log(artifact: Artifact, max_bytes: float) -> None:
+    """Copy ``artifact`` into the active run (its child run ``training``), or tag its path, size and sha256
+    when the file is larger than ``max_bytes``."""
+    size = artifact.file.stat().st_size
+    with tracking.training_run(artifact.training) if artifact.training else nullcontext():
+        if size <= max_bytes:
+            tracking.log_artifact(artifact.file, artifact.folder)
+            return
+        logger.info(
+            "%s is %.1f MB, above tracking.artifact_max_mb (%g): logged its path, size and sha256 as tags of the "
+            "MLflow run instead of the file",
+            artifact.file,
+            size / BYTES_PER_MB,
+            max_bytes / BYTES_PER_MB,
+        )
+        tracking.set_tags(
+            {
+                f"{artifact.tag_key}/path": str(artifact.file.resolve()),
+                f"{artifact.tag_key}/bytes": str(size),
+                f"{artifact.tag_key}/sha256": sha256(artifact.file),
+            }
+        )
+
+
+class ArtifactHooks:
+    """Logs each saved catalog dataset that declares ``mlflow_artifact`` (see the module docstring)."""
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        self._catalog = catalog
+        self._max_bytes = TrackingParams.model_validate(catalog.load("params:tracking")).artifact_max_mb * BYTES_PER_MB
+
+    @hook_impl
+    def after_dataset_saved(self, dataset_name: str, data, node) -> None:
+        catalog = getattr(self, "_catalog", None)
+        if catalog is None or dataset_name not in catalog:
+            return
+        artifact = Artifact.of(catalog.get(dataset_name))
+        if artifact is not None:
+            log(artifact, self._max_bytes)
