@@ -60,7 +60,7 @@ def main() -> None:
     from pipelines.engine.state import capture_state, restore_network
     from pipelines.models.loss import CrossEntropySmooth
     from pipelines.optim.momentum import create_momentum
-    from pipelines.optim.schedules import momentum_lr
+    from pipelines.optim.schedules import per_step
     from pipelines.recipes.classifier import create_network, train_data
     from pipelines.recipes.thor import own_thor_step, thor_model, thor_schedules
 
@@ -86,18 +86,7 @@ def main() -> None:
     def momentum_setup(epochs: int):
         net = create_network(model, scan.class_index)
         restore_network(net, momentum_initial)
-        lr = baseline.lr
-        lrs = momentum_lr(
-            lr.schedule,
-            lr.lr_init,
-            lr.lr_max,
-            lr.lr_end,
-            lr.warmup_epochs,
-            epochs,
-            steps_per_epoch,
-            tuple(lr.milestones),
-            lr.step_gamma,
-        )
+        lrs = per_step(baseline.lr, epochs=epochs, steps_per_epoch=steps_per_epoch)
         optimizer = create_momentum(net, lrs, baseline.momentum, baseline.weight_decay, baseline.loss_scale)
         step = nn.TrainOneStepCell(
             nn.WithLossCell(net, CrossEntropySmooth(classes, baseline.label_smoothing)),

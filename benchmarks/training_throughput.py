@@ -49,7 +49,7 @@ def main() -> None:
     from pipelines.models.loss import CrossEntropySmooth
     from pipelines.models.resnet import create_resnet
     from pipelines.optim.momentum import create_momentum
-    from pipelines.optim.schedules import momentum_lr
+    from pipelines.optim.schedules import warmup_schedule
     from pipelines.tracking import EpochMetrics
 
     configure_mindspore("CPU", "graph", 0)
@@ -64,7 +64,7 @@ def main() -> None:
     steps = dataset().get_dataset_size()
     images = steps * args.batch_size
     total_epochs = 1 + args.repeats
-    lr = momentum_lr("cosine", 0.01, 0.1, 0.0, 0, total_epochs, steps)
+    lr = warmup_schedule("cosine", 0.01, 0.1, 0.0, 0, total_epochs, steps)
     initial = capture_state(create_resnet(args.network, 10), None, {})
 
     def parts():

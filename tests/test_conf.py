@@ -23,7 +23,7 @@ def test_env_overrides_keys_and_keeps_the_rest(base, env, device):
     assert params["data"]["split_dirs"] == base["data"]["split_dirs"]
     assert params["data"]["eval_resize_ratio"] == base["data"]["eval_resize_ratio"]
     assert params["baseline"]["momentum"] == base["baseline"]["momentum"]
-    assert params["baseline"]["lr"]["step_gamma"] == base["baseline"]["lr"]["step_gamma"]
+    assert params["baseline"]["lr"]["gamma"] == base["baseline"]["lr"]["gamma"]
     assert params["baseline"]["checkpoint"]["dir"] == base["baseline"]["checkpoint"]["dir"]
     # and the recipe values replace the CPU defaults
     assert params["model"] == {**base["model"], "name": "resnet50", "num_classes": 1001}
@@ -33,8 +33,8 @@ def test_env_overrides_keys_and_keeps_the_rest(base, env, device):
     assert params["baseline"]["batch_size"] == 256
     assert params["baseline"]["epochs"] == 90
     assert params["baseline"]["loss_scale"] == 1024
-    assert params["baseline"]["lr"]["schedule"] == "linear"
-    assert params["baseline"]["lr"]["lr_max"] == 0.8
+    assert params["baseline"]["lr"]["shape"] == "linear"
+    assert params["baseline"]["lr"]["peak"] == 0.8
     assert params["baseline"]["lr"]["warmup_epochs"] == 2
     assert params["baseline"]["lr"]["reference_devices"] == 8
 
@@ -91,7 +91,7 @@ def test_dim_reduce_recipe(base, env):
     recipe = load_params(env)["dim_reduce"]
     stage1 = recipe["stage1"]
     assert (stage1["epochs"], stage1["schedule_epochs"]) == (70, 90)
-    assert stage1["lr"]["warmup_epochs"] == 5 and stage1["lr"]["lr_max"] == 0.8
+    assert stage1["lr"]["warmup_epochs"] == 5 and stage1["lr"]["peak"] == 0.8
     # the last 40 epoch weights: one file per epoch from epoch 31 to 70
     assert stage1["trajectory"] == {
         **base["dim_reduce"]["stage1"]["trajectory"],
@@ -114,9 +114,10 @@ def test_thor_recipe(base, env, epochs, lr, damping):
     thor = load_params(env)["thor"]
     assert thor["epochs"] == epochs and thor["batch_size"] == 32 and thor["frequency"] == 834
     assert thor["loss_scale"] == 128 and thor["zero_init_last_bn_gamma"] is True
-    assert (thor["lr"]["lr_init"], thor["lr"]["lr_decay"], thor["lr"]["lr_end_epoch"]) == lr
-    assert (thor["damping"]["damping_init"], thor["damping"]["damping_decay"]) == damping
-    assert thor["lr"]["decay_epoch"] == base["thor"]["lr"]["decay_epoch"] == 39
+    assert (thor["lr"]["shape"], thor["lr"]["peak"], thor["lr"]["power"], thor["lr"]["end_epoch"]) == ("thor", *lr)
+    assert (thor["damping"]["shape"], thor["damping"]["peak"], thor["damping"]["rate"]) == ("exponential", *damping)
+    assert thor["damping"]["decay_epochs"] == 10
+    assert thor["lr"]["halve_epoch"] == base["thor"]["lr"]["halve_epoch"] == 39
     assert thor["weight_decay"] == 0.0005 and thor["momentum"] == 0.9
 
 
@@ -131,7 +132,7 @@ def test_parameter_choices_match_the_library():
     from pipelines.migrate.layouts import TORCHVISION_ARCHITECTURES
     from pipelines.models.resnet import CONV_INITS, DENSE_INITS, RESNET_LAYOUTS
     from pipelines.optim.adasum.collective import EXCHANGES
-    from pipelines.optim.schedules import LR_SCHEDULES
+    from pipelines.optim.schedules import SHAPES
     from pipelines.report.compare import RECIPES
 
     assert get_args(params.DeviceTarget) == DEVICE_TARGETS
@@ -139,7 +140,15 @@ def test_parameter_choices_match_the_library():
     assert get_args(params.BadFilePolicy) == BAD_FILE_POLICIES
     assert get_args(params.NetworkName) == tuple(RESNET_LAYOUTS)
     assert get_args(params.Initialiser) == CONV_INITS == DENSE_INITS
-    assert get_args(params.LrSchedule) == LR_SCHEDULES
+    assert params.SCHEDULE_SHAPES == SHAPES
+    assert (
+        tuple(
+            tag
+            for member in get_args(get_args(params.Schedule)[0])
+            for tag in get_args(member.model_fields["shape"].annotation)
+        )
+        == SHAPES
+    )
     assert get_args(params.GradCentralization) == GRAD_CENTRALIZATION_MODES
     assert params.GRAD_CENTRALIZATION_TARGETS == GRAD_CENTRALIZATION_TARGETS
     assert get_args(params.TorchvisionArchitecture) == TORCHVISION_ARCHITECTURES

@@ -9,7 +9,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from pipelines.hooks import parameter_sources
+from pipelines.hooks.config_files import parameter_sources
 from pipelines.params import BaselineParams, ParameterError, Parameters, ThorParams, validate_parameters
 from tests.support.config import CONF, changed, load_params
 
@@ -34,14 +34,14 @@ def problems(params: dict, sources: dict | None = None) -> list[str]:
     [
         # typos: the closest key beside the unknown one is suggested
         ("baseline.epoch", 3, "baseline.epoch is not a known parameter; did you mean baseline.epochs?"),
-        ("baseline.lr.lr_maxx", 0.1, "baseline.lr.lr_maxx is not a known parameter; did you mean baseline.lr.lr_max?"),
+        ("baseline.lr.peek", 0.1, "baseline.lr.peek is not a known parameter; did you mean baseline.lr.peak?"),
         ("baselne.epochs", 3, "baselne is not a known parameter; did you mean baseline?"),
         ("baseline.zzz", 3, "baseline.zzz is not a known parameter"),
         # types: strict, an integer is not a float's
         ("baseline.epochs", "ten", "baseline.epochs is 'ten' but must be an integer"),
         ("baseline.epochs", 2.5, "baseline.epochs is 2.5 but must be an integer"),
         ("baseline.epochs", True, "baseline.epochs is true but must be an integer"),
-        ("baseline.lr.lr_max", "0.1", "baseline.lr.lr_max is '0.1' but must be a number"),
+        ("baseline.lr.peak", "0.1", "baseline.lr.peak is '0.1' but must be a number"),
         ("model.zero_init_last_bn_gamma", 1, "model.zero_init_last_bn_gamma is 1 but must be true or false"),
         ("data.split_dirs", "train", "data.split_dirs is 'train' but must be a mapping"),
         ("thor.trace_rule", 0.01, "thor.trace_rule is 0.01 but must be a list"),
@@ -49,22 +49,23 @@ def problems(params: dict, sources: dict | None = None) -> list[str]:
         ("thor.trace_rule", [0.01], "thor.trace_rule is [0.01]: list should have at least 2 items"),
         ("boost.freeze_type", True, "boost.freeze_type is true but must be an integer"),
         # choices
-        ("baseline.lr.schedule", "cosin", "baseline.lr.schedule is 'cosin'; choose one of linear, cosine, poly, steps"),
+        ("baseline.lr.shape", "cosin", "baseline.lr.shape is 'cosin'; choose one of linear, cosine, quadratic, steps"),
         (
             "model.name",
             None,
             "model.name is null; choose one of resnet18, resnet34, resnet50, resnet101, resnet_narrow",
         ),
         ("runtime.device_target", "TPU", "runtime.device_target is 'TPU'; choose one of CPU, GPU, Ascend"),
-        ("dim_reduce.stage2.implementation", "boost", "is 'boost'; choose one of own, mindspore_boost"),
+        ("dim_reduce.stage2.implementation", "boost", "is 'boost'; choose one of own, mindspore"),
         ("data.on_bad_file", "skip", "data.on_bad_file is 'skip'; choose one of exclude, fail"),
         # ranges
-        ("baseline.lr.lr_max", -0.1, "baseline.lr.lr_max is -0.1 but must be > 0"),
+        ("baseline.lr.peak", -0.1, "baseline.lr.peak is -0.1 but must be > 0"),
         ("baseline.batch_size", 0, "baseline.batch_size is 0 but must be > 0"),
         ("baseline.momentum", 1.5, "baseline.momentum is 1.5 but must be < 1"),
         ("baseline.momentum", -0.1, "baseline.momentum is -0.1 but must be >= 0"),
         ("thor.frequency", 1, "thor.frequency is 1 but must be >= 2"),
-        ("thor.lr.lr_init", 0, "thor.lr.lr_init is 0 but must be > 0"),
+        ("thor.lr.peak", 0, "thor.lr.peak is 0 but must be > 0"),
+        ("thor.damping.rat", 0.5, "thor.damping.rat is not a known parameter; did you mean thor.damping.rate?"),
         ("data.eval_resize_ratio", 1.2, "data.eval_resize_ratio is 1.2 but must be <= 1"),
         ("distributed.master_port", 80, "distributed.master_port is 80 but must be >= 1024"),
         ("boost.freeze_type", 2, "boost.freeze_type is 2 but must be <= 1"),
@@ -78,7 +79,11 @@ def problems(params: dict, sources: dict | None = None) -> list[str]:
         ("distributed.local_worker_num", 2, "distributed.local_worker_num is 2, more than distributed.worker_num"),
         ("distributed.node_rank", 1, "distributed.node_rank is 1; with 1 workers, 1 per node, use 0..0"),
         ("thor.implementation", "mindspore", "thor.implementation is mindspore, whose kernels"),
-        ("adasum.implementation", "mindspore_boost", "adasum.implementation is mindspore_boost, which MindSpore runs"),
+        (
+            "adasum.implementation",
+            "mindspore",
+            "adasum.implementation is mindspore (mindspore.boost's Adasum), which MindSpore runs",
+        ),
     ],
 )
 def test_bad_parameter_is_named_with_its_source(key, value, message):
@@ -141,14 +146,14 @@ def test_cross_key_rules_report_every_broken_rule():
     [
         ({"boost.less_bn": True, "runtime.mode": "pynative"}, "boost.less_bn needs runtime.mode graph"),
         ({"boost.less_bn": True, "boost.grad_centralization": "on"}, "boost.grad_centralization is on, but"),
-        ({"dim_reduce.stage2.implementation": "mindspore_boost", "distributed.worker_num": 2}, "dim_reduce.stage2"),
+        ({"dim_reduce.stage2.implementation": "mindspore", "distributed.worker_num": 2}, "dim_reduce.stage2"),
         (
-            {"dim_reduce.stage2.implementation": "mindspore_boost", "study.recipes": ["dim_reduce"]},
-            "dim_reduce.stage2.implementation is mindspore_boost, but study.recipes",
+            {"dim_reduce.stage2.implementation": "mindspore", "study.recipes": ["dim_reduce"]},
+            "dim_reduce.stage2.implementation is mindspore, but study.recipes",
         ),
         ({"study.recipes": ["adasum"], "study.adasum_workers": 6}, "study.adasum_workers is 6"),
         (
-            {"dim_reduce.stage2.eval_every_steps": 10, "dim_reduce.stage2.implementation": "mindspore_boost"},
+            {"dim_reduce.stage2.eval_every_steps": 10, "dim_reduce.stage2.implementation": "mindspore"},
             "dim_reduce.stage2.eval_every_steps",
         ),
         (
@@ -169,7 +174,7 @@ def test_rules_across_sections_name_the_key_to_change(changes, key):
 def test_rules_across_sections_hold_on_the_targets_they_name():
     for env, changes in (
         ("ascend", {"boost.less_bn": True, "boost.grad_centralization": "on"}),
-        ("local", {"dim_reduce.stage2.implementation": "mindspore_boost"}),
+        ("local", {"dim_reduce.stage2.implementation": "mindspore"}),
     ):
         params = load_params(env)
         for dotted, value in changes.items():
@@ -201,12 +206,12 @@ def test_thor_trace_rule_takes_two_numbers_or_null():
 
 
 def test_models_read_as_attributes_take_ints_for_floats_and_are_frozen():
-    baseline = BaselineParams.model_validate(changed(load_params("local"), "baseline.lr.lr_max", 1)["baseline"])
-    assert baseline.lr.lr_max == 1.0 and isinstance(baseline.lr.lr_max, float)
+    baseline = BaselineParams.model_validate(changed(load_params("local"), "baseline.lr.peak", 1)["baseline"])
+    assert baseline.lr.peak == 1.0 and isinstance(baseline.lr.peak, float)
     with pytest.raises(ValidationError, match="frozen"):
         baseline.epochs = 3
     thor = ThorParams.model_validate(load_params("local")["thor"])
-    assert thor.lr.lr_init == 0.1 and thor.mindspore.amp_level == "O2"
+    assert thor.lr.peak == 0.1 and thor.mindspore.amp_level == "O2"
 
 
 def test_validation_loads_neither_mindspore_nor_mlflow():
@@ -233,7 +238,7 @@ assert "pipelines.params" not in before and not loaded, loaded
 def test_an_unknown_environment_is_named_with_those_that_exist(tmp_path):
     import click
 
-    from pipelines.hooks import require_environment
+    from pipelines.hooks.config_files import require_environment
 
     conf = tmp_path / "conf"
     for env in ("base", "ascend", "gpu"):

@@ -10,10 +10,10 @@ from pipelines.tracking import run_description, run_name, short_key
 
 def test_run_names_are_short_and_abbreviate_each_key_the_same_way_everywhere():
     keys = [
-        "thor.lr.lr_init",
+        "thor.lr.peak",
         "thor.epochs",
         "baseline.epochs",
-        "baseline.lr.lr_init",
+        "baseline.lr.peak",
         "model.name",
         "data.root",
         "dim_reduce.stage1.trajectory.start_epoch",
@@ -21,7 +21,7 @@ def test_run_names_are_short_and_abbreviate_each_key_the_same_way_everywhere():
     ]
     # a key is cut to its shortest suffix no other key ends with, whichever pipeline runs
     assert short_key("dim_reduce.stage1.trajectory.start_epoch", keys) == "start_epoch"
-    assert short_key("thor.lr.lr_init", keys) == "thor.lr.lr_init"  # baseline's lr_init too: the whole key
+    assert short_key("thor.lr.peak", keys) == "thor.lr.peak"  # baseline's peak too: the whole key
     assert short_key("dim_reduce.stage2.alpha", keys) == "alpha"
     assert run_name(["dim_reduce"], None, {"dim_reduce.stage1.trajectory.start_epoch": 2}, keys, False) == (
         "dim_reduce start_epoch=2"

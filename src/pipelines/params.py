@@ -1,7 +1,7 @@
 """Typed parameters: one pydantic model per section of ``conf/base/parameters*.yml``.
 
-Field names are the YAML keys, nested mappings are nested models (``thor.lr.lr_init`` is
-``ThorParams.lr.lr_init``). Every model is strict (a string is not a number, ``1.0`` is not an
+Field names are the YAML keys, nested mappings are nested models (``thor.lr.peak`` is
+``ThorParams.lr.peak``). Every model is strict (a string is not a number, ``1.0`` is not an
 integer; an integer passes where a float is expected), forbids unknown keys (a typo is an error)
 and is frozen (a node cannot change the configuration another node reads). Choices are
 ``Literal``s, ranges ``Field(ge=..., gt=..., le=..., lt=...)``; rules across keys are model
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import ErrorDetails, PydanticCustomError
@@ -33,7 +33,6 @@ VerifyMode = Literal["none", "header", "decode"]
 BadFilePolicy = Literal["exclude", "fail"]
 NetworkName = Literal["resnet18", "resnet34", "resnet50", "resnet101", "resnet_narrow"]
 Initialiser = Literal["he_normal", "xavier_uniform", "truncated_normal"]
-LrSchedule = Literal["linear", "cosine", "poly", "steps", "constant"]
 GradCentralization = Literal["auto", "on", "off"]
 TorchvisionArchitecture = Literal["resnet18", "resnet34", "resnet50", "resnet101"]
 RecipeName = Literal["baseline", "dim_reduce", "thor", "adasum"]
@@ -201,17 +200,65 @@ class BoostParams(Section):
         return self
 
 
-class LrParams(Section):
-    """Momentum learning-rate schedule; lr_max is for ``reference_devices`` devices."""
+class WarmupSchedule(Section):
+    """The Momentum recipes' schedules (models repo official/cv/ResNet), per step ``i`` of ``T`` with ``W``
+    warm-up steps: ``start + (peak - start) i / W`` during the warm-up, then by ``shape``: linear
+    ``peak - (peak - end)(i - W)/(T - W)``; cosine ``peak [(T - i)/(T - W) 0.5 (1 + cos(2 pi 0.47 i/(T - W)))
+    + 1e-5]``; quadratic (the models repo's ``poly``) ``peak (1 - (i - W)/(T - W))^2``; steps ``peak gamma^k``
+    after the k-th of ``milestones`` (epochs); constant ``peak``. ``peak`` is the value for ``reference_devices``
+    devices and scales linearly with the devices trained on."""
 
-    schedule: LrSchedule
-    lr_init: NonNegativeFloat
-    lr_max: PositiveFloat
-    lr_end: NonNegativeFloat
+    shape: Literal["linear", "cosine", "quadratic", "steps", "constant"]
+    start: NonNegativeFloat
+    peak: PositiveFloat
+    end: NonNegativeFloat  # linear only
     warmup_epochs: NonNegativeFloat
     reference_devices: PositiveInt
-    milestones: list[int]  # epochs, for schedule: steps
-    step_gamma: float
+    milestones: list[int]  # epochs; steps only
+    gamma: float  # steps only
+
+
+class ThorEpochSchedule(Section):
+    """THOR's ResNet learning rate (models repo ``get_thor_lr``): ``peak (1 - e/end_epoch)^power``, halved once
+    ``e >= halve_epoch`` and again once ``e >= halve_epoch + 1``, ``e`` the epochs done after the step."""
+
+    shape: Literal["thor"]
+    peak: PositiveFloat
+    power: float
+    end_epoch: PositiveInt
+    halve_epoch: int
+
+
+class ExponentialSchedule(Section):
+    """``peak rate^(e/decay_epochs)``, ``e`` the epochs done after the step (THOR's ResNet damping, models repo
+    ``get_thor_damping``: ``decay_epochs`` 10)."""
+
+    shape: Literal["exponential"]
+    peak: PositiveFloat
+    rate: PositiveFloat
+    decay_epochs: PositiveFloat
+
+
+class PolynomialSchedule(Section):
+    """The models repo's BERT schedules (``BertLearningRate``, ``get_bert_thor_lr``, ``get_bert_thor_damping``):
+    ``peak i / warmup_steps`` during the warm-up, then ``(peak - end)(1 - min(i, total_steps)/total_steps)^power +
+    end`` with ``i`` counted from step 0; ``total_steps`` null: the training's steps after the warm-up."""
+
+    shape: Literal["polynomial"]
+    peak: PositiveFloat
+    end: NonNegativeFloat
+    power: PositiveFloat
+    warmup_steps: NonNegativeInt
+    total_steps: PositiveInt | None
+
+
+# Every schedule of the project, the learning rates and THOR's damping alike: ``shape`` chooses the formula
+# (``pipelines.optim.schedules.per_step`` computes it), the same keys mean the same thing in every shape (``peak``
+# the value the decay starts from, ``end`` the last, ``power`` the exponent).
+Schedule = Annotated[
+    WarmupSchedule | ThorEpochSchedule | ExponentialSchedule | PolynomialSchedule, Field(discriminator="shape")
+]
+SCHEDULE_SHAPES = ("linear", "cosine", "quadratic", "steps", "constant", "thor", "exponential", "polynomial")
 
 
 class CheckpointParams(Section):
@@ -229,14 +276,14 @@ class MomentumTraining(Section):
     """The Momentum recipe's keys, shared by baseline, adasum and dim_reduce stage 1."""
 
     batch_size: PositiveInt  # per device
-    lr: LrParams
+    lr: Schedule
     momentum: Fraction
     weight_decay: NonNegativeFloat
     label_smoothing: Fraction
     loss_scale: PositiveFloat
     eval_interval: NonNegativeInt  # 0: only after the last epoch
     checkpoint: CheckpointParams
-    eval_every_steps: NonNegativeInt = 0  # also evaluate on data.step_eval_images every N steps; 0: off
+    eval_every_steps: NonNegativeInt  # also evaluate on data.step_eval_images every N steps; 0: off
 
 
 class BaselineParams(MomentumTraining):
@@ -244,7 +291,7 @@ class BaselineParams(MomentumTraining):
 
 
 class AdasumParams(MomentumTraining):
-    implementation: Literal["own", "mindspore_boost"]
+    implementation: Literal["own", "mindspore"]
     exchange: Literal["auto", "allgather", "allreduce"]
     average_batchnorm_statistics: bool
     epochs: PositiveInt
@@ -276,7 +323,7 @@ class PcaParams(Section):
 class Stage2Params(Section):
     """P-BFGS in the PCA subspace."""
 
-    implementation: Literal["own", "mindspore_boost"]
+    implementation: Literal["own", "mindspore"]
     epochs: PositiveInt
     batch_size: PositiveInt
     rho: OpenFraction
@@ -288,7 +335,7 @@ class Stage2Params(Section):
     label_smoothing: Fraction
     checkpoint: CheckpointParams
     # also evaluate on data.step_eval_images every N steps, stage 2 and the control alike (own only); 0: off
-    eval_every_steps: NonNegativeInt = 0
+    eval_every_steps: NonNegativeInt
 
 
 class ControlParams(Section):
@@ -374,28 +421,11 @@ class ReportParams(Section):
     run_ids: ReportRunIds
 
 
-class ThorLr(Section):
-    """lr_init (1 - e/lr_end_epoch)^lr_decay, halved at e >= decay_epoch and again at +1."""
-
-    lr_init: PositiveFloat
-    lr_decay: float
-    lr_end_epoch: PositiveInt
-    decay_epoch: int
-
-
-class ThorDamping(Section):
-    """damping_init * damping_decay^(e/10)."""
-
-    damping_init: PositiveFloat
-    damping_decay: float
-
-
 class ThorMindSpore(Section):
     """Options of implementation: mindspore (nn.thor + ModelThor)."""
 
     amp_level: AmpLevel
     keep_batchnorm_fp32: bool
-    split_indices: list[int]
     dataset_sink_mode: bool
 
 
@@ -406,8 +436,8 @@ class ThorParams(Section):
     precondition: bool
     epochs: PositiveInt
     batch_size: PositiveInt
-    lr: ThorLr
-    damping: ThorDamping
+    lr: Schedule
+    damping: Schedule
     momentum: Fraction
     weight_decay: NonNegativeFloat
     label_smoothing: Fraction
@@ -416,10 +446,11 @@ class ThorParams(Section):
     block_size: PositiveInt | None  # None: full inverses
     trace_rule: Annotated[list[float], Field(min_length=2, max_length=2)] | None  # [skip, stop]
     zero_init_last_bn_gamma: bool
+    split_indices: list[int]  # nn.thor's allreduce fusion groups of the A/G statistics (implementation mindspore)
     eval_interval: NonNegativeInt
+    eval_every_steps: NonNegativeInt  # also evaluate on data.step_eval_images every N steps; 0: off
     checkpoint: CheckpointParams
     mindspore: ThorMindSpore
-    eval_every_steps: NonNegativeInt = 0  # also evaluate on data.step_eval_images every N steps; 0: off
 
     @model_validator(mode="after")
     def _consistent(self) -> ThorParams:
@@ -494,40 +525,19 @@ class BertNetworkParams(Section):
         return self
 
 
-class PolynomialDecay(Section):
-    """(max - min) (1 - i / total_steps)^power + min (the models repo's get_bert_thor_lr / _damping); total_steps
-    None: the training's own length."""
-
-    max: PositiveFloat
-    min: NonNegativeFloat
-    power: PositiveFloat
-    total_steps: PositiveInt | None
-
-
-class WarmupPolynomialLr(Section):
-    """Linear warm-up over ``warmup_steps`` to ``lr_max``, then polynomial decay to ``lr_end`` over ``decay_steps``
-    (None: the rest of the training), as the models repo's BertLearningRate."""
-
-    lr_max: PositiveFloat
-    lr_end: NonNegativeFloat
-    power: PositiveFloat
-    warmup_steps: NonNegativeInt
-    decay_steps: PositiveInt | None
-
-
 class BertThorTraining(Section):
     """THOR on BERT: every Dense layer preconditioned, then Momentum; weight decay except on LayerNorm and biases."""
 
     epochs: PositiveInt
     batch_size: PositiveInt  # per device
-    lr: PolynomialDecay
-    damping: PolynomialDecay
+    lr: Schedule
+    damping: Schedule
     momentum: Fraction
     weight_decay: NonNegativeFloat
     loss_scale: PositiveFloat
     frequency: Annotated[int, Field(ge=2)]
     block_size: PositiveInt | None
-    split_indices: list[int]  # MindSpore's allreduce fusion of the A/G statistics (recorded; see README)
+    split_indices: list[int]  # nn.thor's allreduce fusion groups of the A/G statistics (recorded)
     eval_interval: NonNegativeInt
     checkpoint: CheckpointParams
     eval_every_steps: NonNegativeInt
@@ -540,7 +550,7 @@ class BertBaselineTraining(Section):
     optimizer: Literal["adamweightdecay", "lamb"]
     epochs: PositiveInt
     batch_size: PositiveInt  # per device
-    lr: WarmupPolynomialLr
+    lr: Schedule
     weight_decay: NonNegativeFloat
     eps: PositiveFloat
     loss_scale: PositiveFloat
@@ -651,13 +661,13 @@ class Parameters(Section):
     def _runnable_on_this_target(self) -> Parameters:
         problems = []
         device_target, workers = self.runtime.device_target, self.distributed.worker_num
-        if self.adasum.implementation == "mindspore_boost" and (
+        if self.adasum.implementation == "mindspore" and (
             device_target != "Ascend" or workers < BOOST_ADASUM_MIN_DEVICES
         ):
             problems.append(
                 (
                     "adasum.implementation",
-                    f"is mindspore_boost, which MindSpore runs on Ascend with {BOOST_ADASUM_MIN_DEVICES} devices or "
+                    f"is mindspore (mindspore.boost's Adasum), which MindSpore runs on Ascend with {BOOST_ADASUM_MIN_DEVICES} devices or "
                     f"more (Send/Receive between 8-device servers); this run has {workers} {device_target} worker(s): "
                     "use own",
                 )
@@ -703,7 +713,7 @@ class Parameters(Section):
             problems.append(
                 (
                     "dim_reduce.stage2.implementation",
-                    "is mindspore_boost, but study.recipes has dim_reduce, whose stage 2 the study evaluates every "
+                    "is mindspore, but study.recipes has dim_reduce, whose stage 2 the study evaluates every "
                     "study.eval_every_steps steps: use own (or take dim_reduce out of study.recipes)",
                 )
             )
@@ -728,11 +738,11 @@ class Parameters(Section):
                 for name, section in sections.items()
                 if section.checkpoint.keep_last < 2
             ]
-        if self.dim_reduce.stage2.implementation == "mindspore_boost" and workers > 1:
+        if self.dim_reduce.stage2.implementation == "mindspore" and workers > 1:
             problems.append(
                 (
                     "dim_reduce.stage2.implementation",
-                    "is mindspore_boost, which runs in one process of its own, outside msrun; with "
+                    "is mindspore (mindspore.boost's DimReduce), which runs in one process of its own, outside msrun; with "
                     f"distributed.worker_num {workers} use own (P-BFGS averages gradients and losses across the ranks)",
                 )
             )
@@ -765,13 +775,19 @@ def _problems(details: ErrorDetails) -> list[tuple[str, str]]:
     """(dotted key, problem) pairs of one pydantic error."""
     if details["type"] == "cross_key":
         return [(key, problem) for key, problem in details["ctx"]["problems"]]
-    key = _dotted(details["loc"])
+    loc, parent = _resolve(details["loc"])
+    key = _dotted(loc)
     if details["type"] == "extra_forbidden":
-        return [(key, "is not a known parameter" + _suggestion(details["loc"]))]
+        return [(key, "is not a known parameter" + _suggestion(loc, parent))]
     if details["type"] == "missing":
         return [(key, "is missing")]
+    if details["type"] in ("union_tag_invalid", "union_tag_not_found"):  # a schedule's shape
+        ctx = details["ctx"]
+        tags = _tagged_members(parent.model_fields[str(loc[-1])].annotation) if parent is not None else {}
+        found = f"is {ctx['tag']!r}" if details["type"] == "union_tag_invalid" else "is missing"
+        return [(f"{key}.{ctx['discriminator'].strip(chr(39))}", f"{found}; choose one of {', '.join(tags)}")]
     value, ctx = _yaml_text(details["input"]), details.get("ctx", {})
-    if details["type"] == "literal_error":  # ctx: "'own' or 'mindspore_boost'"
+    if details["type"] == "literal_error":  # ctx: "'own' or 'mindspore'"
         allowed = ctx["expected"].replace(" or ", ", ").replace("'", "")
         return [(key, f"is {value}; choose one of {allowed}")]
     if details["type"] in _BOUNDS:
@@ -803,20 +819,51 @@ _TYPES = {
 }
 
 
-def _suggestion(loc: tuple[int | str, ...]) -> str:
-    """``"; did you mean <key>?"`` with the closest known key beside an unknown one, or ``""``."""
-    model: type[BaseModel] = Parameters
-    for part in loc[:-1]:
-        annotation = model.model_fields[str(part)].annotation
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return ""
-        model = annotation
-    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+def _resolve(loc: tuple[int | str, ...]) -> tuple[tuple[int | str, ...], type[BaseModel] | None]:
+    """A pydantic location as its dotted key's parts, and the model holding its last part (None inside a list).
+
+    Inside a discriminated union pydantic adds the member's tag to the location (``thor.lr.thor.power`` for the
+    key ``thor.lr.power``): the tag is dropped, and the member it names is the model of the keys below it.
+    """
+    parts: list[int | str] = []
+    model: type[BaseModel] | None = Parameters
+    parent = model
+    remaining = list(loc)
+    while remaining:
+        part = remaining.pop(0)
+        parts.append(part)
+        parent = model
+        field = model.model_fields.get(str(part)) if model is not None and isinstance(part, str) else None
+        annotation = field.annotation if field is not None else None
+        members = _tagged_members(annotation)
+        if members and remaining and remaining[0] in members:
+            model = members[remaining.pop(0)]
+        elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+        else:
+            model = None
+    return tuple(parts), parent
+
+
+def _tagged_members(annotation) -> dict[str, type[BaseModel]]:
+    """Tag -> member model of a union of models told apart by a ``Literal`` field (``Schedule``: ``shape``)."""
+    members = {}
+    for member in get_args(annotation):
+        if isinstance(member, type) and issubclass(member, BaseModel) and "shape" in member.model_fields:
+            members |= dict.fromkeys(get_args(member.model_fields["shape"].annotation), member)
+    return members
+
+
+def _suggestion(loc: tuple[int | str, ...], parent: type[BaseModel] | None) -> str:
+    """``"; did you mean <key>?"`` with the closest known key of ``parent`` beside an unknown one, or ``""``."""
+    if parent is None:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(parent.model_fields), n=1)
     return f"; did you mean {_dotted((*loc[:-1], close[0]))}?" if close else ""
 
 
 def _dotted(loc: tuple[int | str, ...]) -> str:
-    """A pydantic location as it is written in ``--params``: ``thor.lr.lr_init``, ``thor.trace_rule[1]``."""
+    """A location as it is written in ``--params``: ``thor.lr.peak``, ``thor.trace_rule[1]``."""
     text = ""
     for part in loc:
         text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else part

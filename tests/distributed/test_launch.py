@@ -133,7 +133,7 @@ def test_ctrl_c_stops_every_worker(tmp_path):
 
 
 def test_adasum_on_two_workers_keeps_replicas_identical(tmp_path):
-    adasum = {"epochs": 2, "batch_size": 4, "lr": {"lr_max": 0.05, "warmup_epochs": 0}, "eval_interval": 0}
+    adasum = {"epochs": 2, "batch_size": 4, "lr": {"peak": 0.05, "warmup_epochs": 0}, "eval_interval": 0}
     project = tiny_project(tmp_path, {"adasum": adasum}, {"train": 8, "val": 3})
     result = kedro(project, "run", "--pipelines=adasum")
     output = result.stdout + result.stderr
@@ -195,9 +195,12 @@ def test_kill_9_of_kedro_stops_the_workers_and_the_rerun_resumes(tmp_path):
 
 
 def test_mindspore_boost_adasum_is_refused_off_ascend_before_any_work(tmp_path):
-    project = make_project(tmp_path / "project", {"adasum": {"implementation": "mindspore_boost"}})
+    project = make_project(tmp_path / "project", {"adasum": {"implementation": "mindspore"}})
     result = kedro(project, "run", "--pipelines=adasum", timeout=120)
     output = result.stdout + result.stderr
     assert result.returncode != 0
-    assert "adasum.implementation is mindspore_boost, which MindSpore runs on Ascend with 16 devices" in output
+    assert (
+        "adasum.implementation is mindspore (mindspore.boost's Adasum), which MindSpore runs on Ascend with 16 devices"
+        in output
+    )
     assert not (project / "data").exists()

@@ -153,9 +153,9 @@ def bad_choice_and_range_together(root: Path):
         f"model.name is 'resnet_narow'; choose one of resnet18, resnet34, resnet50, resnet101, resnet_narrow "
         f"({source})",
         f"baseline.momentum is 1.5 but must be < 1 ({source})",
-        "baseline.lr.lr_max is -1 but must be > 0 (--params)",
+        "baseline.lr.peak is -1 but must be > 0 (--params)",
     ]
-    return parameters_refused(project, "--pipelines=baseline", "--params=baseline.lr.lr_max=-1"), expected
+    return parameters_refused(project, "--pipelines=baseline", "--params=baseline.lr.peak=-1"), expected
 
 
 def n_components_too_large(root: Path):

@@ -136,7 +136,7 @@ def unknown_environment(root: Path):
 
 def loss_not_finite(root: Path):
     project = project_on(root)
-    outcome = run(project, "--pipelines=baseline", "--params=baseline.lr.lr_max=1e36")
+    outcome = run(project, "--pipelines=baseline", "--params=baseline.lr.peak=1e36")
     return project, outcome, Expected(["training loss became nan at epoch 1", "Lower the learning rate"], "FAILED")
 
 

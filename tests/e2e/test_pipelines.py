@@ -121,7 +121,7 @@ def test_progress_is_logged(baseline_run):
 
 
 def test_adasum_on_one_worker_trains_the_momentum_recipe(tmp_path):
-    adasum = {"epochs": EPOCHS, "batch_size": 4, "lr": {"lr_max": 0.05, "warmup_epochs": 0}, "eval_interval": 1}
+    adasum = {"epochs": EPOCHS, "batch_size": 4, "lr": {"peak": 0.05, "warmup_epochs": 0}, "eval_interval": 1}
     project, result = run_on_tiny_tree(tmp_path, "adasum", {"train": 8, "val": 3}, {"adasum": adasum})
     assert "Adasum of the weight deltas across 1 ranks" in result.stdout + result.stderr
     report = json.loads((project / "data/08_reporting/adasum_eval.json").read_text())
@@ -266,7 +266,7 @@ def test_stage2_reruns_alone_with_mindspore_boost(dim_reduce_run):
         "run",
         "--pipelines=dim_reduce",
         "--nodes=dim_reduce.stage2.train",
-        "--params=dim_reduce.stage2.implementation=mindspore_boost",
+        "--params=dim_reduce.stage2.implementation=mindspore",
     )
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
     assert (project / "data/06_models/dim_reduce/stage1.ckpt").stat().st_mtime_ns == before
@@ -289,12 +289,12 @@ def test_stage2_reruns_alone_with_mindspore_boost(dim_reduce_run):
 
 
 def test_bad_parameter_fails_before_any_work(tmp_path):
-    project = make_project(tmp_path / "project", {"baseline": {"lr": {"lr_max": -1.0}}})
+    project = make_project(tmp_path / "project", {"baseline": {"lr": {"peak": -1.0}}})
     result = kedro(project, "run", "--pipelines=baseline", "--params=baseline.epochz=3", timeout=120)
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "baseline.epochz is not a known parameter; did you mean baseline.epochs? (--params)" in output
-    assert f"baseline.lr.lr_max is -1.0 but must be > 0 ({Path('conf') / 'local' / 'parameters.yml'})" in output
+    assert f"baseline.lr.peak is -1.0 but must be > 0 ({Path('conf') / 'local' / 'parameters.yml'})" in output
     assert "Traceback" not in output
     assert not (project / "data").exists()
     assert runs(project)[1] == []  # no MLflow run was started

@@ -103,13 +103,13 @@ def test_killed_stage2_resumes_and_matches_an_uninterrupted_one(tmp_path):
 def test_killed_boost_stage2_resumes_with_boost_state(tmp_path):
     tree = write_image_tree(tmp_path / "tree", classes=("a", "b", "c"), per_class={"train": 40, "val": 2}, size=16)
     killed = tmp_path / "killed"
-    resumed_from = kill_after_first_epoch(killed, tree, "mindspore_boost")
+    resumed_from = kill_after_first_epoch(killed, tree, "mindspore")
     resumed_epoch = int(resumed_from.stem.removeprefix("epoch_"))
     saved = load_checkpoint(resumed_from)
     assert {"optimizer.boost.bk", "optimizer.boost.sk", "optimizer.boost.gk_last"} <= set(saved.params)
     assert not np.array_equal(saved.params["optimizer.boost.bk"], np.eye(len(saved.params["optimizer.boost.bk"])))
 
-    rerun = run_job(killed, tree, "mindspore_boost")
+    rerun = run_job(killed, tree, "mindspore")
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"Resuming from {resumed_from} (epoch {resumed_epoch} of {STOP})" in rerun.stderr
     assert "Restored mindspore.boost's DimReduce state" in rerun.stderr

@@ -203,7 +203,7 @@ def test_dim_reduce_study_pairs_stage2_with_its_control(dim_reduce_study):
 def adasum_study(tmp_path_factory):
     params = {
         "distributed": {"master_port": free_port()},
-        "adasum": {"batch_size": 4, "lr": {"lr_max": 0.05, "warmup_epochs": 0}},
+        "adasum": {"batch_size": 4, "lr": {"peak": 0.05, "warmup_epochs": 0}},
     }
     return run_tiny_study(tmp_path_factory.mktemp("adasum_study"), "adasum", params)
 

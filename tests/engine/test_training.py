@@ -21,7 +21,7 @@ from pipelines.engine.step import TrainStep
 from pipelines.metrics import EPOCH_KEYS, TIMESTAMP_KEY, history_table
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.models.resnet import create_resnet
-from pipelines.optim.schedules import momentum_lr
+from pipelines.optim.schedules import warmup_schedule
 from tests.support.training import CLASSES, build
 
 BATCH, EPOCHS, IMAGE_SIZE = 4, 2, 12
@@ -47,7 +47,7 @@ def val_data(manifest):
 
 
 def lr_schedule() -> np.ndarray:
-    return momentum_lr("linear", 0.01, 0.1, 0.0, 1, EPOCHS, STEPS_PER_EPOCH)
+    return warmup_schedule("linear", 0.01, 0.1, 0.0, 1, EPOCHS, STEPS_PER_EPOCH)
 
 
 class Recorder(Callback):
@@ -269,7 +269,7 @@ def momentum_training(tmp_path, train_data, val_data, callbacks=(), epochs: int 
     start = capture_state(build(0, lr_schedule())[0], None, {"epoch": 0})
 
     def make_step(start_checkpoint, steps_per_epoch):
-        lr_per_step = momentum_lr("linear", 0.01, 0.1, 0.0, 1, epochs, steps_per_epoch)
+        lr_per_step = warmup_schedule("linear", 0.01, 0.1, 0.0, 1, epochs, steps_per_epoch)
         net, optimizer, cell = build(1, lr_per_step)
         restore_state(net, start_checkpoint)
         return TrainStep(cell, net, optimizer, lr_per_step)
@@ -318,7 +318,7 @@ def model_step(start_checkpoint, steps_per_epoch: int, epochs: int, poison: bool
     import mindspore as ms
     from mindspore.train import FixedLossScaleManager, Model
 
-    lr_per_step = momentum_lr("linear", 0.01, 0.1, 0.0, 1, epochs, steps_per_epoch)
+    lr_per_step = warmup_schedule("linear", 0.01, 0.1, 0.0, 1, epochs, steps_per_epoch)
     net, optimizer, _ = build(1, lr_per_step)
     restore_state(net, start_checkpoint)
     if poison:
@@ -358,7 +358,7 @@ def test_model_train_steps_give_the_same_rows_callbacks_checkpoints_and_resume(t
     ]
     first_rows = [event[2] for event in recorder.events if event[0] == "epoch_end"]
     assert ["val/top1" in row for row in first_rows] == [False, True]  # every 2nd epoch
-    lr_per_step = momentum_lr("linear", 0.01, 0.1, 0.0, 1, 3, STEPS_PER_EPOCH)
+    lr_per_step = warmup_schedule("linear", 0.01, 0.1, 0.0, 1, 3, STEPS_PER_EPOCH)
     assert [row["train/lr"] for row in first_rows] == pytest.approx([lr_per_step[3], lr_per_step[7]])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_0001.ckpt", "epoch_0002.ckpt"]
     saved = load_checkpoint(tmp_path / "epoch_0002.ckpt")
@@ -589,7 +589,7 @@ def test_one_compile_line_per_compiled_cell_and_a_start_line_with_the_true_lr(tm
     with caplog.at_level("INFO", logger="pipelines.engine"):
         momentum_training(tmp_path, train_data, val_data)  # 3 epochs, evaluated after each
     assert compile_lines(caplog) == ["Compiling the training graph…", "Compiling the evaluation graph…"]
-    lr = momentum_lr("linear", 0.01, 0.1, 0.0, 1, 3, STEPS_PER_EPOCH)
+    lr = warmup_schedule("linear", 0.01, 0.1, 0.0, 1, 3, STEPS_PER_EPOCH)
     start = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training: epochs")]
     assert start == [
         f"training: epochs 1-3 of a 3-epoch schedule, {STEPS_PER_EPOCH} steps/epoch, batch {BATCH} per rank, "

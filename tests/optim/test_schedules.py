@@ -1,4 +1,5 @@
-"""Learning-rate schedules against closed forms written independently here (RECIPES.md, "Schedules")."""
+"""The schedules (learning rates, THOR's damping) against closed forms written independently here (RECIPES.md,
+"Schedules"), and ``per_step`` against the configured shapes."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ import numpy as np
 import pytest
 
 from pipelines.optim.schedules import (
-    LR_SCHEDULES,
-    bert_polynomial_decay,
-    bert_warmup_polynomial_lr,
-    momentum_lr,
-    scaled_lr_max,
+    SHAPES,
+    WARMUP_SHAPES,
+    exponential_schedule,
+    per_step,
+    polynomial_schedule,
+    scaled_peak,
+    thor_schedule,
+    warmup_schedule,
 )
+from pipelines.params import Schedule
 
 LR_INIT, LR_MAX, LR_END = 0.01, 0.8, 0.002
 EPOCHS, STEPS_PER_EPOCH, WARMUP_EPOCHS = 10, 7, 2
@@ -33,7 +38,7 @@ def expected_lr(schedule: str, i: int, warmup: int = W, total: int = T) -> float
         return LR_MAX * (
             (total - i) / (total - warmup) * 0.5 * (1 + math.cos(math.pi * 2 * 0.47 * i / (total - warmup))) + 1e-5
         )
-    if schedule == "poly":
+    if schedule == "quadratic":
         return LR_MAX * (1 - (i - warmup) / (total - warmup)) ** 2
     if schedule == "steps":
         epoch = i // STEPS_PER_EPOCH  # 0-based epoch the step belongs to
@@ -44,7 +49,7 @@ def expected_lr(schedule: str, i: int, warmup: int = W, total: int = T) -> float
 
 
 def lrs(schedule: str, warmup_epochs: float = WARMUP_EPOCHS) -> np.ndarray:
-    return momentum_lr(schedule, LR_INIT, LR_MAX, LR_END, warmup_epochs, EPOCHS, STEPS_PER_EPOCH, MILESTONES, GAMMA)
+    return warmup_schedule(schedule, LR_INIT, LR_MAX, LR_END, warmup_epochs, EPOCHS, STEPS_PER_EPOCH, MILESTONES, GAMMA)
 
 
 # first warmup step, mid warmup, last warmup step, first post-warmup step, middle, last
@@ -52,10 +57,11 @@ CHECKED_STEPS = (0, W // 2, W - 1, W, (W + T) // 2, T - 1)
 
 
 def test_all_recipe_schedules_are_registered():
-    assert set(LR_SCHEDULES) == {"linear", "cosine", "poly", "steps", "constant"}
+    assert set(WARMUP_SHAPES) == {"linear", "cosine", "quadratic", "steps", "constant"}
+    assert set(SHAPES) == {*WARMUP_SHAPES, "thor", "exponential", "polynomial"}
 
 
-@pytest.mark.parametrize("schedule", ["linear", "cosine", "poly", "steps", "constant"])
+@pytest.mark.parametrize("schedule", ["linear", "cosine", "quadratic", "steps", "constant"])
 def test_schedule_matches_closed_form(schedule):
     values = lrs(schedule)
     assert values.shape == (T,)
@@ -67,8 +73,8 @@ def test_schedule_matches_closed_form(schedule):
     np.testing.assert_allclose(values, full, rtol=1e-6, atol=1e-9)
 
 
-@pytest.mark.parametrize("schedule", ["linear", "cosine", "poly", "steps", "constant"])
-def test_warmup_is_linear_from_lr_init_to_lr_max(schedule):
+@pytest.mark.parametrize("schedule", ["linear", "cosine", "quadratic", "steps", "constant"])
+def test_warmup_is_linear_from_start_to_peak(schedule):
     values = lrs(schedule)
     assert values[0] == pytest.approx(LR_INIT)
     np.testing.assert_allclose(np.diff(values[:W]), (LR_MAX - LR_INIT) / W, rtol=1e-4)
@@ -78,7 +84,7 @@ def test_warmup_is_linear_from_lr_init_to_lr_max(schedule):
 
 
 def test_decaying_schedules_are_monotone_after_warmup():
-    for schedule in ("linear", "poly", "steps"):
+    for schedule in ("linear", "quadratic", "steps"):
         assert np.all(np.diff(lrs(schedule)[W:]) <= 0), schedule
 
 
@@ -97,7 +103,7 @@ def test_steps_schedule_drops_at_each_milestone_epoch():
         assert values[first] == pytest.approx(LR_MAX * GAMMA**k)
 
 
-@pytest.mark.parametrize("schedule", ["linear", "cosine", "poly", "steps", "constant"])
+@pytest.mark.parametrize("schedule", ["linear", "cosine", "quadratic", "steps", "constant"])
 def test_no_warmup(schedule):
     values = lrs(schedule, warmup_epochs=0)
     assert values.shape == (T,)
@@ -120,27 +126,27 @@ def test_fractional_warmup_epochs_round_to_whole_steps():
 
 @pytest.mark.parametrize(("epochs", "steps"), [(1, 1), (3, 5), (90, 11)])
 def test_length_is_epochs_times_steps(epochs, steps):
-    values = momentum_lr("linear", 0.0, 0.1, 0.0, 1, epochs, steps)
+    values = warmup_schedule("linear", 0.0, 0.1, 0.0, 1, epochs, steps)
     assert len(values) == epochs * steps
     assert values.dtype == np.float32
 
 
 def test_unknown_schedule_is_rejected_with_the_choices():
-    with pytest.raises(ValueError, match="unknown lr schedule 'exponential'") as error:
-        momentum_lr("exponential", LR_INIT, LR_MAX, LR_END, WARMUP_EPOCHS, EPOCHS, STEPS_PER_EPOCH)
+    with pytest.raises(ValueError, match="unknown warm-up schedule 'exponential'") as error:
+        warmup_schedule("exponential", LR_INIT, LR_MAX, LR_END, WARMUP_EPOCHS, EPOCHS, STEPS_PER_EPOCH)
     assert "cosine" in str(error.value)
 
 
 @pytest.mark.parametrize(
-    ("lr_max", "devices", "reference", "expected"),
+    ("peak", "devices", "reference", "expected"),
     [(0.8, 8, 8, 0.8), (0.8, 1, 8, 0.1), (0.8, 16, 8, 1.6), (0.1, 2, 4, 0.05)],
 )
-def test_scaled_lr_max_is_linear_in_device_count(lr_max, devices, reference, expected):
-    assert scaled_lr_max(lr_max, devices, reference) == pytest.approx(expected)
+def test_scaled_peak_is_linear_in_device_count(peak, devices, reference, expected):
+    assert scaled_peak(peak, devices, reference) == pytest.approx(expected)
 
 
-def test_scaled_lr_max_default_reference_is_eight_devices():
-    assert scaled_lr_max(0.8, 1) == pytest.approx(0.1)
+def test_scaled_peak_default_reference_is_eight_devices():
+    assert scaled_peak(0.8, 1) == pytest.approx(0.1)
 
 
 def models_repo_poly_lr(lr_end: float, lr_max: float, total_steps: int, poly_power: float) -> list[float]:
@@ -158,37 +164,37 @@ def models_repo_poly_lr(lr_end: float, lr_max: float, total_steps: int, poly_pow
     ("value_max", "value_min", "power"),
     [(0.006464, 1e-6, 2.0), (0.007035, 1e-6, 4.0), (0.0034, 3.244e-5, 1.0)],  # THOR lr, THOR damping, helper defaults
 )
-def test_bert_polynomial_decay_matches_the_models_repo_array(value_max, value_min, power):
-    values = bert_polynomial_decay(value_max=value_max, value_min=value_min, power=power, total_steps=100, steps=100)
+def test_polynomial_without_warmup_matches_the_models_repo_array(value_max, value_min, power):
+    values = polynomial_schedule(peak=value_max, end=value_min, warmup_steps=0, power=power, total_steps=100, steps=100)
     assert values.dtype == np.float32
     np.testing.assert_allclose(values, models_repo_poly_lr(value_min, value_max, 100, power), rtol=1e-6)
 
 
-def test_bert_polynomial_decay_at_chosen_steps():
+def test_polynomial_without_warmup_at_chosen_steps():
     # lr of pretrain_config_Ascend_Thor.yaml over 100 steps, 20 more past the end
-    values = bert_polynomial_decay(value_max=0.006464, value_min=1e-6, power=2.0, total_steps=100, steps=120)
+    values = polynomial_schedule(peak=0.006464, end=1e-6, warmup_steps=0, power=2.0, total_steps=100, steps=120)
     assert values.shape == (120,)
     assert values[0] == pytest.approx(0.006464, rel=1e-6)  # i counts from 0: the first step is the max
     assert values[50] == pytest.approx(0.006463 * 0.5**2 + 1e-6, rel=1e-6)  # 0.00161675
     assert values[99] == pytest.approx(0.006463 * 0.01**2 + 1e-6, rel=1e-6)  # 1.6463e-6: one step short of min
     np.testing.assert_allclose(values[100:], 1e-6, rtol=1e-6)  # past total_steps: held at value_min
     # damping, power 4, and the helpers' default lr (power 1, 30,000 steps) halfway
-    damping = bert_polynomial_decay(value_max=0.007035, value_min=1e-6, power=4.0, total_steps=100, steps=100)
+    damping = polynomial_schedule(peak=0.007035, end=1e-6, warmup_steps=0, power=4.0, total_steps=100, steps=100)
     assert damping[50] == pytest.approx(0.007034 * 0.0625 + 1e-6, rel=1e-6)  # 0.000440625
-    lr = bert_polynomial_decay(value_max=0.0034, value_min=3.244e-5, power=1.0, total_steps=30000, steps=30000)
+    lr = polynomial_schedule(peak=0.0034, end=3.244e-5, warmup_steps=0, power=1.0, total_steps=30000, steps=30000)
     assert lr[15000] == pytest.approx(0.00336756 * 0.5 + 3.244e-5, rel=1e-6)  # 0.00171622
 
 
-def test_bert_polynomial_decay_clips_at_zero():
-    values = bert_polynomial_decay(value_max=1.0, value_min=-0.1, power=1.0, total_steps=10, steps=12)
+def test_polynomial_without_warmup_clips_at_zero():
+    values = polynomial_schedule(peak=1.0, end=-0.1, warmup_steps=0, power=1.0, total_steps=10, steps=12)
     assert values[5] == pytest.approx(1.1 * 0.5 - 0.1)
     assert values[9] == pytest.approx(1.1 * 0.1 - 0.1)
     np.testing.assert_array_equal(values[10:], 0.0)
 
 
-def test_bert_warmup_polynomial_lr_at_chosen_steps():
+def test_polynomial_with_warmup_at_chosen_steps():
     # Lamb-like: power 2, end 0; 10 warm-up steps, decay over 40 (the global step, warm-up included)
-    values = bert_warmup_polynomial_lr(lr_max=3e-4, lr_end=0.0, power=2.0, warmup_steps=10, decay_steps=40, steps=50)
+    values = polynomial_schedule(peak=3e-4, end=0.0, power=2.0, warmup_steps=10, total_steps=40, steps=50)
     assert values.shape == (50,)
     assert values.dtype == np.float32
     assert values[0] == 0.0  # WarmUpLR at global_step 0
@@ -200,14 +206,14 @@ def test_bert_warmup_polynomial_lr_at_chosen_steps():
     np.testing.assert_array_equal(values[40:], 0.0)  # PolynomialDecayLR caps the step at decay_steps
 
 
-def test_bert_warmup_polynomial_lr_without_warmup_ends_at_lr_end():
-    values = bert_warmup_polynomial_lr(lr_max=1e-3, lr_end=1e-5, power=1.0, warmup_steps=0, decay_steps=10, steps=13)
+def test_polynomial_with_warmup_without_warmup_ends_at_lr_end():
+    values = polynomial_schedule(peak=1e-3, end=1e-5, power=1.0, warmup_steps=0, total_steps=10, steps=13)
     assert values[0] == pytest.approx(1e-3, rel=1e-6)
     assert values[5] == pytest.approx(0.99e-3 * 0.5 + 1e-5, rel=1e-6)  # 5.05e-4
     np.testing.assert_allclose(values[10:], 1e-5, rtol=1e-6)
 
 
-def test_bert_warmup_polynomial_lr_matches_mindspore_schedules():
+def test_polynomial_with_warmup_matches_mindspore_schedules():
     """BertLearningRate's two MindSpore cells, evaluated at each global step, against the array."""
     import mindspore as ms
     from mindspore import nn
@@ -218,5 +224,46 @@ def test_bert_warmup_polynomial_lr_matches_mindspore_schedules():
     for i in range(50):
         step = ms.Tensor(i, ms.int32)
         expected.append(float((warmup if i < 10 else decay)(step).asnumpy()))
-    values = bert_warmup_polynomial_lr(lr_max=3e-4, lr_end=1e-6, power=2.0, warmup_steps=10, decay_steps=40, steps=50)
+    values = polynomial_schedule(peak=3e-4, end=1e-6, power=2.0, warmup_steps=10, total_steps=40, steps=50)
     np.testing.assert_allclose(values, expected, rtol=1e-5, atol=1e-12)
+
+
+def schedule(**keys):
+    """A configured ``Schedule`` (``params.Schedule``), as a section's ``lr`` or ``damping`` validates to."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(Schedule).validate_python(keys, strict=True)
+
+
+def test_per_step_scales_a_warmup_peak_by_the_devices_and_reads_every_key():
+    configured = schedule(
+        shape="steps", start=LR_INIT, peak=0.1, end=LR_END, warmup_epochs=WARMUP_EPOCHS, reference_devices=1,
+        milestones=list(MILESTONES), gamma=GAMMA,
+    )  # fmt: skip
+    values = per_step(configured, epochs=EPOCHS, steps_per_epoch=STEPS_PER_EPOCH, devices=8)
+    np.testing.assert_array_equal(values, lrs("steps"))  # 0.1 for one device is 0.8 for eight
+
+
+def test_per_step_of_thor_and_exponential_shapes():
+    lr = schedule(shape="thor", peak=0.05803, power=4.0839, end_epoch=53, halve_epoch=39)
+    damping = schedule(shape="exponential", peak=0.03, rate=0.50036, decay_epochs=10)
+    np.testing.assert_array_equal(
+        per_step(lr, epochs=45, steps_per_epoch=4), thor_schedule(0.05803, 4.0839, 53, 45, 4, 39)
+    )
+    values = per_step(damping, epochs=45, steps_per_epoch=4)
+    e = np.arange(1, 45 * 4 + 1) / 4
+    np.testing.assert_allclose(values, 0.03 * 0.50036 ** (e / 10), rtol=1e-6)
+    np.testing.assert_array_equal(values, exponential_schedule(0.03, 0.50036, 10, 45, 4))
+
+
+@pytest.mark.parametrize(("warmup_steps", "decays_over"), [(0, 60), (10, 50)])
+def test_per_step_of_a_polynomial_without_total_steps_decays_over_the_steps_after_the_warmup(warmup_steps, decays_over):
+    configured = schedule(
+        shape="polynomial", peak=1e-3, end=0.0, power=1.0, warmup_steps=warmup_steps, total_steps=None
+    )
+    values = per_step(configured, epochs=3, steps_per_epoch=20)
+    assert len(values) == 60
+    # the decay counts from step 0 and reaches end at step decays_over
+    i = decays_over - 1
+    assert values[i] == pytest.approx(1e-3 * (1 - i / decays_over), rel=1e-6)
+    np.testing.assert_array_equal(values[decays_over:], 0.0)

@@ -31,7 +31,7 @@ TINY_PARAMS = {
     "baseline": {
         "epochs": EPOCHS,
         "batch_size": 4,
-        "lr": {"lr_max": 0.05, "warmup_epochs": 0},
+        "lr": {"peak": 0.05, "warmup_epochs": 0},
         "checkpoint": {"every_epochs": 1, "keep_last": 1},
     },
 }
@@ -83,7 +83,7 @@ DIM_REDUCE_PARAMS = {
             "epochs": 2,
             "schedule_epochs": 3,
             "batch_size": 4,
-            "lr": {"lr_max": 0.05, "warmup_epochs": 0},
+            "lr": {"peak": 0.05, "warmup_epochs": 0},
             "eval_interval": 0,
             "trajectory": {"start_epoch": 1, "every_steps": 1},
         },

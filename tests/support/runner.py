@@ -1,25 +1,32 @@
-"""Registered pipelines run in this process by Kedro's ``SequentialRunner``, as the Kedro starters test theirs.
+"""Registered pipelines run in this process as ``kedro run`` runs them: through ``KedroSession``, with the
+project's hooks (validation, the MLflow run's name and tags by the project's hooks and kedro-mlflow, checkpoint
+clean-up, artifacts), its catalog and its configuration, and a tiny configuration passed as runtime parameters
+(``--params``).
 
-Every dataset is a ``MemoryDataset`` and every ``params:`` input the typed section the configuration validates to
-(conf/base, then ``overrides``), so the nodes receive what ``kedro run`` would give them. Files a node writes itself
-(checkpoint folders, the trajectory, the study's results, the image cache) land under the working directory, which
-the caller points at a temporary folder. An MLflow run of a temporary store is active meanwhile, tagged as the
-project's hooks tag it, so the nodes log where a ``kedro run`` would and the report pipeline finds earlier runs.
+Each run is in a temporary project (``session_project``: this project's configuration without conf/local), which is
+also the working directory meanwhile: the catalog's files, the nodes' own folders (checkpoints, the trajectory, the
+study's results, the image cache) and the MLflow store (``tracking_uri``) land there, never in the repository. The
+process-wide state a run sets (MLflow's tracking URI and active experiment, the working directory) is restored
+after it.
 """
 
 from __future__ import annotations
 
-import copy
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-import mlflow
-from kedro.io import DataCatalog, MemoryDataset
+import mlflow.tracking._model_registry.utils as mlflow_registry_utils
+import mlflow.tracking._tracking_service.utils as mlflow_tracking_utils
+import mlflow.tracking.fluent as mlflow_fluent
+import pytest
+from kedro.framework.session import KedroSession
+from kedro.io import MemoryDataset
 from kedro.runner import SequentialRunner
+from omegaconf import OmegaConf
 
 from pipelines.params import Parameters, validate_parameters
-from pipelines.pipeline_registry import register_pipelines
-from tests.support.config import load_params
+from tests.support.config import PROJECT, load_config
 
 # A tiny configuration every pipeline runs in seconds: 16 px images of the generated tree, batch 4, 1-2 epochs.
 TINY = {
@@ -32,15 +39,15 @@ TINY = {
         "num_workers": 1,
         "step_eval_images": None,
     },
-    "baseline": {"epochs": 2, "batch_size": 4, "lr": {"lr_max": 0.05, "warmup_epochs": 0}},
-    "adasum": {"epochs": 1, "batch_size": 4, "lr": {"lr_max": 0.05, "warmup_epochs": 0}},
+    "baseline": {"epochs": 2, "batch_size": 4, "lr": {"peak": 0.05, "warmup_epochs": 0}},
+    "adasum": {"epochs": 1, "batch_size": 4, "lr": {"peak": 0.05, "warmup_epochs": 0}},
     "thor": {"epochs": 2, "batch_size": 4, "frequency": 2},
     "dim_reduce": {
         "stage1": {
             "epochs": 2,
             "schedule_epochs": 3,
             "batch_size": 4,
-            "lr": {"lr_max": 0.05, "warmup_epochs": 0},
+            "lr": {"peak": 0.05, "warmup_epochs": 0},
             "eval_interval": 0,
             "trajectory": {"start_epoch": 1, "every_steps": 1, "every_epochs": None},
         },
@@ -69,29 +76,32 @@ TINY = {
 }
 
 
-def merged(base: dict, overrides: Mapping) -> dict:
-    """``base`` with ``overrides`` applied key by key (nested mappings merged, other values replaced)."""
-    result = copy.deepcopy(base)
-    for key, value in overrides.items():
-        if isinstance(value, Mapping) and isinstance(result.get(key), dict):
-            result[key] = merged(result[key], value)
-        else:
-            result[key] = copy.deepcopy(value)
-    return result
+def tiny_params(tree: Path | str, overrides: Mapping | None = None) -> dict:
+    """The runtime parameters (``--params``) of a tiny run on the image tree ``tree``: ``TINY``, then
+    ``overrides``."""
+    return OmegaConf.to_container(OmegaConf.merge(TINY, {"data": {"root": str(tree)}}, overrides or {}))
 
 
-def tiny_parameters(tree: Path, overrides: Mapping | None = None) -> Parameters:
-    """conf/base with ``TINY``, the tree at ``tree`` and ``overrides``, validated as ``kedro run`` validates it."""
-    raw = merged(merged(load_params("base"), TINY), {"data": {"root": str(tree)}, **(overrides or {})})
-    return validate_parameters(raw)
+def tiny_parameters(tree: Path | str, overrides: Mapping | None = None) -> Parameters:
+    """conf/base with ``tiny_params(tree, overrides)``, validated as ``kedro run`` validates it."""
+    return validate_parameters(load_config("base", runtime_params=tiny_params(tree, overrides)))
 
 
-def section(params: Parameters, dotted: str):
-    """The typed section ``dotted`` (``dim_reduce.stage2``) of ``params``."""
-    value = params
-    for part in dotted.split("."):
-        value = getattr(value, part)
-    return value
+def session_project(root: Path) -> Path:
+    """A Kedro project at ``root`` for in-process runs: this project's ``pyproject.toml``, ``.telemetry`` and
+    configuration, without conf/local (a developer's own settings, a team's MLflow server, stay out). The package
+    itself is the installed one."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name in ("pyproject.toml", ".telemetry"):
+        shutil.copy(PROJECT / name, root)
+    shutil.copytree(PROJECT / "conf", root / "conf", ignore=shutil.ignore_patterns("local"), dirs_exist_ok=True)
+    (root / "conf" / "local").mkdir(exist_ok=True)
+    return root
+
+
+def tracking_uri(project: Path) -> str:
+    """The MLflow store of ``project``'s in-process runs."""
+    return f"sqlite:///{project / 'mlflow.db'}"
 
 
 class KeptDataset(MemoryDataset):
@@ -101,18 +111,40 @@ class KeptDataset(MemoryDataset):
         pass
 
 
-def run_pipeline(name: str, params: Parameters, tracking_uri: str) -> dict:
-    """Run the registered pipeline ``name`` in this process inside an MLflow run tagged ``pipeline=<name>``;
-    returns every dataset the run produced, by name."""
-    pipeline = register_pipelines()[name]
-    catalog = DataCatalog()
-    for dataset in sorted(pipeline.datasets()):
-        if dataset.startswith("params:"):
-            catalog[dataset] = section(params, dataset.removeprefix("params:"))
-        else:
-            catalog[dataset] = KeptDataset()
-    mlflow.set_tracking_uri(tracking_uri)
-    mlflow.set_experiment("resnet-recipes")
-    with mlflow.start_run(run_name=name, tags={"pipeline": name, "env": "base"}):
-        SequentialRunner().run(pipeline, catalog)
-    return {dataset: catalog.load(dataset) for dataset in pipeline.all_outputs() if catalog.exists(dataset)}
+class KeepingRunner(SequentialRunner):
+    """Kedro's ``SequentialRunner`` on the session's catalog, keeping the datasets it holds in memory (a runner
+    empties one after its last reader); ``outputs`` is then every dataset the run produced, by name, the stored
+    ones loaded back from the catalog."""
+
+    outputs: dict
+
+    def run(self, pipeline, catalog, hook_manager=None, run_id=None, only_missing_outputs=False):
+        for name in pipeline.datasets():
+            if name.startswith("params:") or name == "parameters":
+                continue
+            if type(catalog.get(name, fallback_to_runtime_pattern=True)) is MemoryDataset:
+                catalog[name] = KeptDataset()
+        result = super().run(pipeline, catalog, hook_manager, run_id, only_missing_outputs)
+        self.outputs = {name: catalog.load(name) for name in pipeline.all_outputs() if catalog.exists(name)}
+        return result
+
+
+def run_pipeline(name: str, params: Mapping, project: Path) -> dict:
+    """``kedro run --pipelines=<name> --params=<params>`` in this process, in ``project`` (``session_project``),
+    logging to ``tracking_uri(project)``; returns every dataset the run produced, by name."""
+    runner = KeepingRunner()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(project)
+        patch.delenv("KEDRO_ENV", raising=False)
+        # conf/base/mlflow.yml reads the store from MLFLOW_TRACKING_URI, as a team's server is given
+        patch.setenv("MLFLOW_TRACKING_URI", tracking_uri(project))
+        patch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+        patch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+        # kedro-mlflow sets MLflow's tracking URI, registry URI and active experiment for the process; MLflow has no
+        # public way to unset them, so its module globals are restored as they were
+        patch.setattr(mlflow_tracking_utils, "_tracking_uri", mlflow_tracking_utils._tracking_uri)
+        patch.setattr(mlflow_registry_utils, "_registry_uri", mlflow_registry_utils._registry_uri)
+        patch.setattr(mlflow_fluent, "_active_experiment_id", mlflow_fluent._active_experiment_id)
+        with KedroSession.create(project_path=project, save_on_close=False, runtime_params=dict(params)) as session:
+            session.run(pipeline_names=[name], runner=runner)
+    return runner.outputs

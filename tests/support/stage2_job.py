@@ -1,6 +1,6 @@
 """A stage-2 training run as its own process, so a test can kill it: ``python stage2_job.py WORK TREE [IMPL]``.
 
-``IMPL`` is ``dim_reduce.stage2.implementation``: ``own`` (P-BFGS, the default) or ``mindspore_boost``.
+``IMPL`` is ``dim_reduce.stage2.implementation``: ``own`` (P-BFGS, the default) or ``mindspore``.
 
 Builds a tiny network's stage-1 checkpoint and an orthonormal PCA matrix (both from fixed seeds,
 so every run of the job gets the same inputs), and calls the ``train_stage2`` node with the base
@@ -49,7 +49,7 @@ def parameters(work: Path, implementation: str = "own"):
             "checkpoint": {"dir": str(work / "epochs"), "every_epochs": 1, "keep_last": 1},
         }
     )
-    if implementation == "mindspore_boost":  # boost's residual momentum takes the scaled gradient
+    if implementation == "mindspore":  # boost's residual momentum takes the scaled gradient
         raw["dim_reduce"]["stage2"]["loss_scale"] = 1.0
     return validate_parameters(raw)
 

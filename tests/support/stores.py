@@ -20,7 +20,7 @@ from tests.support.trees import write_image_tree
 
 EXPERIMENT = "resnet-recipes"  # conf/base/mlflow.yml
 THOR_PARAMS = {"epochs": 2, "batch_size": 4, "frequency": 4, "eval_interval": 1}
-ADASUM_PARAMS = {"epochs": 2, "batch_size": 4, "lr": {"lr_max": 0.05, "warmup_epochs": 0}}
+ADASUM_PARAMS = {"epochs": 2, "batch_size": 4, "lr": {"peak": 0.05, "warmup_epochs": 0}}
 COMMANDS = (
     ("--pipelines=baseline",),
     ("--pipelines=dim_reduce",),

@@ -1,7 +1,8 @@
-"""Per-step learning-rate schedules of the ResNet recipes (``../shared/RECIPES.md`` formulas).
+"""Per-step schedules of every recipe: learning rates and THOR's damping (``../shared/RECIPES.md`` formulas).
 
-Every schedule returns a float32 numpy array with one value per training step, which is what
-MindSpore optimizers take as a dynamic learning rate.
+``per_step`` turns a configured schedule (``pipelines.params.Schedule``: its ``shape`` chooses the formula) into a
+float32 numpy array with one value per training step, which is what MindSpore optimizers take as a dynamic
+learning rate and what THOR reads its damping from. One function per family of shapes below it.
 """
 
 from __future__ import annotations
@@ -10,118 +11,143 @@ import math
 
 import numpy as np
 
-LR_SCHEDULES = ("linear", "cosine", "poly", "steps", "constant")
+WARMUP_SHAPES = ("linear", "cosine", "quadratic", "steps", "constant")
+SHAPES = (*WARMUP_SHAPES, "thor", "exponential", "polynomial")
 
 
-def _warmup(step: int, warmup_steps: int, lr_init: float, lr_max: float) -> float:
-    return lr_init + (lr_max - lr_init) * step / warmup_steps
+def per_step(schedule, *, epochs: int, steps_per_epoch: int, devices: int = 1) -> np.ndarray:
+    """The values of ``schedule`` (a ``pipelines.params.Schedule``) for each of ``epochs * steps_per_epoch``
+    steps; ``devices``: the devices trained on, which a warm-up schedule's ``peak`` scales with."""
+    shape = schedule.shape
+    if shape in WARMUP_SHAPES:
+        return warmup_schedule(
+            shape,
+            schedule.start,
+            scaled_peak(schedule.peak, devices, schedule.reference_devices),
+            schedule.end,
+            schedule.warmup_epochs,
+            epochs,
+            steps_per_epoch,
+            tuple(schedule.milestones),
+            schedule.gamma,
+        )
+    if shape == "thor":
+        return thor_schedule(
+            schedule.peak, schedule.power, schedule.end_epoch, epochs, steps_per_epoch, schedule.halve_epoch
+        )
+    if shape == "exponential":
+        return exponential_schedule(schedule.peak, schedule.rate, schedule.decay_epochs, epochs, steps_per_epoch)
+    if shape == "polynomial":
+        steps = epochs * steps_per_epoch
+        return polynomial_schedule(
+            peak=schedule.peak,
+            end=schedule.end,
+            power=schedule.power,
+            warmup_steps=schedule.warmup_steps,
+            total_steps=schedule.total_steps or max(steps - schedule.warmup_steps, 1),
+            steps=steps,
+        )
+    raise ValueError(f"unknown schedule shape {shape!r}; choose one of {SHAPES}")
 
 
-def momentum_lr(
-    schedule: str,
-    lr_init: float,
-    lr_max: float,
-    lr_end: float,
+def _warmup(step: int, warmup_steps: int, start: float, peak: float) -> float:
+    return start + (peak - start) * step / warmup_steps
+
+
+def warmup_schedule(
+    shape: str,
+    start: float,
+    peak: float,
+    end: float,
     warmup_epochs: float,
     total_epochs: int,
     steps_per_epoch: int,
     milestones: tuple[int, ...] = (30, 60, 80),
-    step_gamma: float = 0.1,
+    gamma: float = 0.1,
 ) -> np.ndarray:
-    """Learning rate for each of ``total_epochs * steps_per_epoch`` steps.
+    """The Momentum recipes' schedules for each of ``total_epochs * steps_per_epoch`` steps: a linear warm-up from
+    ``start`` to ``peak``, then
 
-    linear: warmup then ``lr_max - (lr_max-lr_end)(i-W)/(T-W)``;
-    cosine: ``lr_max [(T-i)/(T-W) * 0.5 (1 + cos(2 pi 0.47 i/(T-W))) + 1e-5]``;
-    poly: ``lr_max (1-(i-W)/(T-W))^2``;
-    steps: ``lr_max * step_gamma^(number of milestones epochs passed)``.
+    linear: ``peak - (peak-end)(i-W)/(T-W)``;
+    cosine: ``peak [(T-i)/(T-W) * 0.5 (1 + cos(2 pi 0.47 i/(T-W))) + 1e-5]``;
+    quadratic (the models repo's ``poly``): ``peak (1-(i-W)/(T-W))^2``;
+    steps: ``peak * gamma^(number of milestones epochs passed)``;
+    constant: ``peak``.
     """
-    if schedule not in LR_SCHEDULES:
-        raise ValueError(f"unknown lr schedule {schedule!r}; choose one of {LR_SCHEDULES}")
+    if shape not in WARMUP_SHAPES:
+        raise ValueError(f"unknown warm-up schedule {shape!r}; choose one of {WARMUP_SHAPES}")
     total = total_epochs * steps_per_epoch
     warmup = int(round(warmup_epochs * steps_per_epoch))
     lrs = np.empty(total, dtype=np.float64)
     for i in range(total):
         if i < warmup:
-            lrs[i] = _warmup(i, warmup, lr_init, lr_max)
+            lrs[i] = _warmup(i, warmup, start, peak)
             continue
         progress = (i - warmup) / max(total - warmup, 1)
-        if schedule == "linear":
-            lrs[i] = lr_max - (lr_max - lr_end) * progress
-        elif schedule == "cosine":
+        if shape == "linear":
+            lrs[i] = peak - (peak - end) * progress
+        elif shape == "cosine":
             decayed = (total - i) / (total - warmup) * 0.5 * (1 + math.cos(math.pi * 2 * 0.47 * i / (total - warmup)))
-            lrs[i] = lr_max * (decayed + 1e-5)
-        elif schedule == "poly":
-            lrs[i] = lr_max * (1.0 - progress) ** 2
-        elif schedule == "steps":
+            lrs[i] = peak * (decayed + 1e-5)
+        elif shape == "quadratic":
+            lrs[i] = peak * (1.0 - progress) ** 2
+        elif shape == "steps":
             passed = sum(1 for m in milestones if i >= m * steps_per_epoch)
-            lrs[i] = lr_max * step_gamma**passed
+            lrs[i] = peak * gamma**passed
         else:
-            lrs[i] = lr_max
+            lrs[i] = peak
     return lrs.astype(np.float32)
 
 
-def scaled_lr_max(lr_max: float, device_num: int, reference_devices: int = 8) -> float:
-    """Linear scaling of the recipe's lr_max with the device count (recipe: ``device_num / 8``)."""
-    return lr_max * device_num / reference_devices
+def scaled_peak(peak: float, device_num: int, reference_devices: int = 8) -> float:
+    """Linear scaling of a warm-up schedule's peak with the device count (recipe: ``device_num / 8``)."""
+    return peak * device_num / reference_devices
 
 
-def thor_lr(
-    lr_init: float,
-    lr_decay: float,
-    lr_end_epoch: float,
+def thor_schedule(
+    peak: float,
+    power: float,
+    end_epoch: float,
     total_epochs: int,
     steps_per_epoch: int,
-    decay_epoch: int = 39,
+    halve_epoch: int = 39,
 ) -> np.ndarray:
-    """THOR learning rate per step: ``lr_init (1 - e/lr_end_epoch)^lr_decay``, ``e = (i+1)/steps_per_epoch``.
+    """THOR's ResNet learning rate per step: ``peak (1 - e/end_epoch)^power``, ``e = (i+1)/steps_per_epoch``.
 
-    Halved once ``e >= decay_epoch`` (39) and halved again once ``e >= decay_epoch + 1``. The base
-    is clamped at 0 past ``lr_end_epoch`` (the models repo ends its schedule there).
+    Halved once ``e >= halve_epoch`` (39) and halved again once ``e >= halve_epoch + 1``. The base
+    is clamped at 0 past ``end_epoch`` (the models repo ends its schedule there).
     """
     epochs = np.arange(1, total_epochs * steps_per_epoch + 1, dtype=np.float64) / steps_per_epoch
-    lrs = lr_init * np.maximum(1.0 - epochs / lr_end_epoch, 0.0) ** lr_decay
-    lrs = np.where(epochs >= decay_epoch, lrs * 0.5, lrs)
-    lrs = np.where(epochs >= decay_epoch + 1, lrs * 0.5, lrs)
+    lrs = peak * np.maximum(1.0 - epochs / end_epoch, 0.0) ** power
+    lrs = np.where(epochs >= halve_epoch, lrs * 0.5, lrs)
+    lrs = np.where(epochs >= halve_epoch + 1, lrs * 0.5, lrs)
     return lrs.astype(np.float32)
 
 
-def thor_damping(damping_init: float, damping_decay: float, total_epochs: int, steps_per_epoch: int) -> np.ndarray:
-    """THOR damping per step: ``damping_init * damping_decay^(e/10)``, ``e = (i+1)/steps_per_epoch``."""
+def exponential_schedule(
+    peak: float, rate: float, decay_epochs: float, total_epochs: int, steps_per_epoch: int
+) -> np.ndarray:
+    """``peak * rate^(e/decay_epochs)`` per step, ``e = (i+1)/steps_per_epoch`` (THOR's ResNet damping: the
+    models repo's ``decay_epochs`` is 10)."""
     epochs = np.arange(1, total_epochs * steps_per_epoch + 1, dtype=np.float64) / steps_per_epoch
-    return (damping_init * damping_decay ** (epochs / 10.0)).astype(np.float32)
+    return (peak * rate ** (epochs / decay_epochs)).astype(np.float32)
 
 
-def bert_polynomial_decay(
-    *, value_max: float, value_min: float, power: float, total_steps: int, steps: int
+def polynomial_schedule(
+    *, peak: float, end: float, power: float, warmup_steps: int, total_steps: int, steps: int
 ) -> np.ndarray:
-    """BERT-THOR's lr or damping per step: ``(value_max - value_min) (1 - i/total_steps)^power + value_min``.
+    """The models repo's BERT schedules per step (``i`` = the optimizer's global_step, from 0): the first-order
+    baseline's lr (``BertLearningRate``) and THOR's lr and damping (``get_bert_thor_lr``,
+    ``get_bert_thor_damping``: ``_get_poly_lr`` without warm-up).
 
-    The models repo's ``official/nlp/Bert_thor/src/utils.py`` (``get_bert_thor_lr``, ``get_bert_thor_damping``,
-    both ``_get_poly_lr`` with no warm-up): ``i`` counts from 0, so step 0 is ``value_max`` and the last of its
-    ``total_steps`` values is ``(value_max - value_min) (1/total_steps)^power + value_min``; values below 0 are
-    clipped to 0. Its array ends at ``total_steps``; here steps from ``total_steps`` on hold ``value_min`` (``i`` is
-    capped at ``total_steps``, as in MindSpore's ``PolynomialDecayLR``) instead of leaving the array.
-    """
-    i = np.minimum(np.arange(steps, dtype=np.float64), total_steps)
-    values = (value_max - value_min) * (1.0 - i / total_steps) ** power + value_min
-    return np.maximum(values, 0.0).astype(np.float32)
-
-
-def bert_warmup_polynomial_lr(
-    *, lr_max: float, lr_end: float, power: float, warmup_steps: int, decay_steps: int, steps: int
-) -> np.ndarray:
-    """Lamb / AdamWeightDecay learning rate of the models repo's BERT, per step (``i`` = the optimizer's
-    global_step, from 0).
-
-    ``BertLearningRate`` (``official/nlp/Bert/src/utils.py``, the same class in ``Bert_thor/src/utils.py``):
-    while ``i < warmup_steps`` MindSpore's ``WarmUpLR``, ``lr_max * i / warmup_steps``; from then on its
+    While ``i < warmup_steps`` MindSpore's ``WarmUpLR``, ``peak * i / warmup_steps``; from then on its
     ``PolynomialDecayLR`` over the global step itself (not ``i - warmup_steps``):
-    ``(lr_max - lr_end) (1 - min(i, decay_steps)/decay_steps)^power + lr_end``, which holds ``lr_end`` from
-    ``decay_steps`` on. ``warmup_steps`` 0 means no warm-up. The models repo passes the training steps as
-    ``decay_steps``.
+    ``(peak - end) (1 - min(i, total_steps)/total_steps)^power + end``, which holds ``end`` from ``total_steps`` on
+    (the models repo's THOR array ends at ``total_steps`` instead). ``warmup_steps`` 0 means no warm-up. Values
+    below 0 are clipped to 0, as ``_get_poly_lr`` does.
     """
     i = np.arange(steps, dtype=np.float64)
-    decayed = (lr_max - lr_end) * (1.0 - np.minimum(i, decay_steps) / decay_steps) ** power + lr_end
+    decayed = (peak - end) * (1.0 - np.minimum(i, total_steps) / total_steps) ** power + end
     if warmup_steps > 0:
-        decayed = np.where(i < warmup_steps, lr_max * i / warmup_steps, decayed)
-    return decayed.astype(np.float32)
+        decayed = np.where(i < warmup_steps, peak * i / warmup_steps, decayed)
+    return np.maximum(decayed, 0.0).astype(np.float32)

@@ -1,7 +1,7 @@
 """The Momentum recipe on the engine: baseline, adasum, dim_reduce stage 1 and its control.
 
 Recipe (models repo official/cv/ResNet): Momentum with weight decay on convolution and dense weights
-only, the configured per-step lr schedule (``lr_max`` scaled by ``worker_num / reference_devices``),
+only, the configured per-step lr schedule (its ``peak`` scaled by ``worker_num / reference_devices``),
 label smoothing and a fixed loss scale. Optional: mindspore.boost's LessBN, gradient freeze or gradient
 accumulation in the step (``boost``), or Adasum of the ranks' weight deltas (``adasum``: own collectives,
 or boost's Adasum through ``Model.train``). ``train_momentum`` builds the step and hands everything else
@@ -25,7 +25,7 @@ from pipelines.engine.resume import fingerprint
 from pipelines.engine.step import TrainStep
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.momentum import create_momentum
-from pipelines.optim.schedules import momentum_lr, scaled_lr_max
+from pipelines.optim.schedules import per_step
 from pipelines.params import AdasumParams, BaselineParams, BoostParams, MomentumTraining, RuntimeParams
 from pipelines.recipes.classifier import (
     configure,
@@ -79,32 +79,21 @@ def train_momentum(
         start,
         *([boost] if boost_enabled(boost) else []),  # all off: the fingerprint of a plain run
     )
-    lr = training.lr
     classes = num_classes(model, class_index)
 
     def make_step(start: Checkpoint, steps_per_epoch: int) -> TrainStep:
         net = network_from_checkpoint(model, class_index, start, "start checkpoint")
-        lr_per_step = momentum_lr(
-            lr.schedule,
-            lr.lr_init,
-            scaled_lr_max(lr.lr_max, worker_num, lr.reference_devices),
-            lr.lr_end,
-            lr.warmup_epochs,
-            schedule_epochs,
-            steps_per_epoch,
-            tuple(lr.milestones),
-            lr.step_gamma,
-        )
+        lr_per_step = per_step(training.lr, epochs=schedule_epochs, steps_per_epoch=steps_per_epoch, devices=worker_num)
         optimizer = create_momentum(net, lr_per_step, training.momentum, training.weight_decay, training.loss_scale)
         loss_fn = CrossEntropySmooth(classes, training.label_smoothing)
         logger.info(
             "Momentum training of %s: %s schedule, lr max %.4g, loss scale %g",
             model.name,
-            lr.schedule,
+            training.lr.shape,
             lr_per_step.max(),
             training.loss_scale,
         )
-        if adasum is not None and adasum.implementation == "mindspore_boost":
+        if adasum is not None and adasum.implementation == "mindspore":
             from pipelines.optim.adasum.mindspore_adasum import boost_adasum_model
 
             step = ModelTrainStep(

@@ -1,7 +1,7 @@
 """The THOR recipe on the engine: this project's preconditioner + Momentum, or MindSpore's ``nn.thor``.
 
-Recipe (models repo official/cv/ResNet, THOR): the THOR lr and damping schedules (``thor_lr``,
-``thor_damping``), label smoothing, a fixed loss scale, the last BatchNorm gamma of each block
+Recipe (models repo official/cv/ResNet, THOR): the THOR lr and damping schedules (``thor.lr``,
+``thor.damping``, shapes thor and exponential), label smoothing, a fixed loss scale, the last BatchNorm gamma of each block
 zero-initialised (``thor.zero_init_last_bn_gamma``), statistics and inverses refreshed every
 ``frequency`` steps. ``implementation: own``: ``optim.thor.step`` (the gradients of every Conv2d/Dense
 preconditioned, then the baseline's Momentum), a step the engine calls per batch; ``thor.precondition: false``
@@ -38,7 +38,7 @@ from pipelines.engine.progress import announce_compile
 from pipelines.engine.resume import fingerprint
 from pipelines.engine.step import TrainStep
 from pipelines.models.loss import CrossEntropySmooth
-from pipelines.optim.schedules import thor_damping, thor_lr
+from pipelines.optim.schedules import per_step
 from pipelines.optim.thor.capture import is_statistic
 from pipelines.optim.thor.step import ThorStep, create_thor_step
 from pipelines.params import ModelParams, ThorParams
@@ -69,21 +69,20 @@ def thor_model(model: ModelParams, thor: ThorParams) -> ModelParams:
 
 def thor_schedules(thor: ThorParams, steps_per_epoch: int) -> tuple[np.ndarray, np.ndarray]:
     """Per-step learning rate and damping of ``thor.epochs`` epochs of ``steps_per_epoch`` steps."""
-    lr, damping = thor.lr, thor.damping
-    lr_per_step = thor_lr(lr.lr_init, lr.lr_decay, lr.lr_end_epoch, thor.epochs, steps_per_epoch, lr.decay_epoch)
-    damping_per_step = thor_damping(damping.damping_init, damping.damping_decay, thor.epochs, steps_per_epoch)
-    return lr_per_step, damping_per_step
+    lr = per_step(thor.lr, epochs=thor.epochs, steps_per_epoch=steps_per_epoch)
+    damping = per_step(thor.damping, epochs=thor.epochs, steps_per_epoch=steps_per_epoch)
+    return lr, damping
 
 
 def own_thor_step(
-    net, loss_fn, thor: ThorParams, lr_per_step: np.ndarray, damping_per_step: np.ndarray, *, rank_size: int
+    net, loss_fn, thor: ThorParams, lr_per_step: np.ndarray, damping: np.ndarray, *, rank_size: int
 ) -> OwnThorStep:
     """This project's THOR for ``net`` with the recipe's settings (``thor``) and schedules."""
     step = create_thor_step(
         net,
         nn.WithLossCell(net, loss_fn),
         lr_per_step,
-        damping_per_step,
+        damping,
         momentum=thor.momentum,
         weight_decay=thor.weight_decay,
         loss_scale=thor.loss_scale,
@@ -110,7 +109,7 @@ class OwnThorStep(TrainStep):
         super().__init__(thor, thor.net, thor.optimizer, thor.lr_per_step, thor.loss_scale)
         self.thor = thor
         self.preconditioner = thor.preconditioner
-        self.damping_per_step = thor.damping_per_step
+        self.damping = thor.damping
         self.recipe = "THOR" if thor.preconditioner is not None else "THOR's recipe without the preconditioner"
 
     def __call__(self, *batch):
@@ -142,7 +141,7 @@ class MindsporeThorStep(ModelTrainStep):
     recipe = "THOR (MindSpore nn.thor)"
     preconditioner = None
 
-    def __init__(self, net, loss_fn, optimizer, lr_per_step, damping_per_step, thor: ThorParams):
+    def __init__(self, net, loss_fn, optimizer, lr_per_step, damping, thor: ThorParams):
         from pipelines.optim.thor.mindspore_thor import create_thor_model
 
         options = thor.mindspore
@@ -161,7 +160,7 @@ class MindsporeThorStep(ModelTrainStep):
             thor.loss_scale,
             options.dataset_sink_mode,
         )
-        self.damping_per_step = np.asarray(damping_per_step)
+        self.damping = np.asarray(damping)
 
     def capture(self) -> dict[str, np.ndarray]:
         from pipelines.optim.thor.mindspore_thor import capture_thor_state
@@ -175,13 +174,13 @@ class MindsporeThorStep(ModelTrainStep):
 
 
 class ThorFigures(Callback):
-    """Adds THOR's figures to each epoch's row: the damping of its last step (``step.damping_per_step``) and, with
+    """Adds THOR's figures to each epoch's row: the damping of its last step (``step.damping``) and, with
     this project's preconditioner (``step.preconditioner``), the median step time of each kind and the counters.
     With the preconditioner off (``thor.precondition: false``) the counters are 0 and no step is of either kind;
     ``nn.thor`` keeps its counters to itself, so its rows have none."""
 
     def bind(self, step: TrainStep) -> None:
-        self.damping_per_step = step.damping_per_step
+        self.damping = step.damping
         self.preconditioner = step.preconditioner
         self.first_order = isinstance(step, OwnThorStep) and step.preconditioner is None
         self.steps_per_epoch = 0
@@ -209,8 +208,8 @@ class ThorFigures(Callback):
         self.last = time.perf_counter()  # the next step's time starts after the evaluation
 
     def epoch_metrics(self, epoch: int) -> dict[str, float]:
-        last_step = min((epoch + 1) * self.steps_per_epoch, len(self.damping_per_step)) - 1
-        figures = {THOR_DAMPING: float(self.damping_per_step[last_step])}
+        last_step = min((epoch + 1) * self.steps_per_epoch, len(self.damping)) - 1
+        figures = {THOR_DAMPING: float(self.damping[last_step])}
         if self.preconditioner is not None:
             figures[THOR_SECOND_ORDER_STEPS] = float(self.preconditioner.second_order_steps)
             figures[THOR_TRACE_SKIPS] = float(self.preconditioner.trace_skips)
@@ -254,7 +253,7 @@ def train_thor(
 
     def make_step(start: Checkpoint, steps_per_epoch: int) -> TrainStep:
         net = network_from_checkpoint(network, class_index, start, "start checkpoint")
-        lr_per_step, damping_per_step = thor_schedules(thor, steps_per_epoch)
+        lr_per_step, damping = thor_schedules(thor, steps_per_epoch)
         loss_fn = CrossEntropySmooth(classes, thor.label_smoothing)
         if thor.precondition:
             logger.info(
@@ -265,8 +264,8 @@ def train_thor(
                 thor.frequency,
                 lr_per_step[0],
                 lr_per_step[-1],
-                damping_per_step[0],
-                damping_per_step[-1],
+                damping[0],
+                damping[-1],
             )
         else:
             logger.info(
@@ -283,16 +282,16 @@ def train_thor(
             optimizer = create_thor_optimizer(
                 net,
                 lr_per_step,
-                damping_per_step,
+                damping,
                 momentum=thor.momentum,
                 weight_decay=thor.weight_decay,
                 loss_scale=thor.loss_scale,
                 batch_size=thor.batch_size,
                 frequency=thor.frequency,
-                split_indices=thor.mindspore.split_indices,
+                split_indices=thor.split_indices,
             )
-            return MindsporeThorStep(net, loss_fn, optimizer, lr_per_step, damping_per_step, thor)
-        return own_thor_step(net, loss_fn, thor, lr_per_step, damping_per_step, rank_size=worker_num)
+            return MindsporeThorStep(net, loss_fn, optimizer, lr_per_step, damping, thor)
+        return own_thor_step(net, loss_fn, thor, lr_per_step, damping, rank_size=worker_num)
 
     validation = val_data(manifest, data)
 

@@ -44,7 +44,7 @@ from pipelines.models.bert import BertConfig, BertNetworkWithLoss, BertPreTraini
 from pipelines.models.resnet import count_parameters
 from pipelines.optim.gradients import FirstOrderStep, UnscaledGradients
 from pipelines.optim.momentum import decay_groups, decays_unless_layernorm_or_bias
-from pipelines.optim.schedules import bert_polynomial_decay, bert_warmup_polynomial_lr
+from pipelines.optim.schedules import per_step
 from pipelines.optim.thor.step import create_thor_step
 from pipelines.params import (
     BertBaselineTraining,
@@ -54,7 +54,6 @@ from pipelines.params import (
     BertThorTraining,
     BertTokenizerParams,
     DistributedParams,
-    PolynomialDecay,
     RuntimeParams,
     ThorBertParams,
 )
@@ -202,17 +201,6 @@ def evaluate_bert(context: LanguageModelContext, checkpoint: Checkpoint, label: 
     return {"network": NETWORK_NAME, "epoch": int(checkpoint.metadata.get("epoch", 0)), **figures}
 
 
-def polynomial(schedule: PolynomialDecay, steps: int) -> np.ndarray:
-    """``steps`` values of a polynomial decay (``total_steps`` None: over these ``steps``)."""
-    return bert_polynomial_decay(
-        value_max=schedule.max,
-        value_min=schedule.min,
-        power=schedule.power,
-        total_steps=schedule.total_steps or steps,
-        steps=steps,
-    )
-
-
 def _train(
     context: LanguageModelContext,
     start: Checkpoint,
@@ -259,7 +247,7 @@ def _train(
 
     def build(start: Checkpoint, steps_per_epoch: int) -> TrainStep:
         net = bert_from_checkpoint(context.network, context.vocab_size, start, "start checkpoint")
-        return make_step(net, steps_per_epoch * section.epochs)
+        return make_step(net, steps_per_epoch)
 
     return train(
         spec,
@@ -285,22 +273,23 @@ def train_bert_thor(
     """THOR (every Dense layer preconditioned, then Momentum) from ``start`` for ``thor.epochs`` epochs, resuming
     this training's newest checkpoint in ``thor.checkpoint.dir``."""
 
-    def make_step(net: BertPreTraining, total_steps: int) -> TrainStep:
-        lr_per_step, damping_per_step = polynomial(thor.lr, total_steps), polynomial(thor.damping, total_steps)
+    def make_step(net: BertPreTraining, steps_per_epoch: int) -> TrainStep:
+        lr_per_step = per_step(thor.lr, epochs=thor.epochs, steps_per_epoch=steps_per_epoch)
+        damping = per_step(thor.damping, epochs=thor.epochs, steps_per_epoch=steps_per_epoch)
         logger.info(
             "THOR on BERT: frequency %d, lr %.4g -> %.4g, damping %.4g -> %.4g over %d steps",
             thor.frequency,
             lr_per_step[0],
             lr_per_step[-1],
-            damping_per_step[0],
-            damping_per_step[-1],
-            total_steps,
+            damping[0],
+            damping[-1],
+            len(lr_per_step),
         )
         step = create_thor_step(
             net,
             BertNetworkWithLoss(net),
             lr_per_step,
-            damping_per_step,
+            damping,
             momentum=thor.momentum,
             weight_decay=thor.weight_decay,
             loss_scale=thor.loss_scale,
@@ -328,16 +317,8 @@ def train_bert_baseline(
     ``baseline.epochs`` epochs, resuming this training's newest checkpoint in ``baseline.checkpoint.dir``."""
     from mindspore import Tensor, nn
 
-    def make_step(net: BertPreTraining, total_steps: int) -> TrainStep:
-        lr = baseline.lr
-        lr_per_step = bert_warmup_polynomial_lr(
-            lr_max=lr.lr_max,
-            lr_end=lr.lr_end,
-            power=lr.power,
-            warmup_steps=lr.warmup_steps,
-            decay_steps=lr.decay_steps or max(total_steps - lr.warmup_steps, 1),
-            steps=total_steps,
-        )
+    def make_step(net: BertPreTraining, steps_per_epoch: int) -> TrainStep:
+        lr_per_step = per_step(baseline.lr, epochs=baseline.epochs, steps_per_epoch=steps_per_epoch)
         groups = decay_groups(net, baseline.weight_decay, decays_unless_layernorm_or_bias)
         optimizer_class = {"adamweightdecay": nn.AdamWeightDecay, "lamb": nn.Lamb}[baseline.optimizer]
         optimizer = optimizer_class(groups, learning_rate=Tensor(lr_per_step), eps=baseline.eps)

@@ -23,7 +23,7 @@ from pipelines.engine.epochs import NonFiniteLossError, TrainingSpec
 from pipelines.engine.loop import Checkpointing, train
 from pipelines.engine.model_bridge import ModelTrainStep
 from pipelines.engine.state import capture_state, restore_network
-from pipelines.hooks import parameter_sources
+from pipelines.hooks.config_files import parameter_sources
 from pipelines.metrics import TRAIN_LR, VAL_TOP1
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.models.resnet import create_resnet
@@ -139,7 +139,7 @@ class MomentumModelStep(ModelTrainStep):
 
     preconditioner = None
 
-    def __init__(self, net, optimizer, lr_per_step, damping_per_step):
+    def __init__(self, net, optimizer, lr_per_step, damping):
         from mindspore.train import Model
 
         super().__init__(
@@ -149,7 +149,7 @@ class MomentumModelStep(ModelTrainStep):
             lr_per_step,
             sink_mode=False,
         )
-        self.damping_per_step = damping_per_step
+        self.damping = damping
 
 
 def momentum_step_factory(poison: bool = False):
@@ -245,7 +245,7 @@ def test_mindspore_thor_on_cpu_is_refused_saying_what_to_do():
 def test_mindspore_thor_is_accepted_on_ascend_and_gpu(env):
     params = with_thor(load_params(env), implementation="mindspore")
     thor = validate_parameters(params, parameter_sources(CONF, env, None)).thor
-    assert thor.mindspore.split_indices == [26, 53]  # the tutorial's ResNet-50 fusion split
+    assert thor.split_indices == [26, 53]  # the tutorial's ResNet-50 fusion split
 
 
 def test_unknown_amp_level_is_named():

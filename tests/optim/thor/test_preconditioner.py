@@ -17,7 +17,7 @@ from mindspore import nn
 
 from pipelines.engine.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from pipelines.models.loss import CrossEntropySmooth
-from pipelines.optim.schedules import thor_damping, thor_lr
+from pipelines.optim.schedules import exponential_schedule, thor_schedule
 from pipelines.optim.thor.capture import CapturedLayer
 from pipelines.optim.thor.linalg import apply_left, apply_right, block_inverse, blocks_to_dense
 from pipelines.optim.thor.step import ThorInverseError, create_thor_step
@@ -392,7 +392,7 @@ def test_state_round_trip_continues_identically(tmp_path):
 
 def test_thor_lr_matches_the_formula():
     lr_init, decay, end, steps = 0.05803, 4.0839, 53, 4
-    lrs = thor_lr(lr_init, decay, end, 45, steps)
+    lrs = thor_schedule(lr_init, decay, end, 45, steps)
     assert lrs.shape == (45 * steps,) and lrs.dtype == np.float32
     for i in (0, 1, 7, 100, 150):
         e = (i + 1) / steps
@@ -405,11 +405,11 @@ def test_thor_lr_matches_the_formula():
     assert lrs[40 * steps - 2] == pytest.approx(base(40 * steps - 2) / 2, rel=1e-6)
     assert lrs[40 * steps - 1] == pytest.approx(base(40 * steps - 1) / 4, rel=1e-6)
     assert lrs[-1] == pytest.approx(base(45 * steps - 1) / 4, rel=1e-6)
-    assert np.all(np.isfinite(thor_lr(0.1, 4.0, 10, 12, 3)))  # past lr_end_epoch the base is 0
+    assert np.all(np.isfinite(thor_schedule(0.1, 4.0, 10, 12, 3)))  # past end_epoch the base is 0
 
 
 def test_thor_damping_matches_the_formula():
-    damping = thor_damping(0.03, 0.50036, 70, 5)
+    damping = exponential_schedule(0.03, 0.50036, 10, 70, 5)
     assert damping.shape == (350,) and damping.dtype == np.float32
     for i in (0, 4, 49, 200, 349):
         assert damping[i] == pytest.approx(0.03 * 0.50036 ** ((i + 1) / 5 / 10), rel=1e-6)
@@ -443,8 +443,8 @@ def test_short_training_reduces_the_loss():
     ms.set_seed(1)
     net = SmallConvNet()
     epochs, steps = 4, data.get_dataset_size()
-    lrs = thor_lr(0.1, 2.0, 6, epochs, steps)
-    damping = thor_damping(0.03, 0.5, epochs, steps)
+    lrs = thor_schedule(0.1, 2.0, 6, epochs, steps)
+    damping = exponential_schedule(0.03, 0.5, 10, epochs, steps)
     thor = create_thor_step(
         net, nn.WithLossCell(net, CrossEntropySmooth(3, 0.1)), lrs, damping, **{**RECIPE, "frequency": 5}
     )

@@ -79,6 +79,5 @@ def blocks_to_dense(blocks: np.ndarray, n: int) -> np.ndarray:
 
 def damped_inverse(stat, damping, positions, block_size, method):
     """``P^-1/2 (X + sqrt(damping / P) I)^-1`` of a statistic ``X`` (A or G), as ``block_inverse`` blocks."""
-    shift = ops.sqrt(damping / positions)
-    damped = stat + shift * ops.eye(stat.shape[0], stat.shape[0], ms.float32)
+    damped = stat + ops.sqrt(damping / positions) * ops.eye(stat.shape[0], stat.shape[0], ms.float32)
     return block_inverse(damped, block_size, method) * ops.rsqrt(positions)

@@ -39,7 +39,7 @@ def _decays(param) -> bool:
 def create_thor_optimizer(
     net,
     lr_per_step: np.ndarray,
-    damping_per_step: np.ndarray,
+    damping: np.ndarray,
     *,
     momentum: float,
     weight_decay: float,
@@ -59,7 +59,7 @@ def create_thor_optimizer(
     return nn.thor(
         net,
         ms.Tensor(np.asarray(lr_per_step, np.float32)),
-        ms.Tensor(np.asarray(damping_per_step, np.float32)),
+        ms.Tensor(np.asarray(damping, np.float32)),
         float(momentum),
         float(weight_decay),
         float(loss_scale),

@@ -116,9 +116,9 @@ class _DampedTraces(nn.Cell):
             grad = grads[self.param_of_layer[i]]  # the statistics are read once the gradients exist
             a = ops.depend(self.a_stats[i], grad)
             g = ops.depend(self.g_stats[i], grad)
-            shift = ops.sqrt(damping / ops.depend(self.positions[i], grad))
-            trace_a = self.mean_over_ranks(ops.trace(a)) + a.shape[0] * shift  # tr of the rank mean
-            trace_g = self.mean_over_ranks(ops.trace(g)) + g.shape[0] * shift
+            sqrt_damping = ops.sqrt(damping / ops.depend(self.positions[i], grad))
+            trace_a = self.mean_over_ranks(ops.trace(a)) + a.shape[0] * sqrt_damping  # tr of the rank mean
+            trace_g = self.mean_over_ranks(ops.trace(g)) + g.shape[0] * sqrt_damping
             traces += (trace_a * trace_g,)
         return ops.stack(traces)
 
@@ -131,7 +131,7 @@ class ThorPreconditioner:
     THOR directions: ``second_order_cell`` (refresh the damped inverses from this step's statistics, then apply them)
     and ``reuse_cell`` (apply the stored ones). ``ThorStep`` picks one per step with ``second_order_now`` and calls
     ``capture`` / ``count_step`` around it. Step ``k`` (counted from 0, continued by ``load_state``) is second-order
-    when ``k % frequency == 0`` (or no inverses exist yet); its damping is ``damping_per_step[k]`` (the last value past
+    when ``k % frequency == 0`` (or no inverses exist yet); its damping is ``damping[k]`` (the last value past
     the end). ``block_size`` None inverts the full A and G, an int their diagonal blocks (Ascend: 128).
     ``trace_rule`` ``(skip, stop)``, e.g. ``(0.01, 0.001)``, enables the paper's trace rule. ``loss_scale``: the factor
     the differentiated loss carries, removed from G when it is taken. ``inverse_method`` (``block_inverse``): None
@@ -143,7 +143,7 @@ class ThorPreconditioner:
     def __init__(
         self,
         net: nn.Cell,
-        damping_per_step: np.ndarray,
+        damping: np.ndarray,
         *,
         loss_scale: float,
         frequency: int,
@@ -152,9 +152,9 @@ class ThorPreconditioner:
         rank_size: int,
         inverse_method: str | None,
     ):
-        self.damping_per_step = np.asarray(damping_per_step, np.float32).ravel()
-        if not len(self.damping_per_step):
-            raise ValueError("damping_per_step needs at least one value")
+        self.damping = np.asarray(damping, np.float32).ravel()
+        if not len(self.damping):
+            raise ValueError("damping needs at least one value (one per step)")
         if inverse_method is None:
             inverse_method = "matrix_inverse" if ms.get_context("device_target") == "Ascend" else "cholesky"
         if inverse_method not in INVERSE_METHODS:
@@ -207,9 +207,9 @@ class ThorPreconditioner:
         return ms.Parameter(ms.Tensor(0.0, ms.float32), name=name, requires_grad=False)
 
     @property
-    def damping(self) -> float:
+    def current_damping(self) -> float:
         """The damping of the next step (of the last step taken, once the schedule is over)."""
-        return float(self.damping_per_step[min(self.steps, len(self.damping_per_step) - 1)])
+        return float(self.damping[min(self.steps, len(self.damping) - 1)])
 
     def second_order_now(self) -> bool:
         """Whether the next step refreshes the statistics and inverses."""
@@ -288,7 +288,7 @@ class ThorPreconditioner:
 
     def state(self) -> dict[str, np.ndarray]:
         """The preconditioner's buffers (numpy, names under ``thor.``): last statistics, inverses, trace rule,
-        counters. ``steps`` is the position in ``damping_per_step`` and in the ``frequency`` cycle, so a
+        counters. ``steps`` is the position in ``damping`` and in the ``frequency`` cycle, so a
         preconditioner given this state by ``load_state`` continues the run."""
         # asnumpy() can share memory with the parameter on CPU: copy, so later steps do not change it
         state = {STATE_PREFIX + p.name: p.asnumpy().copy() for p in self._state_params()}

@@ -75,7 +75,7 @@ class ThorStep:
 
     ``preconditioner`` None switches the second order off (``thor.precondition: false``): the same gradients,
     loss scaling, optimizer and schedules, but the gradients reach the optimizer unchanged and nothing is captured
-    (THOR's recipe without its curvature; ``damping_per_step`` is then only reported).
+    (THOR's recipe without its curvature; ``damping`` is then only reported).
     """
 
     def __init__(
@@ -85,7 +85,7 @@ class ThorStep:
         preconditioner: ThorPreconditioner | None,
         optimizer: nn.Optimizer,
         lr_per_step: np.ndarray,
-        damping_per_step: np.ndarray,
+        damping: np.ndarray,
         *,
         loss_scale: float,
         rank_size: int,
@@ -96,7 +96,7 @@ class ThorStep:
         self.preconditioner = preconditioner
         self.optimizer = optimizer
         self.lr_per_step = np.asarray(lr_per_step, np.float32).ravel()
-        self.damping_per_step = np.asarray(damping_per_step, np.float32).ravel()
+        self.damping = np.asarray(damping, np.float32).ravel()
         self.loss_scale = float(loss_scale)
         gradients = UnscaledGradients(net_with_loss, optimizer.parameters, loss_scale, rank_size)
         net.set_train(True)
@@ -121,7 +121,7 @@ class ThorStep:
         if preconditioner is None:
             return self._first_order(*batch)
         second_order = preconditioner.second_order_now()
-        damping = ms.Tensor(preconditioner.damping, ms.float32)
+        damping = ms.Tensor(preconditioner.current_damping, ms.float32)
         try:
             if second_order and preconditioner.trace_rule is not None:
                 return self._trace_rule_step(damping, *batch)
@@ -135,7 +135,7 @@ class ThorStep:
                 raise
             raise ThorInverseError(
                 f"THOR step {steps + 1}: a layer's damped statistic is not positive definite in float32 (damping "
-                f"{preconditioner.damping:.3g}); the damping is too small for these statistics, or they overflowed. "
+                f"{preconditioner.current_damping:.3g}); the damping is too small for these statistics, or they overflowed. "
                 "Raise the damping (its minimum, or its schedule's total steps), or lower the learning rate."
             ) from None
         preconditioner.count_step(second_order)
@@ -160,7 +160,7 @@ def create_thor_step(
     net: nn.Cell,
     net_with_loss: nn.Cell,
     lr_per_step: np.ndarray,
-    damping_per_step: np.ndarray,
+    damping: np.ndarray,
     *,
     momentum: float,
     weight_decay: float,
@@ -183,7 +183,7 @@ def create_thor_step(
     preconditioner = (
         ThorPreconditioner(
             net,
-            damping_per_step,
+            damping,
             loss_scale=loss_scale,
             frequency=frequency,
             block_size=block_size,
@@ -202,7 +202,7 @@ def create_thor_step(
         preconditioner,
         optimizer,
         lr_per_step,
-        damping_per_step,
+        damping,
         loss_scale=loss_scale,
         rank_size=rank_size,
     )

@@ -128,7 +128,7 @@ def train_stage2(
     stage2: Stage2Params,
 ) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
     """P-BFGS in the PCA subspace for ``stage2.epochs`` epochs from the stage-1 weights (``implementation:
-    mindspore_boost``: ``mindspore.boost``'s DimReduce instead, in a process of its own).
+    mindspore``: ``mindspore.boost``'s DimReduce instead, in a process of its own).
 
     Returns the final checkpoint, the per-epoch history and the per-step table. A rerun of the same
     configuration resumes from the newest checkpoint in ``stage2.checkpoint.dir``. With
@@ -136,7 +136,7 @@ def train_stage2(
     """
     context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
     with tracking.training_run("stage2", {"dim_reduce.stage2": stage2}):
-        if stage2.implementation == "mindspore_boost":
+        if stage2.implementation == "mindspore":
             result, steps = recipe.train_stage2_with_boost(
                 context,
                 stage1_checkpoint,

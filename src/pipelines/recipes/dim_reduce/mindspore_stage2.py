@@ -1,4 +1,4 @@
-"""dim_reduce's stage 2 with ``mindspore.boost``'s own DimReduce (``implementation: mindspore_boost``), for
+"""dim_reduce's stage 2 with ``mindspore.boost``'s own DimReduce (``implementation: mindspore``), for
 comparison with this project's P-BFGS: trained by ``Model.train`` through ``engine.model_bridge``, in a process
 of its own, since boost's configuration is a process-wide singleton."""
 
@@ -180,7 +180,7 @@ def _train_stage2_with_boost_here(
             gamma=stage2.gamma,
             alpha=stage2.alpha,
             sigma=stage2.sigma,
-            device_number=1,  # one process: params.py refuses mindspore_boost with distributed.worker_num above 1
+            device_number=1,  # one process: params.py refuses mindspore with distributed.worker_num above 1
         )
         loss_fn = CrossEntropySmooth(num_classes(model, class_index), stage2.label_smoothing)
 
