@@ -124,7 +124,7 @@ def test_finished_trainings_leave_no_epoch_checkpoints_and_a_nodes_rerun_moves_n
     assert output.count("Compiling the training graph (P-BFGS: gradient, line search, update)…") == 1
     assert output.count("Compiling the evaluation graph…") == 6
 
-    # the README's rerun of the finished stage 2 with another alpha: nothing of the finished run is "stale"
+    # docs/pipelines.md's rerun of the finished stage 2 with another alpha: nothing of the finished run is "stale"
     before = load_checkpoint(models / "stage2.ckpt").metadata["fingerprint"]
     stage2 = training_node(create_pipeline(), "train_stage2")
     alpha = "--params=dim_reduce.stage2.alpha=0.01"

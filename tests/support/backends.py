@@ -14,8 +14,8 @@ import mindspore as ms
 
 from pipelines.engine.backends import PLATFORMS, graph_primitives, undeclared
 
-# Gaps MindSpore's own code leaves, primitive -> the devices without evidence for it, stated in the README
-# ("Backends"): boost's GradientAccumulation counts its steps with ``+= 1`` on a Parameter, InplaceAddsExt, whose
+# Gaps MindSpore's own code leaves, primitive -> the devices without evidence for it, stated in docs/backends.md
+# (Findings): boost's GradientAccumulation counts its steps with ``+= 1`` on a Parameter, InplaceAddsExt, whose
 # kernel headers MindSpore 2.10 ships for Ascend and CPU only.
 KNOWN_GAPS = {"InplaceAddsExt": ("GPU",)}
 # What a recipe's own code uses instead where a device lacks the CPU path's primitive: (device, primitive) ->

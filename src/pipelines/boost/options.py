@@ -190,7 +190,7 @@ class _FreezeTrainStep(nn.TrainOneStepCell):
 
     def construct(self, *inputs):
         loss = self.freeze_nets[self.train_strategy[self.position]](*inputs)
-        # FloorMod, not `%`: that lowers to RemainderTensorScalar, which has no GPU kernel (README "Backends")
+        # FloorMod, not `%`: that lowers to RemainderTensorScalar, which has no GPU kernel (docs/backends.md)
         loss = ops.depend(loss, ops.assign(self.position, ops.floor_mod(self.position + 1, self.strategy_length)))
         return ops.depend(loss, ops.assign_add(self.schedule_step, ops.ones_like(self.schedule_step)))
 

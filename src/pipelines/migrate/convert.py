@@ -297,7 +297,7 @@ def single_step_parity(
     # Copies: a MindSpore tensor made from a numpy array may share its memory, and the step updates in place.
     before_step = {name: np.array(value, dtype=np.float64) for name, value in checkpoint.params.items()}
     net.set_train(True)
-    # the recipes' dense cross entropy: the sparse primitive is declared for GPU and CPU only (README "Backends")
+    # the recipes' dense cross entropy: the sparse primitive is declared for GPU and CPU only (docs/backends.md)
     step = nn.TrainOneStepCell(
         nn.WithLossCell(net, CrossEntropySmooth(num_classes, 0.0)),
         nn.SGD(net.trainable_params(), learning_rate=lr, momentum=0.0, weight_decay=0.0),

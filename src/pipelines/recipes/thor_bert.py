@@ -11,7 +11,7 @@ Trainings, each through ``engine.loop.train`` (resume, checkpoints, per-epoch ro
 * ``train_bert_thor``: this project's THOR preconditioner over every ``nn.Dense`` of the network (attention
   query/key/value/output projections, feed-forward, pooler, masked-LM transform, next-sentence classifier), then
   Momentum; the embeddings (word, position, token type; the word table is tied to the masked-LM decoder) and
-  LayerNorm take the plain gradient (README, "thor_bert"); polynomial lr and damping without warm-up
+  LayerNorm take the plain gradient (docs/thor-bert.md); polynomial lr and damping without warm-up
   (``get_bert_thor_lr``, ``get_bert_thor_damping``); weight decay except on LayerNorm and biases (the script's
   ``decay_filter``).
 * ``train_bert_baseline``: AdamWeightDecay or Lamb with the warm-up polynomial lr (``BertLearningRate``), the same

@@ -1,6 +1,6 @@
 """Comparison of the training recipes from their MLflow runs: one table and a few figures.
 
-Every recipe logs one metric schema (README "Tracking with MLflow"): per epoch, with step = epoch
+Every recipe logs one metric schema (docs/tracking.md#metric-schema): per epoch, with step = epoch
 number, ``train/loss``, ``train/lr``, ``train/images_per_s``, ``train/epoch_time_s`` and, on
 evaluation epochs, ``val/top1``/``val/top5``; after training ``final/top1``/``final/top5``.
 baseline, thor and adasum log them into the ``kedro run``'s own run (tagged ``pipeline``);
