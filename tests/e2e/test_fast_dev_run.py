@@ -34,8 +34,8 @@ from tests.support.trees import write_image_tree
 # THOR's first, every environment's: ResNet-50's THOR compiles on one core, and scripts/test.sh --all runs the fast tier
 # beside it
 TOGETHER = ("thor", "study", "baseline,adasum,dim_reduce")
-# thor_bert rehearses each environment's BERT: BERT-base's and BERT-large's THOR exceed this machine's 23 GB (docs' Configuration
-# page, fast_dev_run), so the slow tier rehearses base's
+# thor_bert rehearses each environment's BERT: BERT-base's and BERT-large's THOR exceed this machine's 23 GB
+# (docs/configuration.md#fast_dev_run), so the slow tier rehearses base's
 BERT_ENVS = ("base",)
 # ResNet-50's rehearsals take 11 to 13 GB: one at a time, beside the in-process fast tier (6 GB) and nothing else
 LARGE_MEMORY_ENVS = ("ascend", "gpu")
