@@ -50,7 +50,7 @@ def main() -> None:
     from pipelines.models.resnet import create_resnet
     from pipelines.optim.momentum import create_momentum
     from pipelines.optim.schedules import warmup_schedule
-    from pipelines.tracking import EpochMetrics
+    from pipelines.tracking.writer import EpochMetrics
 
     configure_mindspore("CPU", "graph", 0)
     fashion_mnist.materialise(args.data_root)

@@ -1,11 +1,21 @@
-"""``kedro run --params`` of this project: Kedro's key=value items, plus lists in brackets."""
+"""The project's ``kedro run``: Kedro's ``--params`` key=value items plus lists in brackets, ``--pipeline`` as
+``--pipelines``, log records on one line when the output is not a terminal; kedro-viz offline."""
 
 from __future__ import annotations
+
+import os
+import pty
+import subprocess
+import sys
+import warnings
+from pathlib import Path
 
 import click
 import pytest
 
 from pipelines.cli import split_params
+
+PROJECT = Path(__file__).resolve().parents[1]
 
 
 def parse(value: str):
@@ -45,3 +55,89 @@ def test_kedro_viz_offline_shows_no_update_banner(monkeypatch):
     _kedro_viz_without_a_false_update_banner()
     response = version.get_version_response()
     assert not response.is_outdated and response.latest == __version__
+
+
+class RecordedSession:
+    """Stands for ``KedroSession``: records what ``kedro run`` asks it to run."""
+
+    runs: list[dict] = []
+
+    @classmethod
+    def create(cls, **_) -> RecordedSession:
+        return cls()
+
+    def __enter__(self) -> RecordedSession:
+        return self
+
+    def __exit__(self, *_) -> None:
+        pass
+
+    def run(self, **options) -> dict:
+        self.runs.append(options)
+        return {}
+
+
+def test_the_singular_pipeline_option_runs_that_pipeline_without_a_deprecation_warning(monkeypatch):
+    """``kedro run --pipeline=dim_reduce``, as older Kedro documentation writes it: Kedro 1.7 warns on every run."""
+    from click.testing import CliRunner
+    from kedro import KedroDeprecationWarning
+    from kedro.framework.session import KedroSession
+
+    from pipelines.cli import cli
+
+    monkeypatch.setattr(KedroSession, "create", RecordedSession.create)
+    monkeypatch.setattr(RecordedSession, "runs", [])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = CliRunner().invoke(cli, ["run", "--pipeline=dim_reduce", "--env=ascend"])
+    assert result.exit_code == 0, result.output
+    assert [w.message for w in caught if issubclass(w.category, KedroDeprecationWarning)] == []
+    assert [run["pipeline_names"] for run in RecordedSession.runs] == [["dim_reduce"]]
+    both = CliRunner().invoke(cli, ["run", "--pipeline=thor", "--pipelines=dim_reduce"])
+    assert both.exit_code != 0 and len(RecordedSession.runs) == 1  # both options together stay Kedro's error
+
+
+LONG_RECORD = "a log record longer than any terminal " + "x" * 150
+
+
+def logged_through_the_project_configuration(tmp_path: Path, stdout) -> None:
+    """A ``pipelines`` INFO record, in a new process that configures logging as ``kedro`` does (conf/logging.yml),
+    its stdout ``stdout``. (``quiet_start`` makes the same call: tests/e2e/test_quiet.py reads a real run's.)"""
+    script = (
+        "import logging, kedro.framework.project\n"
+        "from pipelines.cli import plain_logs_when_piped\n"
+        "plain_logs_when_piped()\n"
+        f"logging.getLogger('pipelines').info({LONG_RECORD!r})\n"
+    )
+    environment = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    environment["KEDRO_LOGGING_CONFIG"] = str(PROJECT / "conf" / "logging.yml")
+    subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=environment, stdout=stdout, check=True, timeout=120
+    )
+
+
+def test_log_records_keep_one_line_when_piped_and_richs_layout_in_a_terminal(tmp_path):
+    """Piped (a CI log), a record is one line however long; a terminal keeps rich's columns (80 wide here)."""
+    piped = tmp_path / "piped.txt"
+    with piped.open("w") as stdout:
+        logged_through_the_project_configuration(tmp_path, stdout)
+    record = [line for line in piped.read_text().splitlines() if "x" * 10 in line]
+    assert len(record) == 1 and record[0].endswith(f" - pipelines - INFO - {LONG_RECORD}"), record
+
+    controller, terminal = pty.openpty()
+    try:
+        logged_through_the_project_configuration(tmp_path, terminal)
+    finally:
+        os.close(terminal)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:  # the terminal's other end is closed: everything was read
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(controller)
+    wrapped = [line for line in shown.decode(errors="replace").splitlines() if "x" * 10 in line]
+    assert len(wrapped) > 1 and "INFO" in shown.decode(errors="replace")

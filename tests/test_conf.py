@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 
 from pipelines.engine.runtime import DeviceUnavailableError, device_available, require_device
-from tests.support.config import load_config, load_params
+from tests.support.config import load_config
 
 
 @pytest.fixture(scope="module")
 def base() -> dict:
-    return load_params("local")
+    return load_config("local")
 
 
 @pytest.mark.parametrize(("env", "device"), [("ascend", "Ascend"), ("gpu", "GPU")])
 def test_env_overrides_keys_and_keeps_the_rest(base, env, device):
-    params = load_params(env)
+    params = load_config(env)
     assert params["runtime"]["device_target"] == device
     # keys the environment does not name come from base, inside partially overridden sections
     assert params["runtime"]["seed"] == base["runtime"]["seed"]
@@ -88,7 +88,7 @@ def test_cpu_speed_settings_respect_the_user(monkeypatch):
 
 @pytest.mark.parametrize("env", ["ascend", "gpu"])
 def test_dim_reduce_recipe(base, env):
-    recipe = load_params(env)["dim_reduce"]
+    recipe = load_config(env)["dim_reduce"]
     stage1 = recipe["stage1"]
     assert (stage1["epochs"], stage1["schedule_epochs"]) == (70, 90)
     assert stage1["lr"]["warmup_epochs"] == 5 and stage1["lr"]["peak"] == 0.8
@@ -111,7 +111,7 @@ def test_dim_reduce_recipe(base, env):
     [("ascend", 45, (0.05803, 4.0839, 53), (0.03, 0.50036)), ("gpu", 40, (0.05672, 4.9687, 50), (0.02345, 0.5467))],
 )
 def test_thor_recipe(base, env, epochs, lr, damping):
-    thor = load_params(env)["thor"]
+    thor = load_config(env)["thor"]
     assert thor["epochs"] == epochs and thor["batch_size"] == 32 and thor["frequency"] == 834
     assert thor["loss_scale"] == 128 and thor["zero_init_last_bn_gamma"] is True
     assert (thor["lr"]["shape"], thor["lr"]["peak"], thor["lr"]["power"], thor["lr"]["end_epoch"]) == ("thor", *lr)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from omegaconf import OmegaConf
 
 from pipelines.fast_dev_run import TAG, fast_dev_run_overrides, relocated
 from pipelines.params import validate_parameters
-from tests.support.config import load_params
-from tests.support.runner import merged
+from tests.support.config import load_config
 
 DEFAULT_DATA = {
     "source": "fashion_mnist",
@@ -16,9 +16,11 @@ DEFAULT_DATA = {
 }
 
 
-def merged_params(env: str, extra: dict | None = None) -> dict:
-    """base, then ``env`` (Kedro's own loader), then ``extra`` as --params would."""
-    return merged(load_params(env), extra or {})
+def merged_params(env: str, *extras: dict | None) -> dict:
+    """base, then ``env``, then ``extras`` as --params (a later one winning, as fast_dev_run's substitutions win over
+    the user's), merged by Kedro's own loader."""
+    runtime_params = OmegaConf.to_container(OmegaConf.merge(*(extra or {} for extra in extras))) if extras else None
+    return load_config(env, runtime_params=runtime_params)
 
 
 def overrides(env: str, *, trees: dict[str, int] | None = None, cpu_workers: int = 2, extra: dict | None = None):
@@ -38,7 +40,7 @@ def overrides(env: str, *, trees: dict[str, int] | None = None, cpu_workers: int
 def test_the_substituted_configuration_is_valid_and_runs_on_cpu(env, root):
     extra = {"runtime": {"fast_dev_run": True}, "data": {"root": root}}
     substitutions = overrides(env, extra=extra)
-    params = validate_parameters(merged(merged_params(env, extra), substitutions.nested()))
+    params = validate_parameters(merged_params(env, extra, substitutions.nested()))
     assert params.runtime.device_target == "CPU"
     assert params.distributed.node_rank == 0 and params.distributed.nodes == 1
     assert params.thor.implementation == "own" and params.adasum.implementation == "own"
@@ -55,7 +57,7 @@ def test_the_substituted_configuration_is_valid_and_runs_on_cpu(env, root):
 def test_the_recipe_is_kept(env):
     extra = {"runtime": {"fast_dev_run": True}, "data": {"root": "/local/tree"}}
     original = validate_parameters(merged_params(env, {**extra, "runtime": {**merged_params(env)["runtime"]}}))
-    params = validate_parameters(merged(merged_params(env, extra), overrides(env, extra=extra).nested()))
+    params = validate_parameters(merged_params(env, extra, overrides(env, extra=extra).nested()))
     assert params.model == original.model  # resnet50, 1001 classes
     assert params.data.image_size == original.data.image_size == 224
     assert params.data.crop_scale == original.data.crop_scale
@@ -172,7 +174,7 @@ def test_a_run_that_may_train_thor_starts_only_the_workers_memory_takes():
 def test_thor_bert_keeps_the_envs_bert_on_a_few_documents(env):
     extra = {"runtime": {"fast_dev_run": True}}
     substitutions = overrides(env, extra=extra)
-    params = validate_parameters(merged(merged_params(env, extra), substitutions.nested()))
+    params = validate_parameters(merged_params(env, extra, substitutions.nested()))
     configured = validate_parameters(merged_params(env)).thor_bert
     bert = params.thor_bert
     assert bert.network == configured.network and bert.examples == configured.examples  # the env's BERT, as set

@@ -11,12 +11,12 @@ from pydantic import ValidationError
 
 from pipelines.hooks.config_files import parameter_sources
 from pipelines.params import BaselineParams, ParameterError, Parameters, ThorParams, validate_parameters
-from tests.support.config import CONF, changed, load_params
+from tests.support.config import CONF, changed, load_config
 
 
 @pytest.mark.parametrize("env", ["local", "ascend", "gpu"])
 def test_shipped_environments_are_valid(env):
-    params = validate_parameters(load_params(env), parameter_sources(CONF, env, None))
+    params = validate_parameters(load_config(env), parameter_sources(CONF, env, None))
     assert isinstance(params, Parameters)
 
 
@@ -87,7 +87,7 @@ def problems(params: dict, sources: dict | None = None) -> list[str]:
     ],
 )
 def test_bad_parameter_is_named_with_its_source(key, value, message):
-    params = changed(load_params("local"), key, value)
+    params = changed(load_config("local"), key, value)
     lines = problems(params, parameter_sources(CONF, "local", changed({}, key, value)))
     assert len(lines) == 1, lines
     assert message in lines[0]
@@ -102,7 +102,7 @@ def test_source_file_is_named(tmp_path):
             (conf / folder / path.name).write_text(path.read_text())
     typo = conf / "gpu" / "parameters_extra.yml"
     typo.write_text("baseline:\n  batch_sise: 32\n")
-    params = changed(load_params("gpu"), "baseline.batch_sise", 32)
+    params = changed(load_config("gpu"), "baseline.batch_sise", 32)
     sources = parameter_sources(conf, "gpu", None)
     (line,) = problems(params, sources)
     assert line == f"baseline.batch_sise is not a known parameter; did you mean baseline.batch_size? ({typo})"
@@ -119,7 +119,7 @@ def test_sources_below_the_working_directory_are_relative(monkeypatch):
 
 
 def test_all_problems_are_reported_together():
-    params = changed(changed(load_params("local"), "baseline.epochs", -1), "data.image_size", "big")
+    params = changed(changed(load_config("local"), "baseline.epochs", -1), "data.image_size", "big")
     params = changed(changed(params, "dim_reduce.stage1.epochs", 9), "thor.epoch", 3)
     lines = problems(params, {})
     assert [line.split()[0] for line in lines] == [
@@ -132,7 +132,7 @@ def test_all_problems_are_reported_together():
 
 
 def test_cross_key_rules_report_every_broken_rule():
-    params = changed(load_params("local"), "dim_reduce.pca.n_components", 40)
+    params = changed(load_config("local"), "dim_reduce.pca.n_components", 40)
     params = changed(params, "dim_reduce.stage1.trajectory.start_epoch", 7)
     lines = problems(params)
     assert [line.split()[0] for line in lines] == [
@@ -164,7 +164,7 @@ def test_cross_key_rules_report_every_broken_rule():
     ],
 )
 def test_rules_across_sections_name_the_key_to_change(changes, key):
-    params = load_params("local")
+    params = load_config("local")
     for dotted, value in changes.items():
         params = changed(params, dotted, value)
     (line,) = problems(params, {dotted: "--params" for dotted in changes})
@@ -176,14 +176,14 @@ def test_rules_across_sections_hold_on_the_targets_they_name():
         ("ascend", {"boost.less_bn": True, "boost.grad_centralization": "on"}),
         ("local", {"dim_reduce.stage2.implementation": "mindspore"}),
     ):
-        params = load_params(env)
+        params = load_config(env)
         for dotted, value in changes.items():
             params = changed(params, dotted, value)
         validate_parameters(params)
 
 
 def test_nullable_keys_accept_null():
-    params = changed(load_params("local"), "data.max_per_class.train", None)
+    params = changed(load_config("local"), "data.max_per_class.train", None)
     params = changed(changed(params, "dim_reduce.collect.n_files", None), "report.run_ids.thor", "3999108af481")
     validated = validate_parameters(params)
     assert validated.data.max_per_class.train is None
@@ -191,26 +191,26 @@ def test_nullable_keys_accept_null():
 
 
 def test_zero_warmup_is_allowed_but_zero_epochs_is_not():
-    validate_parameters(changed(load_params("local"), "baseline.lr.warmup_epochs", 0))
-    assert problems(changed(load_params("local"), "baseline.epochs", 0)) == [
+    validate_parameters(changed(load_config("local"), "baseline.lr.warmup_epochs", 0))
+    assert problems(changed(load_config("local"), "baseline.epochs", 0)) == [
         "baseline.epochs is 0 but must be > 0 (unknown source)"
     ]
 
 
 def test_thor_trace_rule_takes_two_numbers_or_null():
-    assert validate_parameters(changed(load_params("local"), "thor.trace_rule", [0.01, 0.001])).thor.trace_rule == [
+    assert validate_parameters(changed(load_config("local"), "thor.trace_rule", [0.01, 0.001])).thor.trace_rule == [
         0.01,
         0.001,
     ]
-    assert validate_parameters(load_params("local")).thor.trace_rule is None
+    assert validate_parameters(load_config("local")).thor.trace_rule is None
 
 
 def test_models_read_as_attributes_take_ints_for_floats_and_are_frozen():
-    baseline = BaselineParams.model_validate(changed(load_params("local"), "baseline.lr.peak", 1)["baseline"])
+    baseline = BaselineParams.model_validate(changed(load_config("local"), "baseline.lr.peak", 1)["baseline"])
     assert baseline.lr.peak == 1.0 and isinstance(baseline.lr.peak, float)
     with pytest.raises(ValidationError, match="frozen"):
         baseline.epochs = 3
-    thor = ThorParams.model_validate(load_params("local")["thor"])
+    thor = ThorParams.model_validate(load_config("local")["thor"])
     assert thor.lr.peak == 0.1 and thor.mindspore.amp_level == "O2"
 
 

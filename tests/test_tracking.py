@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipelines.hooks import configuration_env
-from pipelines.tracking import run_description, run_name, short_key
+from pipelines.hooks.config_files import configuration_env
+from pipelines.tracking.naming import run_description, run_name, short_key
 
 
 def test_run_names_are_short_and_abbreviate_each_key_the_same_way_everywhere():
@@ -54,7 +54,7 @@ def test_configuration_env_names_where_the_configuration_came_from(tmp_path: Pat
 
 
 def test_the_ui_is_the_tracking_server_itself_or_mlflow_ui_over_a_local_store():
-    from pipelines.tracking import ui_base_url
+    from pipelines.tracking.links import ui_base_url
 
     assert ui_base_url("http://mlflow.team:8080/", "127.0.0.1", 5000) == "http://mlflow.team:8080"
     assert ui_base_url("https://mlflow.example.org", "127.0.0.1", 5000) == "https://mlflow.example.org"
@@ -65,7 +65,7 @@ def test_the_comparison_link_names_the_runs_the_metric_and_model_training_mode()
     import json
     from urllib.parse import parse_qs, unquote, urlsplit
 
-    from pipelines.tracking import comparison_url
+    from pipelines.tracking.links import comparison_url
 
     url = comparison_url("http://mlflow.team:8080", "7", ["a1", "b2"])
     assert url.startswith("http://mlflow.team:8080/#/metric?")
@@ -79,13 +79,13 @@ def test_the_comparison_link_names_the_runs_the_metric_and_model_training_mode()
 def test_each_compared_run_is_named_once_even_when_a_child_is_named_with_its_parent(tmp_path: Path):
     import mlflow
 
-    from pipelines.tracking import COMPARED_RUNS_TAG, record_compared_runs, runs_to_compare
+    from pipelines.tracking.links import COMPARED_RUNS_TAG, record_compared_runs, runs_to_compare
+    from tests.support.runner import process_state_kept
 
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    # the active experiment is process-wide: an earlier test's (tests.support.runner) is not in this new store
-    mlflow.set_experiment("compared-runs")
-    try:
+    # a store and an experiment of its own, for this test only (MLflow's are process-wide)
+    with process_state_kept(tmp_path):
+        mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+        mlflow.set_experiment("compared-runs")
         with mlflow.start_run() as parent:
             with mlflow.start_run(nested=True) as stage2:
                 mlflow.log_metric("val/top1", 0.5, step=1)
@@ -96,5 +96,3 @@ def test_each_compared_run_is_named_once_even_when_a_child_is_named_with_its_par
         tag = mlflow.MlflowClient().get_run(report.info.run_id).data.tags[COMPARED_RUNS_TAG]
         assert sorted(tag.split(",")) == sorted([parent.info.run_id, stage2.info.run_id, control.info.run_id])
         assert sorted(runs_to_compare(report.info.run_id)) == sorted([stage2.info.run_id, control.info.run_id])
-    finally:
-        mlflow.set_tracking_uri(previous)

@@ -7,8 +7,10 @@ console and one ``Error:`` block for a run that fails.
   errors, a missing device, an interruption) keep their own text and exit status.
 - ``quiet_start`` (the ``kedro.init`` entry point of ``pyproject.toml``, so it runs before Kedro
   imports its plugins) and ``settings.py`` silence third-party warnings that only concern those
-  packages' own code, and move third-party INFO records that repeat what the user already knows
-  to DEBUG.
+  packages' own code, move third-party INFO records that repeat what the user already knows
+  to DEBUG, and keep each log record on one line when the output is not a terminal.
+- ``--pipeline`` (one name, as older Kedro documentation writes it) runs as ``--pipelines`` does,
+  without Kedro 1.7's deprecation warning.
 
 Kedro-facing and light, since Kedro imports it for every ``kedro`` command: click and Kedro, never
 MindSpore; MLflow only as kedro-mlflow's plugin loads it anyway. Error classes are known by name,
@@ -118,8 +120,50 @@ def _define_kedro_pipeline_model_quietly() -> None:
             warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
 
+class StdoutHandler(logging.StreamHandler):
+    """A ``StreamHandler`` writing to whatever ``sys.stdout`` is when it writes (pytest and click replace it), as
+    the standard library's last-resort handler does for stderr."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stdout)
+
+    @property
+    def stream(self):
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def plain_logs_when_piped() -> None:
+    """Kedro's rich console handler (conf/logging.yml ``rich``) lays each record out in columns as wide as the
+    terminal, and as wide as 80 columns when the output is not a terminal (a CI log, a pipe, a file), where a long
+    record is then cut over several lines. There, and not in a terminal or a notebook, it is replaced by the
+    logging configuration's ``console`` handler: one line per record, in its formatter's format.
+
+    The choice is made here, as Kedro accepts only its own and the standard library's classes in a logging
+    configuration (no handler of the project's, no factory). Idempotent.
+    """
+    from kedro.framework.project import LOGGING
+    from rich.logging import RichHandler
+
+    config = LOGGING.data
+    console = config.get("handlers", {}).get("console", {})
+    style = config.get("formatters", {}).get(console.get("formatter"), {})
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, RichHandler) and not (handler.console.is_terminal or handler.console.is_jupyter):
+            plain = StdoutHandler()
+            plain.setLevel(console.get("level", logging.NOTSET))
+            plain.setFormatter(logging.Formatter(style.get("format"), style.get("datefmt")))
+            root.removeHandler(handler)
+            root.addHandler(plain)
+
+
 def quiet_start() -> None:
-    """Silence ``THIRD_PARTY_WARNINGS`` and MLflow's ``PREDICT_TYPE_HINTS``, and demote ``QUIET_RECORDS``.
+    """Silence ``THIRD_PARTY_WARNINGS`` and MLflow's ``PREDICT_TYPE_HINTS``, demote ``QUIET_RECORDS``, and keep
+    each log record on one line when the output is not a terminal (``plain_logs_when_piped``).
 
     Kedro calls it (``kedro.init`` entry point) before it imports its plugins, which is when
     MLflow's warning is raised; ``settings.py`` calls it too, for sessions started from Python.
@@ -129,6 +173,7 @@ def quiet_start() -> None:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
     _define_kedro_pipeline_model_quietly()
     demote_records(QUIET_RECORDS)
+    plain_logs_when_piped()
     if sys.argv[1:2] == ["viz"]:
         _kedro_viz_without_a_false_update_banner()
 
@@ -243,6 +288,10 @@ def cli() -> None:
 def run(verbose: bool, **options) -> None:
     """Kedro's ``run`` with one ``Error:`` block for a failure (see the module docstring)."""
     demote_records(FAILURE_RECORDS)
+    if options["pipeline"] and not options["pipelines"]:
+        # Kedro 1.7 deprecates --pipeline, with a warning on every run; one name is a list of one for --pipelines
+        # (both together stay Kedro's error)
+        options["pipelines"], options["pipeline"] = [options["pipeline"]], None
     if not (options["pipeline"] or options["pipelines"]):
         # kedro-viz's run commands name a node or dataset, no pipeline: `--to-nodes='dim_reduce.stage2.train'`
         from pipelines.pipeline_registry import pipelines_named_by

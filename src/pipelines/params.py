@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 # The choices. The library modules that act on them keep tuples of the same names
-# (tests/test_config.py checks that both agree).
+# (tests/test_conf.py, test_parameter_choices_match_the_library, checks that both agree).
 DeviceTarget = Literal["CPU", "GPU", "Ascend"]
 ExecutionMode = Literal["graph", "pynative"]
 DataSource = Literal["fashion_mnist", "folder"]

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from kedro.pipeline import Pipeline
 
-# The registered names besides __default__ (tests/test_registry.py checks them against register_pipelines()).
+# The registered names besides __default__ (tests/pipelines/test_registry.py checks them against register_pipelines()).
 PIPELINE_NAMES = ("data", "baseline", "dim_reduce", "thor", "adasum", "report", "migrate", "study", "thor_bert")
 DEFAULT = ("data", "baseline")
 

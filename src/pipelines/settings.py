@@ -3,14 +3,31 @@
 from kedro.config import OmegaConfigLoader
 from omegaconf.resolvers import oc
 
-from .catalog.artifacts import ArtifactHooks
 from .cli import quiet_start
-from .hooks import ProjectHooks
+from .hooks import (
+    ArtifactHooks,
+    CheckpointHooks,
+    ConfigurationHooks,
+    MlflowRunHooks,
+    NodeErrorHooks,
+    SignalHooks,
+)
 
 # `kedro` calls it first (pyproject's kedro.init entry point); here for sessions started from Python
 quiet_start()
 
-HOOKS = (ProjectHooks(), ArtifactHooks())
+# One hook per job (pipelines.hooks). The MLflow run's hooks read the configuration the first one validated, so
+# they are given it. Where the order matters it is set by tryfirst/trylast against kedro-mlflow's hooks, not by
+# this tuple: the configuration is checked first, the run named and tagged after kedro-mlflow started it.
+configuration = ConfigurationHooks()
+HOOKS = (
+    configuration,
+    MlflowRunHooks(configuration),
+    SignalHooks(),
+    CheckpointHooks(),
+    ArtifactHooks(),
+    NodeErrorHooks(),
+)
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader
 # Environments override base key by key: conf/ascend/parameters.yml may set only

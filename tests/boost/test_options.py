@@ -6,15 +6,14 @@ import copy
 
 import numpy as np
 import pytest
-import yaml
 
 from pipelines.boost.options import build_train_step, grad_centralization_enabled, validate_boost
-from pipelines.hooks import parameter_sources
+from pipelines.hooks.config_files import parameter_sources
 from pipelines.optim.momentum import create_momentum
 from pipelines.params import BoostParams, ParameterError, validate_parameters
-from tests.support.config import CONF, load_params
+from tests.support.config import CONF, load_config
 
-OFF = yaml.safe_load((CONF / "base" / "parameters.yml").read_text())["boost"]
+OFF = load_config()["boost"]
 LOSS_SCALE = 8.0
 
 
@@ -248,7 +247,7 @@ def test_less_bn_with_accumulation_is_refused():
     ],
 )
 def test_parameter_validation_names_the_boost_key_and_file(changes, message):
-    params = copy.deepcopy(load_params("local"))
+    params = copy.deepcopy(load_config("local"))
     params["boost"].update(changes)
     with pytest.raises(ParameterError) as error:
         validate_parameters(params, parameter_sources(CONF, "local", {"boost": changes}))

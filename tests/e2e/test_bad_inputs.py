@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 
 from pipelines.data.folder import BadImageError, DataLayoutError, create_dataset, scan_image_tree
 from pipelines.engine.checkpoint import Checkpoint, CheckpointError, save_checkpoint
@@ -18,6 +17,7 @@ from pipelines.engine.loop import Checkpointing, train
 from pipelines.engine.resume import find_resume_checkpoint
 from pipelines.engine.step import TrainStep
 from pipelines.params import DataParams
+from tests.support.config import load_config
 from tests.support.projects import TINY_PARAMS, kedro, make_project, runs
 from tests.support.training import build
 from tests.support.trees import write_image_tree
@@ -49,7 +49,7 @@ def tree(root: Path) -> Path:
 def build_manifest_node(image_root: Path) -> Callable[[], object]:
     from pipelines.pipelines.data.nodes import build_manifest
 
-    data = yaml.safe_load((PROJECT / "conf/base/parameters.yml").read_text())["data"]
+    data = load_config()["data"]
     return lambda: build_manifest(str(image_root), DataParams(**{**data, "on_bad_file": "fail"}))
 
 
@@ -178,9 +178,9 @@ def checkpoints_of_a_different_network(root: Path):
     index = pd.DataFrame({"path": [str(p) for p in paths], "epoch": 1, "step": 1, "global_step": [10, 20, 30]})
     from pipelines.params import DimReduceParams, ModelParams
 
-    base = yaml.safe_load((PROJECT / "conf/base/parameters_dim_reduce.yml").read_text())["dim_reduce"]
+    base = load_config()["dim_reduce"]
     dim_reduce = DimReduceParams(**{**base, "collect": {"n_files": None}, "pca": {"n_components": 2}})
-    model = yaml.safe_load((PROJECT / "conf/base/parameters.yml").read_text())["model"]
+    model = load_config()["model"]
     model = ModelParams(**{**model, "name": "resnet_narrow"})
     three_classes = {name: label for label, name in enumerate(CLASSES)}
 

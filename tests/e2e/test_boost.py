@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import yaml
-
 from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, load_checkpoint
-from tests.support.config import CONF
+from tests.support.config import load_config
 from tests.support.projects import TINY_PARAMS, run_on_tiny_tree
 
-OFF = yaml.safe_load((CONF / "base" / "parameters.yml").read_text())["boost"]
+OFF = load_config()["boost"]
 
 
 def test_baseline_pipeline_trains_with_gradient_accumulation(tmp_path):

@@ -15,7 +15,7 @@ from pipelines.report.compare import (
     compare,
     figures,
 )
-from pipelines.tracking import MlflowRunReader
+from pipelines.tracking.reader import MlflowRunReader
 from tests.support.projects import kedro, make_project
 from tests.support.stores import EXPERIMENT, recipe_runs, tracking_uri, trainings
 

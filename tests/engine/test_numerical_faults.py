@@ -85,21 +85,17 @@ def test_pbfgs_skips_an_overflowing_step_and_says_so():
 
 
 def test_stage2_with_too_large_a_loss_scale_stops_as_a_loss_scale_error(tmp_path):
-    import yaml
-
     from pipelines.data.folder import scan_image_tree
     from pipelines.engine.state import capture_state
     from pipelines.params import DataParams, DimReduceParams, DistributedParams, ModelParams, RuntimeParams
     from pipelines.recipes.classifier import create_network
     from pipelines.recipes.dim_reduce import train_stage2
-    from tests.support.stage2_job import PROJECT
+    from tests.support.config import load_config
     from tests.support.trees import write_image_tree
 
     tree = write_image_tree(tmp_path / "tree", classes=("a", "b", "c"), per_class={"train": 6, "val": 2})
     scanned = scan_image_tree(tree, {"train": "train", "val": "val"})
-    params = {}
-    for name in ("parameters.yml", "parameters_dim_reduce.yml"):
-        params.update(yaml.safe_load((PROJECT / "conf/base" / name).read_text()))
+    params = load_config()
     params["model"]["name"] = "resnet_narrow"
     params["data"].update({"image_size": 12, "num_workers": 1})
     stage2 = params["dim_reduce"]["stage2"]

@@ -211,9 +211,9 @@ def test_state_dict_files(tmp_path, resnet18):
 
 def test_migrate_parameters_are_validated():
     from pipelines.params import ParameterError, validate_parameters
-    from tests.support.config import changed, load_params
+    from tests.support.config import changed, load_config
 
-    params = load_params("local")
+    params = load_config("local")
     assert validate_parameters(params).migrate.parity.batch_size == 2
     for key, value, message in (
         ("migrate.architecture", "resnet_narrow", "migrate.architecture is 'resnet_narrow'; choose one of resnet18"),

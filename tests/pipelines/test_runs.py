@@ -1,12 +1,13 @@
-"""Each registered pipeline run once in this process by Kedro's ``SequentialRunner`` on a tiny generated tree (the
-Kedro starters' pipeline test): the nodes' glue, typed parameters and outputs, and what they log to MLflow.
+"""Each registered pipeline run once in this process, through ``KedroSession`` as ``kedro run`` runs it, on a tiny
+generated tree (tests/support/runner.py): the nodes' glue, typed parameters and outputs, the catalog's files, the
+project's hooks, and what the run logs to MLflow.
 
-The same pipelines as real ``kedro run`` processes, with hooks, the catalog's files and the CLI, are the slow
-tier's (tests/e2e/)."""
+The same pipelines as real ``kedro run`` processes, with the command line, are the slow tier's (tests/e2e/)."""
 
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import mlflow
@@ -25,18 +26,17 @@ from pipelines.metrics import (
 )
 from pipelines.pipeline_registry import PIPELINE_NAMES
 from tests.support.backends import assert_declared_on_every_target, dumped_graphs
-from tests.support.runner import run_pipeline, tiny_parameters
+from tests.support.runner import run_pipeline, session_project, tiny_params, tracking_uri
 from tests.support.trees import write_image_tree
 
 CLASSES = ("cat", "dog", "fox")
 
 
 @pytest.fixture
-def workspace(tmp_path, monkeypatch):
-    """A working directory of its own (the nodes' relative folders land there), a tree and an MLflow store."""
-    monkeypatch.chdir(tmp_path)
+def workspace(tmp_path):
+    """A tree and a temporary project of its own: the runs' files and their MLflow store land there."""
     tree = write_image_tree(tmp_path / "tree", classes=CLASSES, per_class={"train": 8, "val": 3})
-    return tree, f"sqlite:///{tmp_path / 'mlflow.db'}"
+    return tree, session_project(tmp_path / "project")
 
 
 def client(uri: str) -> mlflow.MlflowClient:
@@ -45,7 +45,7 @@ def client(uri: str) -> mlflow.MlflowClient:
 
 def only_run(uri: str, pipeline: str):
     (run,) = client(uri).search_runs(
-        [mlflow.get_experiment_by_name("resnet-recipes").experiment_id], f"tags.pipeline = '{pipeline}'"
+        [client(uri).get_experiment_by_name("resnet-recipes").experiment_id], f"tags.pipeline = '{pipeline}'"
     )
     return run
 
@@ -55,10 +55,10 @@ def children(uri: str, run) -> dict[str, object]:
     return {child.data.tags.get("training", child.info.run_name): child for child in found}
 
 
-def run_audited(pipeline: str, params, uri: str, graphs) -> dict:
+def run_audited(pipeline: str, params: dict, project: Path, graphs) -> dict:
     """``run_pipeline``, then the backend audit of every graph it compiled (tests/support/backends.py)."""
     with dumped_graphs(graphs):
-        outputs = run_pipeline(pipeline, params, uri)
+        outputs = run_pipeline(pipeline, params, project)
     assert_declared_on_every_target(graphs)
     return outputs
 
@@ -81,17 +81,34 @@ def test_every_registered_pipeline_has_a_run_here():
     assert set(PIPELINE_NAMES) == tested
 
 
+def mlflow_process_state() -> tuple:
+    """What a run could leave set for the whole process: MLflow's tracking URI and active experiment."""
+    return mlflow.get_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI"), os.environ.get("MLFLOW_EXPERIMENT_ID")
+
+
 def test_data_pipeline(workspace):
-    tree, uri = workspace
-    outputs = run_pipeline("data", tiny_parameters(tree), uri)
+    tree, project = workspace
+    before = mlflow_process_state()
+    outputs = run_pipeline("data", tiny_params(tree), project)
+    assert mlflow_process_state() == before  # the run's store and experiment were the run's only
     assert outputs["class_index"] == {name: label for label, name in enumerate(CLASSES)}
     assert outputs["manifest"]["split"].value_counts().to_dict() == {"train": 24, "val": 9}
     assert outputs["data.bad_files"].empty
+    assert (project / "data/02_intermediate/manifest.csv").is_file()  # the catalog's files, in the project
+    # named and tagged by the project's hooks, the parameters logged by kedro-mlflow
+    run = only_run(tracking_uri(project), "data")
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name.startswith("data source=folder ")  # the --params that change the configuration
+    expected = {"env": "base", "runner": "RecordingRunner", "model": "resnet_narrow", "image_size": "16"}
+    expected |= {"train_images": "24", "val_images": "9", "classes": "3"}  # from the manifest it saved
+    assert {key: run.data.tags[key] for key in expected} == expected
+    assert run.data.params["data.image_size"] == "16" and run.data.params["data.root"] == str(tree)
 
 
 def test_baseline_pipeline(workspace, tmp_path):
-    tree, uri = workspace
-    outputs = run_audited("baseline", tiny_parameters(tree), uri, tmp_path / "graphs")
+    tree, project = workspace
+    uri = tracking_uri(project)
+    outputs = run_audited("baseline", tiny_params(tree), project, tmp_path / "graphs")
     assert_trained(outputs, "baseline", epochs=2)
     run = only_run(uri, "baseline")
     assert run.data.metrics[FINAL_TOP1] == pytest.approx(outputs["baseline.eval_report"]["top1"])
@@ -99,8 +116,8 @@ def test_baseline_pipeline(workspace, tmp_path):
 
 
 def test_thor_pipeline(workspace, tmp_path):
-    tree, uri = workspace
-    outputs = run_audited("thor", tiny_parameters(tree), uri, tmp_path / "graphs")
+    tree, project = workspace
+    outputs = run_audited("thor", tiny_params(tree), project, tmp_path / "graphs")
     assert_trained(outputs, "thor", epochs=2)
     history = outputs["thor.history"]
     # 24 images in batches of 4: 12 steps, the inverses refreshed every 2
@@ -109,14 +126,15 @@ def test_thor_pipeline(workspace, tmp_path):
 
 
 def test_adasum_pipeline(workspace, tmp_path):
-    tree, uri = workspace
-    outputs = run_audited("adasum", tiny_parameters(tree), uri, tmp_path / "graphs")
+    tree, project = workspace
+    outputs = run_audited("adasum", tiny_params(tree), project, tmp_path / "graphs")
     assert_trained(outputs, "adasum", epochs=1)
 
 
 def test_dim_reduce_pipeline(workspace, tmp_path):
-    tree, uri = workspace
-    outputs = run_audited("dim_reduce", tiny_parameters(tree), uri, tmp_path / "graphs")
+    tree, project = workspace
+    uri = tracking_uri(project)
+    outputs = run_audited("dim_reduce", tiny_params(tree), project, tmp_path / "graphs")
     comparison = outputs["dim_reduce.evaluation.comparison"]
     assert list(comparison["model"]) == ["stage1", "stage2", "control"]
     assert list(comparison["epoch"]) == [2, 3, 3]
@@ -133,8 +151,9 @@ def test_dim_reduce_pipeline(workspace, tmp_path):
 
 
 def test_study_pipeline(workspace):
-    tree, uri = workspace
-    outputs = run_pipeline("study", tiny_parameters(tree), uri)
+    tree, project = workspace
+    uri = tracking_uri(project)
+    outputs = run_pipeline("study", tiny_params(tree), project)
     summary = outputs["study.summary"]
     assert list(summary["recipe"]) == ["baseline", "thor", "thor_first_order"] and (summary["runs"] == 1).all()
     # the recipe as documented, and the curvature alone at equal recipe
@@ -147,9 +166,9 @@ def test_study_pipeline(workspace):
 
 
 def test_thor_bert_pipeline(workspace):
-    _, uri = workspace
-    params = tiny_parameters(Path("unused"))
-    outputs = run_pipeline("thor_bert", params, uri)
+    _, project = workspace
+    uri = tracking_uri(project)
+    outputs = run_pipeline("thor_bert", tiny_params(Path("unused")), project)
     train, held_out = outputs["thor_bert.corpus.train_documents"], outputs["thor_bert.corpus.held_out_documents"]
     assert not set(train["document"]) & set(held_out["document"])  # split by document, before the tokenizer
     examples = outputs["thor_bert.examples.train_examples"]
@@ -176,11 +195,12 @@ def test_thor_bert_pipeline(workspace):
 
 
 def test_report_pipeline(workspace):
-    tree, uri = workspace
-    params = tiny_parameters(tree, {"report": {"recipes": ["baseline", "thor"]}, "thor": {"epochs": 1}})
+    tree, project = workspace
+    uri = tracking_uri(project)
+    params = tiny_params(tree, {"report": {"recipes": ["baseline", "thor"]}, "thor": {"epochs": 1}})
     for recipe in ("baseline", "thor"):
-        run_pipeline(recipe, params, uri)
-    outputs = run_pipeline("report", params, uri)
+        run_pipeline(recipe, params, project)
+    outputs = run_pipeline("report", params, project)
     table = outputs["report.table"].set_index("recipe")
     for recipe in ("baseline", "thor"):
         assert table.at[recipe, "top1"] == pytest.approx(only_run(uri, recipe).data.metrics[FINAL_TOP1])
@@ -203,9 +223,9 @@ def test_migrate_pipeline(workspace, tmp_path):
     pytest.importorskip("torch", reason="the migrate extra (PyTorch) is not installed")
     from tests.support.torch_weights import random_torch_resnet, save_state_dict
 
-    tree, uri = workspace
+    tree, project = workspace
     state_dict = save_state_dict(random_torch_resnet("resnet18", 10), tmp_path / "resnet18.pth")
-    params = tiny_parameters(
+    params = tiny_params(
         tree,
         {
             "migrate": {
@@ -216,7 +236,7 @@ def test_migrate_pipeline(workspace, tmp_path):
             }
         },
     )
-    outputs = run_audited("migrate", params, uri, tmp_path / "graphs")
+    outputs = run_audited("migrate", params, project, tmp_path / "graphs")
     report = outputs["migrate.parity_report"]
     assert report["passed"] is True
     assert isinstance(outputs["migrate.parity_tensors"], pd.DataFrame) and len(outputs["migrate.parity_tensors"])

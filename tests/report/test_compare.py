@@ -15,7 +15,7 @@ import mlflow
 import pandas as pd
 import pytest
 
-from pipelines.hooks import parameter_sources
+from pipelines.hooks.config_files import parameter_sources
 from pipelines.metrics import EPOCH_KEYS
 from pipelines.params import ParameterError, validate_parameters
 from pipelines.report.compare import (
@@ -30,8 +30,8 @@ from pipelines.report.compare import (
     table_row,
     time_to_target,
 )
-from pipelines.tracking import MlflowRunReader
-from tests.support.config import CONF, changed, load_params
+from pipelines.tracking.reader import MlflowRunReader
+from tests.support.config import CONF, changed, load_config
 from tests.support.stores import EXPERIMENT
 
 TARGET = 0.5
@@ -333,14 +333,14 @@ def test_no_runs_at_all_is_an_error(tmp_path):
     ],
 )
 def test_bad_report_parameters_are_named(key, value, message):
-    params = load_params("local")
+    params = load_config("local")
     with pytest.raises(ParameterError) as error:
         validate_parameters(changed(params, key, value), parameter_sources(CONF, "local", None))
     assert message in str(error.value)
 
 
 def test_pinned_run_id_is_a_valid_parameter():
-    params = validate_parameters(changed(load_params("local"), "report.run_ids.thor", "3999108af481"))
+    params = validate_parameters(changed(load_config("local"), "report.run_ids.thor", "3999108af481"))
     assert params.report.run_ids.thor == "3999108af481"
 
 

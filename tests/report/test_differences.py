@@ -16,7 +16,7 @@ from pipelines.report.differences import (
     single_run_differences,
     study_differences,
 )
-from pipelines.tracking import MlflowRunReader
+from pipelines.tracking.reader import MlflowRunReader
 
 FINALS = {
     "baseline": {"top1": 0.80, "top5": 0.99, "epochs": 2},

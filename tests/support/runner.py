@@ -12,16 +12,18 @@ after it.
 
 from __future__ import annotations
 
+import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import mlflow.tracking._model_registry.utils as mlflow_registry_utils
 import mlflow.tracking._tracking_service.utils as mlflow_tracking_utils
 import mlflow.tracking.fluent as mlflow_fluent
 import pytest
+from kedro.framework.hooks import hook_impl
 from kedro.framework.session import KedroSession
-from kedro.io import MemoryDataset
 from kedro.runner import SequentialRunner
 from omegaconf import OmegaConf
 
@@ -104,47 +106,75 @@ def tracking_uri(project: Path) -> str:
     return f"sqlite:///{project / 'mlflow.db'}"
 
 
-class KeptDataset(MemoryDataset):
-    """A ``MemoryDataset`` the runner does not empty after its last reader, so the test sees every output."""
+class SavedData:
+    """A hook recording the data of every dataset a run saves, by name: what each node returned."""
 
-    def _release(self) -> None:
-        pass
+    def __init__(self) -> None:
+        self.data: dict = {}
+
+    @hook_impl
+    def after_dataset_saved(self, dataset_name: str, data) -> None:
+        self.data[dataset_name] = data
 
 
-class KeepingRunner(SequentialRunner):
-    """Kedro's ``SequentialRunner`` on the session's catalog, keeping the datasets it holds in memory (a runner
-    empties one after its last reader); ``outputs`` is then every dataset the run produced, by name, the stored
-    ones loaded back from the catalog."""
+class RecordingRunner(SequentialRunner):
+    """Kedro's ``SequentialRunner``, recording what the run saves through the session's hooks (``SavedData``):
+    ``outputs`` is then every dataset the run produced, by name, those the catalog holds in memory included
+    (the runner empties them after their last reader)."""
 
     outputs: dict
 
     def run(self, pipeline, catalog, hook_manager=None, run_id=None, only_missing_outputs=False):
-        for name in pipeline.datasets():
-            if name.startswith("params:") or name == "parameters":
-                continue
-            if type(catalog.get(name, fallback_to_runtime_pattern=True)) is MemoryDataset:
-                catalog[name] = KeptDataset()
-        result = super().run(pipeline, catalog, hook_manager, run_id, only_missing_outputs)
-        self.outputs = {name: catalog.load(name) for name in pipeline.all_outputs() if catalog.exists(name)}
-        return result
+        saved = SavedData()
+        hook_manager.register(saved)
+        try:
+            return super().run(pipeline, catalog, hook_manager, run_id, only_missing_outputs)
+        finally:
+            hook_manager.unregister(saved)
+            self.outputs = saved.data
+
+
+# What a run sets for the whole process: Kedro's environment, and MLflow's store, registry and experiment (which
+# MLflow also writes into the environment, for subprocesses)
+PROCESS_ENV = (
+    "KEDRO_ENV",
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_REGISTRY_URI",
+    "MLFLOW_EXPERIMENT_ID",
+    "MLFLOW_EXPERIMENT_NAME",
+)
+
+
+@contextmanager
+def process_state_kept(directory: Path) -> Iterator[None]:
+    """``directory`` as the working directory meanwhile, and the process-wide state a ``kedro run`` sets restored
+    afterwards: ``PROCESS_ENV``, and MLflow's tracking URI, registry URI and active experiment. MLflow has no public
+    way to unset those three once kedro-mlflow has set them, so its module globals are restored as they were."""
+    environ = {name: os.environ.get(name) for name in PROCESS_ENV}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(directory)
+        patch.setattr(mlflow_tracking_utils, "_tracking_uri", mlflow_tracking_utils._tracking_uri)
+        patch.setattr(mlflow_registry_utils, "_registry_uri", mlflow_registry_utils._registry_uri)
+        patch.setattr(mlflow_fluent, "_active_experiment_id", mlflow_fluent._active_experiment_id)
+        try:
+            yield
+        finally:
+            for name, value in environ.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 def run_pipeline(name: str, params: Mapping, project: Path) -> dict:
     """``kedro run --pipelines=<name> --params=<params>`` in this process, in ``project`` (``session_project``),
     logging to ``tracking_uri(project)``; returns every dataset the run produced, by name."""
-    runner = KeepingRunner()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(project)
-        patch.delenv("KEDRO_ENV", raising=False)
+    runner = RecordingRunner()
+    with process_state_kept(project):
+        for variable in PROCESS_ENV:
+            os.environ.pop(variable, None)
         # conf/base/mlflow.yml reads the store from MLFLOW_TRACKING_URI, as a team's server is given
-        patch.setenv("MLFLOW_TRACKING_URI", tracking_uri(project))
-        patch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
-        patch.delenv("MLFLOW_REGISTRY_URI", raising=False)
-        # kedro-mlflow sets MLflow's tracking URI, registry URI and active experiment for the process; MLflow has no
-        # public way to unset them, so its module globals are restored as they were
-        patch.setattr(mlflow_tracking_utils, "_tracking_uri", mlflow_tracking_utils._tracking_uri)
-        patch.setattr(mlflow_registry_utils, "_registry_uri", mlflow_registry_utils._registry_uri)
-        patch.setattr(mlflow_fluent, "_active_experiment_id", mlflow_fluent._active_experiment_id)
+        os.environ["MLFLOW_TRACKING_URI"] = tracking_uri(project)
         with KedroSession.create(project_path=project, save_on_close=False, runtime_params=dict(params)) as session:
             session.run(pipeline_names=[name], runner=runner)
     return runner.outputs

@@ -20,7 +20,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 PROJECT = Path(__file__).resolve().parents[2]
 EPOCHS = 3
@@ -35,10 +34,9 @@ def tracking_uri(work: Path) -> str:
 def parameters(work: Path, implementation: str = "own"):
     """The base configuration (all of ``conf/base/parameters*.yml``), tiny, as validated ``Parameters``."""
     from pipelines.params import validate_parameters
+    from tests.support.config import load_config
 
-    raw = {}
-    for path in sorted((PROJECT / "conf/base").glob("parameters*.yml")):
-        raw.update(yaml.safe_load(path.read_text()))
+    raw = load_config()
     raw["model"]["name"] = "resnet_narrow"
     raw["data"].update({"image_size": 16, "num_workers": 1})
     raw["dim_reduce"]["stage2"].update(
@@ -91,4 +89,5 @@ def main(work: Path, tree: Path, implementation: str) -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(PROJECT))  # run as a script: tests.support from the repository
     main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "own")

@@ -15,6 +15,7 @@ from pathlib import Path
 import mlflow
 import yaml
 
+from tests.support.config import load_config
 from tests.support.projects import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project
 from tests.support.trees import write_image_tree
 
@@ -61,9 +62,8 @@ def fill_store(root: Path, server: str) -> Path:
 
 def tracking_uri(project: Path) -> str:
     """The tracking URI the project logs to (``conf/local/mlflow.yml``, else its local SQLite store)."""
-    local = project / "conf/local/mlflow.yml"
-    if local.is_file():
-        return yaml.safe_load(local.read_text())["server"]["mlflow_tracking_uri"]
+    if (project / "conf/local/mlflow.yml").is_file():
+        return load_config("local", "mlflow", conf_source=project / "conf")["server"]["mlflow_tracking_uri"]
     return f"sqlite:///{project / 'mlflow.db'}"
 
 

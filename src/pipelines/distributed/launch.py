@@ -5,7 +5,7 @@ job folder and starts ``msrun ... python -m pipelines.distributed.worker <job fo
 initialises MindSpore's collectives (HCCL, NCCL, or the CPU ones), switches on data-parallel
 gradient averaging, calls the function, and the first worker of each node pickles the result back.
 Global rank 0 alone logs to the caller's experiment-tracking run, handed over by a :class:`RunHandoff`
-(``pipelines.tracking.MlflowRunHandoff``; this module knows no tracking library), and the first worker
+(``pipelines.tracking.handoff.MlflowRunHandoff``; this module knows no tracking library), and the first worker
 of each node writes checkpoints. When any worker fails, the others are stopped and :func:`launch` raises
 :class:`DistributedTrainingError` carrying the failing rank's own error text; when the caller is
 interrupted, every worker is stopped before the interruption propagates.

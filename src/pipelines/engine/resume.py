@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 # Periodic checkpoints of every training are <checkpoint dir>/epoch_<NNNN>.ckpt.
 CHECKPOINT_PREFIX = "epoch"
 # Checkpoint metadata: the folder of the training's periodic checkpoints, so that whoever saves its
-# final state (the catalog, through pipelines.hooks) can remove them afterwards.
+# final state (the catalog, through pipelines.hooks.checkpoints) can remove them afterwards.
 CHECKPOINT_DIR_KEY = "checkpoint_dir"
 # Checkpoints of another configuration are moved to <checkpoint dir>/stale-<time>/.
 STALE_PREFIX = "stale-"
@@ -167,7 +167,7 @@ def trim_stale(directory: str | Path, keep: int) -> list[Path]:
 def remove_finished_checkpoints(final: Checkpoint, prefix: str = CHECKPOINT_PREFIX) -> list[Path]:
     """Remove the periodic checkpoints of the training whose final state ``final`` is; returns those removed.
 
-    Call it only once ``final`` has been saved (``pipelines.hooks`` does, after the catalog saved it),
+    Call it only once ``final`` has been saved (``pipelines.hooks.checkpoints`` does, after the catalog saved it),
     so that the periodic checkpoints are never the only copy of the finished state. The folder is
     ``final``'s ``checkpoint_dir`` metadata (none: nothing to do). Only checkpoints with ``final``'s
     fingerprint and an epoch up to its own are removed: another training's are left alone, and so is a

@@ -10,7 +10,7 @@ dim_reduce's trainings (``stage1``, ``stage2``, ``control``) are child runs of i
 Times are training time: the sum of the per-epoch ``train/epoch_time_s`` (evaluation, data
 ingest and dim_reduce's PCA are not counted); ``wall_time_s`` is the whole ``kedro run``.
 
-This module reads MLflow only through a ``RunReader`` passed in (``pipelines.tracking.MlflowRunReader``),
+This module reads MLflow only through a ``RunReader`` passed in (``pipelines.tracking.reader.MlflowRunReader``),
 which hands over plain data; everything here is pandas and matplotlib.
 """
 
@@ -117,7 +117,7 @@ class RunRecord(TypedDict):
 
 
 class RunReader(Protocol):
-    """Read access to one MLflow experiment, as plain data (``pipelines.tracking.MlflowRunReader``)."""
+    """Read access to one MLflow experiment, as plain data (``pipelines.tracking.reader.MlflowRunReader``)."""
 
     tracking_uri: str
     experiment_name: str

@@ -36,7 +36,7 @@ from pipelines.optim.thor.mindspore_thor import (
 )
 from pipelines.params import ParameterError, validate_parameters
 from pipelines.recipes.thor import THOR_DAMPING, ThorFigures
-from tests.support.config import CONF, load_params
+from tests.support.config import CONF, load_config
 
 CLASSES = 3
 STEPS = 6
@@ -231,7 +231,7 @@ def with_thor(params: dict, **changes) -> dict:
 
 
 def test_mindspore_thor_on_cpu_is_refused_saying_what_to_do():
-    params = with_thor(load_params("local"), implementation="mindspore")
+    params = with_thor(load_config("local"), implementation="mindspore")
     sources = parameter_sources(CONF, "local", {"thor": {"implementation": "mindspore"}})
     with pytest.raises(ParameterError) as error:
         validate_parameters(params, sources)
@@ -243,12 +243,12 @@ def test_mindspore_thor_on_cpu_is_refused_saying_what_to_do():
 
 @pytest.mark.parametrize("env", ["gpu", "ascend"])
 def test_mindspore_thor_is_accepted_on_ascend_and_gpu(env):
-    params = with_thor(load_params(env), implementation="mindspore")
+    params = with_thor(load_config(env), implementation="mindspore")
     thor = validate_parameters(params, parameter_sources(CONF, env, None)).thor
     assert thor.split_indices == [26, 53]  # the tutorial's ResNet-50 fusion split
 
 
 def test_unknown_amp_level_is_named():
-    params = with_thor(load_params("gpu"), implementation="mindspore", mindspore__amp_level="O4")
+    params = with_thor(load_config("gpu"), implementation="mindspore", mindspore__amp_level="O4")
     with pytest.raises(ParameterError, match="thor.mindspore.amp_level is 'O4'; choose one of O0, O1, O2, O3"):
         validate_parameters(params, parameter_sources(CONF, "gpu", None))

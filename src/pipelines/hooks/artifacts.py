@@ -1,4 +1,4 @@
-"""Catalog datasets as MLflow artifacts, up to a size: ``ArtifactHooks``.
+"""``ArtifactHooks``: catalog datasets as MLflow artifacts, up to a size.
 
 A catalog entry marks its file as an artifact in its metadata::
 
@@ -8,7 +8,7 @@ A catalog entry marks its file as an artifact in its metadata::
       metadata:
         mlflow_artifact:
           folder: checkpoints      # the artifact folder
-          training: "{training}"   # optional: the training's child run holds it (tracking.training_run)
+          training: "{training}"   # optional: the training's child run holds it (tracking.trainings)
 
 After each save, the file goes into the run's artifacts if it is at most ``tracking.artifact_max_mb``; a larger
 one stays where it is, and the run gets three tags instead, ``artifact/<folder>/<file name>/path`` (absolute),
@@ -25,8 +25,9 @@ from pathlib import Path
 
 from kedro.framework.hooks import hook_impl
 
-from pipelines import tracking
 from pipelines.params import TrackingParams
+from pipelines.tracking.trainings import training_run
+from pipelines.tracking.writer import log_artifact, set_tags
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,9 @@ class Artifact:
         spec = (getattr(dataset, "metadata", None) or {}).get(METADATA_KEY)
         if not spec:
             return None
-        # every dataset of this project's catalog describes its file as ``filepath``, as kedro-datasets' do
+        # Kedro has no public accessor for a dataset's file; ``_describe()`` (what the dataset's repr shows) is the
+        # one every dataset implements, and every dataset of this catalog names its file ``filepath`` in it, as
+        # kedro-datasets' do
         return cls(Path(dataset._describe()["filepath"]), spec["folder"], spec.get("training"))
 
     @property
@@ -71,9 +74,9 @@ def log(artifact: Artifact, max_bytes: float) -> None:
     """Copy ``artifact`` into the active run (its child run ``training``), or tag its path, size and sha256
     when the file is larger than ``max_bytes``."""
     size = artifact.file.stat().st_size
-    with tracking.training_run(artifact.training) if artifact.training else nullcontext():
+    with training_run(artifact.training) if artifact.training else nullcontext():
         if size <= max_bytes:
-            tracking.log_artifact(artifact.file, artifact.folder)
+            log_artifact(artifact.file, artifact.folder)
             return
         logger.info(
             "%s is %.1f MB, above tracking.artifact_max_mb (%g): logged its path, size and sha256 as tags of the "
@@ -82,7 +85,7 @@ def log(artifact: Artifact, max_bytes: float) -> None:
             size / BYTES_PER_MB,
             max_bytes / BYTES_PER_MB,
         )
-        tracking.set_tags(
+        set_tags(
             {
                 f"{artifact.tag_key}/path": str(artifact.file.resolve()),
                 f"{artifact.tag_key}/bytes": str(size),
@@ -94,6 +97,10 @@ def log(artifact: Artifact, max_bytes: float) -> None:
 class ArtifactHooks:
     """Logs each saved catalog dataset that declares ``mlflow_artifact`` (see the module docstring)."""
 
+    def __init__(self) -> None:
+        self._catalog = None
+        self._max_bytes = 0.0
+
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
         self._catalog = catalog
@@ -101,7 +108,7 @@ class ArtifactHooks:
 
     @hook_impl
     def after_dataset_saved(self, dataset_name: str, data, node) -> None:
-        catalog = getattr(self, "_catalog", None)
+        catalog = self._catalog
         if catalog is None or dataset_name not in catalog:
             return
         artifact = Artifact.of(catalog.get(dataset_name))

@@ -1,0 +1,34 @@
+"""The project's Kedro hooks, one class per job (``settings.HOOKS`` lists them):
+
+- ``ConfigurationHooks`` (``configuration``): before anything starts, the environment exists, a
+  ``runtime.fast_dev_run`` rehearsal gets its substitutions, every parameter is valid (each problem named with
+  its key and file), the device exists; its ``RunConfiguration`` is what the run's MLflow hooks read;
+- ``MlflowRunHooks`` (``mlflow_run``): the MLflow run's name and tags, the nodes' parameters as the
+  configuration's values, orphaned runs ended KILLED, the hand-off to msrun's rank 0, failure tags, the
+  closing links;
+- ``SignalHooks`` (``signals``): SIGINT and SIGTERM stop the run in order (``pipelines.signals``);
+- ``CheckpointHooks`` (``checkpoints``): a training's periodic checkpoints go once its final one is stored;
+- ``ArtifactHooks`` (``artifacts``): catalog datasets marked ``mlflow_artifact`` go into the MLflow run;
+- ``NodeErrorHooks`` (``errors``): a failing node's name goes with its error, for the command's ``Error:`` block.
+
+The helpers ``config_files`` (the configuration as Kedro's loader reads it), ``rehearsal`` (fast_dev_run applied to
+a run) and ``command_line`` (what the command line asked for) serve them. Every MLflow call goes through
+``pipelines.tracking``.
+"""
+
+from pipelines.hooks.artifacts import ArtifactHooks
+from pipelines.hooks.checkpoints import CheckpointHooks
+from pipelines.hooks.configuration import ConfigurationHooks, RunConfiguration
+from pipelines.hooks.errors import NodeErrorHooks
+from pipelines.hooks.mlflow_run import MlflowRunHooks
+from pipelines.hooks.signals import SignalHooks
+
+__all__ = [
+    "ArtifactHooks",
+    "CheckpointHooks",
+    "ConfigurationHooks",
+    "MlflowRunHooks",
+    "NodeErrorHooks",
+    "RunConfiguration",
+    "SignalHooks",
+]

@@ -1,0 +1,34 @@
+"""``CheckpointHooks``: once a training's final checkpoint is stored by the catalog, its periodic checkpoints are
+removed (``pipelines.engine.resume.remove_finished_checkpoints``): they are no longer the only copy of its state."""
+
+from __future__ import annotations
+
+from kedro.framework.hooks import hook_impl
+
+from pipelines.engine.checkpoint import Checkpoint
+from pipelines.engine.resume import remove_finished_checkpoints
+
+
+class CheckpointHooks:
+    """Removes a training's periodic checkpoints after the catalog has stored its final one."""
+
+    def __init__(self) -> None:
+        self._catalog = None
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        self._catalog = catalog  # after_dataset_saved asks it whether a dataset is stored
+
+    @hook_impl
+    def after_dataset_saved(self, dataset_name: str, data) -> None:
+        if isinstance(data, Checkpoint) and self._stored(dataset_name):
+            remove_finished_checkpoints(data)
+
+    def _stored(self, dataset_name: str) -> bool:
+        """Whether the catalog keeps ``dataset_name`` in storage (not in memory) and it is there, as Kedro's
+        runner decides it (``_EPHEMERAL``: MemoryDataset, the default for a name the catalog lacks). Kedro has no
+        public attribute for it; its runner reads the same one."""
+        catalog = self._catalog
+        if catalog is None or dataset_name not in catalog:
+            return False
+        return not getattr(catalog.get(dataset_name), "_EPHEMERAL", False) and catalog.exists(dataset_name)

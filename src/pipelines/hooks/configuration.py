@@ -1,0 +1,87 @@
+"""The configuration of a run, checked before anything starts: ``ConfigurationHooks``.
+
+Before any MLflow run exists, and in well under a second: the ``--env`` names an existing environment, a
+``runtime.fast_dev_run`` rehearsal gets its substitutions (``hooks.rehearsal``), every parameter is validated
+against ``pipelines.params`` (every problem named with its dotted key and the file, or ``--params``, it came
+from), and the device the configuration targets exists. What it found, ``RunConfiguration``, is what the hooks
+that name and tag the MLflow run read (``ConfigurationHooks.configuration``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+from kedro.framework.hooks import hook_impl
+
+from pipelines.engine.runtime import DeviceUnavailableError, require_device
+from pipelines.fast_dev_run import Substitutions
+from pipelines.hooks.config_files import ParameterFiles, configuration_env, leaf_items, require_environment
+from pipelines.hooks.rehearsal import rehearse_on_cpu
+from pipelines.params import ParameterError, Parameters, validate_parameters
+
+
+@dataclass(frozen=True)
+class RunConfiguration:
+    """The configuration of one run, as ``ConfigurationHooks`` validated it."""
+
+    env: str  # where it came from: --env, else local or base (config_files.configuration_env)
+    raw_params: dict  # the merged parameters as the configuration's mappings (fast_dev_run's substitutions in)
+    params: Parameters  # the same, validated
+    overrides: dict[str, Any] = field(default_factory=dict)  # --params that change the configuration, dotted
+    rehearsal: Substitutions | None = None  # runtime.fast_dev_run's substitutions, or None for a real run
+
+    @property
+    def identity(self) -> dict[str, str]:
+        """What tells the run's results apart besides its pipelines: the model, image size and seed."""
+        params = self.params
+        return {"model": params.model.name, "image_size": str(params.data.image_size), "seed": str(params.runtime.seed)}
+
+
+class ConfigurationHooks:
+    """Checks the configuration as soon as Kedro has built its context; ``configuration`` is what it found."""
+
+    def __init__(self) -> None:
+        self._configuration: RunConfiguration | None = None
+
+    @property
+    def configuration(self) -> RunConfiguration:
+        """The configuration of the current run (set by ``after_context_created``)."""
+        if self._configuration is None:
+            raise RuntimeError("no run configuration: Kedro has not created the run's context yet")
+        return self._configuration
+
+    @hook_impl(tryfirst=True)  # before kedro-mlflow's hook reads mlflow.yml of a missing environment
+    def after_context_created(self, context) -> None:
+        self._configuration = None
+        loader = context.config_loader
+        require_environment(loader.conf_source, context.env)
+        env = context.env or loader.default_run_env
+        given = dict(loader.runtime_params or {})  # --params, before fast_dev_run adds its substitutions
+        files = ParameterFiles(loader.conf_source, env)
+        sources = files.sources(given)
+        # The raw configuration (--params merged in), not context.params: that property runs Kedro's own
+        # typed-parameter validation, which imports every pipeline's nodes (MindSpore) and stops at the first
+        # failing section; this check reports every problem in well under a second.
+        raw_params = loader["parameters"]
+        rehearsal = None
+        if raw_params.get("runtime", {}).get("fast_dev_run") is True:
+            rehearsal = rehearse_on_cpu(loader, env, raw_params, files.of_environment(), Path(context.project_path))
+            sources |= dict.fromkeys(rehearsal.values, "runtime.fast_dev_run")
+            raw_params = loader["parameters"]
+        try:
+            params = validate_parameters(raw_params, sources)
+            require_device(params.runtime.device_target, env)
+        except (ParameterError, DeviceUnavailableError) as error:
+            # click prints a ClickException as one "Error: ..." line instead of a traceback
+            raise click.ClickException(str(error)) from error
+        configured = dict(leaf_items(files.merged()))
+        self._configuration = RunConfiguration(
+            env=configuration_env(loader.conf_source, context.env),
+            raw_params=raw_params,
+            params=params,
+            overrides={k: v for k, v in leaf_items(given) if k not in configured or configured[k] != v},
+            rehearsal=rehearsal,
+        )

@@ -1,0 +1,186 @@
+"""The MLflow run of a ``kedro run``, beside kedro-mlflow's hooks (which start and end it and log the nodes'
+parameters): ``MlflowRunHooks`` names and tags it, has kedro-mlflow log typed parameters as the configuration's
+values, ends KILLED the runs of earlier processes that were killed outright, hands the run to msrun's rank 0,
+tags a failure, and prints where to see the run. Every MLflow call goes through ``pipelines.tracking``."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import click
+from kedro.framework.hooks import hook_impl
+from pydantic import BaseModel
+
+from pipelines import fast_dev_run, signals
+from pipelines.distributed.launch import hand_off_runs_with
+from pipelines.errors import Failure
+from pipelines.hooks.command_line import invoked_command
+from pipelines.hooks.config_files import leaf_items
+from pipelines.hooks.configuration import ConfigurationHooks
+from pipelines.metrics import VAL_MLM_ACCURACY, VAL_TOP1
+from pipelines.tracking.handoff import MlflowRunHandoff
+from pipelines.tracking.links import (
+    base_is_server,
+    comparison_url,
+    current_tracking_uri,
+    experiment_of,
+    runs_page_url,
+    runs_to_compare,
+    ui_base_url,
+)
+from pipelines.tracking.naming import DESCRIPTION_TAG, run_description, run_name, set_run_name
+from pipelines.tracking.runs import (
+    active_run_id,
+    mark_killed,
+    mark_orphaned_runs_killed,
+    run_identity,
+    tag_failure,
+)
+from pipelines.tracking.writer import set_tags
+
+COMPARED_METRICS = (VAL_TOP1, VAL_MLM_ACCURACY)  # the chart a run's closing link opens on, the first its runs logged
+# run_params entries that run only part of the pipelines
+NODE_FILTERS = ("node_names", "from_nodes", "to_nodes", "from_inputs", "to_outputs", "tags", "namespaces")
+DEFAULT_UI = ("127.0.0.1", 5000)  # kedro-mlflow's mlflow.yml ui: host, port
+
+
+def git_commit(project_path: Path) -> str:
+    """The commit checked out in ``project_path``, or ``unknown``."""
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=project_path, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def runner_name(described: str) -> str:
+    """``SequentialRunner`` for Kedro's ``<kedro.runner.sequential_runner.SequentialRunner object at 0x…>``."""
+    found = re.search(r"(\w+) object at 0x", described)
+    return found[1] if found else described
+
+
+def raw_value(raw_params: dict, dataset_name: str):
+    """The configuration's mapping (or value) behind a ``params:`` dataset (``params:thor.lr``)."""
+    value = raw_params
+    for key in dataset_name.removeprefix("params:").split("."):
+        value = value[key]
+    return value
+
+
+class MlflowRunHooks:
+    """Names, tags and reports the MLflow run kedro-mlflow starts for a ``kedro run``.
+
+    ``configuration`` is the hook that validated the run's configuration: its ``RunConfiguration`` gives the
+    environment, the overrides, the model and the raw parameters.
+    """
+
+    def __init__(self, configuration: ConfigurationHooks):
+        self._configuration = configuration
+        self._ui = DEFAULT_UI
+        self._run_id: str | None = None
+        self._data_size_tagged = True
+
+    @hook_impl(trylast=True)  # after kedro-mlflow's hook has read mlflow.yml into context.mlflow
+    def after_context_created(self, context) -> None:
+        ui = getattr(getattr(context, "mlflow", None), "ui", None)
+        self._ui = (getattr(ui, "host", DEFAULT_UI[0]), getattr(ui, "port", DEFAULT_UI[1]))
+        self._run_id = None
+
+    @hook_impl(tryfirst=True)  # before kedro-mlflow's hook logs the node's parameters
+    def before_node_run(self, node, inputs: dict) -> None:
+        # Kedro gives the hooks a copy of the node's inputs. In that copy, typed parameters (models) go back to the
+        # mappings of the configuration, so that kedro-mlflow logs them flattened, one MLflow param per key with
+        # its YAML value (thor.lr.peak), not one param holding a model's repr; the node itself still receives the
+        # models.
+        raw_params = self._configuration.configuration.raw_params
+        for name, value in inputs.items():
+            if name.startswith("params:") and isinstance(value, BaseModel):
+                inputs[name] = raw_value(raw_params, name)
+
+    @hook_impl(trylast=True)  # after kedro-mlflow's hook has started the run
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        configuration = self._configuration.configuration
+        names = run_params.get("pipeline_names") or [run_params.get("pipeline_name") or "__default__"]
+        partial = any(run_params.get(key) for key in (*NODE_FILTERS, "only_missing_outputs"))
+        chosen_env = configuration.env if configuration.env not in ("base", "local") else None
+        rehearsal = configuration.rehearsal
+        keys = [key for key, _ in leaf_items(configuration.raw_params)]
+        overrides = configuration.overrides
+        set_run_name(run_name(names, chosen_env, overrides, keys, partial, fast_dev_run=rehearsal is not None))
+        command = invoked_command()
+        set_tags(
+            {
+                "pipeline": "+".join(names),
+                "env": configuration.env,
+                "device_target": configuration.params.runtime.device_target,
+                "git_commit": git_commit(Path(run_params["project_path"])),
+                "runner": runner_name(str(run_params.get("runner") or "SequentialRunner")),
+                **({"kedro_command": command} if command else {}),  # else kedro-mlflow's, without --params/--env
+                **configuration.identity,
+                **run_identity(),
+                DESCRIPTION_TAG: run_description(command, configuration.env, overrides),
+                # the report skips runs with this tag: a rehearsal, not a result
+                **({fast_dev_run.TAG: rehearsal.summary()} if rehearsal is not None else {}),
+            }
+        )
+        self._data_size_tagged = False
+        mark_orphaned_runs_killed()
+        self._run_id = active_run_id()
+        hand_off_runs_with(MlflowRunHandoff.capture)  # msrun's rank 0 logs into this run (or a child)
+
+    @hook_impl
+    def after_dataset_loaded(self, dataset_name: str, data) -> None:
+        self._tag_data_size(dataset_name, data)
+
+    @hook_impl
+    def after_dataset_saved(self, dataset_name: str, data) -> None:
+        self._tag_data_size(dataset_name, data)
+
+    def _tag_data_size(self, dataset_name: str, data) -> None:
+        """Tag the run with the size of the data it uses, from the first manifest it saves or loads."""
+        if self._data_size_tagged or dataset_name.rsplit(".", 1)[-1] != "manifest":
+            return
+        images = data["split"].value_counts()
+        set_tags(
+            {
+                "train_images": str(int(images.get("train", 0))),
+                "val_images": str(int(images.get("val", 0))),
+                "classes": str(data["label"].nunique()),
+            }
+        )
+        self._data_size_tagged = True
+
+    @hook_impl
+    def after_pipeline_run(self, run_params: dict, run_result, pipeline, catalog) -> None:
+        if self._run_id is not None:
+            self._print_links()
+
+    @hook_impl(trylast=True)  # after kedro-mlflow's hook has ended the run FAILED
+    def on_pipeline_error(self, error: Exception, run_params: dict, pipeline, catalog) -> None:
+        if self._run_id is None:
+            return
+        if isinstance(error, signals.Interrupted):
+            mark_killed(self._run_id)
+        # the same text as the command's Error: block
+        message = error.format_message() if isinstance(error, click.ClickException) else Failure.of(error).summary()
+        tag_failure(self._run_id, message)
+
+    def _print_links(self) -> None:
+        """Where to see the run: the chart comparing its runs (and the runs table) at the tracking server's address,
+        or at ``mlflow ui``'s over a local store (kedro-mlflow's ``mlflow.yml``: ``server``, ``ui``)."""
+        base = ui_base_url(current_tracking_uri(), *self._ui)
+        local = "" if base_is_server(current_tracking_uri()) else " (start `mlflow ui` first, README)"
+        experiment_id = experiment_of(self._run_id)
+        # the image recipes' top-1, else a language model's masked-LM accuracy (thor_bert)
+        metric, compared = next(
+            ((metric, runs) for metric in COMPARED_METRICS if (runs := runs_to_compare(self._run_id, metric))),
+            (None, []),
+        )
+        # printed, not logged: a log handler may wrap lines at the terminal's width and would break the links
+        if compared:
+            url = comparison_url(base, experiment_id, compared, metric)
+            click.echo(f"MLflow: compare the runs at {url}{local}")
+        click.echo(f"MLflow: the runs table is {runs_page_url(base, experiment_id)}")

@@ -1,0 +1,85 @@
+"""Child runs: one per training of a pipeline that trains several (dim_reduce's stage1, stage2, control; thor_bert's
+two; each training of a study), each with its own parameters, rows and final figures."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+import mlflow
+
+from pipelines.engine.callbacks import Callback
+from pipelines.tracking.runs import run_identity
+from pipelines.tracking.writer import EpochMetrics, log_final, set_tags
+
+
+def flat_params(sections: Mapping[str, object]) -> dict[str, str]:
+    """Parameter sections (``{"dim_reduce.stage2": Stage2Params(...)}``, models or mappings) as MLflow params,
+    one per leaf under its dotted key (``dim_reduce.stage2.rho``), as kedro-mlflow logs a ``kedro run``'s."""
+    flat: dict[str, str] = {}
+
+    def visit(prefix: str, value) -> None:
+        value = value.model_dump() if hasattr(value, "model_dump") else value
+        if isinstance(value, Mapping) and value:
+            for key, inner in value.items():
+                visit(f"{prefix}.{key}", inner)
+        else:
+            flat[prefix] = value if isinstance(value, str) else json.dumps(value)
+
+    for prefix, section in sections.items():
+        visit(prefix, section)
+    return flat
+
+
+@contextmanager
+def training_run(name: str, params: Mapping[str, object] | None = None) -> Iterator[mlflow.ActiveRun | None]:
+    """Inside the active (``kedro run``'s) run, the child run ``name`` (tag ``training=<name>``; named
+    ``<pipeline>/<name>``), active meanwhile; a new one logs the parameter sections ``params`` (``flat_params``),
+    so MLflow's Compare shows each training's own settings.
+
+    A child of that name already under the parent is continued (the node that evaluates a training
+    logs into the training's run). Outside an active run it does nothing. The child ends FINISHED, or
+    FAILED when the block raises.
+    """
+    parent = mlflow.active_run()
+    if parent is None:
+        yield None
+        return
+    client = mlflow.MlflowClient()
+    found = client.search_runs(
+        [parent.info.experiment_id],
+        f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.training = '{name}'",
+    )
+    if found:
+        run = mlflow.start_run(run_id=found[0].info.run_id, nested=True)
+    else:
+        # named after its parent's pipeline too (dim_reduce/stage2), so its own page says whose it is
+        pipeline = client.get_run(parent.info.run_id).data.tags.get("pipeline")
+        title = f"{pipeline}/{name}" if pipeline else name
+        run = mlflow.start_run(run_name=title, nested=True, tags={"training": name, **run_identity()})
+        if params:
+            mlflow.log_params(flat_params(params))
+    try:
+        yield run
+    except BaseException:
+        mlflow.end_run(status="FAILED")
+        raise
+    mlflow.end_run()
+
+
+class StudyRuns:
+    """MLflow for a study (``study.runner.StudyTracking``): each training a child run of the study's run, with
+    its tags, per-epoch rows (``EpochMetrics``) and final accuracy."""
+
+    @contextmanager
+    def run(self, name: str, tags: Mapping[str, str], params: Mapping[str, object]) -> Iterator[str | None]:
+        with training_run(name, params) as run:
+            set_tags(tags)
+            yield None if run is None else run.info.run_id
+
+    def callbacks(self) -> list[Callback]:
+        return [EpochMetrics()]
+
+    def log_final(self, accuracy: Mapping[str, float]) -> None:
+        log_final(accuracy)

@@ -1,0 +1,94 @@
+"""Writing to the active MLflow run: metrics, final figures, tags, artifacts and per-epoch rows.
+
+Every function here is a no-op outside an active run (library tests, ranks > 0), so the library can call
+them unconditionally. Metric keys follow the schema of ``pipelines.metrics`` (``train/loss``, ``val/top1``, …,
+``final/top1``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import mlflow
+from mlflow.entities import Metric
+
+from pipelines.engine.callbacks import Callback
+from pipelines.metrics import FINAL_PREFIX, STEP_KEY, TIMESTAMP_KEY
+
+# MLflow accepts at most 1000 metrics per log_batch call
+BATCH_LIMIT = 1000
+FINAL_FIGURES = ("top1", "top5", "mlm_accuracy", "mlm_loss", "nsp_accuracy")  # what a final evaluation may hold
+
+
+def _finite(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
+    """Log finite numeric ``metrics`` to the active MLflow run, if there is one."""
+    if mlflow.active_run() is None:
+        return
+    finite = {k: float(v) for k, v in metrics.items() if _finite(v)}
+    if finite:
+        mlflow.log_metrics(finite, step=step)
+
+
+def log_final(figures: Mapping[str, float]) -> None:
+    """Log a final evaluation (``top1``, ``top5`` fractions; a language model's ``mlm_accuracy``, ``mlm_loss``,
+    ``nsp_accuracy``) as ``final/top1``, …; other keys of ``figures`` (a report's ``epoch``) are not metrics."""
+    log_metrics({FINAL_PREFIX + k: figures[k] for k in FINAL_FIGURES if k in figures})
+
+
+def set_tags(tags: Mapping[str, str]) -> None:
+    """Set ``tags`` on the active MLflow run, if there is one."""
+    if mlflow.active_run() is not None:
+        mlflow.set_tags(dict(tags))
+
+
+def log_artifact(path: str | Path, artifact_path: str) -> None:
+    """Copy the file ``path`` into the active run's artifacts, folder ``artifact_path``, if there is a run."""
+    if mlflow.active_run() is not None:
+        mlflow.log_artifact(str(path), artifact_path)
+
+
+def log_epoch_rows(rows: Sequence[Mapping[str, float]], step_key: str = "epoch") -> None:
+    """Log per-epoch rows to the active run: every finite value, step = the row's epoch, at the row's time.
+
+    ``step_key`` names the column that is the step instead (e.g. ``step`` for per-step rows).
+    """
+    active = mlflow.active_run()
+    if active is None:
+        return
+    metrics = []
+    for row in rows:
+        timestamp_ms = int(1000 * row.get(TIMESTAMP_KEY, time.time()))
+        step = int(row[step_key])
+        metrics += [
+            Metric(key, float(value), timestamp_ms, step)
+            for key, value in row.items()
+            if key not in (step_key, TIMESTAMP_KEY) and _finite(value)
+        ]
+    client = mlflow.MlflowClient()
+    for first in range(0, len(metrics), BATCH_LIMIT):
+        client.log_batch(active.info.run_id, metrics=metrics[first : first + BATCH_LIMIT])
+
+
+class EpochMetrics(Callback):
+    """Logs each epoch's row to the active MLflow run as it ends (step = epoch, at the row's time).
+
+    On resume it logs the rows of the epochs before, carried by the checkpoint, and tags the run
+    ``resumed_from`` = the checkpoint's path, so the resumed run holds every epoch from 1.
+    """
+
+    def on_resume(self, source: Path, history: Sequence[Mapping[str, float]]) -> None:
+        set_tags({"resumed_from": str(source)})
+        log_epoch_rows(history)
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        log_epoch_rows([metrics])
+
+    def on_step_evaluation(self, row: Mapping[str, float]) -> None:
+        log_epoch_rows([row], step_key=STEP_KEY)  # val/step_top1, train/elapsed_s, ... at step = global step
