@@ -79,7 +79,7 @@ def same_rehearsal_before(env: str, pipelines: str, tree, project) -> str | None
     return next((other for other in earlier if rehearsed_parameters(other, pipelines, tree, project) == own), None)
 
 
-@pytest.fixture(scope="session")  # one tree: its path is among the parameters that tell a repeated rehearsal
+@pytest.fixture(scope="session")  # one tree for every rehearsal
 def tree(tmp_path_factory):
     return write_image_tree(
         tmp_path_factory.mktemp("tree"), classes=("cat", "dog", "fox"), per_class={"train": 8, "val": 2}

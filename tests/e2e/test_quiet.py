@@ -1,7 +1,8 @@
 """A default ``kedro run`` is quiet: no warning from this project's code or configuration, none of the
-third-party ones it used to print on every start, no parameter loads at INFO. Its MLflow run is
-named and tagged so that the runs table tells runs apart (pipeline, changed ``--params``, partial
-runs; environment, whole command, data and image size, model, seed, runner)."""
+third-party ones it used to print on every start, no parameter loads at INFO, and its output captured (as in CI)
+holds each log record on one line. Its MLflow run is named and tagged so that the runs table tells runs apart
+(pipeline, changed ``--params``, partial runs; environment, whole command, data and image size, model, seed,
+runner)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,12 @@ NAMED_NOISE = (
     "Using synchronous mode",
     "Creating initial MLflow database tables",
     "Workflow tracking is disabled",  # kedro-viz, on partial runs
+    "as logging configuration",  # Kedro's "Using 'conf/logging.yml' as logging configuration…", on every command
 )
+# a log record as the logging configuration's `console` handler writes it, one line each; and rich's time column,
+# which starts a record laid out in columns (cut over several lines when longer than the width)
+PLAIN_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} - [\w.]+ - [A-Z]+ - ")
+RICH_RECORD = re.compile(r"^\[\d\d/\d\d/\d\d \d\d:\d\d:\d\d\]")
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +53,15 @@ def test_a_run_prints_no_warning(quiet_project, which):
     for noise in NAMED_NOISE:
         assert noise not in output, noise
     assert "closed because of an error" not in output
+
+
+@pytest.mark.parametrize("which", ["default", "partial"])
+def test_captured_output_keeps_each_log_record_on_one_line(quiet_project, which):
+    _, results = quiet_project
+    lines = (results[which].stdout + results[which].stderr).splitlines()
+    assert [line for line in lines if RICH_RECORD.match(line)] == []
+    records = [line for line in lines if PLAIN_RECORD.match(line)]
+    assert any(" - kedro.runner.sequential_runner - INFO - " in line for line in records), lines[:20]
 
 
 def test_runs_are_named_and_tagged(quiet_project):
