@@ -9,11 +9,11 @@ import typing
 from pathlib import Path
 
 import pytest
-from kedro.config import OmegaConfigLoader
 from kedro.io import DataCatalog
 
 from pipelines.params import Parameters
 from pipelines.pipeline_registry import PIPELINE_NAMES, pipelines_named_by, register_pipelines
+from tests.support.config import load_config
 from tests.support.projects import PROJECT
 
 LAYERS = {"raw", "intermediate", "primary", "feature", "model_input", "models", "model_output", "reporting"}
@@ -113,8 +113,7 @@ def test_nodes_take_the_parameter_sub_keys_they_use_as_typed_models(registered):
 
 @pytest.fixture(scope="module")
 def catalog() -> DataCatalog:
-    loader = OmegaConfigLoader(str(PROJECT / "conf"), base_env="base", default_run_env="base")
-    return DataCatalog.from_config(loader["catalog"])
+    return DataCatalog.from_config(load_config("base", "catalog"))
 
 
 def test_every_dataset_has_a_layer(registered, catalog):
