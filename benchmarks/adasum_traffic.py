@@ -1,6 +1,6 @@
 """Bytes communicated per step, plain gradient AllReduce vs Adasum, and 2-rank vs 1-rank images/s.
 
-1. Computed (``pipelines.optim.adasum.collective.communication_bytes_per_step``, ring-algorithm costs, bytes sent per
+1. Computed (``communication_bytes_per_step`` below, ring-algorithm costs, bytes sent per
    rank per step) for the trainable parameters of resnet_narrow (10 classes) and resnet50 (1001
    classes) at 2-16 ranks, with the swap MindSpore CPU allows (AllReduce over pairs beyond 2
    ranks) and the one GPU/Ascend allow (AllGather over pairs).
@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pipelines  # noqa: F401  (sets the CPU speed environment before MindSpore loads)
@@ -37,12 +38,66 @@ NUM_CLASSES = {"resnet_narrow": 10, "resnet50": 1001}
 LOSS_SCALE = 1024.0
 
 
+# A dot product and two squared norms per tensor, summed across ranks at every level.
+STATS_PER_TENSOR = 3
+
+
+def communication_bytes_per_step(
+    param_sizes: Sequence[int],
+    rank_size: int,
+    exchange: str = "allgather",
+    stat_count: int = 0,
+    bytes_per_element: int = 4,
+) -> dict[str, float]:
+    """Bytes each rank sends per step: plain gradient AllReduce vs ``optim.adasum``'s Adasum.
+
+    Collectives are costed with the ring algorithm: an AllReduce of ``m`` elements over ``g`` ranks
+    sends ``2 m (g-1)/g`` elements per rank, an AllGather of ``m`` elements per rank sends
+    ``m (g-1)``. ``param_sizes`` are the element counts of the trainable tensors; ``stat_count``
+    is the number of BatchNorm moving-statistic elements, averaged once per step by
+    ``AdasumTrainStep`` (plain data parallel leaves them local). Keys: ``allreduce`` (plain data
+    parallel), ``adasum_exchange`` (half swaps), ``adasum_scalars`` (per-tensor dot products and
+    norms), ``adasum_allgather`` (final assembly), ``batchnorm``, ``adasum`` (sum of the four).
+    """
+    from pipelines.optim.adasum.combine import EXCHANGES, check_rank_size
+
+    check_rank_size(rank_size)
+    if exchange not in EXCHANGES:
+        raise ValueError(f"exchange must be one of {EXCHANGES}, got {exchange!r}")
+    p = rank_size
+    total = int(sum(param_sizes))
+    padded = -(-total // p) * p  # the fused buffer, padded to a multiple of the ranks as Adasum pads it
+    stats_len = STATS_PER_TENSOR * (len(param_sizes) + 1)
+    levels = p.bit_length() - 1
+    swap = scalars = 0.0
+    for level in range(levels):
+        current = padded / 2**level
+        # An AllGather over 2 ranks sends the half; an AllReduce over 2 ranks sends 2 * current * 1/2.
+        swap += current / 2 if exchange == "allgather" else current
+        group = 2 ** (level + 1)
+        scalars += 2 * stats_len * (group - 1) / group
+    assemble = (padded / p) * (p - 1)
+    batchnorm = 2 * stat_count * (p - 1) / p
+    parts = {
+        "allreduce": 2 * total * (p - 1) / p,
+        "adasum_exchange": swap,
+        "adasum_scalars": scalars,
+        "adasum_allgather": assemble,
+        "batchnorm": batchnorm,
+    }
+    result = {key: value * bytes_per_element for key, value in parts.items()}
+    result["adasum"] = sum(
+        result[key] for key in ("adasum_exchange", "adasum_scalars", "adasum_allgather", "batchnorm")
+    )
+    return result
+
+
 def parameter_layout(name: str) -> tuple[list[int], int]:
     """Element counts of the trainable tensors and the number of BatchNorm statistic elements."""
     import numpy as np
 
     from pipelines.models.resnet import create_resnet
-    from pipelines.optim.adasum.collective import batchnorm_statistics
+    from pipelines.optim.adasum.step import batchnorm_statistics
 
     net = create_resnet(name, NUM_CLASSES[name])
     sizes = [int(np.prod(p.shape)) for p in net.trainable_params()]
@@ -51,8 +106,6 @@ def parameter_layout(name: str) -> tuple[list[int], int]:
 
 
 def print_computed() -> None:
-    from pipelines.optim.adasum.collective import communication_bytes_per_step
-
     print("Computed bytes sent per rank per step (ring costs, float32)")
     print(
         f"{'network':<14}{'params':>11}{'ranks':>6}{'AllReduce':>12}{'Adasum CPU':>12}{'ratio':>7}"
@@ -85,7 +138,7 @@ def build_steps(rank_size: int, batch: int, image_size: int):
     from mindspore import nn
 
     from pipelines.models.resnet import create_resnet
-    from pipelines.optim.adasum.collective import AdasumTrainStep
+    from pipelines.optim.adasum.step import AdasumTrainStep
 
     steps = {}
     for mode in ("plain", "adasum"):
@@ -180,7 +233,7 @@ def main() -> None:
     print_computed()
     if args.skip_measured:
         return
-    from pipelines.optim.adasum.collective import communication_bytes_per_step, default_exchange
+    from pipelines.optim.adasum.combine import default_exchange
 
     sizes, stats = parameter_layout("resnet_narrow")
     worker_args = ["--batch-size", str(args.batch_size), "--image-size", str(args.image_size)]

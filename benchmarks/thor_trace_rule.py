@@ -37,7 +37,7 @@ def main() -> None:
     from pipelines.engine.state import capture_state, restore_network
     from pipelines.models.loss import CrossEntropySmooth
     from pipelines.recipes.classifier import create_network, train_data
-    from pipelines.recipes.thor import own_thor_step, thor_model, thor_schedules
+    from pipelines.recipes.thor import own_thor_step, thor_schedules
 
     conf = load_conf()
     data = conf.data
@@ -48,9 +48,9 @@ def main() -> None:
     dataset = train_data(manifest, data, conf.thor.batch_size, 0)
     steps_per_epoch = dataset.get_dataset_size()
     epochs = -(-args.steps // steps_per_epoch)
-    network = thor_model(conf.model, conf.thor)
     ms.set_seed(0)
-    initial = capture_state(create_network(network, scan.class_index), None, {})
+    zero_init = conf.thor.zero_init_last_bn_gamma
+    initial = capture_state(create_network(conf.model, scan.class_index, zero_init_last_bn_gamma=zero_init), None, {})
 
     rules: dict[str, tuple[float, float] | None] = {"no rule": None}
     for text in args.rules:
@@ -59,7 +59,7 @@ def main() -> None:
     runs = {}
     for name, rule in rules.items():
         thor = conf.thor.model_copy(update={"epochs": epochs, "frequency": args.frequency, "trace_rule": rule})
-        net = create_network(network, scan.class_index)
+        net = create_network(conf.model, scan.class_index)
         restore_network(net, initial)
         loss_fn = CrossEntropySmooth(len(scan.class_index), thor.label_smoothing)
         runs[name] = own_thor_step(net, loss_fn, thor, *thor_schedules(thor, steps_per_epoch), rank_size=1).thor

@@ -62,7 +62,7 @@ def main() -> None:
     from pipelines.optim.momentum import create_momentum
     from pipelines.optim.schedules import per_step
     from pipelines.recipes.classifier import create_network, train_data
-    from pipelines.recipes.thor import own_thor_step, thor_model, thor_schedules
+    from pipelines.recipes.thor import own_thor_step, thor_schedules
 
     conf = load_conf()
     data, model, baseline = conf.data, conf.model, conf.baseline
@@ -74,14 +74,14 @@ def main() -> None:
     batch = baseline.batch_size
     dataset = train_data(manifest, data, batch, 0)
     steps_per_epoch = dataset.get_dataset_size()
-    thor_network = thor_model(model, conf.thor)
 
-    def initial_weights(config):
+    def initial_weights(section):
         """Same seed for both: identical weights but for THOR's zero-initialised last BN gammas."""
         ms.set_seed(0)
-        return capture_state(create_network(config, scan.class_index), None, {})
+        net = create_network(model, scan.class_index, zero_init_last_bn_gamma=section.zero_init_last_bn_gamma)
+        return capture_state(net, None, {})
 
-    momentum_initial, thor_initial = initial_weights(model), initial_weights(thor_network)
+    momentum_initial, thor_initial = initial_weights(baseline), initial_weights(conf.thor)
 
     def momentum_setup(epochs: int):
         net = create_network(model, scan.class_index)
@@ -99,7 +99,7 @@ def main() -> None:
     def thor_setup(epochs: int, frequency: int):
         """The THOR recipe's step (preconditioner + Momentum) for ``epochs`` epochs at ``frequency``."""
         thor = conf.thor.model_copy(update={"epochs": epochs, "frequency": frequency})
-        net = create_network(thor_network, scan.class_index)
+        net = create_network(model, scan.class_index)
         restore_network(net, thor_initial)
         loss_fn = CrossEntropySmooth(classes, thor.label_smoothing)
         return net, own_thor_step(net, loss_fn, thor, *thor_schedules(thor, steps_per_epoch), rank_size=1).thor

@@ -131,7 +131,7 @@ def test_parameter_choices_match_the_library():
     from pipelines.engine.runtime import DEVICE_TARGETS
     from pipelines.migrate.layouts import TORCHVISION_ARCHITECTURES
     from pipelines.models.resnet import CONV_INITS, DENSE_INITS, RESNET_LAYOUTS
-    from pipelines.optim.adasum.collective import EXCHANGES
+    from pipelines.optim.adasum.combine import EXCHANGES
     from pipelines.optim.schedules import SHAPES
     from pipelines.report.compare import RECIPES
 

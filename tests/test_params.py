@@ -42,7 +42,7 @@ def problems(params: dict, sources: dict | None = None) -> list[str]:
         ("baseline.epochs", 2.5, "baseline.epochs is 2.5 but must be an integer"),
         ("baseline.epochs", True, "baseline.epochs is true but must be an integer"),
         ("baseline.lr.peak", "0.1", "baseline.lr.peak is '0.1' but must be a number"),
-        ("model.zero_init_last_bn_gamma", 1, "model.zero_init_last_bn_gamma is 1 but must be true or false"),
+        ("baseline.zero_init_last_bn_gamma", 1, "baseline.zero_init_last_bn_gamma is 1 but must be true or false"),
         ("data.split_dirs", "train", "data.split_dirs is 'train' but must be a mapping"),
         ("thor.trace_rule", 0.01, "thor.trace_rule is 0.01 but must be a list"),
         ("thor.trace_rule", [0.01, "x"], "thor.trace_rule[1] is 'x' but must be a number"),

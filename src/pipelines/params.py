@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 # The choices. The library modules that act on them keep tuples of the same names
@@ -69,6 +69,27 @@ class Section(BaseModel):
     """Base of every parameter model: strict types, no unknown keys, read-only."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class TemplateSection(Section):
+    """Base of the sections one training template trains (``ImageRecipe``, ``LanguageRecipe``): a node of the
+    template types its section with the base, and Kedro's ``model_validate`` of the base gives the section's own
+    model, told apart by its keys (each model forbids the others'); the subclasses validate as usual."""
+
+    @classmethod
+    def model_validate(cls, obj: Any, **options: Any) -> Section:
+        if cls.__base__ is not TemplateSection:  # a section's own model
+            return super().model_validate(obj, **options)
+        return TypeAdapter(Union[tuple(cls.__subclasses__())]).validate_python(obj, **options)  # noqa: UP007
+
+
+class ImageRecipe(TemplateSection):
+    """A section of the image training template (``pipelines.pipelines.training``): ``baseline``, ``adasum`` or
+    ``thor``. Every node that reads one of these sections types it so (the template's and the study's)."""
+
+
+class LanguageRecipe(TemplateSection):
+    """A section of the thor_bert pipeline's training template: ``thor_bert.thor`` or ``thor_bert.baseline``."""
 
 
 class RuntimeParams(Section):
@@ -154,7 +175,6 @@ class ModelParams(Section):
     num_classes: PositiveInt | None  # None: the number of classes in the data
     conv_init: Initialiser
     dense_init: Initialiser
-    zero_init_last_bn_gamma: bool
 
 
 class BoostParams(Section):
@@ -281,16 +301,17 @@ class MomentumTraining(Section):
     weight_decay: NonNegativeFloat
     label_smoothing: Fraction
     loss_scale: PositiveFloat
+    zero_init_last_bn_gamma: bool  # the initial weights' last BatchNorm gamma of each residual block is 0
     eval_interval: NonNegativeInt  # 0: only after the last epoch
     checkpoint: CheckpointParams
     eval_every_steps: NonNegativeInt  # also evaluate on data.step_eval_images every N steps; 0: off
 
 
-class BaselineParams(MomentumTraining):
+class BaselineParams(MomentumTraining, ImageRecipe):
     epochs: PositiveInt
 
 
-class AdasumParams(MomentumTraining):
+class AdasumParams(MomentumTraining, ImageRecipe):
     implementation: Literal["own", "mindspore"]
     exchange: Literal["auto", "allgather", "allreduce"]
     average_batchnorm_statistics: bool
@@ -429,7 +450,7 @@ class ThorMindSpore(Section):
     dataset_sink_mode: bool
 
 
-class ThorParams(Section):
+class ThorParams(ImageRecipe):
     implementation: Literal["own", "mindspore"]
     # false: THOR's recipe (schedules, weight decay, initialisation, loss scale) with the gradients passed to the
     # optimizer unchanged: what the curvature adds, measured against THOR's own recipe (implementation own only)
@@ -445,7 +466,7 @@ class ThorParams(Section):
     frequency: Annotated[int, Field(ge=2)]  # 1 would recompute the inverses every step
     block_size: PositiveInt | None  # None: full inverses
     trace_rule: Annotated[list[float], Field(min_length=2, max_length=2)] | None  # [skip, stop]
-    zero_init_last_bn_gamma: bool
+    zero_init_last_bn_gamma: bool  # the initial weights' last BatchNorm gamma of each residual block is 0
     split_indices: list[int]  # nn.thor's allreduce fusion groups of the A/G statistics (implementation mindspore)
     eval_interval: NonNegativeInt
     eval_every_steps: NonNegativeInt  # also evaluate on data.step_eval_images every N steps; 0: off
@@ -525,7 +546,7 @@ class BertNetworkParams(Section):
         return self
 
 
-class BertThorTraining(Section):
+class BertThorTraining(LanguageRecipe):
     """THOR on BERT: every Dense layer preconditioned, then Momentum; weight decay except on LayerNorm and biases."""
 
     epochs: PositiveInt
@@ -543,7 +564,7 @@ class BertThorTraining(Section):
     eval_every_steps: NonNegativeInt
 
 
-class BertBaselineTraining(Section):
+class BertBaselineTraining(LanguageRecipe):
     """The first-order baseline of the THOR document's BERT script (Lamb or AdamWeightDecay, warm-up polynomial lr),
     weight decay except on LayerNorm and biases."""
 
@@ -667,9 +688,9 @@ class Parameters(Section):
             problems.append(
                 (
                     "adasum.implementation",
-                    f"is mindspore (mindspore.boost's Adasum), which MindSpore runs on Ascend with {BOOST_ADASUM_MIN_DEVICES} devices or "
-                    f"more (Send/Receive between 8-device servers); this run has {workers} {device_target} worker(s): "
-                    "use own",
+                    "is mindspore (mindspore.boost's Adasum), which MindSpore runs on Ascend with "
+                    f"{BOOST_ADASUM_MIN_DEVICES} devices or more (Send/Receive between 8-device servers); this run has "
+                    f"{workers} {device_target} worker(s): use own",
                 )
             )
         if self.boost.less_bn and self.runtime.mode != "graph":
@@ -742,8 +763,9 @@ class Parameters(Section):
             problems.append(
                 (
                     "dim_reduce.stage2.implementation",
-                    "is mindspore (mindspore.boost's DimReduce), which runs in one process of its own, outside msrun; with "
-                    f"distributed.worker_num {workers} use own (P-BFGS averages gradients and losses across the ranks)",
+                    "is mindspore (mindspore.boost's DimReduce), which runs in one process of its own, outside "
+                    f"msrun; with distributed.worker_num {workers} use own (P-BFGS averages gradients and losses "
+                    "across the ranks)",
                 )
             )
         CrossKeyProblems.raise_if_any(problems)

@@ -9,6 +9,7 @@ kedro-viz offers, which name a node or a dataset but no pipeline (``kedro run --
 from __future__ import annotations
 
 from collections.abc import Iterable
+from importlib import import_module
 
 from kedro.pipeline import Pipeline
 
@@ -21,30 +22,21 @@ def register_pipelines() -> dict[str, Pipeline]:
     """Each recipe after the data pipeline; ``__default__`` is ``baseline``."""
     # Imported here, not at the top: ``pipelines_named_by`` serves the command line before any run, and the
     # pipeline modules load MindSpore through their nodes.
-    from .pipelines.adasum.pipeline import create_pipeline as create_adasum
-    from .pipelines.baseline.pipeline import create_pipeline as create_baseline
-    from .pipelines.data.pipeline import create_pipeline as create_data
-    from .pipelines.dim_reduce.pipeline import create_pipeline as create_dim_reduce
-    from .pipelines.migrate.pipeline import create_pipeline as create_migrate
-    from .pipelines.report.pipeline import create_pipeline as create_report
-    from .pipelines.study.pipeline import create_pipeline as create_study
-    from .pipelines.thor.pipeline import create_pipeline as create_thor
-    from .pipelines.thor_bert.pipeline import create_pipeline as create_thor_bert
-
-    data = create_data()
-    baseline = data + create_baseline()
+    created = {name: import_module(f"pipelines.pipelines.{name}.pipeline").create_pipeline() for name in PIPELINE_NAMES}
+    data = created["data"]
+    baseline = data + created["baseline"]
     return {
         "data": data,
         "baseline": baseline,
-        "dim_reduce": data + create_dim_reduce(),
-        "thor": data + create_thor(),
-        "adasum": data + create_adasum(),
-        "report": create_report(),
-        "migrate": create_migrate(),
+        "dim_reduce": data + created["dim_reduce"],
+        "thor": data + created["thor"],
+        "adasum": data + created["adasum"],
+        "report": created["report"],
+        "migrate": created["migrate"],
         # thor_bert before the study: Kedro 1.7 validates typed parameters in this order and cannot set a section's
         # keys (params:thor_bert.corpus) once the whole section (the study's params:thor_bert) is set, only the reverse
-        "thor_bert": create_thor_bert(),  # text, not images: no data pipeline
-        "study": data + create_study(),
+        "thor_bert": created["thor_bert"],  # text, not images: no data pipeline
+        "study": data + created["study"],
         "__default__": baseline,
     }
 

@@ -11,6 +11,7 @@ from .hooks import (
     MlflowRunHooks,
     NodeErrorHooks,
     SignalHooks,
+    TrainingRunHooks,
 )
 
 # `kedro` calls it first (pyproject's kedro.init entry point); here for sessions started from Python
@@ -27,6 +28,7 @@ HOOKS = (
     CheckpointHooks(),
     ArtifactHooks(),
     NodeErrorHooks(),
+    TrainingRunHooks(),
 )
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader

@@ -23,7 +23,8 @@ from mindspore.communication import get_group_size, get_rank, init
 
 from pipelines.engine.runtime import configure_mindspore
 from pipelines.models.resnet import create_resnet
-from pipelines.optim.adasum.collective import Adasum, AdasumTrainStep, batchnorm_statistics
+from pipelines.optim.adasum.combine import Adasum
+from pipelines.optim.adasum.step import AdasumTrainStep, batchnorm_statistics
 
 LR, MOMENTUM, LOSS_SCALE, STEPS = 0.05, 0.9, 1024.0, 3
 

@@ -11,9 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.optim.adasum.collective import (
-    adasum_reference,
-)
+from tests.support.adasum import adasum_reference
 from tests.support.servers import free_port
 
 WORKER = Path(__file__).parent / "adasum_worker.py"

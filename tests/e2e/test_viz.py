@@ -23,12 +23,12 @@ def viz_panel(project: Path, pipeline: str, full_name: str) -> dict:
 @pytest.mark.parametrize(
     ("pipeline", "node", "source", "function"),
     [
-        ("baseline", "baseline.train", "pipelines/baseline/nodes.py", "train_baseline"),
-        ("baseline", "baseline.evaluate", "pipelines/baseline/nodes.py", "evaluate_baseline"),
-        ("thor", "thor.train", "pipelines/thor/nodes.py", "train_thor"),
+        ("baseline", "baseline.train", "pipelines/training/nodes.py", "train"),
+        ("baseline", "baseline.evaluate", "pipelines/training/nodes.py", "evaluate"),
+        ("thor", "thor.train", "pipelines/training/nodes.py", "train"),
         ("dim_reduce", "dim_reduce.stage2.train", "pipelines/dim_reduce/nodes.py", "train_stage2"),
-        ("dim_reduce", "dim_reduce.evaluation.evaluate_control", "pipelines/dim_reduce/nodes.py", "evaluate_control"),
-        ("dim_reduce", "dim_reduce.stage1.build_network", "shared.py", "build_network"),
+        ("dim_reduce", "dim_reduce.control.evaluate", "pipelines/training/nodes.py", "evaluate"),
+        ("dim_reduce", "dim_reduce.stage1.build_network", "pipelines/training/nodes.py", "build_network"),
     ],
 )
 def test_viz_shows_each_node_its_own_file_and_code(viz_site, pipeline, node, source, function):

@@ -5,19 +5,22 @@ run commands that work when pasted."""
 from __future__ import annotations
 
 import inspect
+import types
 import typing
 from pathlib import Path
 
 import pytest
 from kedro.io import DataCatalog
 
-from pipelines.params import Parameters
+from pipelines.params import ImageRecipe, LanguageRecipe, Parameters
 from pipelines.pipeline_registry import PIPELINE_NAMES, pipelines_named_by, register_pipelines
 from tests.support.config import load_config
 from tests.support.projects import PROJECT
 
+RECIPE_UNIONS = (ImageRecipe, LanguageRecipe)
 LAYERS = {"raw", "intermediate", "primary", "feature", "model_input", "models", "model_output", "reporting"}
-DIM_REDUCE_STAGES = {"stage1", "trajectory_pca", "stage2", "control", "evaluation"}
+DIM_REDUCE_STAGES = {"stage1", "trajectory_pca", "stage2", "control", "comparison"}
+TEMPLATE_NODES = PROJECT / "src/pipelines/pipelines/training/nodes.py"
 
 
 @pytest.fixture(scope="module")

@@ -135,7 +135,7 @@ def test_dim_reduce_pipeline(workspace, tmp_path):
     tree, project = workspace
     uri = tracking_uri(project)
     outputs = run_audited("dim_reduce", tiny_params(tree), project, tmp_path / "graphs")
-    comparison = outputs["dim_reduce.evaluation.comparison"]
+    comparison = outputs["dim_reduce.comparison.comparison"]
     assert list(comparison["model"]) == ["stage1", "stage2", "control"]
     assert list(comparison["epoch"]) == [2, 3, 3]
     assert list(outputs["dim_reduce.stage2.steps"]["step"]) == [13, 14, 15, 16, 17, 18]  # 6 steps per epoch
@@ -173,7 +173,7 @@ def test_thor_bert_pipeline(workspace):
     assert not set(train["document"]) & set(held_out["document"])  # split by document, before the tokenizer
     examples = outputs["thor_bert.examples.train_examples"]
     assert examples["input_ids"].shape[1] == 32 and examples["masked_lm_ids"].shape[1] == 5
-    comparison = outputs["thor_bert.evaluation.comparison"].set_index("training")
+    comparison = outputs["thor_bert.comparison.comparison"].set_index("training")
     assert list(comparison.index) == ["thor", "baseline"]
     for training in ("thor", "baseline"):
         report, history = outputs[f"thor_bert.{training}.eval_report"], outputs[f"thor_bert.{training}.history"]

@@ -10,7 +10,8 @@ import pytest
 
 from pipelines.engine.callbacks import Callback
 from pipelines.metrics import TIMESTAMP_KEY, TRAIN_COMPILE_S, TRAIN_EPOCH_TIME_S, TRAIN_SEQUENCES_PER_S
-from pipelines.recipes.thor_bert import build_bert, prepare_language_model, train_bert_baseline, train_bert_thor
+from pipelines.recipes.language_model import build_bert, prepare_language_model
+from pipelines.recipes.thor_bert import train_bert_baseline, train_bert_thor
 from tests.support.runner import tiny_parameters
 from tests.support.text import read_documents
 
@@ -86,7 +87,7 @@ def test_sentences_are_cut_by_punkt_fitted_on_the_train_documents_only(tmp_path)
     """A made-up abbreviation used only in held-out text: fitted on every document, Punkt learns it and keeps the
     sentence whole; fitted on the train documents (as split_corpus does), it cuts there."""
     from pipelines.params import BertCorpusParams
-    from pipelines.recipes.thor_bert import split_corpus
+    from pipelines.text.pretraining import split_corpus
 
     prose = "Plain sentences about values and names. They say nothing unusual at all."
     for index in range(6):

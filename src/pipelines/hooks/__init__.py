@@ -9,7 +9,9 @@
 - ``SignalHooks`` (``signals``): SIGINT and SIGTERM stop the run in order (``pipelines.signals``);
 - ``CheckpointHooks`` (``checkpoints``): a training's periodic checkpoints go once its final one is stored;
 - ``ArtifactHooks`` (``artifacts``): catalog datasets marked ``mlflow_artifact`` go into the MLflow run;
-- ``NodeErrorHooks`` (``errors``): a failing node's name goes with its error, for the command's ``Error:`` block.
+- ``NodeErrorHooks`` (``errors``): a failing node's name goes with its error, for the command's ``Error:`` block;
+- ``TrainingRunHooks`` (``training_runs``): the nodes of one of a pipeline's several trainings run in its MLflow
+  child run.
 
 The helpers ``config_files`` (the configuration as Kedro's loader reads it), ``rehearsal`` (fast_dev_run applied to
 a run) and ``command_line`` (what the command line asked for) serve them. Every MLflow call goes through
@@ -22,6 +24,7 @@ from pipelines.hooks.configuration import ConfigurationHooks, RunConfiguration
 from pipelines.hooks.errors import NodeErrorHooks
 from pipelines.hooks.mlflow_run import MlflowRunHooks
 from pipelines.hooks.signals import SignalHooks
+from pipelines.hooks.training_runs import TrainingRunHooks
 
 __all__ = [
     "ArtifactHooks",
@@ -31,4 +34,5 @@ __all__ = [
     "NodeErrorHooks",
     "RunConfiguration",
     "SignalHooks",
+    "TrainingRunHooks",
 ]

@@ -70,6 +70,13 @@ def _bn(channels: int, zero_gamma: bool = False) -> nn.BatchNorm2d:
     return nn.BatchNorm2d(channels, momentum=0.9, gamma_init="zeros" if zero_gamma else "ones")
 
 
+def _down_sample(in_ch: int, out_ch: int, stride: int, conv_init: str) -> nn.SequentialCell | None:
+    """The shortcut's 1x1 convolution and BatchNorm where a block changes the shape; None (identity) elsewhere."""
+    if stride == 1 and in_ch == out_ch:
+        return None
+    return nn.SequentialCell([_conv(in_ch, out_ch, 1, stride, conv_init), _bn(out_ch)])
+
+
 class BasicBlock(nn.Cell):
     expansion = 1
 
@@ -81,9 +88,7 @@ class BasicBlock(nn.Cell):
         self.conv2 = _conv(width, out_ch, 3, 1, conv_init)
         self.bn2 = _bn(out_ch, zero_last_gamma)
         self.relu = nn.ReLU()
-        self.down_sample = None
-        if stride != 1 or in_ch != out_ch:
-            self.down_sample = nn.SequentialCell([_conv(in_ch, out_ch, 1, stride, conv_init), _bn(out_ch)])
+        self.down_sample = _down_sample(in_ch, out_ch, stride, conv_init)
 
     def construct(self, x):
         identity = x if self.down_sample is None else self.down_sample(x)
@@ -107,9 +112,7 @@ class Bottleneck(nn.Cell):
         self.conv3 = _conv(width, out_ch, 1, 1, conv_init)
         self.bn3 = _bn(out_ch, zero_last_gamma)
         self.relu = nn.ReLU()
-        self.down_sample = None
-        if stride != 1 or in_ch != out_ch:
-            self.down_sample = nn.SequentialCell([_conv(in_ch, out_ch, 1, stride, conv_init), _bn(out_ch)])
+        self.down_sample = _down_sample(in_ch, out_ch, stride, conv_init)
 
     def construct(self, x):
         identity = x if self.down_sample is None else self.down_sample(x)

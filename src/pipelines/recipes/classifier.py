@@ -3,20 +3,37 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 
 import pandas as pd
 
 from pipelines.data.folder import create_dataset
 from pipelines.distributed.launch import rank_context
+from pipelines.engine.callbacks import Callback
 from pipelines.engine.checkpoint import Checkpoint, check_compatible
+from pipelines.engine.epochs import TrainingSpec
 from pipelines.engine.evaluation import evaluate
+from pipelines.engine.loop import Checkpointing, TrainingResult, train
+from pipelines.engine.resume import fingerprint
 from pipelines.engine.runtime import configure_mindspore
 from pipelines.engine.state import capture_state, restore_network
+from pipelines.engine.step import TrainStep
 from pipelines.models.resnet import count_parameters, create_resnet
 from pipelines.params import DataParams, ModelParams, RuntimeParams
+from pipelines.recipes.context import TrainingContext
 
 logger = logging.getLogger(__name__)
+
+# What a training's identity leaves out of its section: where its checkpoints go, how often it evaluates
+NOT_TRAINING = frozenset({"checkpoint", "eval_interval", "eval_every_steps"})
+
+
+def training_fingerprint(context: TrainingContext, section, *parts, exclude: Iterable[str] = ()) -> str:
+    """A training's identity, which its checkpoints carry (``engine.resume.fingerprint``): the network, data and
+    section (but for ``NOT_TRAINING`` and ``exclude``), the seed, the ranks, and ``parts`` (start weights, ...)."""
+    settings = section.model_dump(exclude=NOT_TRAINING | set(exclude))
+    runtime, workers = context.runtime, context.distributed.worker_num
+    return fingerprint(context.model, context.data, settings, runtime.seed, workers, *parts)
 
 
 def configure(runtime: RuntimeParams) -> None:
@@ -33,14 +50,15 @@ def num_classes(model: ModelParams, class_index: dict[str, int]) -> int:
     return model.num_classes
 
 
-def create_network(model: ModelParams, class_index: dict[str, int]):
-    """The configured ResNet, freshly initialised (MindSpore's global seed)."""
+def create_network(model: ModelParams, class_index: dict[str, int], *, zero_init_last_bn_gamma: bool = False):
+    """The configured ResNet, freshly initialised (MindSpore's global seed); ``zero_init_last_bn_gamma``: each
+    residual block's last BatchNorm gamma starts at 0 (a recipe's setting, THOR's)."""
     return create_resnet(
         model.name,
         num_classes(model, class_index),
         conv_init=model.conv_init,
         dense_init=model.dense_init,
-        zero_init_last_bn_gamma=model.zero_init_last_bn_gamma,
+        zero_init_last_bn_gamma=zero_init_last_bn_gamma,
     )
 
 
@@ -109,24 +127,68 @@ def step_evaluation(
     return lambda step: evaluate_on(step, subset)
 
 
-def build_network(model: ModelParams, class_index: dict[str, int], runtime: RuntimeParams) -> Checkpoint:
-    """Initial weights of the configured ResNet, seeded by ``runtime.seed``."""
+def train_classifier(
+    context: TrainingContext,
+    section,
+    make_step: Callable[[Checkpoint, int], TrainStep],
+    *,
+    name: str,
+    start: Checkpoint,
+    fingerprint: str,
+    epochs: int,
+    schedule_epochs: int | None = None,
+    continue_from_start: bool = False,
+    callbacks: Sequence[Callback] = (),
+    evaluate_on: Callable | None = None,
+) -> TrainingResult:
+    """An image recipe's ``section`` on the engine (``engine.loop.train``) up to epoch ``epochs``: this rank's shard
+    of the train split in batches of ``section.batch_size``, evaluated on val every ``section.eval_interval``
+    epochs (a section without it: after the last) and on the step subset every ``section.eval_every_steps`` steps,
+    resumable checkpoints in ``section.checkpoint.dir``, ``name`` the training's name in their metadata.
+    ``evaluate_on(step, dataset)`` replaces the default top-1/top-5 of ``step.network``."""
+    manifest, data, runtime = context.manifest, context.data, context.runtime
+    spec = TrainingSpec(
+        epochs=epochs,
+        batch_size=section.batch_size,
+        examples_per_step=section.batch_size * context.distributed.worker_num,
+        schedule_epochs=schedule_epochs,
+        eval_interval=getattr(section, "eval_interval", 0),
+        data_seed=runtime.seed,
+        eval_every_steps=section.eval_every_steps,
+    )
+    validation = val_data(manifest, data)
+    evaluate_on = evaluate_on or (lambda step, dataset: evaluate(step.network, dataset))
+    return train(
+        spec,
+        train_data(manifest, data, section.batch_size, runtime.seed),
+        make_step,
+        start=start,
+        fingerprint=fingerprint,
+        checkpoints=Checkpointing.of(section.checkpoint),
+        evaluate=lambda step: evaluate_on(step, validation),
+        callbacks=callbacks,
+        continue_from_start=continue_from_start,
+        metadata={"network": context.model.name, "training": name},
+        evaluate_steps=step_evaluation(manifest, data, section.eval_every_steps, evaluate_on),
+    )
+
+
+def build_network(
+    model: ModelParams, class_index: dict[str, int], runtime: RuntimeParams, *, zero_init_last_bn_gamma: bool
+) -> Checkpoint:
+    """Initial weights of the configured ResNet, seeded by ``runtime.seed`` (``create_network``)."""
     configure(runtime)
-    net = create_network(model, class_index)
+    net = create_network(model, class_index, zero_init_last_bn_gamma=zero_init_last_bn_gamma)
     logger.info("Built %s: %d trainable parameters", model.name, count_parameters(net))
     return capture_state(net, None, {"network": model.name, "epoch": 0})
 
 
-def evaluate_checkpoint(
-    checkpoint: Checkpoint,
-    manifest: pd.DataFrame,
-    class_index: dict[str, int],
-    model: ModelParams,
-    data: DataParams,
-    runtime: RuntimeParams,
-    label: str,
-) -> dict:
-    """Top-1/top-5 (fractions) of ``checkpoint`` on the val split, as a report; ``label`` names it in messages."""
+def evaluate_checkpoint(context: TrainingContext, checkpoint: Checkpoint) -> dict:
+    """Top-1/top-5 (fractions) of ``checkpoint`` on ``context``'s val split in this process, as a report; messages
+    name it by the training that wrote it (its metadata ``training``: ``baseline``, ``stage2``, …)."""
+    manifest, class_index, model, data = context.manifest, context.class_index, context.model, context.data
+    runtime = context.runtime
+    label = str(checkpoint.metadata.get("training", "checkpoint"))
     configure(runtime)
     net = network_from_checkpoint(model, class_index, checkpoint, f"of {label}")
     accuracy = evaluate(net, val_data(manifest, data))

@@ -1,13 +1,15 @@
 """What every training reads besides its own section: built once where the inputs arrive (a node, the study) and
-passed down, instead of six arguments on every recipe function."""
+passed down, instead of six arguments on every recipe function. ``TrainingContext`` for the image recipes,
+``LanguageModelContext`` for BERT's."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
 import pandas as pd
 
-from pipelines.params import DataParams, DistributedParams, ModelParams, RuntimeParams
+from pipelines.params import BertNetworkParams, DataParams, DistributedParams, ModelParams, RuntimeParams
 
 
 @dataclass(frozen=True)
@@ -20,7 +22,7 @@ class TrainingContext:
     model: ModelParams
     data: DataParams
     runtime: RuntimeParams
-    distributed: DistributedParams
+    distributed: DistributedParams | None  # None: this process alone (an evaluation)
 
     def with_seed(self, seed: int) -> TrainingContext:
         """The same training with ``runtime.seed`` ``seed`` (initial weights, data order, augmentation)."""
@@ -31,3 +33,23 @@ class TrainingContext:
         return replace(
             self, distributed=self.distributed.model_copy(update={"worker_num": workers, "local_worker_num": workers})
         )
+
+
+@dataclass(frozen=True)
+class LanguageModelContext:
+    """What every BERT training reads besides its own section: the train and held-out examples (column name ->
+    array, ``text.examples.COLUMNS``), the vocabulary size, the network section, runtime and distributed. Frozen; a
+    training on another seed makes its own copy (``with_seed``)."""
+
+    train_examples: dict[str, np.ndarray]
+    held_out_examples: dict[str, np.ndarray]
+    vocab_size: int
+    network: BertNetworkParams
+    eval_batch_size: int
+    step_eval_examples: int | None
+    runtime: RuntimeParams
+    distributed: DistributedParams
+
+    def with_seed(self, seed: int) -> LanguageModelContext:
+        """The same training with ``runtime.seed`` ``seed`` (initial weights, data order)."""
+        return replace(self, runtime=self.runtime.model_copy(update={"seed": seed}))

@@ -17,24 +17,14 @@ from pipelines.boost.options import boost_enabled, build_train_step
 from pipelines.distributed.launch import rank_context
 from pipelines.engine.callbacks import Callback
 from pipelines.engine.checkpoint import Checkpoint
-from pipelines.engine.epochs import TrainingSpec
-from pipelines.engine.evaluation import evaluate
-from pipelines.engine.loop import Checkpointing, TrainingResult, train
+from pipelines.engine.loop import TrainingResult
 from pipelines.engine.model_bridge import ModelTrainStep
-from pipelines.engine.resume import fingerprint
 from pipelines.engine.step import TrainStep
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.momentum import create_momentum
 from pipelines.optim.schedules import per_step
 from pipelines.params import AdasumParams, BaselineParams, BoostParams, MomentumTraining, RuntimeParams
-from pipelines.recipes.classifier import (
-    configure,
-    network_from_checkpoint,
-    num_classes,
-    step_evaluation,
-    train_data,
-    val_data,
-)
+from pipelines.recipes import classifier
 from pipelines.recipes.context import TrainingContext
 
 logger = logging.getLogger(__name__)
@@ -45,15 +35,17 @@ def train_momentum(
     start: Checkpoint,
     training: MomentumTraining,
     *,
-    epochs: int,
-    schedule_epochs: int,
-    continue_from_start: bool,
-    boost: BoostParams | None,
-    adasum: AdasumParams | None,
+    name: str,
+    epochs: int | None = None,
+    schedule_epochs: int | None = None,
+    continue_from_start: bool = False,
+    boost: BoostParams | None = None,
+    adasum: AdasumParams | None = None,
     callbacks: Sequence[Callback] = (),
     leader_callbacks: Sequence[Callback] = (),
 ) -> TrainingResult:
-    """Momentum training from ``start`` up to epoch ``epochs`` of a ``schedule_epochs``-epoch lr schedule.
+    """Momentum training from ``start`` up to epoch ``epochs`` (default ``training.epochs``) of a
+    ``schedule_epochs``-epoch lr schedule (default: the training's own epochs).
 
     ``training``: the recipe's section (batch size, lr, momentum, weight decay, label smoothing, loss scale,
     eval interval, checkpoint folder). Without ``continue_from_start`` only ``start``'s weights are taken
@@ -61,28 +53,28 @@ def train_momentum(
     dim_reduce control). ``boost``: mindspore.boost's options in the step (None: off); ``adasum``: combine the
     ranks' weight deltas by Adasum (None: gradients averaged). ``callbacks`` run on every rank (e.g.
     ``tracking.EpochMetrics``, which logs only where a run is active); ``leader_callbacks`` only on each node's
-    first worker (files). Returns the final full checkpoint, every epoch's row and the end-of-training figures.
+    first worker (files). ``name`` names the training in its checkpoints' metadata (``training``). Returns the
+    final full checkpoint, every epoch's row and the end-of-training figures.
     """
-    manifest, class_index, model, data = context.manifest, context.class_index, context.model, context.data
+    epochs = training.epochs if epochs is None else epochs
+    schedule_epochs = epochs if schedule_epochs is None else schedule_epochs
+    class_index, model = context.class_index, context.model
     runtime, distributed = context.runtime, context.distributed
-    configure(runtime)
+    classifier.configure(runtime)
     worker_num = distributed.worker_num
-    run_id = fingerprint(
-        model,
-        data,
-        training.model_dump(exclude={"checkpoint", "eval_interval", "eval_every_steps"}),
-        runtime.seed,
-        worker_num,
+    run_id = classifier.training_fingerprint(
+        context,
+        training,
         epochs,
         schedule_epochs,
         continue_from_start,
         start,
         *([boost] if boost_enabled(boost) else []),  # all off: the fingerprint of a plain run
     )
-    classes = num_classes(model, class_index)
+    classes = classifier.num_classes(model, class_index)
 
     def make_step(start: Checkpoint, steps_per_epoch: int) -> TrainStep:
-        net = network_from_checkpoint(model, class_index, start, "start checkpoint")
+        net = classifier.network_from_checkpoint(model, class_index, start, "start checkpoint")
         lr_per_step = per_step(training.lr, epochs=schedule_epochs, steps_per_epoch=steps_per_epoch, devices=worker_num)
         optimizer = create_momentum(net, lr_per_step, training.momentum, training.weight_decay, training.loss_scale)
         loss_fn = CrossEntropySmooth(classes, training.label_smoothing)
@@ -107,30 +99,18 @@ def train_momentum(
             return step
         return MomentumStep(net, loss_fn, optimizer, lr_per_step, training.loss_scale, runtime, boost, adasum)
 
-    validation = val_data(manifest, data)
-    spec = TrainingSpec(
-        epochs=epochs,
-        batch_size=training.batch_size,
-        examples_per_step=training.batch_size * worker_num,
-        schedule_epochs=schedule_epochs,
-        eval_interval=training.eval_interval,
-        data_seed=runtime.seed,
-        eval_every_steps=training.eval_every_steps,
-    )
-    checkpoint = training.checkpoint
     leader = list(leader_callbacks) if rank_context().is_node_leader else []
-    return train(
-        spec,
-        train_data(manifest, data, training.batch_size, runtime.seed),
+    return classifier.train_classifier(
+        context,
+        training,
         make_step,
+        name=name,
         start=start,
         fingerprint=run_id,
-        checkpoints=Checkpointing.of(checkpoint),
-        evaluate=lambda step: evaluate(step.network, validation),
-        callbacks=[*callbacks, *leader],
+        epochs=epochs,
+        schedule_epochs=schedule_epochs,
         continue_from_start=continue_from_start,
-        metadata={"network": model.name},
-        evaluate_steps=step_evaluation(manifest, data, training.eval_every_steps),
+        callbacks=[*callbacks, *leader],
     )
 
 
@@ -144,17 +124,7 @@ def train_baseline(
 ) -> TrainingResult:
     """The baseline recipe: ``baseline.epochs`` epochs of its whole schedule from ``start``'s weights, with
     mindspore.boost's ``boost`` options in the step."""
-    return train_momentum(
-        context,
-        start,
-        baseline,
-        epochs=baseline.epochs,
-        schedule_epochs=baseline.epochs,
-        continue_from_start=False,
-        boost=boost,
-        adasum=None,
-        callbacks=callbacks,
-    )
+    return train_momentum(context, start, baseline, name="baseline", boost=boost, callbacks=callbacks)
 
 
 def train_adasum(
@@ -168,17 +138,8 @@ def train_adasum(
     """The adasum recipe: ``adasum.epochs`` epochs of Momentum from ``start``'s weights, the ranks' weight deltas
     combined by Adasum (``combine_by_adasum``), or their gradients averaged (plain data parallelism, the study's
     reference on the same ranks)."""
-    return train_momentum(
-        context,
-        start,
-        adasum,
-        epochs=adasum.epochs,
-        schedule_epochs=adasum.epochs,
-        continue_from_start=False,
-        boost=None,
-        adasum=adasum if combine_by_adasum else None,
-        callbacks=callbacks,
-    )
+    name, combined_by = ("adasum", adasum) if combine_by_adasum else ("allreduce", None)
+    return train_momentum(context, start, adasum, name=name, adasum=combined_by, callbacks=callbacks)
 
 
 class MomentumStep(TrainStep):
@@ -214,7 +175,7 @@ class MomentumStep(TrainStep):
         if self.adasum is None:
             cell = build_train_step(with_loss, self.optimizer, self.loss_scale, self.boost, self.device_target)
         else:
-            from pipelines.optim.adasum.collective import AdasumTrainStep  # loads the collectives: only when training
+            from pipelines.optim.adasum.step import AdasumTrainStep  # loads the collectives: only when training
 
             ranks = rank_context()
             logger.info("Adasum of the weight deltas across %d ranks (exchange %s)", ranks.size, self.adasum.exchange)

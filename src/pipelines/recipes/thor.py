@@ -1,7 +1,7 @@
 """The THOR recipe on the engine: this project's preconditioner + Momentum, or MindSpore's ``nn.thor``.
 
-Recipe (models repo official/cv/ResNet, THOR): the THOR lr and damping schedules (``thor.lr``,
-``thor.damping``, shapes thor and exponential), label smoothing, a fixed loss scale, the last BatchNorm gamma of each block
+Recipe (models repo official/cv/ResNet, THOR): the THOR lr and damping schedules (``thor.lr``, ``thor.damping``:
+shapes thor and exponential), label smoothing, a fixed loss scale, the last BatchNorm gamma of each block
 zero-initialised (``thor.zero_init_last_bn_gamma``), statistics and inverses refreshed every
 ``frequency`` steps. ``implementation: own``: ``optim.thor.step`` (the gradients of every Conv2d/Dense
 preconditioned, then the baseline's Momentum), a step the engine calls per batch; ``thor.precondition: false``
@@ -30,26 +30,17 @@ from mindspore import nn
 
 from pipelines.engine.callbacks import Callback
 from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint
-from pipelines.engine.epochs import TrainingSpec
 from pipelines.engine.evaluation import evaluate
-from pipelines.engine.loop import Checkpointing, TrainingResult, train
+from pipelines.engine.loop import TrainingResult
 from pipelines.engine.model_bridge import ModelTrainStep
 from pipelines.engine.progress import announce_compile
-from pipelines.engine.resume import fingerprint
 from pipelines.engine.step import TrainStep
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.schedules import per_step
 from pipelines.optim.thor.capture import is_statistic
 from pipelines.optim.thor.step import ThorStep, create_thor_step
-from pipelines.params import ModelParams, ThorParams
-from pipelines.recipes.classifier import (
-    configure,
-    network_from_checkpoint,
-    num_classes,
-    step_evaluation,
-    train_data,
-    val_data,
-)
+from pipelines.params import ThorParams
+from pipelines.recipes import classifier
 from pipelines.recipes.context import TrainingContext
 
 logger = logging.getLogger(__name__)
@@ -60,11 +51,6 @@ THOR_REUSE_STEP_S = "thor/reuse_step_s"  # median over the epoch's reuse steps
 THOR_SECOND_ORDER_STEPS = "thor/second_order_steps"  # since the start of training
 THOR_TRACE_SKIPS = "thor/trace_skips"  # (layer, second-order step) pairs that kept old inverses
 THOR_INVERSES_COMPUTED = "thor/inverses_computed"  # (layer, second-order step) pairs that computed inverses
-
-
-def thor_model(model: ModelParams, thor: ThorParams) -> ModelParams:
-    """The shared model section with THOR's own choice of zero-initialised last BatchNorm gamma."""
-    return model.model_copy(update={"zero_init_last_bn_gamma": thor.zero_init_last_bn_gamma})
 
 
 def thor_schedules(thor: ThorParams, steps_per_epoch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -239,20 +225,18 @@ def train_thor(
     """THOR training from ``start``'s weights for ``thor.epochs`` epochs (resuming this training's newest
     checkpoint in ``thor.checkpoint.dir``, if any). ``callbacks`` run on every rank (e.g.
     ``tracking.EpochMetrics``). Returns the final full checkpoint, every epoch's row and the end figures."""
-    manifest, class_index, model, data = context.manifest, context.class_index, context.model, context.data
+    class_index, model = context.class_index, context.model
     runtime, distributed = context.runtime, context.distributed
-    configure(runtime)
-    network = thor_model(model, thor)
+    classifier.configure(runtime)
     worker_num = distributed.worker_num
-    # where to write checkpoints and how often to evaluate do not change the training
-    excluded = {"checkpoint", "eval_interval", "eval_every_steps"} | (
-        {"mindspore"} if thor.implementation == "own" else set()
+    # nn.thor's own options do not change this project's THOR
+    run_id = classifier.training_fingerprint(
+        context, thor, start, exclude={"mindspore"} if thor.implementation == "own" else ()
     )
-    run_id = fingerprint(network, data, thor.model_dump(exclude=excluded), runtime.seed, worker_num, start)
-    classes = num_classes(model, class_index)
+    classes = classifier.num_classes(model, class_index)
 
     def make_step(start: Checkpoint, steps_per_epoch: int) -> TrainStep:
-        net = network_from_checkpoint(network, class_index, start, "start checkpoint")
+        net = classifier.network_from_checkpoint(model, class_index, start, "start checkpoint")
         lr_per_step, damping = thor_schedules(thor, steps_per_epoch)
         loss_fn = CrossEntropySmooth(classes, thor.label_smoothing)
         if thor.precondition:
@@ -293,33 +277,21 @@ def train_thor(
             return MindsporeThorStep(net, loss_fn, optimizer, lr_per_step, damping, thor)
         return own_thor_step(net, loss_fn, thor, lr_per_step, damping, rank_size=worker_num)
 
-    validation = val_data(manifest, data)
-
     def evaluate_on(step: TrainStep, dataset) -> dict[str, float]:
         if isinstance(step, OwnThorStep):  # the wrapped layers capture nothing outside a THOR step
             return evaluate(step.network, dataset)
         # nn.thor converted the network and amp cast it: evaluate a plain float32 copy of its weights
-        plain = network_from_checkpoint(network, class_index, Checkpoint(step.capture()), "the THOR network")
+        plain = classifier.network_from_checkpoint(model, class_index, Checkpoint(step.capture()), "the THOR network")
         return evaluate(plain, dataset)
 
-    spec = TrainingSpec(
-        epochs=thor.epochs,
-        batch_size=thor.batch_size,
-        examples_per_step=thor.batch_size * worker_num,
-        eval_interval=thor.eval_interval,
-        data_seed=runtime.seed,
-        eval_every_steps=thor.eval_every_steps,
-    )
-    checkpoint = thor.checkpoint
-    return train(
-        spec,
-        train_data(manifest, data, thor.batch_size, runtime.seed),
+    return classifier.train_classifier(
+        context,
+        thor,
         make_step,
+        name="thor" if thor.precondition else "thor_first_order",
         start=start,
         fingerprint=run_id,
-        checkpoints=Checkpointing.of(checkpoint),
-        evaluate=lambda step: evaluate_on(step, validation),
+        epochs=thor.epochs,
         callbacks=[ThorFigures(), *callbacks],
-        metadata={"network": model.name},
-        evaluate_steps=step_evaluation(manifest, data, thor.eval_every_steps, evaluate_on),
+        evaluate_on=evaluate_on,
     )

@@ -49,11 +49,12 @@ from pipelines.params import (
     ThorParams,
 )
 from pipelines.recipes.classifier import build_network
-from pipelines.recipes.context import TrainingContext
+from pipelines.recipes.context import LanguageModelContext, TrainingContext
 from pipelines.recipes.dim_reduce import collect_trajectory, train_control, train_stage1, train_stage2, trajectory_pca
+from pipelines.recipes.language_model import build_bert
 from pipelines.recipes.momentum import train_adasum, train_baseline
-from pipelines.recipes.thor import thor_model, train_thor
-from pipelines.recipes.thor_bert import LanguageModelContext, build_bert, train_bert_baseline, train_bert_thor
+from pipelines.recipes.thor import train_thor
+from pipelines.recipes.thor_bert import train_bert_baseline, train_bert_thor
 
 logger = logging.getLogger(__name__)
 
@@ -240,11 +241,15 @@ def _train_single(recipe: str):
         tags = {"recipe": recipe, "result": recipe, "seed": str(seed), "study_key": key}
         params = {"baseline" if recipe == "baseline" else "thor": section, "runtime": context.runtime}
         with tracking.run(f"{recipe}/seed{seed}", tags, params) as run_id:
+            initial = build_network(
+                context.model,
+                context.class_index,
+                context.runtime,
+                zero_init_last_bn_gamma=section.zero_init_last_bn_gamma,
+            )
             if recipe == "baseline":
-                initial = build_network(context.model, context.class_index, context.runtime)
                 result = train_baseline(context, initial, section, boost=inputs.boost, callbacks=tracking.callbacks())
             else:
-                initial = build_network(thor_model(context.model, section), context.class_index, context.runtime)
                 result = train_thor(context, initial, section, callbacks=tracking.callbacks())
             record = _record(recipe, seed, key, run_id, _figures(result), tracking)
         return {recipe: record}, [result.checkpoint]
@@ -273,7 +278,9 @@ def _train_dim_reduce(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str,
     with tracking.run(
         f"dim_reduce/stage1/seed{seed}", tags | {"result": "stage1"}, {"dim_reduce.stage1": stage1, **runtime}
     ):
-        initial = build_network(model, class_index, context.runtime)
+        initial = build_network(
+            model, class_index, context.runtime, zero_init_last_bn_gamma=stage1.zero_init_last_bn_gamma
+        )
         first, trajectory = train_stage1(context, initial, stage1, boost=inputs.boost, callbacks=tracking.callbacks())
         # its final evaluation, as dim_reduce's stage1 child run has one
         tracking.log_final({"top1": first.history[-1]["val/top1"], "top5": first.history[-1]["val/top5"]})
@@ -303,7 +310,12 @@ def _train_dim_reduce(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str,
 def _train_adasum(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str, tracking: StudyTracking):
     """Adasum and plain data parallelism, each one msrun job of ``plan.adasum_workers`` ranks, same start."""
     context = inputs.context.with_seed(seed).with_workers(plan.adasum_workers)
-    initial = build_network(context.model, context.class_index, context.runtime)
+    initial = build_network(
+        context.model,
+        context.class_index,
+        context.runtime,
+        zero_init_last_bn_gamma=inputs.adasum.zero_init_last_bn_gamma,
+    )
     records, finals = {}, []
     for row in RESULT_ROWS["adasum"]:
         section = _adasum(inputs, plan)

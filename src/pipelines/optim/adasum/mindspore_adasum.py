@@ -2,7 +2,7 @@
 
 MindSpore applies it across servers after an AllReduce inside each 8-device server, with
 Send/Receive between servers: Ascend only, 16 devices or more. Parameter validation refuses it
-elsewhere; ``optim/adasum/collective.py`` is the implementation that runs on any backend and rank count 2^k.
+elsewhere; ``optim/adasum/`` (``combine``, ``step``) is the implementation that runs on any backend and rank count 2^k.
 The engine trains it through ``engine.model_bridge`` (``recipes.momentum`` builds the step).
 """
 

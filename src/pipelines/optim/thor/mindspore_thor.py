@@ -86,25 +86,16 @@ def create_thor_model(
     from mindspore.train.train_thor import ConvertModelUtils
 
     loss_scale_manager = amp.FixedLossScaleManager(float(loss_scale), drop_overflow_update=False)
-    model = Model(
-        net,
-        loss_fn=loss_fn,
-        optimizer=optimizer,
-        loss_scale_manager=loss_scale_manager,
-        metrics={"acc"},
-        amp_level=amp_level,
-        keep_batchnorm_fp32=keep_batchnorm_fp32,
-    )
-    return ConvertModelUtils().convert_to_thor_model(
-        model=model,
-        network=net,
-        loss_fn=loss_fn,
-        optimizer=optimizer,
-        loss_scale_manager=loss_scale_manager,
-        metrics={"acc"},
-        amp_level=amp_level,
-        keep_batchnorm_fp32=keep_batchnorm_fp32,
-    )
+    # the same training set-up for the Model and for its THOR conversion, as the tutorial passes it twice
+    setup = {
+        "loss_fn": loss_fn,
+        "optimizer": optimizer,
+        "loss_scale_manager": loss_scale_manager,
+        "metrics": {"acc"},
+        "amp_level": amp_level,
+        "keep_batchnorm_fp32": keep_batchnorm_fp32,
+    }
+    return ConvertModelUtils().convert_to_thor_model(model=Model(net, **setup), network=net, **setup)
 
 
 def is_statistic(name: str) -> bool:

@@ -135,7 +135,8 @@ class ThorStep:
                 raise
             raise ThorInverseError(
                 f"THOR step {steps + 1}: a layer's damped statistic is not positive definite in float32 (damping "
-                f"{preconditioner.current_damping:.3g}); the damping is too small for these statistics, or they overflowed. "
+                f"{preconditioner.current_damping:.3g}); the damping is too small for these statistics, or they "
+                "overflowed. "
                 "Raise the damping (its minimum, or its schedule's total steps), or lower the learning rate."
             ) from None
         preconditioner.count_step(second_order)

@@ -1,27 +1,11 @@
-"""``adasum`` pipeline: build -> Momentum training with Adasum across ranks -> evaluation, the modular pipeline
-``adasum``."""
+"""``adasum`` pipeline: the Momentum recipe with the ranks' weight deltas combined by Adasum (seed 004), as the image
+training template under the namespace ``adasum``: ``adasum.build_network`` -> ``adasum.train`` -> ``adasum.evaluate``.
+A rank count that is not a power of two is refused before any worker starts."""
 
-from kedro.pipeline import Pipeline, node, pipeline
+from kedro.pipeline import Pipeline
 
-from pipelines.shared import build_network_node, evaluation_node, namespaced, training_inputs
-
-from .nodes import evaluate_adasum, train_adasum
+from pipelines.pipelines.training.pipeline import training_pipeline
 
 
 def create_pipeline(**kwargs) -> Pipeline:
-    """Nodes ``adasum.build_network``, ``adasum.train``, ``adasum.evaluate``."""
-    return namespaced(
-        pipeline(
-            [
-                build_network_node(),
-                node(
-                    train_adasum,
-                    ["initial_weights", *training_inputs("adasum")],
-                    ["final_checkpoint", "history"],
-                    name="train",
-                ),
-                evaluation_node(evaluate_adasum),
-            ]
-        ),
-        "adasum",
-    )
+    return training_pipeline("adasum")

@@ -1,26 +1,11 @@
-"""``baseline`` pipeline: build -> Momentum training -> evaluation, the modular pipeline ``baseline``."""
+"""``baseline`` pipeline: the Momentum recipe (models repo official/cv/ResNet) with mindspore.boost's options, as
+the image training template under the namespace ``baseline``: ``baseline.build_network`` -> ``baseline.train`` ->
+``baseline.evaluate``."""
 
-from kedro.pipeline import Pipeline, node, pipeline
+from kedro.pipeline import Pipeline
 
-from pipelines.shared import build_network_node, evaluation_node, namespaced, training_inputs
-
-from .nodes import evaluate_baseline, train_baseline
+from pipelines.pipelines.training.pipeline import training_pipeline
 
 
 def create_pipeline(**kwargs) -> Pipeline:
-    """Nodes ``baseline.build_network``, ``baseline.train``, ``baseline.evaluate``."""
-    return namespaced(
-        pipeline(
-            [
-                build_network_node(),
-                node(
-                    train_baseline,
-                    ["initial_weights", *training_inputs("baseline", "boost")],
-                    ["final_checkpoint", "history"],
-                    name="train",
-                ),
-                evaluation_node(evaluate_baseline),
-            ]
-        ),
-        "baseline",
-    )
+    return training_pipeline("baseline", boost=True)

@@ -2,7 +2,7 @@
 
 from kedro.pipeline import Pipeline, node, pipeline
 
-from pipelines.shared import namespaced
+from pipelines.pipelines.modular import namespaced
 
 from .nodes import build_manifest, locate_image_tree
 

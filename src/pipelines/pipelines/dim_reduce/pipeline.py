@@ -1,63 +1,51 @@
-"""``dim_reduce`` pipeline: stage 1 -> trajectory -> PCA -> P-BFGS stage 2 -> evaluation with a control.
+"""``dim_reduce`` pipeline: stage 1 -> trajectory -> PCA -> P-BFGS stage 2, and a Momentum control, each evaluated.
 
 The modular pipeline ``dim_reduce``, one nested namespace per stage, each a box in kedro-viz that expands:
-``dim_reduce.stage1`` (build, Momentum keeping the weight trajectory), ``dim_reduce.trajectory_pca``,
-``dim_reduce.stage2`` (P-BFGS), ``dim_reduce.control`` (Momentum for the same epochs) and
-``dim_reduce.evaluation`` (the three evaluations and their comparison). A stage's datasets carry its namespace
-(``dim_reduce.stage2.final_checkpoint``); the evaluations write theirs into their training's
-(``dim_reduce.stage2.eval_report``), so a training's files and MLflow artifacts go together.
+``dim_reduce.stage1`` (build, Momentum keeping the weight trajectory, evaluate), ``dim_reduce.trajectory_pca``,
+``dim_reduce.stage2`` (P-BFGS, evaluate), ``dim_reduce.control`` (Momentum for the same epochs, evaluate) and
+``dim_reduce.comparison``. The build and evaluate nodes are the image training template's; the three trainings'
+nodes are tagged ``training_run``, so each logs into an MLflow child run of its own (``stage1``, ``stage2``,
+``control``; ``hooks.training_runs``).
 """
 
 from kedro.pipeline import Pipeline, node, pipeline
 
-from pipelines.shared import build_network_node, evaluation_node, namespaced, training_inputs
+from pipelines.pipelines.modular import TRAINING_RUN_TAG, namespaced
+from pipelines.pipelines.training.pipeline import RECIPE, TRAINING_INPUTS, build_node, evaluate_node
 
-from .nodes import (
-    collect_trajectory,
-    compare_runs,
-    evaluate_control,
-    evaluate_stage1,
-    evaluate_stage2,
-    fit_pca,
-    train_control,
-    train_stage1,
-    train_stage2,
-)
+from .nodes import collect_trajectory, compare_runs, fit_pca, train_control, train_stage1, train_stage2
 
 NAMESPACE = "dim_reduce"
 STAGE1_CHECKPOINT = f"{NAMESPACE}.stage1.final_checkpoint"
+TRAININGS = ("stage1", "stage2", "control")
 
 
 def create_pipeline(**kwargs) -> Pipeline:
-    """Nodes ``dim_reduce.<stage>.<node>``: ``dim_reduce.stage1.train``, ``dim_reduce.stage2.train``, …"""
+    """Nodes ``dim_reduce.<stage>.<node>``: ``dim_reduce.stage1.train``, ``dim_reduce.stage2.evaluate``, …"""
     stage1 = pipeline(
         [
-            build_network_node(),
+            build_node(),
             node(
                 train_stage1,
-                ["initial_weights", *training_inputs("dim_reduce.stage1", "boost")],
+                ["initial_weights", *TRAINING_INPUTS, f"params:{RECIPE}", "params:boost"],
                 ["final_checkpoint", "history", "trajectory_index"],
                 name="train",
             ),
-        ]
+            evaluate_node(),
+        ],
+        tags=TRAINING_RUN_TAG,
     )
     trajectory_pca = pipeline(
         [
             node(
                 collect_trajectory,
-                [
-                    "trajectory_index",
-                    "class_index",
-                    "params:model",
-                    "params:dim_reduce.collect",
-                    "params:dim_reduce.pca",
-                ],
+                ["trajectory_index", "class_index", "params:model", "params:collect", "params:pca"],
                 "selected_trajectory",
                 name="collect_trajectory",
             ),
             node(
                 fit_pca,
-                ["selected_trajectory", "class_index", "params:model", "params:dim_reduce.pca"],
+                ["selected_trajectory", "class_index", "params:model", "params:pca"],
                 ["pca_matrix", "explained_variance", "explained_variance_plot"],
                 name="fit_pca",
             ),
@@ -67,11 +55,13 @@ def create_pipeline(**kwargs) -> Pipeline:
         [
             node(
                 train_stage2,
-                ["stage1_checkpoint", "pca_matrix", *training_inputs("dim_reduce.stage2")],
+                ["stage1_checkpoint", "pca_matrix", *TRAINING_INPUTS, "params:stage2"],
                 ["final_checkpoint", "history", "steps"],
                 name="train",
             ),
-        ]
+            evaluate_node(),
+        ],
+        tags=TRAINING_RUN_TAG,
     )
     control = pipeline(
         [
@@ -79,44 +69,43 @@ def create_pipeline(**kwargs) -> Pipeline:
                 train_control,
                 [
                     "stage1_checkpoint",
-                    *training_inputs("dim_reduce.stage1", "dim_reduce.stage2", "dim_reduce.control", "boost"),
+                    *TRAINING_INPUTS,
+                    "params:stage1",
+                    "params:stage2",
+                    "params:control",
+                    "params:boost",
                 ],
                 ["final_checkpoint", "history"],
                 name="train",
             ),
-        ]
+            evaluate_node(),
+        ],
+        tags=TRAINING_RUN_TAG,
     )
-    evaluation = pipeline(
-        [
-            evaluation_node(evaluate_stage1, "stage1_checkpoint", "stage1_report", "evaluate_stage1"),
-            evaluation_node(evaluate_stage2, "stage2_checkpoint", "stage2_report", "evaluate_stage2"),
-            evaluation_node(evaluate_control, "control_checkpoint", "control_report", "evaluate_control"),
-            node(
-                compare_runs,
-                ["stage1_report", "stage2_report", "control_report"],
-                "comparison",
-                name="compare_runs",
-            ),
-        ]
+    comparison = pipeline(
+        [node(compare_runs, ["stage1_report", "stage2_report", "control_report"], "comparison", name="compare_runs")]
     )
-    trainings = ("stage1", "stage2", "control")
+    sections = {name: f"{NAMESPACE}.{name}" for name in ("stage1", "stage2", "control", "collect", "pca")}
     return (
-        namespaced(stage1, f"{NAMESPACE}.stage1")
+        namespaced(stage1, f"{NAMESPACE}.stage1", sections={RECIPE: f"{NAMESPACE}.stage1"})
         + namespaced(
             trajectory_pca,
             f"{NAMESPACE}.trajectory_pca",
             inputs={"trajectory_index": f"{NAMESPACE}.stage1.trajectory_index"},
+            sections=sections,
         )
         + namespaced(
             stage2,
             f"{NAMESPACE}.stage2",
             inputs={"stage1_checkpoint": STAGE1_CHECKPOINT, "pca_matrix": f"{NAMESPACE}.trajectory_pca.pca_matrix"},
+            sections=sections,
         )
-        + namespaced(control, f"{NAMESPACE}.control", inputs={"stage1_checkpoint": STAGE1_CHECKPOINT})
         + namespaced(
-            evaluation,
-            f"{NAMESPACE}.evaluation",
-            inputs={f"{t}_checkpoint": f"{NAMESPACE}.{t}.final_checkpoint" for t in trainings},
-            outputs={f"{t}_report": f"{NAMESPACE}.{t}.eval_report" for t in trainings},
+            control, f"{NAMESPACE}.control", inputs={"stage1_checkpoint": STAGE1_CHECKPOINT}, sections=sections
+        )
+        + namespaced(
+            comparison,
+            f"{NAMESPACE}.comparison",
+            inputs={f"{t}_report": f"{NAMESPACE}.{t}.eval_report" for t in TRAININGS},
         )
     )

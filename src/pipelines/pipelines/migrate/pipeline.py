@@ -3,7 +3,7 @@ pipeline ``migrate``."""
 
 from kedro.pipeline import Pipeline, node, pipeline
 
-from pipelines.shared import namespaced
+from pipelines.pipelines.modular import namespaced
 
 from .nodes import check_migration_parity, convert_torch_weights, require_migration_parity
 

@@ -3,7 +3,7 @@
 
 from kedro.pipeline import Pipeline, node, pipeline
 
-from pipelines.shared import namespaced
+from pipelines.pipelines.modular import namespaced
 
 from .nodes import compare_recipes, plot_recipes
 

@@ -20,20 +20,18 @@ from pipelines.metrics import (
     VAL_STEP_TOP5,
 )
 from pipelines.params import (
-    AdasumParams,
-    BaselineParams,
     BoostParams,
     DataParams,
     DimReduceParams,
     DistributedParams,
+    ImageRecipe,
     ModelParams,
     RuntimeParams,
     StudyParams,
     ThorBertParams,
-    ThorParams,
 )
 from pipelines.recipes.context import TrainingContext
-from pipelines.recipes.thor_bert import prepare_language_model
+from pipelines.recipes.language_model import prepare_language_model
 from pipelines.study.runner import StudyInputs, StudyPlan, run_study
 from pipelines.study.statistics import MEASURES, curves_figure, paired_differences, run_figures, summarise
 
@@ -50,10 +48,10 @@ def run_recipes(
     data: DataParams,
     runtime: RuntimeParams,
     distributed: DistributedParams,
-    baseline: BaselineParams,
-    thor: ThorParams,
+    baseline: ImageRecipe,
+    thor: ImageRecipe,
     dim_reduce: DimReduceParams,
-    adasum: AdasumParams,
+    adasum: ImageRecipe,
     boost: BoostParams,
     thor_bert: ThorBertParams,
     study: StudyParams,

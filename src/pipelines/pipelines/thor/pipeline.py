@@ -1,31 +1,12 @@
-"""``thor`` pipeline: build -> THOR training -> evaluation, the modular pipeline ``thor``."""
+"""``thor`` pipeline: THOR second-order training (this project's preconditioner + Momentum, or MindSpore's
+``nn.thor`` on Ascend/GPU), as the image training template under the namespace ``thor``: ``thor.build_network``
+(each block's last BatchNorm gamma at 0, ``thor.zero_init_last_bn_gamma``) -> ``thor.train`` -> ``thor.evaluate``.
+The final checkpoint holds the weights and, under ``optimizer.``, the momenta, A/G statistics, inverses and counters."""
 
-from kedro.pipeline import Pipeline, node, pipeline
+from kedro.pipeline import Pipeline
 
-from pipelines.shared import evaluation_node, namespaced, training_inputs
-
-from .nodes import build_thor_network, evaluate_thor, train_thor
+from pipelines.pipelines.training.pipeline import training_pipeline
 
 
 def create_pipeline(**kwargs) -> Pipeline:
-    """Nodes ``thor.build_network``, ``thor.train``, ``thor.evaluate``."""
-    return namespaced(
-        pipeline(
-            [
-                node(
-                    build_thor_network,
-                    ["params:model", "params:thor.zero_init_last_bn_gamma", "class_index", "params:runtime"],
-                    "initial_weights",
-                    name="build_network",
-                ),
-                node(
-                    train_thor,
-                    ["initial_weights", *training_inputs("thor")],
-                    ["final_checkpoint", "history"],
-                    name="train",
-                ),
-                evaluation_node(evaluate_thor),
-            ]
-        ),
-        "thor",
-    )
+    return training_pipeline("thor")

@@ -1,7 +1,7 @@
-"""Nodes of the ``thor_bert`` pipeline: the corpus, tokenizer and examples (``pipelines.text``), then THOR and the
-first-order baseline on BERT (``pipelines.recipes.thor_bert``). Each training logs into its own MLflow child run
-(``thor``, ``baseline``: ``thor_bert/thor``, ``thor_bert/baseline``); the comparison goes to the ``kedro run``'s run.
-"""
+"""Nodes of the ``thor_bert`` pipeline: the corpus, tokenizer and examples (``pipelines.text``), BERT's initial
+weights, the language training template (``train``, ``evaluate``) under ``thor_bert.thor`` and ``thor_bert.baseline``
+(``pipelines.recipes.thor_bert``), each training in its own MLflow child run (nodes tagged ``training_run``), and
+their comparison in the ``kedro run``'s run."""
 
 from __future__ import annotations
 
@@ -15,17 +15,19 @@ from pipelines.distributed.launch import on_every_rank
 from pipelines.engine.checkpoint import Checkpoint
 from pipelines.metrics import history_table
 from pipelines.params import (
-    BertBaselineTraining,
     BertCorpusParams,
     BertExampleParams,
     BertNetworkParams,
-    BertThorTraining,
     BertTokenizerParams,
     DistributedParams,
+    LanguageRecipe,
     PositiveInt,
     RuntimeParams,
 )
-from pipelines.recipes import thor_bert as recipe
+from pipelines.recipes.context import LanguageModelContext
+from pipelines.recipes.language_model import build_bert, evaluate_bert
+from pipelines.recipes.thor_bert import train_bert
+from pipelines.text import pretraining
 from pipelines.text.corpus import documents_from_table, documents_table
 from pipelines.text.tokenizer import tokenizer_from_json, tokenizer_to_json
 
@@ -37,7 +39,7 @@ THOR_MINUS_BASELINE_MLM = "thor_bert/thor_minus_baseline_mlm_accuracy"
 def split_corpus(corpus: BertCorpusParams) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The corpus's sentences, one row per sentence (``document``, ``sentence``), train and held-out documents
     apart."""
-    train_documents, held_out = recipe.split_corpus(corpus)
+    train_documents, held_out = pretraining.split_corpus(corpus)
     tracking.log_metrics(
         {"thor_bert/train_documents": len(train_documents), "thor_bert/held_out_documents": len(held_out)}
     )
@@ -46,7 +48,7 @@ def split_corpus(corpus: BertCorpusParams) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def fit_tokenizer(train_documents: pd.DataFrame, tokenizer: BertTokenizerParams) -> str:
     """A WordPiece tokenizer of the train documents, as its JSON (Hugging Face tokenizers' format)."""
-    fitted = recipe.fit_tokenizer(documents_from_table(train_documents), tokenizer)
+    fitted = pretraining.fit_tokenizer(documents_from_table(train_documents), tokenizer)
     tracking.log_metrics({"thor_bert/vocab_size": fitted.get_vocab_size()})
     return tokenizer_to_json(fitted)
 
@@ -56,32 +58,39 @@ def create_examples(
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Masked-LM and next-sentence examples of the train and of the held-out documents."""
     fitted = tokenizer_from_json(tokenizer)
-    train = recipe.pretraining_examples(documents_from_table(train_documents), fitted, examples)
-    held_out = recipe.pretraining_examples(documents_from_table(held_out_documents), fitted, examples)
-    tracking.log_metrics(
-        {"thor_bert/train_examples": len(train["input_ids"]), "thor_bert/held_out_examples": len(held_out["input_ids"])}
-    )
-    logger.info("thor_bert: %d train and %d held-out examples", len(train["input_ids"]), len(held_out["input_ids"]))
+    train = pretraining.pretraining_examples(documents_from_table(train_documents), fitted, examples)
+    held_out = pretraining.pretraining_examples(documents_from_table(held_out_documents), fitted, examples)
+    counts = {
+        "thor_bert/train_examples": len(train["input_ids"]),
+        "thor_bert/held_out_examples": len(held_out["input_ids"]),
+    }
+    tracking.log_metrics(counts)
+    logger.info("thor_bert: %d train and %d held-out examples", *counts.values())
     return train, held_out
 
 
 def build_network(network: BertNetworkParams, tokenizer: str, runtime: RuntimeParams) -> Checkpoint:
     """Initial BERT weights (seeded by ``runtime.seed``), the vocabulary size the tokenizer's."""
-    return recipe.build_bert(network, tokenizer_from_json(tokenizer).get_vocab_size(), runtime)
+    return build_bert(network, tokenizer_from_json(tokenizer).get_vocab_size(), runtime)
 
 
-def _context(
-    train_examples: dict,
-    held_out_examples: dict,
+def train(
+    initial_weights: Checkpoint,
+    train_examples: dict[str, np.ndarray],
+    held_out_examples: dict[str, np.ndarray],
     tokenizer: str,
     network: BertNetworkParams,
     eval_batch_size: int,
     step_eval_examples: PositiveInt | None,
+    recipe: LanguageRecipe,
     runtime: RuntimeParams,
-    distributed: DistributedParams | None,
-) -> recipe.LanguageModelContext:
+    distributed: DistributedParams,
+) -> tuple[Checkpoint, pd.DataFrame]:
+    """The section's training from the initial weights: THOR (every Dense layer preconditioned, then Momentum) or
+    the first-order baseline (AdamWeightDecay or Lamb); the final checkpoint and the per-epoch history. A rerun
+    resumes from ``<section>.checkpoint.dir``."""
     vocab_size = tokenizer_from_json(tokenizer).get_vocab_size()
-    return recipe.LanguageModelContext(
+    context = LanguageModelContext(
         train_examples,
         held_out_examples,
         vocab_size,
@@ -91,94 +100,28 @@ def _context(
         runtime,
         distributed,
     )
-
-
-def train_thor(
-    initial_weights: Checkpoint,
-    train_examples: dict[str, np.ndarray],
-    held_out_examples: dict[str, np.ndarray],
-    tokenizer: str,
-    network: BertNetworkParams,
-    eval_batch_size: int,
-    step_eval_examples: PositiveInt | None,
-    thor: BertThorTraining,
-    runtime: RuntimeParams,
-    distributed: DistributedParams,
-) -> tuple[Checkpoint, pd.DataFrame]:
-    """THOR on BERT (every Dense layer preconditioned, then Momentum) in the child run ``thor``: the final
-    checkpoint and the per-epoch history. A rerun resumes from ``thor_bert.thor.checkpoint.dir``."""
-    context = _context(
-        train_examples, held_out_examples, tokenizer, network, eval_batch_size, step_eval_examples, runtime, distributed
-    )
-    return _train("thor", recipe.train_bert_thor, context, initial_weights, thor)
-
-
-def train_baseline(
-    initial_weights: Checkpoint,
-    train_examples: dict[str, np.ndarray],
-    held_out_examples: dict[str, np.ndarray],
-    tokenizer: str,
-    network: BertNetworkParams,
-    eval_batch_size: int,
-    step_eval_examples: PositiveInt | None,
-    baseline: BertBaselineTraining,
-    runtime: RuntimeParams,
-    distributed: DistributedParams,
-) -> tuple[Checkpoint, pd.DataFrame]:
-    """The first-order baseline (AdamWeightDecay or Lamb) from the same initial weights, in the child run
-    ``baseline``. A rerun resumes from ``thor_bert.baseline.checkpoint.dir``."""
-    context = _context(
-        train_examples, held_out_examples, tokenizer, network, eval_batch_size, step_eval_examples, runtime, distributed
-    )
-    return _train("baseline", recipe.train_bert_baseline, context, initial_weights, baseline)
-
-
-def _train(
-    name: str, train, context, initial_weights: Checkpoint, section: BertThorTraining | BertBaselineTraining
-) -> tuple[Checkpoint, pd.DataFrame]:
-    with tracking.training_run(name, {f"thor_bert.{name}": section, "thor_bert.network": context.network}):
-        result = on_every_rank(train, context, initial_weights, section, callbacks=[tracking.EpochMetrics()])
-        tracking.log_metrics(result.summary)
+    result = on_every_rank(train_bert, context, initial_weights, recipe, callbacks=[tracking.EpochMetrics()])
+    tracking.log_metrics(result.summary)
     return result.checkpoint, history_table(result.history)
 
 
-def _evaluate(
-    name: str, checkpoint: Checkpoint, held_out_examples, tokenizer, network, eval_batch_size, runtime
+def evaluate(
+    checkpoint: Checkpoint,
+    held_out_examples: dict[str, np.ndarray],
+    tokenizer: str,
+    network: BertNetworkParams,
+    eval_batch_size: int,
+    runtime: RuntimeParams,
 ) -> dict:
-    context = _context({}, held_out_examples, tokenizer, network, eval_batch_size, None, runtime, None)
-    report = recipe.evaluate_bert(context, checkpoint, f"thor_bert {name}")
-    with tracking.training_run(name):
-        tracking.log_final(report)
+    """Held-out masked-LM accuracy and loss of the training's checkpoint, logged as ``final/…``."""
+    vocab_size = tokenizer_from_json(tokenizer).get_vocab_size()
+    context = LanguageModelContext({}, held_out_examples, vocab_size, network, eval_batch_size, None, runtime, None)
+    report = evaluate_bert(context, checkpoint)
+    tracking.log_final(report)
     return report
 
 
-def evaluate_thor(
-    checkpoint: Checkpoint,
-    held_out_examples: dict[str, np.ndarray],
-    tokenizer: str,
-    network: BertNetworkParams,
-    eval_batch_size: int,
-    runtime: RuntimeParams,
-) -> dict:
-    """Held-out masked-LM accuracy and loss of THOR's checkpoint, logged as ``final/…`` of its child run."""
-    return _evaluate("thor", checkpoint, held_out_examples, tokenizer, network, eval_batch_size, runtime)
-
-
-def evaluate_baseline(
-    checkpoint: Checkpoint,
-    held_out_examples: dict[str, np.ndarray],
-    tokenizer: str,
-    network: BertNetworkParams,
-    eval_batch_size: int,
-    runtime: RuntimeParams,
-) -> dict:
-    """Held-out masked-LM accuracy and loss of the baseline's checkpoint, logged as ``final/…`` of its child run."""
-    return _evaluate("baseline", checkpoint, held_out_examples, tokenizer, network, eval_batch_size, runtime)
-
-
-def compare(
-    thor_report: dict, baseline_report: dict, thor: BertThorTraining, baseline: BertBaselineTraining
-) -> pd.DataFrame:
+def compare(thor_report: dict, baseline_report: dict, thor: LanguageRecipe, baseline: LanguageRecipe) -> pd.DataFrame:
     """One row per training: held-out masked-LM accuracy and loss, next-sentence accuracy, epochs, and the
     difference to the baseline; prints both accuracies."""
     reports = {"thor": thor_report, "baseline": baseline_report}

@@ -7,21 +7,24 @@ then ``stage2.epochs`` of P-BFGS in that subspace (``optim.dim_reduce.pbfgs``), 
 number of Momentum epochs continued from stage 1 (the control).
 
 One module per training, each through ``engine.loop.train``: ``stage1`` (stage 1 and the control with
-``recipes.momentum``, the trajectory's selection and PCA), ``stage2`` (P-BFGS), ``boost_stage2``
+``recipes.momentum``, the trajectory's selection and PCA), ``stage2`` (P-BFGS), ``mindspore_stage2``
 (``implementation: mindspore``: ``mindspore.boost``'s own DimReduce through ``engine.model_bridge``, in a
 process of its own, as boost's configuration is a process-wide singleton). Epochs count from the start of
-stage 1: stage 2 and the control continue at ``stage1.epochs + 1``.
+stage 1: stage 2 and the control continue at ``stage1.epochs + 1``. ``comparison``: the three evaluations side by side.
 """
 
+from pipelines.recipes.dim_reduce.comparison import compare_runs
 from pipelines.recipes.dim_reduce.mindspore_stage2 import train_stage2_with_boost
 from pipelines.recipes.dim_reduce.stage1 import collect_trajectory, train_control, train_stage1, trajectory_pca
-from pipelines.recipes.dim_reduce.stage2 import STEP_TIMESTAMP, train_stage2
+from pipelines.recipes.dim_reduce.stage2 import STEP_TIMESTAMP, step_metrics, train_stage2
 
 __all__ = [
     "STEP_TIMESTAMP",
+    "compare_runs",
     "collect_trajectory",
     "train_control",
     "train_stage1",
+    "step_metrics",
     "train_stage2",
     "train_stage2_with_boost",
     "trajectory_pca",

@@ -205,6 +205,6 @@ def _train_stage2_with_boost_here(
             evaluate=lambda step: evaluate(step.network, validation),
             callbacks=[BoostStepLosses(), *callbacks],
             continue_from_start=True,
-            metadata={"network": model.name},
+            metadata={"network": model.name, "training": "stage2"},
         )
         return result, result.step.table()  # the result travels back without its step (TrainingResult)

@@ -55,11 +55,9 @@ def train_stage1(
         context,
         start,
         stage1,
-        epochs=stage1.epochs,
+        name="stage1",
         schedule_epochs=stage1.schedule_epochs,
-        continue_from_start=False,
         boost=boost,
-        adasum=None,
         callbacks=callbacks,
         leader_callbacks=[recorder],
     )
@@ -114,10 +112,10 @@ def train_control(
         stage1_checkpoint,
         # evaluated every K steps as stage 2 is, so the two compare at step resolution
         stage1.model_copy(update={"checkpoint": control.checkpoint, "eval_every_steps": stage2.eval_every_steps}),
+        name="control",
         epochs=stage1.epochs + stage2.epochs,
         schedule_epochs=stage1.schedule_epochs,
         continue_from_start=True,
         boost=boost,
-        adasum=None,
         callbacks=callbacks,
     )

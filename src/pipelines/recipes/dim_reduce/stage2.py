@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
 
 import mindspore as ms
@@ -18,24 +19,15 @@ import pandas as pd
 
 from pipelines.engine.callbacks import Callback
 from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint
-from pipelines.engine.epochs import TrainingSpec
-from pipelines.engine.evaluation import evaluate
-from pipelines.engine.loop import Checkpointing, TrainingResult, train
+from pipelines.engine.loop import TrainingResult
 from pipelines.engine.progress import announce_compile
-from pipelines.engine.resume import fingerprint
 from pipelines.engine.state import network_state
 from pipelines.engine.step import TrainStep
+from pipelines.metrics import TIMESTAMP_KEY
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.dim_reduce.pbfgs import PBFGS, STATE_PREFIX, PBFGSConfig
 from pipelines.params import Stage2Params
-from pipelines.recipes.classifier import (
-    configure,
-    network_from_checkpoint,
-    num_classes,
-    step_evaluation,
-    train_data,
-    val_data,
-)
+from pipelines.recipes import classifier
 from pipelines.recipes.context import TrainingContext
 from pipelines.recipes.dim_reduce import step_table
 
@@ -54,6 +46,21 @@ _TABLE_COLUMNS = (*STEP_COLUMNS, STEP_TIMESTAMP)
 PBFGS_ACCEPTED_FRACTION = "pbfgs/accepted_fraction"  # share of the epoch's steps that accepted a step
 PBFGS_MEAN_STEP_SIZE = "pbfgs/mean_step_size"  # mean accepted step size over the epoch (0 for rejected)
 PBFGS_MEAN_TRIALS = "pbfgs/mean_trials"  # mean line-search trials per step over the epoch
+
+
+def step_metrics(rows: Sequence[Mapping[str, float]]) -> list[dict[str, float]]:
+    """Step table rows as per-step metrics: each P-BFGS step's loss, accepted step size and trials
+    (``pbfgs/step_loss``, ``pbfgs/step_size``, ``pbfgs/trials``) at its global ``step`` and wall-clock time."""
+    return [
+        {
+            "step": row["step"],
+            TIMESTAMP_KEY: row[STEP_TIMESTAMP],
+            "pbfgs/step_loss": row["loss"],
+            "pbfgs/step_size": row["step_size"],
+            "pbfgs/trials": row["trials"],
+        }
+        for row in rows
+    ]
 
 
 class PBFGSStep(TrainStep):
@@ -168,14 +175,7 @@ class PBFGSFigures(Callback):
 
 def pbfgs_config(stage2: Stage2Params) -> PBFGSConfig:
     """P-BFGS's constants from the ``dim_reduce.stage2`` parameters."""
-    return PBFGSConfig(
-        rho=stage2.rho,
-        max_trials=stage2.max_trials,
-        sigma=stage2.sigma,
-        gamma=stage2.gamma,
-        alpha=stage2.alpha,
-        loss_scale=stage2.loss_scale,
-    )
+    return PBFGSConfig(**{field.name: getattr(stage2, field.name) for field in fields(PBFGSConfig)})
 
 
 def train_stage2(
@@ -193,24 +193,16 @@ def train_stage2(
     run on every rank; ``on_steps`` gets the per-step rows (``PBFGSFigures``). Returns the training's result
     and the per-step table (``STEP_COLUMNS``).
     """
-    manifest, class_index, model, data = context.manifest, context.class_index, context.model, context.data
+    class_index, model = context.class_index, context.model
     runtime, distributed = context.runtime, context.distributed
-    configure(runtime)
+    classifier.configure(runtime)
     worker_num = distributed.worker_num
-    run_id = fingerprint(
-        model,
-        data,
-        stage2.model_dump(exclude={"checkpoint", "eval_every_steps"}),
-        runtime.seed,
-        worker_num,
-        stage1_checkpoint,
-        pca_matrix,
-    )
+    run_id = classifier.training_fingerprint(context, stage2, stage1_checkpoint, pca_matrix)
     config = pbfgs_config(stage2)
-    loss_fn = CrossEntropySmooth(num_classes(model, class_index), stage2.label_smoothing)
+    loss_fn = CrossEntropySmooth(classifier.num_classes(model, class_index), stage2.label_smoothing)
 
     def make_step(start: Checkpoint, steps_per_epoch: int) -> PBFGSStep:
-        net = network_from_checkpoint(model, class_index, start, "of stage 1")
+        net = classifier.network_from_checkpoint(model, class_index, start, "of stage 1")
         logger.info(
             "P-BFGS stage 2 of %s in a %d-dimensional subspace: rho %g, %d trials, sigma %g, gamma %g, alpha %g",
             model.name,
@@ -223,26 +215,15 @@ def train_stage2(
         )
         return PBFGSStep(PBFGS(net, loss_fn, pca_matrix, config, rank_size=worker_num), steps_per_epoch)
 
-    validation = val_data(manifest, data)
-    spec = TrainingSpec(
-        epochs=int(stage1_checkpoint.metadata.get("epoch", 0)) + stage2.epochs,
-        batch_size=stage2.batch_size,
-        examples_per_step=stage2.batch_size * worker_num,
-        data_seed=runtime.seed,
-        eval_every_steps=stage2.eval_every_steps,
-    )
-    checkpoint = stage2.checkpoint
-    result = train(
-        spec,
-        train_data(manifest, data, stage2.batch_size, runtime.seed),
+    result = classifier.train_classifier(
+        context,
+        stage2,
         make_step,
+        name="stage2",
         start=stage1_checkpoint,
         fingerprint=run_id,
-        checkpoints=Checkpointing.of(checkpoint),
-        evaluate=lambda step: evaluate(step.network, validation),
-        callbacks=[PBFGSFigures(on_steps), *callbacks],
+        epochs=int(stage1_checkpoint.metadata.get("epoch", 0)) + stage2.epochs,
         continue_from_start=True,
-        metadata={"network": model.name},
-        evaluate_steps=step_evaluation(manifest, data, stage2.eval_every_steps),
+        callbacks=[PBFGSFigures(on_steps), *callbacks],
     )
     return result, result.step.table()

@@ -8,18 +8,9 @@ from __future__ import annotations
 import mindspore as ms
 import numpy as np
 import pytest
-import yaml
 from mindspore import nn
 
 from pipelines.boost.options import build_train_step
-from pipelines.engine.backends import (
-    Evidence,
-    declared_platforms,
-    evidence,
-    graph_primitives,
-    platform_table,
-    undeclared,
-)
 from pipelines.models.loss import CrossEntropySmooth
 from pipelines.models.resnet import ResNet, ResNetLayout
 from pipelines.optim.momentum import create_momentum
@@ -28,10 +19,16 @@ from pipelines.params import BoostParams
 from tests.support.backends import (
     DEVICE_PATHS,
     KNOWN_GAPS,
+    Evidence,
     assert_declared_on_every_target,
+    declared_platforms,
     dumped_graphs,
+    evidence,
+    graph_primitives,
+    platform_table,
+    undeclared,
 )
-from tests.support.config import CONF
+from tests.support.config import load_config
 
 
 class Inverse(nn.Cell):
@@ -111,7 +108,7 @@ def test_declarations_follow_the_primitives_reference_to_its_function():
     assert evidence("NoSuchPrimitive") == Evidence(frozenset(), "none")
 
 
-BOOST_OFF = yaml.safe_load((CONF / "base" / "parameters.yml").read_text())["boost"]
+BOOST_OFF = load_config()["boost"]
 
 
 @pytest.mark.parametrize(

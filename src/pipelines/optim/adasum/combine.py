@@ -1,4 +1,4 @@
-"""Adasum (adaptive summation) of weight deltas across 2^k data-parallel ranks.
+"""Adasum (adaptive summation) of weight deltas across 2^k data-parallel ranks: the ``Adasum`` cell.
 
 Two vectors combine as ``Adasum(a, b) = (1 - a.b / (2|a|^2)) a + (1 - a.b / (2|b|^2)) b``: parallel
 deltas are averaged, orthogonal ones summed. 2^k ranks combine recursively in pairs, in the order
@@ -28,6 +28,9 @@ tensors with a single element instead of applying Adasum; here the formula appli
 Zero vectors: ``a.b / |a|^2`` is 0/0 when ``a`` is zero. The term it scales, ``(...) a``, is zero
 whatever the ratio, so the ratio is taken as 0: ``Adasum(0, b) = b`` and ``Adasum(0, 0) = 0`` (the
 limit as ``a -> 0``; MindSpore's ``eps = 1e-12`` in the norms gives the same results).
+
+``optim.adasum.step`` trains with it (``AdasumTrainStep``); the float64 reference of the formula the tests
+compare with is ``tests/support/adasum.py``, the traffic model ``benchmarks/adasum_traffic.py``.
 """
 
 from __future__ import annotations
@@ -36,13 +39,11 @@ from collections.abc import Sequence
 
 import mindspore as ms
 import numpy as np
-from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+from mindspore import Tensor, nn, ops
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
 EXCHANGES = ("allgather", "allreduce")
-# A dot product and two squared norms per tensor, summed across ranks at every level.
-_STATS_PER_TENSOR = 3
 _created_groups: set[str] = set()
 
 
@@ -58,30 +59,6 @@ def check_rank_size(rank_size: int) -> int:
     return int(rank_size)
 
 
-def adasum_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``(1 - a.b/(2|a|^2)) a + (1 - a.b/(2|b|^2)) b`` in float64, with a ratio of 0 for a zero vector."""
-    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if a64.shape != b64.shape:
-        raise ValueError(f"Adasum needs vectors of one shape, got {a64.shape} and {b64.shape}")
-    dot, aa, bb = float(np.vdot(a64, b64)), float(np.vdot(a64, a64)), float(np.vdot(b64, b64))
-    ratio_a = dot / (2.0 * aa) if aa > 0 else 0.0
-    ratio_b = dot / (2.0 * bb) if bb > 0 else 0.0
-    return (1.0 - ratio_a) * a64 + (1.0 - ratio_b) * b64
-
-
-def adasum_reference(vectors: Sequence[np.ndarray]) -> np.ndarray:
-    """Adasum of 2^k same-shape arrays (one tensor of each rank), combined recursively in pairs.
-
-    Order: (0, 1), (2, 3), ... first, then the pairs' results in pairs, as MindSpore and Horovod do.
-    Computed in float64. For a network, apply it to each parameter tensor separately.
-    """
-    check_rank_size(len(vectors))
-    level = [np.asarray(v, np.float64) for v in vectors]
-    while len(level) > 1:
-        level = [adasum_pair(level[i], level[i + 1]) for i in range(0, len(level), 2)]
-    return level[0]
-
-
 def default_exchange(device_target: str, rank_size: int) -> str:
     """The half-swap collective: AllGather over the pair unless only the world group has AllGather (CPU, > 2 ranks)."""
     return "allreduce" if device_target == "CPU" and rank_size > 2 else "allgather"
@@ -89,54 +66,6 @@ def default_exchange(device_target: str, rank_size: int) -> str:
 
 def _padded_size(total: int, rank_size: int) -> int:
     return -(-total // rank_size) * rank_size
-
-
-def communication_bytes_per_step(
-    param_sizes: Sequence[int],
-    rank_size: int,
-    exchange: str = "allgather",
-    stat_count: int = 0,
-    bytes_per_element: int = 4,
-) -> dict[str, float]:
-    """Bytes each rank sends per step: plain gradient AllReduce vs this module's Adasum.
-
-    Collectives are costed with the ring algorithm: an AllReduce of ``m`` elements over ``g`` ranks
-    sends ``2 m (g-1)/g`` elements per rank, an AllGather of ``m`` elements per rank sends
-    ``m (g-1)``. ``param_sizes`` are the element counts of the trainable tensors; ``stat_count``
-    is the number of BatchNorm moving-statistic elements, averaged once per step by
-    ``AdasumTrainStep`` (plain data parallel leaves them local). Keys: ``allreduce`` (plain data
-    parallel), ``adasum_exchange`` (half swaps), ``adasum_scalars`` (per-tensor dot products and
-    norms), ``adasum_allgather`` (final assembly), ``batchnorm``, ``adasum`` (sum of the four).
-    """
-    check_rank_size(rank_size)
-    if exchange not in EXCHANGES:
-        raise ValueError(f"exchange must be one of {EXCHANGES}, got {exchange!r}")
-    p = rank_size
-    total = int(sum(param_sizes))
-    padded = _padded_size(total, p)
-    stats_len = _STATS_PER_TENSOR * (len(param_sizes) + 1)
-    levels = p.bit_length() - 1
-    swap = scalars = 0.0
-    for level in range(levels):
-        current = padded / 2**level
-        # An AllGather over 2 ranks sends the half; an AllReduce over 2 ranks sends 2 * current * 1/2.
-        swap += current / 2 if exchange == "allgather" else current
-        group = 2 ** (level + 1)
-        scalars += 2 * stats_len * (group - 1) / group
-    assemble = (padded / p) * (p - 1)
-    batchnorm = 2 * stat_count * (p - 1) / p
-    parts = {
-        "allreduce": 2 * total * (p - 1) / p,
-        "adasum_exchange": swap,
-        "adasum_scalars": scalars,
-        "adasum_allgather": assemble,
-        "batchnorm": batchnorm,
-    }
-    result = {key: value * bytes_per_element for key, value in parts.items()}
-    result["adasum"] = sum(
-        result[key] for key in ("adasum_exchange", "adasum_scalars", "adasum_allgather", "batchnorm")
-    )
-    return result
 
 
 def _group(ranks: Sequence[int], rank_size: int, name: str) -> str:
@@ -307,7 +236,7 @@ class Adasum(nn.Cell):
             return tensors
         # hyper_map and slices, not comprehensions or ops.split: those recurse once per tensor in
         # graph compilation and exceed its call-depth limit at ResNet-50's 161 tensors.
-        flat = ops.concat(self.hyper_map(_flatten, tensors))
+        flat = ops.concat(self.hyper_map(flatten, tensors))
         if self.pad:
             flat = ops.concat((flat, ops.zeros((self.pad,), ms.float32)))
         for level in self.levels:
@@ -315,131 +244,20 @@ class Adasum(nn.Cell):
         flat = self.assemble(flat)
         if self.reorder:
             flat = ops.reshape(ops.gather(ops.reshape(flat, (self.rank_size, self.chunk)), self.chunk_order, 0), (-1,))
-        return self.hyper_map(F.partial(_restore, flat), self.starts, self.ends, tensors)
+        return self.hyper_map(F.partial(restore, flat), self.starts, self.ends, tensors)
 
 
-_flatten = C.MultitypeFuncGraph("adasum_flatten")
+flatten = C.MultitypeFuncGraph("adasum_flatten")
 
 
-@_flatten.register("Tensor")
+@flatten.register("Tensor")
 def _flatten_tensor(tensor):
     return ops.reshape(F.cast(tensor, ms.float32), (-1,))
 
 
-_restore = C.MultitypeFuncGraph("adasum_restore")
+restore = C.MultitypeFuncGraph("adasum_restore")
 
 
-@_restore.register("Tensor", "Number", "Number", "Tensor")
+@restore.register("Tensor", "Number", "Number", "Tensor")
 def _restore_tensor(flat, start, end, like):
     return F.cast(ops.reshape(flat[start:end], F.shape(like)), F.dtype(like))
-
-
-_assign = C.MultitypeFuncGraph("adasum_assign")
-
-
-@_assign.register("Tensor", "Tensor")
-def _assign_tensor(target, value):
-    return F.assign(target, value)
-
-
-_delta = C.MultitypeFuncGraph("adasum_delta")
-
-
-@_delta.register("Tensor", "Tensor")
-def _delta_tensor(after, before):
-    return after - before
-
-
-_apply = C.MultitypeFuncGraph("adasum_apply")
-
-
-@_apply.register("Tensor", "Tensor", "Tensor")
-def _apply_tensor(param, before, delta):
-    return F.assign(param, before + delta.astype(before.dtype))
-
-
-def batchnorm_statistics(network: nn.Cell) -> list[Parameter]:
-    """The non-trainable floating-point parameters of ``network`` (BatchNorm moving mean and variance)."""
-    return [p for p in network.untrainable_params() if p.dtype in (ms.float16, ms.float32, ms.float64, ms.bfloat16)]
-
-
-class AdasumTrainStep(nn.Cell):
-    """Drop-in for ``nn.TrainOneStepCell(network, optimizer, sens)`` that combines ranks with Adasum.
-
-    Each step: forward and backward on the local batch (no gradient AllReduce), the local optimizer
-    step, then the per-tensor Adasum of every rank's weight delta (weights after minus before the
-    step) is added to the weights from before the step, so all ranks hold the same trainable
-    weights. Optimizer state (momentum) stays local, as in MindSpore's boost Adasum. With
-    ``average_statistics`` the non-trainable float parameters (BatchNorm moving statistics) are
-    averaged over the ranks by one AllReduce each step, which keeps the ranks' networks identical;
-    otherwise they stay local. Ranks must start from the same weights (same checkpoint or seed).
-
-    ``rank``/``rank_size`` default to ``mindspore.communication.get_rank()``/``get_group_size()``
-    (needs ``init()`` first); a ``rank_size`` that is not a power of two raises ``ValueError``
-    before any communication call. ``rank_size == 1`` trains like ``TrainOneStepCell``. Returns
-    the local loss.
-    """
-
-    def __init__(
-        self,
-        network: nn.Cell,
-        optimizer: nn.Optimizer,
-        sens: float = 1.0,
-        rank: int | None = None,
-        rank_size: int | None = None,
-        exchange: str | None = None,
-        average_statistics: bool = True,
-    ):
-        super().__init__(auto_prefix=False)
-        if rank_size is None:
-            from mindspore.communication import get_group_size
-
-            rank_size = get_group_size()
-        check_rank_size(rank_size)
-        if rank is None:
-            from mindspore.communication import get_rank
-
-            rank = get_rank() if rank_size > 1 else 0
-        self.network = network
-        self.network.set_grad()
-        self.optimizer = optimizer
-        self.weights = optimizer.parameters
-        self.sens = float(sens)
-        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
-        self.hyper_map = C.HyperMap()
-        self.distributed = rank_size > 1
-        self.rank_size = rank_size
-        if self.distributed:
-            self.before = self.weights.clone(prefix="adasum_before", init="same")
-            self.adasum = Adasum([w.shape for w in self.weights], rank, rank_size, exchange)
-        stats = batchnorm_statistics(network) if average_statistics and self.distributed else []
-        self.average_statistics = bool(stats)
-        if stats:
-            self.statistics = ParameterTuple(stats)
-            self.stat_ends = tuple(int(e) for e in np.cumsum([np.prod(p.shape, dtype=np.int64) for p in stats]))
-            self.stat_starts = (0, *self.stat_ends[:-1])
-            self.sum_statistics = ops.AllReduce()
-
-    def construct(self, *inputs):
-        weights = self.weights
-        if self.distributed:
-            saved = self.hyper_map(_assign, self.before, weights)
-        loss = self.network(*inputs)
-        sens = F.fill(loss.dtype, loss.shape, self.sens)
-        grads = self.grad(self.network, weights)(*inputs, sens)
-        if self.distributed:
-            # The copy must be taken before the optimizer, which consumes the gradients, changes the weights.
-            grads = F.depend(grads, saved)
-        loss = F.depend(loss, self.optimizer(grads))
-        if self.distributed:
-            deltas = self.hyper_map(_delta, F.depend(weights, loss), self.before)
-            combined = self.adasum(deltas)
-            loss = F.depend(loss, self.hyper_map(_apply, weights, self.before, combined))
-        if self.average_statistics:
-            loss = F.depend(loss, self._average_statistics(F.depend(self.statistics, loss)))
-        return loss
-
-    def _average_statistics(self, stats):
-        flat = self.sum_statistics(ops.concat(self.hyper_map(_flatten, stats))) / self.rank_size
-        averaged = self.hyper_map(F.partial(_restore, flat), self.stat_starts, self.stat_ends, stats)
-        return self.hyper_map(_assign, self.statistics, averaged)

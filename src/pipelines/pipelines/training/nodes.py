@@ -1,0 +1,71 @@
+"""Nodes of the image training template: the initial weights, a recipe's whole training, the evaluation of a
+checkpoint. Each image recipe (baseline, adasum, thor) instantiates them under its own namespace; dim_reduce's
+stages build and evaluate with them. Tracking: the run the node runs in (the ``kedro run``'s, or a training's child
+run, ``hooks.training_runs``) receives the per-epoch rows and the final figures."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from pipelines import tracking
+from pipelines.distributed.launch import on_every_rank
+from pipelines.engine.checkpoint import Checkpoint
+from pipelines.engine.loop import TrainingResult
+from pipelines.metrics import history_table
+from pipelines.params import BoostParams, DataParams, DistributedParams, ImageRecipe, ModelParams, RuntimeParams
+from pipelines.recipes import classifier
+from pipelines.recipes.context import TrainingContext
+from pipelines.recipes.registry import check_launch, train_recipe
+
+
+def build_network(
+    model: ModelParams, zero_init_last_bn_gamma: bool, class_index: dict[str, int], runtime: RuntimeParams
+) -> Checkpoint:
+    """Initial weights of the configured ResNet, seeded by ``runtime.seed``; the recipe's own
+    ``zero_init_last_bn_gamma`` (THOR's recipes: each residual block's last BatchNorm gamma starts at 0)."""
+    return classifier.build_network(model, class_index, runtime, zero_init_last_bn_gamma=zero_init_last_bn_gamma)
+
+
+def train(
+    initial_weights: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
+    recipe: ImageRecipe,
+    boost: BoostParams | None = None,
+) -> tuple[Checkpoint, pd.DataFrame]:
+    """The recipe's whole training from the initial weights (``recipes.registry``: Momentum, Adasum or THOR by
+    its section): the final checkpoint and the per-epoch history. With ``distributed.worker_num`` above 1 it trains
+    on that many msrun workers; a rerun resumes from the newest checkpoint in ``<recipe>.checkpoint.dir``."""
+    check_launch(recipe, distributed)
+    context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
+    result = on_every_rank(
+        train_recipe, context, initial_weights, recipe, boost=boost, callbacks=[tracking.EpochMetrics()]
+    )
+    return training_outputs(result)
+
+
+def training_outputs(result: TrainingResult) -> tuple[Checkpoint, pd.DataFrame]:
+    """A training node's outputs: the final checkpoint and the history table; its end-of-training figures
+    (``distributed/replica_max_abs_diff``) go to the run."""
+    tracking.log_metrics(result.summary)
+    return result.checkpoint, history_table(result.history)
+
+
+def evaluate(
+    checkpoint: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+) -> dict:
+    """Top-1/top-5 of the checkpoint on val (``baseline: top-1 …``, named by the training that wrote it), logged
+    as ``final/top1``, ``final/top5``."""
+    context = TrainingContext(manifest, class_index, model, data, runtime, distributed=None)  # one process
+    report = classifier.evaluate_checkpoint(context, checkpoint)
+    tracking.log_final(report)
+    return report

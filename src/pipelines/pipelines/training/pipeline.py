@@ -1,0 +1,44 @@
+"""The image training template: ``build_network`` -> ``train`` -> ``evaluate``, one modular pipeline that each
+image recipe instantiates under its own namespace and parameter section (``training_pipeline("thor")``: nodes
+``thor.build_network``, ``thor.train``, ``thor.evaluate`` reading ``params:thor``). dim_reduce's stages take its
+``build_node`` and ``evaluate_node`` around trainings of their own."""
+
+from kedro.pipeline import Node, Pipeline, node, pipeline
+
+from pipelines.pipelines.modular import namespaced
+
+from .nodes import build_network, evaluate, train
+
+# The template's name for the recipe's parameter section; training_pipeline maps it to the recipe's
+RECIPE = "recipe"
+# What every training reads after its start checkpoint and before its own section
+TRAINING_INPUTS = ["manifest", "class_index", "params:model", "params:data", "params:runtime", "params:distributed"]
+
+
+def build_node() -> Node:
+    """``build_network``: the initial weights, with the recipe section's ``zero_init_last_bn_gamma``."""
+    return node(
+        build_network,
+        ["params:model", f"params:{RECIPE}.zero_init_last_bn_gamma", "class_index", "params:runtime"],
+        "initial_weights",
+        name="build_network",
+    )
+
+
+def evaluate_node() -> Node:
+    """``evaluate``: the training's ``final_checkpoint`` on val into ``eval_report``."""
+    inputs = ["final_checkpoint", "manifest", "class_index", "params:model", "params:data", "params:runtime"]
+    return node(evaluate, inputs, "eval_report", name="evaluate")
+
+
+def training_pipeline(section: str, *, boost: bool = False) -> Pipeline:
+    """The template for the recipe whose parameter section and namespace are ``section`` (``baseline``,
+    ``adasum``, ``thor``); ``boost``: its training also reads the ``boost`` section (mindspore.boost's options)."""
+    train_node = node(
+        train,
+        ["initial_weights", *TRAINING_INPUTS, f"params:{RECIPE}", *(["params:boost"] if boost else [])],
+        ["final_checkpoint", "history"],
+        name="train",
+    )
+    template = pipeline([build_node(), train_node, evaluate_node()])
+    return namespaced(template, section, sections={RECIPE: section})
