@@ -58,7 +58,8 @@ def test_dim_reduce_stages_are_nested_modular_pipelines(registered):
     assert {node.namespace for node in own.nodes} == {f"dim_reduce.{stage}" for stage in DIM_REDUCE_STAGES}
     names = {node.name for node in own.nodes}
     assert {"dim_reduce.stage1.train", "dim_reduce.stage2.train", "dim_reduce.control.train"} <= names
-    assert {f"dim_reduce.evaluation.evaluate_{t}" for t in ("stage1", "stage2", "control")} <= names
+    assert {f"dim_reduce.{t}.evaluate" for t in ("stage1", "stage2", "control")} <= names
+    assert "dim_reduce.comparison.compare_runs" in names
 
 
 @pytest.mark.parametrize(
@@ -80,15 +81,44 @@ def test_pipelines_named_by(names, pipelines):
 
 def test_each_node_runs_its_own_function(registered):
     # kedro-viz shows inspect.getfile(func) and the source of func (unwrapped): a decorator's file, a partial's
-    # nothing; each node's function must be a plain module-level function of its pipeline folder or shared.py
+    # nothing; each node's function must be a plain module-level function of its pipeline folder or of the image
+    # training template
     for node in {node for pipeline in registered.values() for node in pipeline.nodes}:
         func = node.func
         assert inspect.isfunction(func) and not hasattr(func, "__wrapped__"), node.name
         assert func.__qualname__ == func.__name__, node.name  # not a closure or a lambda
         source = Path(inspect.getfile(func))
         folder = node.name.split(".")[0]
-        assert source == PROJECT / f"src/pipelines/pipelines/{folder}/nodes.py" or source.name == "shared.py", node.name
+        assert source in (PROJECT / f"src/pipelines/pipelines/{folder}/nodes.py", TEMPLATE_NODES), node.name
         assert inspect.getsource(func).startswith(f"def {func.__name__}("), node.name
+
+
+def test_recipes_of_one_shape_share_one_template(registered):
+    """baseline, adasum and thor are one modular pipeline under three namespaces; dim_reduce's stages build and
+    evaluate with its nodes; thor_bert's two trainings are one template too: one function per node, not a copy."""
+    nodes = {node.name: node.func for pipeline in registered.values() for node in pipeline.nodes}
+    for step in ("build_network", "train", "evaluate"):
+        assert len({nodes[f"{recipe}.{step}"] for recipe in ("baseline", "adasum", "thor")}) == 1, step
+    evaluations = {nodes[f"dim_reduce.{t}.evaluate"] for t in ("stage1", "stage2", "control")}
+    assert evaluations == {nodes["baseline.evaluate"]}
+    assert nodes["dim_reduce.stage1.build_network"] is nodes["baseline.build_network"]
+    for step in ("train", "evaluate"):
+        assert nodes[f"thor_bert.thor.{step}"] is nodes[f"thor_bert.baseline.{step}"]
+
+
+def test_each_training_of_several_runs_in_a_child_run_of_its_own(registered):
+    tagged = {node.name for pipeline in registered.values() for node in pipeline.nodes if "training_run" in node.tags}
+    expected = {f"dim_reduce.{t}.{step}" for t in ("stage1", "stage2", "control") for step in ("train", "evaluate")}
+    expected |= {f"thor_bert.{t}.{step}" for t in ("thor", "baseline") for step in ("train", "evaluate")}
+    # building the initial weights is not part of the training's run: it logs nothing
+    assert tagged == expected
+
+
+def kinds_of(annotation) -> tuple:
+    """The types a union annotation admits, ``None`` left out (``BoostParams | None``: ``BoostParams``)."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return tuple(kind for kind in typing.get_args(annotation) if kind is not type(None))
+    return (annotation,)
 
 
 def parameter_type(key: str):
@@ -105,8 +135,11 @@ def test_nodes_take_the_parameter_sub_keys_they_use_as_typed_models(registered):
         arguments = list(inspect.signature(node.func).parameters)
         for position, name in enumerate(node.inputs):
             if name.startswith("params:"):
-                key = name.removeprefix("params:")
-                assert hints[arguments[position]] == parameter_type(key), (node.name, name)
+                key, hint = name.removeprefix("params:"), hints[arguments[position]]
+                # a template's section (ImageRecipe, LanguageRecipe) has the section's own model among its kinds;
+                # an optional section (the template's boost, which only the baseline reads) is the section's model
+                kinds = hint.__subclasses__() if hint in RECIPE_UNIONS else kinds_of(hint)
+                assert set(kinds_of(parameter_type(key))) <= set(kinds), (node.name, name)
     params = {name for node in registered["dim_reduce"].nodes for name in node.inputs if name.startswith("params:")}
     assert "params:dim_reduce" not in params
     assert {"params:dim_reduce.stage1", "params:dim_reduce.pca", "params:dim_reduce.stage2"} <= params

@@ -12,8 +12,8 @@ DESCRIPTION_TAG = "mlflow.note.content"  # the run page's description
 
 
 def short_key(key: str, keys: Sequence[str]) -> str:
-    """The shortest dotted suffix of ``key`` that no other key of ``keys`` ends with (``thor.lr.lr_init``:
-    ``lr_init``; ``model.name``, as other keys end with ``name``): one abbreviation per key, in every run."""
+    """The shortest dotted suffix of ``key`` that no other key of ``keys`` ends with (``thor.lr.peak``:
+    ``peak``; ``model.name``, as other keys end with ``name``): one abbreviation per key, in every run."""
     parts = key.split(".")
     for length in range(1, len(parts)):
         suffix = ".".join(parts[-length:])
@@ -37,7 +37,7 @@ def run_name(
 ) -> str:
     """The MLflow run's name, at most ``RUN_NAME_LIMIT`` characters: ``fast_dev_run`` first for a rehearsal, the
     pipelines, the configuration environment when one was chosen (``--env``), each ``--params`` override that
-    changes the configuration by its short key (``thor lr_init=0.05``), and ``(partial)`` when node filters
+    changes the configuration by its short key (``thor peak=0.05``), and ``(partial)`` when node filters
     (``--nodes``, ``--from-nodes``, …) cut the run. A longer name ends in an ellipsis; ``run_description`` holds
     everything."""
     words = [*(["fast_dev_run"] if fast_dev_run else []), "+".join(pipelines), *([env] if env else [])]

@@ -22,9 +22,9 @@ TRAININGS = ("stage1", "stage2", "control")
 
 def create_pipeline(**kwargs) -> Pipeline:
     """Nodes ``dim_reduce.<stage>.<node>``: ``dim_reduce.stage1.train``, ``dim_reduce.stage2.evaluate``, …"""
-    stage1 = pipeline(
+    # the initial weights are built outside the training's child run: that node logs nothing
+    stage1 = pipeline([build_node()]) + pipeline(
         [
-            build_node(),
             node(
                 train_stage1,
                 ["initial_weights", *TRAINING_INPUTS, f"params:{RECIPE}", "params:boost"],
