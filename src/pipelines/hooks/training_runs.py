@@ -11,7 +11,7 @@ from contextlib import ExitStack
 from kedro.framework.hooks import hook_impl
 
 from pipelines.pipelines.modular import PARAMS_PREFIX, TRAINING_RUN_TAG
-from pipelines.tracking import training_run
+from pipelines.tracking.trainings import training_run
 
 
 class TrainingRunHooks:
