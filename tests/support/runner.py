@@ -12,12 +12,16 @@ after it.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+import mlflow
 import mlflow.tracking._model_registry.utils as mlflow_registry_utils
 import mlflow.tracking._tracking_service.utils as mlflow_tracking_utils
 import mlflow.tracking.fluent as mlflow_fluent
@@ -29,6 +33,8 @@ from omegaconf import OmegaConf
 
 from pipelines.params import Parameters, validate_parameters
 from tests.support.config import PROJECT, load_config
+
+STORE = "mlflow.db"  # a project's MLflow store, as conf/base/mlflow.yml names it
 
 # A tiny configuration every pipeline runs in seconds: 16 px images of the generated tree, batch 4, 1-2 epochs.
 TINY = {
@@ -91,19 +97,31 @@ def tiny_parameters(tree: Path | str, overrides: Mapping | None = None) -> Param
 
 def session_project(root: Path) -> Path:
     """A Kedro project at ``root`` for in-process runs: this project's ``pyproject.toml``, ``.telemetry`` and
-    configuration, without conf/local (a developer's own settings, a team's MLflow server, stay out). The package
-    itself is the installed one."""
+    configuration, without conf/local (a developer's own settings, a team's MLflow server, stay out), and an empty
+    MLflow store (``empty_store``). The package itself is the installed one."""
     root.mkdir(parents=True, exist_ok=True)
     for name in ("pyproject.toml", ".telemetry"):
         shutil.copy(PROJECT / name, root)
     shutil.copytree(PROJECT / "conf", root / "conf", ignore=shutil.ignore_patterns("local"), dirs_exist_ok=True)
     (root / "conf" / "local").mkdir(exist_ok=True)
+    shutil.copy(empty_store(), root / STORE)
     return root
+
+
+@functools.cache
+def empty_store() -> Path:
+    """An MLflow SQLite store with its tables and nothing else, made once per process: MLflow makes the tables of a
+    new store by running its schema migrations, seconds each time, so every project starts from a copy."""
+    folder = Path(tempfile.mkdtemp(prefix="empty-mlflow-store-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    with process_state_kept(folder):  # the store's default experiment keeps its artifacts here, not in the caller's
+        mlflow.MlflowClient(tracking_uri=f"sqlite:///{folder / STORE}").search_experiments()
+    return folder / STORE
 
 
 def tracking_uri(project: Path) -> str:
     """The MLflow store of ``project``'s in-process runs."""
-    return f"sqlite:///{project / 'mlflow.db'}"
+    return f"sqlite:///{project / STORE}"
 
 
 class SavedData:

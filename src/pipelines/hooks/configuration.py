@@ -9,6 +9,7 @@ that name and tag the MLflow run read (``ConfigurationHooks.configuration``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,6 @@ class ConfigurationHooks:
         env = context.env or loader.default_run_env
         given = dict(loader.runtime_params or {})  # --params, before fast_dev_run adds its substitutions
         files = ParameterFiles(loader.conf_source, env)
-        sources = files.sources(given)
         # The raw configuration (--params merged in), not context.params: that property runs Kedro's own
         # typed-parameter validation, which imports every pipeline's nodes (MindSpore) and stops at the first
         # failing section; this check reports every problem in well under a second.
@@ -69,19 +69,39 @@ class ConfigurationHooks:
         rehearsal = None
         if raw_params.get("runtime", {}).get("fast_dev_run") is True:
             rehearsal = rehearse_on_cpu(loader, env, raw_params, files.of_environment(), Path(context.project_path))
-            sources |= dict.fromkeys(rehearsal.values, "runtime.fast_dev_run")
             raw_params = loader["parameters"]
+
+        def sources() -> dict[str, str]:
+            substituted = rehearsal.values if rehearsal is not None else ()
+            return files.sources(given) | dict.fromkeys(substituted, "runtime.fast_dev_run")
+
         try:
-            params = validate_parameters(raw_params, sources)
+            params = validated(raw_params, sources)
             require_device(params.runtime.device_target, env)
         except (ParameterError, DeviceUnavailableError) as error:
             # click prints a ClickException as one "Error: ..." line instead of a traceback
             raise click.ClickException(str(error)) from error
-        configured = dict(leaf_items(files.merged()))
         self._configuration = RunConfiguration(
             env=configuration_env(loader.conf_source, context.env),
             raw_params=raw_params,
             params=params,
-            overrides={k: v for k, v in leaf_items(given) if k not in configured or configured[k] != v},
+            overrides=overrides(given, files),
             rehearsal=rehearsal,
         )
+
+
+def validated(raw_params: dict, sources: Callable[[], dict[str, str]]) -> Parameters:
+    """``raw_params`` validated; when they are not valid, the ``ParameterError`` names the file each key came from
+    (``sources()``, read only then: it loads every parameter file once more)."""
+    try:
+        return validate_parameters(raw_params)
+    except ParameterError:
+        return validate_parameters(raw_params, sources())  # raises again, with the files
+
+
+def overrides(given: dict, files: ParameterFiles) -> dict[str, Any]:
+    """The dotted keys of ``--params`` (``given``) that change the configuration ``files`` set, with their values."""
+    if not given:
+        return {}
+    configured = dict(leaf_items(files.merged()))
+    return {key: value for key, value in leaf_items(given) if key not in configured or configured[key] != value}
