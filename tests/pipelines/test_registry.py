@@ -5,6 +5,7 @@ run commands that work when pasted."""
 from __future__ import annotations
 
 import inspect
+import logging
 import types
 import typing
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 from kedro.io import DataCatalog
 
-from pipelines.params import ImageRecipe, LanguageRecipe, Parameters
+from pipelines.params import BoostParams, ImageRecipe, LanguageRecipe, Parameters
 from pipelines.pipeline_registry import PIPELINE_NAMES, pipelines_named_by, register_pipelines
 from tests.support.config import load_config
 from tests.support.projects import PROJECT
@@ -194,3 +195,14 @@ def test_corpus_sentences_survive_the_catalog_round_trip(catalog, tmp_path):
     dataset._filepath = tmp_path / "train_documents.csv"  # the catalog's dataset, pointed at a temporary file
     dataset.save(documents_table(documents))
     assert documents_from_table(dataset.load()) == documents
+
+
+def test_every_node_types_a_parameter_as_every_other_node_does(registered, caplog):
+    """Kedro validates a parameter once per run by the type its nodes give it; two types for one key
+    ('Conflicting type requirements') would make a node receive the other node's model, and warn."""
+    from kedro.validation.type_extractor import TypeExtractor
+
+    with caplog.at_level(logging.WARNING, logger="kedro.validation.type_extractor"):
+        requirements = TypeExtractor(registered).extract_types_from_pipelines()
+    assert not [record.getMessage() for record in caplog.records if "Conflicting" in record.getMessage()]
+    assert requirements["boost"] is BoostParams and requirements["thor"] is ImageRecipe

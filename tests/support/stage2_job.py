@@ -61,9 +61,11 @@ def main(work: Path, tree: Path, implementation: str) -> None:
     from pipelines.engine.state import capture_state
     from pipelines.pipelines.dim_reduce.nodes import train_stage2
     from pipelines.recipes.classifier import create_network
+    from pipelines.tracking import training_run
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     params = parameters(work, implementation)
+    # its own log on stderr (the tests read it there), after reading the configuration set up Kedro's logging
+    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
     scan = scan_image_tree(tree, {"train": "train", "val": "val"})
     configure_mindspore("CPU", "graph", params.runtime.seed)
     net = create_network(params.model, scan.class_index)
@@ -71,7 +73,11 @@ def main(work: Path, tree: Path, implementation: str) -> None:
     n = sum(int(np.prod(p.shape)) for p in net.trainable_params())
     q, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((n, K)))
     mlflow.set_tracking_uri(tracking_uri(work))
-    with mlflow.start_run(run_name="stage2_job"):
+    # the node in the child run its pipeline gives it (hooks.training_runs)
+    with (
+        mlflow.start_run(run_name="stage2_job"),
+        training_run("stage2", {"dim_reduce.stage2": params.dim_reduce.stage2}),
+    ):
         checkpoint, history, steps = train_stage2(
             stage1,
             q.T.astype(np.float32),

@@ -37,7 +37,7 @@ PAGE_TIMEOUT_S = 90  # a page's scripts, on 2 shared cores
 # The baseline pipeline's task nodes, named here so that the check cannot pass on an empty graph.
 FLOWCHART_NODES = "svg g.pipeline-node[data-node-fullname]"
 LAYER_NAMES = ".pipeline-flowchart__layer-names--visible .pipeline-layer-name"
-DIM_REDUCE_STAGES = ("stage1", "trajectory_pca", "stage2", "control", "evaluation")
+DIM_REDUCE_STAGES = ("stage1", "trajectory_pca", "stage2", "control", "comparison")
 LAYERS = ("raw", "intermediate", "primary", "model_input", "models", "model_output", "reporting")
 BASELINE_TASKS = {
     "data.locate_image_tree",
@@ -229,7 +229,7 @@ def test_kedro_viz_shows_dim_reduce_stages_collapsed_with_layers(viz_site, brows
         wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, stage2), "kedro_viz_stage2_expanded", "stage 2")
         settled_screenshot(browser, "kedro_viz_stage2_expanded")
         assert drawn(browser, "modularPipeline") == {"data", *stages} - {"dim_reduce.stage2"}
-        assert drawn(browser, "task") == {"train"}  # dim_reduce.stage2.train, by the last part of its name
+        assert drawn(browser, "task") == {"train", "evaluate"}  # dim_reduce.stage2.train, .evaluate: last parts
 
 
 def test_mlflow_ui_shows_the_run_and_its_metrics(filled_project, mlflow_ui, browser):

@@ -21,14 +21,14 @@ def train_recipe(
     start: Checkpoint,
     recipe: BaselineParams | AdasumParams | ThorParams,
     *,
-    boost: BoostParams | None,
+    boost: BoostParams,
     callbacks: Sequence[Callback] = (),
 ) -> TrainingResult:
-    """``recipe``'s whole training from ``start``: Momentum (with ``boost``'s options), Momentum with Adasum across
-    the ranks, or THOR, chosen by the section's type."""
+    """``recipe``'s whole training from ``start``: Momentum (with ``boost``'s options, mindspore.boost in the step),
+    Momentum with Adasum across the ranks, or THOR, chosen by the section's type. Adasum and THOR have steps of
+    their own and leave ``boost`` aside, as they always have (the boost section's options are the Momentum
+    trainings')."""
     if isinstance(recipe, BaselineParams):
-        if boost is None:
-            raise ValueError("the baseline recipe trains with the boost section's options: pass boost")
         return train_baseline(context, start, recipe, boost=boost, callbacks=callbacks)
     if isinstance(recipe, AdasumParams):
         return train_adasum(context, start, recipe, combine_by_adasum=True, callbacks=callbacks)

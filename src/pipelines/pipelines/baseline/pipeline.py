@@ -8,4 +8,4 @@ from pipelines.pipelines.training.pipeline import training_pipeline
 
 
 def create_pipeline(**kwargs) -> Pipeline:
-    return training_pipeline("baseline", boost=True)
+    return training_pipeline("baseline")

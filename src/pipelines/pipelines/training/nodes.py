@@ -35,10 +35,11 @@ def train(
     runtime: RuntimeParams,
     distributed: DistributedParams,
     recipe: ImageRecipe,
-    boost: BoostParams | None = None,
+    boost: BoostParams,
 ) -> tuple[Checkpoint, pd.DataFrame]:
     """The recipe's whole training from the initial weights (``recipes.registry``: Momentum, Adasum or THOR by
-    its section): the final checkpoint and the per-epoch history. With ``distributed.worker_num`` above 1 it trains
+    its section; mindspore.boost's options in ``boost`` apply to the Momentum baseline): the final checkpoint and
+    the per-epoch history. With ``distributed.worker_num`` above 1 it trains
     on that many msrun workers; a rerun resumes from the newest checkpoint in ``<recipe>.checkpoint.dir``."""
     check_launch(recipe, distributed)
     context = TrainingContext(manifest, class_index, model, data, runtime, distributed)

@@ -31,12 +31,12 @@ def evaluate_node() -> Node:
     return node(evaluate, inputs, "eval_report", name="evaluate")
 
 
-def training_pipeline(section: str, *, boost: bool = False) -> Pipeline:
+def training_pipeline(section: str) -> Pipeline:
     """The template for the recipe whose parameter section and namespace are ``section`` (``baseline``,
-    ``adasum``, ``thor``); ``boost``: its training also reads the ``boost`` section (mindspore.boost's options)."""
+    ``adasum``, ``thor``)."""
     train_node = node(
         train,
-        ["initial_weights", *TRAINING_INPUTS, f"params:{RECIPE}", *(["params:boost"] if boost else [])],
+        ["initial_weights", *TRAINING_INPUTS, f"params:{RECIPE}", "params:boost"],
         ["final_checkpoint", "history"],
         name="train",
     )
