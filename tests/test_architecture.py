@@ -5,6 +5,7 @@ every top-level module is placed in a layer, and no module of ``pipelines`` impo
 
 from __future__ import annotations
 
+import ast
 import pkgutil
 import shutil
 import subprocess
@@ -108,3 +109,30 @@ def test_the_cycle_check_finds_a_cycle():
     graph.add_import(importer="a.c", imported="a.b")
     graph.add_import(importer="a.d", imported="a.b")
     assert strongly_connected(graph) == [["a.b", "a.c"]]
+
+
+def project_import_renames(source: str) -> list[str]:
+    """``from pipelines… import name as other`` and ``import pipelines… as other`` in one module's source: a
+    project function or module read under a second name."""
+    renames = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "pipelines":
+            renames += [f"{node.module}.{a.name} as {a.asname}" for a in node.names if a.asname not in (None, a.name)]
+        elif isinstance(node, ast.Import):
+            project = [a for a in node.names if a.name.split(".")[0] == "pipelines"]
+            renames += [f"{a.name} as {a.asname}" for a in project if a.asname]
+    return renames
+
+
+def test_no_import_renames_a_project_name():
+    renamed = {
+        str(path.relative_to(PROJECT)): renames
+        for path in sorted((PROJECT / "src").rglob("*.py"))
+        if (renames := project_import_renames(path.read_text()))
+    }
+    assert renamed == {}
+
+
+def test_the_rename_check_finds_a_rename():
+    source = "from pipelines.recipes import dim_reduce as recipe\nimport pipelines.tracking as t\nimport numpy as np\n"
+    assert project_import_renames(source) == ["pipelines.recipes.dim_reduce as recipe", "pipelines.tracking as t"]

@@ -12,7 +12,7 @@ from kedro.config import AbstractConfigLoader
 from omegaconf import OmegaConf
 
 from pipelines import fast_dev_run
-from pipelines.data.fashion_mnist import CLASS_NAMES as DEFAULT_TREE_CLASSES
+from pipelines.data.fashion_mnist import CLASS_NAMES
 from pipelines.hooks.command_line import requested_pipelines
 from pipelines.hooks.config_files import leaf_items
 
@@ -51,7 +51,7 @@ def rehearsal_substitutions(
         pipelines=pipelines,
         default_data=default_data,
         classes_in=classes_in,
-        default_classes=len(DEFAULT_TREE_CLASSES),
+        default_classes=len(CLASS_NAMES),
     )
 
 

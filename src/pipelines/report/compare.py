@@ -28,7 +28,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from pipelines.fast_dev_run import TAG as FAST_DEV_RUN_TAG
+from pipelines import fast_dev_run
 from pipelines.metrics import (
     EPOCH_KEYS,
     FINAL_KEYS,
@@ -228,7 +228,7 @@ def find_run(reader: RunReader, recipe: Recipe, run_id: str | None = None) -> Ru
     for tag in recipe.pipelines:
         candidates += reader.search(f"tags.pipeline = '{tag}' and attributes.status = 'FINISHED'")
     for run in sorted(candidates, key=lambda r: r["start_time_ms"], reverse=True):
-        if FAST_DEV_RUN_TAG in run["tags"]:
+        if fast_dev_run.TAG in run["tags"]:
             continue  # a few batches on CPU: not a result
         missing = missing_metrics(recipe, run, children_by_training(reader, run) if recipe.trainings else {})
         if not missing:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from pipelines.fast_dev_run import TAG as FAST_DEV_RUN_TAG
+from pipelines import fast_dev_run
 from pipelines.report.compare import RunReader
 
 DIFFERENCE_COLUMNS = ["comparison", "measure", "mean", "ci_low", "ci_high", "n", "budget", "source"]
@@ -62,7 +62,7 @@ def newest_study(reader: RunReader) -> pd.DataFrame | None:
     """The paired differences of the experiment's newest finished study (not a ``fast_dev_run`` rehearsal), labelled
     with its seeds and budget."""
     for run in reader.search("tags.pipeline = 'study' and attributes.status = 'FINISHED'"):
-        if FAST_DEV_RUN_TAG in run["tags"]:
+        if fast_dev_run.TAG in run["tags"]:
             continue
         paired = reader.artifact_csv(run["run_id"], "study/paired.csv")
         if paired is not None and len(paired):

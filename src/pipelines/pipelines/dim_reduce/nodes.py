@@ -28,7 +28,7 @@ from pipelines.params import (
     Stage2Params,
 )
 from pipelines.pipelines.training.nodes import training_outputs
-from pipelines.recipes import dim_reduce as recipe
+from pipelines.recipes import dim_reduce
 from pipelines.recipes.context import TrainingContext
 from pipelines.report.compare import explained_variance_figure
 
@@ -50,7 +50,7 @@ def train_stage1(
     checkpoint of the last step, the per-epoch history and the trajectory index."""
     context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
     result, index = on_every_rank(
-        recipe.train_stage1, context, initial_weights, stage1, boost=boost, callbacks=[tracking.EpochMetrics()]
+        dim_reduce.train_stage1, context, initial_weights, stage1, boost=boost, callbacks=[tracking.EpochMetrics()]
     )
     return *training_outputs(result), index
 
@@ -63,7 +63,7 @@ def collect_trajectory(
     pca: PcaParams,
 ) -> pd.DataFrame:
     """The last ``collect.n_files`` trajectory files, checked against the network's parameters."""
-    chosen = recipe.collect_trajectory(trajectory_index, model, class_index, collect, pca)
+    chosen = dim_reduce.collect_trajectory(trajectory_index, model, class_index, collect, pca)
     tracking.log_metrics({"pca/trajectory_files": len(trajectory_index), "pca/trajectory_length": len(chosen)})
     return chosen
 
@@ -75,7 +75,7 @@ def fit_pca(
     pca: PcaParams,
 ) -> tuple[np.ndarray, pd.DataFrame, Figure]:
     """k x n projection of the centred trajectory, its explained-variance table and plot."""
-    result = recipe.trajectory_pca(selected_trajectory, model, class_index, pca)
+    result = dim_reduce.trajectory_pca(selected_trajectory, model, class_index, pca)
     table = explained_variance_table(result)
     tracking.log_metrics(
         {
@@ -89,7 +89,7 @@ def fit_pca(
 
 def _log_pbfgs_steps(rows: Sequence[Mapping[str, float]]) -> None:
     """Each P-BFGS step's loss, accepted step size and trials, at its global step (``on_steps``: picklable)."""
-    tracking.log_epoch_rows(recipe.step_metrics(rows), step_key="step")
+    tracking.log_epoch_rows(dim_reduce.step_metrics(rows), step_key="step")
 
 
 def train_stage2(
@@ -110,12 +110,12 @@ def train_stage2(
     callbacks = [tracking.EpochMetrics()]
     if stage2.implementation == "mindspore":
         handoff = tracking.MlflowRunHandoff.capture()
-        result, steps = recipe.train_stage2_with_boost(
+        result, steps = dim_reduce.train_stage2_with_boost(
             context, stage1_checkpoint, pca_matrix, stage2, callbacks=callbacks, run_handoff=handoff
         )
     else:
         result, steps = on_every_rank(
-            recipe.train_stage2, context, stage1_checkpoint, pca_matrix, stage2, callbacks=callbacks,
+            dim_reduce.train_stage2, context, stage1_checkpoint, pca_matrix, stage2, callbacks=callbacks,
             on_steps=_log_pbfgs_steps,
         )  # fmt: skip
     return *training_outputs(result), steps
@@ -137,7 +137,7 @@ def train_control(
     """Momentum continued from the stage-1 checkpoint (stage 1's recipe) for as many epochs as stage 2 trains."""
     context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
     result = on_every_rank(
-        recipe.train_control, context, stage1_checkpoint, stage1, stage2, control, boost=boost,
+        dim_reduce.train_control, context, stage1_checkpoint, stage1, stage2, control, boost=boost,
         callbacks=[tracking.EpochMetrics()],
     )  # fmt: skip
     return training_outputs(result)
@@ -145,6 +145,6 @@ def train_control(
 
 def compare_runs(stage1_report: dict, stage2_report: dict, control_report: dict) -> pd.DataFrame:
     """One row per model: top-1/top-5 and the gain over the Momentum control, which is logged."""
-    table = recipe.compare_runs({"stage1": stage1_report, "stage2": stage2_report, "control": control_report})
+    table = dim_reduce.compare_runs({"stage1": stage1_report, "stage2": stage2_report, "control": control_report})
     tracking.log_metrics({STAGE2_MINUS_CONTROL_TOP1: stage2_report["top1"] - control_report["top1"]})
     return table
