@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipelines.engine.runtime import DeviceUnavailableError, device_available, require_device
+from pipelines.hooks.configuration import rehearsal_command
 from tests.support.config import load_config
 
 
@@ -67,6 +68,19 @@ def test_missing_gpu_is_named():
 def test_missing_ascend_is_named():
     with pytest.raises(DeviceUnavailableError, match=r"Ascend.*no Ascend NPU"):
         require_device("Ascend", "ascend")
+
+
+@pytest.mark.skipif(device_available("Ascend"), reason="this machine has an Ascend NPU")
+def test_the_refusal_names_the_rehearsal_to_run_instead():
+    command = rehearsal_command("ascend", ["thor"])
+    assert command == 'kedro run --pipelines=thor --env=ascend --params="runtime.fast_dev_run=true"'
+    with pytest.raises(DeviceUnavailableError) as error:
+        require_device("Ascend", "ascend", rehearsal=command)
+    assert str(error.value).endswith(
+        f"To rehearse this recipe on this CPU instead (every node, a few batches): {command}"
+    )
+    assert rehearsal_command(None) is None  # no --env: the CPU default needs no rehearsal
+    assert rehearsal_command("gpu", []) == 'kedro run --env=gpu --params="runtime.fast_dev_run=true"'
 
 
 def test_unknown_device_target():

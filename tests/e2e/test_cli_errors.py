@@ -117,11 +117,15 @@ def missing_device(root: Path):
         pytest.skip("this machine has a GPU")
     project = project_on(root)
     expected = Expected(
-        ["runtime.device_target is GPU (configuration environment 'gpu')", "drop --env"],
+        [
+            "runtime.device_target is GPU (configuration environment 'gpu')",
+            "drop --env",
+            'kedro run --pipelines=thor --env=gpu --params="runtime.fast_dev_run=true"',
+        ],
         None,
         traceback_logged=False,
     )
-    return project, run(project, "--env=gpu"), expected
+    return project, run(project, "--pipelines=thor", "--env=gpu"), expected
 
 
 def unknown_environment(root: Path):

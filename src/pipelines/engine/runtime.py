@@ -38,15 +38,21 @@ def device_available(device_target: str) -> bool:
     raise ValueError(f"unknown device_target {device_target!r}; choose one of {DEVICE_TARGETS}")
 
 
-def require_device(device_target: str, env: str | None = None) -> None:
-    """Fail at once, naming the device, when ``device_target`` is absent."""
+def require_device(device_target: str, env: str | None = None, *, rehearsal: str | None = None) -> None:
+    """Fail at once, naming the device, when ``device_target`` is absent; ``rehearsal``, the command that rehearses
+    the environment's recipe on this CPU instead (``runtime.fast_dev_run``), is named in the error."""
     if not device_available(device_target):
         where = f" (configuration environment '{env}')" if env else ""
         hint = {"GPU": "no NVIDIA GPU (/dev/nvidia*, nvidia-smi)", "Ascend": "no Ascend NPU (/dev/davinci*, npu-smi)"}
+        instead = (
+            f" To rehearse this recipe on this CPU instead (every node, a few batches): {rehearsal}"
+            if rehearsal
+            else ""
+        )
         raise DeviceUnavailableError(
             f"runtime.device_target is {device_target}{where}, but this machine has "
             f"{hint[device_target]}. Run on a machine with that device, or use the CPU default "
-            "(drop --env)."
+            f"(drop --env).{instead}"
         )
 
 

@@ -19,6 +19,7 @@ from kedro.framework.hooks import hook_impl
 
 from pipelines.engine.runtime import DeviceUnavailableError, require_device
 from pipelines.fast_dev_run import Substitutions
+from pipelines.hooks.command_line import requested_pipelines
 from pipelines.hooks.config_files import ParameterFiles, configuration_env, leaf_items, require_environment
 from pipelines.hooks.rehearsal import rehearse_on_cpu
 from pipelines.params import ParameterError, Parameters, validate_parameters
@@ -77,7 +78,7 @@ class ConfigurationHooks:
 
         try:
             params = validated(raw_params, sources)
-            require_device(params.runtime.device_target, env)
+            require_device(params.runtime.device_target, env, rehearsal=rehearsal_command(context.env))
         except (ParameterError, DeviceUnavailableError) as error:
             # click prints a ClickException as one "Error: ..." line instead of a traceback
             raise click.ClickException(str(error)) from error
@@ -88,6 +89,16 @@ class ConfigurationHooks:
             overrides=overrides(given, files),
             rehearsal=rehearsal,
         )
+
+
+def rehearsal_command(env: str | None, pipelines: list[str] | None = None) -> str | None:
+    """The ``kedro run`` that rehearses ``env``'s recipe on this CPU (``runtime.fast_dev_run``) for ``pipelines``
+    (default: the ones this command line asked for); ``None`` without an ``--env``."""
+    if not env:
+        return None
+    pipelines = requested_pipelines() if pipelines is None else pipelines
+    named = f" --pipelines={','.join(pipelines)}" if pipelines else ""
+    return f'kedro run{named} --env={env} --params="runtime.fast_dev_run=true"'
 
 
 def validated(raw_params: dict, sources: Callable[[], dict[str, str]]) -> Parameters:
