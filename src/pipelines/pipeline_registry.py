@@ -16,6 +16,7 @@ from kedro.pipeline import Pipeline
 # The registered names besides __default__ (tests/pipelines/test_registry.py checks them against register_pipelines()).
 PIPELINE_NAMES = ("data", "baseline", "dim_reduce", "thor", "adasum", "report", "migrate", "study", "thor_bert")
 DEFAULT = ("data", "baseline")
+DEFAULT_PIPELINE = "baseline"  # what __default__ runs, and the name its MLflow run and tag take
 
 
 def register_pipelines() -> dict[str, Pipeline]:

@@ -67,7 +67,7 @@ def test_captured_output_keeps_each_log_record_on_one_line(quiet_project, which)
 def test_runs_are_named_and_tagged(quiet_project):
     project, results = quiet_project
     _, (partial, default) = runs(project)  # newest first
-    assert default.info.run_name == default.data.tags["pipeline"] == "__default__"
+    assert default.info.run_name == default.data.tags["pipeline"] == "baseline"  # __default__ by its real name
     # eval_batch_size is also thor_bert's key, so the short key is data.eval_batch_size: over the name's limit
     assert partial.info.run_name == "baseline data.eval_batch_size… (partial)"
     assert "- `data.eval_batch_size` = `4`" in partial.data.tags["mlflow.note.content"]

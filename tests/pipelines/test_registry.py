@@ -14,7 +14,7 @@ import pytest
 from kedro.io import DataCatalog
 
 from pipelines.params import BoostParams, ImageRecipe, LanguageRecipe, Parameters
-from pipelines.pipeline_registry import PIPELINE_NAMES, pipelines_named_by, register_pipelines
+from pipelines.pipeline_registry import DEFAULT_PIPELINE, PIPELINE_NAMES, pipelines_named_by, register_pipelines
 from tests.support.config import load_config
 from tests.support.projects import PROJECT
 
@@ -36,7 +36,7 @@ def datasets_of(pipeline) -> set[str]:
 
 def test_the_registry_holds_each_pipeline_and_the_default(registered):
     assert set(registered) == {*PIPELINE_NAMES, "__default__"}
-    assert registered["__default__"] is registered["baseline"]
+    assert DEFAULT_PIPELINE == "baseline" and registered["__default__"] is registered[DEFAULT_PIPELINE]
     assert set(registered["baseline"].nodes) == set((registered["data"] + registered["baseline"]).nodes)
 
 

@@ -184,9 +184,10 @@ def process_state_kept(directory: Path) -> Iterator[None]:
                     os.environ[name] = value
 
 
-def run_pipeline(name: str, params: Mapping, project: Path) -> dict:
+def run_pipeline(name: str | None, params: Mapping, project: Path, **filters) -> dict:
     """``kedro run --pipelines=<name> --params=<params>`` in this process, in ``project`` (``session_project``),
-    logging to ``tracking_uri(project)``; returns every dataset the run produced, by name."""
+    logging to ``tracking_uri(project)``; returns every dataset the run produced, by name. ``None``: no
+    ``--pipelines`` (``__default__``); ``filters``: ``KedroSession.run``'s node filters (``namespaces=...``)."""
     runner = RecordingRunner()
     with process_state_kept(project):
         for variable in PROCESS_ENV:
@@ -194,5 +195,5 @@ def run_pipeline(name: str, params: Mapping, project: Path) -> dict:
         # conf/base/mlflow.yml reads the store from MLFLOW_TRACKING_URI, as a team's server is given
         os.environ["MLFLOW_TRACKING_URI"] = tracking_uri(project)
         with KedroSession.create(project_path=project, save_on_close=False, runtime_params=dict(params)) as session:
-            session.run(pipeline_names=[name], runner=runner)
+            session.run(pipeline_names=None if name is None else [name], runner=runner, **filters)
     return runner.outputs

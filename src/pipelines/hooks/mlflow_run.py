@@ -20,6 +20,7 @@ from pipelines.hooks.command_line import invoked_command
 from pipelines.hooks.config_files import leaf_items
 from pipelines.hooks.configuration import ConfigurationHooks
 from pipelines.metrics import VAL_MLM_ACCURACY, VAL_TOP1
+from pipelines.pipeline_registry import DEFAULT_PIPELINE
 from pipelines.tracking.handoff import MlflowRunHandoff
 from pipelines.tracking.links import (
     base_is_server,
@@ -38,7 +39,7 @@ from pipelines.tracking.runs import (
     run_identity,
     tag_failure,
 )
-from pipelines.tracking.writer import set_tags
+from pipelines.tracking.writer import mark_model_training_experiment, set_tags
 
 COMPARED_METRICS = (VAL_TOP1, VAL_MLM_ACCURACY)  # the chart a run's closing link opens on, the first its runs logged
 # run_params entries that run only part of the pipelines
@@ -103,7 +104,8 @@ class MlflowRunHooks:
     @hook_impl(trylast=True)  # after kedro-mlflow's hook has started the run
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
         configuration = self._configuration.configuration
-        names = run_params.get("pipeline_names") or [run_params.get("pipeline_name") or "__default__"]
+        asked = run_params.get("pipeline_names") or [run_params.get("pipeline_name") or "__default__"]
+        names = [DEFAULT_PIPELINE if name == "__default__" else name for name in asked]  # its real name
         partial = any(run_params.get(key) for key in (*NODE_FILTERS, "only_missing_outputs"))
         chosen_env = configuration.env if configuration.env not in ("base", "local") else None
         rehearsal = configuration.rehearsal
@@ -126,6 +128,7 @@ class MlflowRunHooks:
                 **({fast_dev_run.TAG: rehearsal.summary()} if rehearsal is not None else {}),
             }
         )
+        mark_model_training_experiment()  # MLflow 3's UI: the model-training view, not GenAI
         self._data_size_tagged = False
         mark_orphaned_runs_killed()
         self._run_id = active_run_id()

@@ -48,6 +48,23 @@ def set_tags(tags: Mapping[str, str]) -> None:
         mlflow.set_tags(dict(tags))
 
 
+# MLflow 3's experiment kind (the tag its experiment-kind selector writes): model training, not GenAI development
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING_KIND = "custom_model_development"
+
+
+def mark_model_training_experiment() -> None:
+    """Tag the active run's experiment as MLflow 3's model-training kind, unless it has a kind already (one set by
+    hand in the UI stands)."""
+    active = mlflow.active_run()
+    if active is None:
+        return
+    client = mlflow.MlflowClient()
+    experiment = client.get_experiment(active.info.experiment_id)
+    if EXPERIMENT_KIND_TAG not in experiment.tags:
+        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
+
+
 def log_artifact(path: str | Path, artifact_path: str) -> None:
     """Copy the file ``path`` into the active run's artifacts, folder ``artifact_path``, if there is a run."""
     if mlflow.active_run() is not None:
