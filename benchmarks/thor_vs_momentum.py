@@ -138,7 +138,7 @@ def main() -> None:
         "study.recipes": ["baseline", "thor"],
         "study.seeds": [int(seed) for seed in args.seeds.split(",")],
         "study.epochs": args.epochs,
-        "study.target_top1": args.target,
+        "target.top1": args.target,
         "study.eval_every_steps": args.eval_every_steps,
     }
     print_outcome(run_study(overrides, extra_params=args.params))

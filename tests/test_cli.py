@@ -100,14 +100,14 @@ def test_the_singular_pipeline_option_runs_that_pipeline_without_a_deprecation_w
 LONG_RECORD = "a log record longer than any terminal " + "x" * 150
 
 
-def logged_through_the_project_configuration(tmp_path: Path, stdout) -> None:
+def logged_through_the_project_configuration(tmp_path: Path, stdout, record: str = LONG_RECORD) -> None:
     """A ``pipelines`` INFO record, in a new process that configures logging as ``kedro`` does (conf/logging.yml),
     its stdout ``stdout``. (``quiet_start`` makes the same call: tests/e2e/test_quiet.py reads a real run's.)"""
     script = (
         "import logging, kedro.framework.project\n"
         "from pipelines.cli import plain_logs_when_piped\n"
         "plain_logs_when_piped()\n"
-        f"logging.getLogger('pipelines').info({LONG_RECORD!r})\n"
+        f"logging.getLogger('pipelines').info({record!r})\n"
     )
     environment = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     environment["KEDRO_LOGGING_CONFIG"] = str(PROJECT / "conf" / "logging.yml")
@@ -141,3 +141,16 @@ def test_log_records_keep_one_line_when_piped_and_richs_layout_in_a_terminal(tmp
     os.close(controller)
     wrapped = [line for line in shown.decode(errors="replace").splitlines() if "x" * 10 in line]
     assert len(wrapped) > 1 and "INFO" in shown.decode(errors="replace")
+
+
+def test_the_reports_markdown_table_is_not_wrapped_when_piped(tmp_path):
+    """The report logs its summary as one multi-line record (pipelines.pipelines.report.nodes): piped, every table row
+    stays one line, however wide (Rich's handler cut it at 80 columns)."""
+    row = (
+        "| thor vs baseline | final_top1_difference | +18.50 pt [+12.15, +24.85] | 2 | 2 epochs each |" + " " * 10 + "|"
+    )
+    summary = f"By how much:\nthor beat baseline by +18.50 pt final top-1.\n\n| comparison | measure |\n{row}"
+    piped = tmp_path / "piped.txt"
+    with piped.open("w") as stdout:
+        logged_through_the_project_configuration(tmp_path, stdout, summary)
+    assert row in piped.read_text().splitlines()

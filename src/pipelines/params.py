@@ -438,8 +438,13 @@ class ReportRunIds(Section):
 
 class ReportParams(Section):
     recipes: Annotated[list[RecipeName], Field(min_length=1)]
-    target_top1: Annotated[float, Field(gt=0, le=1)]  # a fraction, not a percentage
     run_ids: ReportRunIds
+
+
+class TargetParams(Section):
+    """The one target of time to target, for the report and the study alike."""
+
+    top1: Annotated[float, Field(gt=0, le=1)]  # val top-1, a fraction, not a percentage
 
 
 class ThorMindSpore(Section):
@@ -641,8 +646,7 @@ class StudyParams(Section):
     seeds: Annotated[list[int], Field(min_length=1)]  # runtime.seed of each run
     epochs: PositiveInt  # baseline's and thor's budget (replaces <recipe>.epochs); dim_reduce keeps its stages'
     # epoch counts
-    eval_every_steps: PositiveInt  # evaluation on data.step_eval_images every N steps (time to target)
-    target_top1: Annotated[float, Field(gt=0, le=1)]  # a fraction, not a percentage
+    eval_every_steps: PositiveInt  # evaluation on data.step_eval_images every N steps (time to target.top1)
     dir: str  # one result file per finished run, and the runs' checkpoints
     adasum_workers: Annotated[int, Field(ge=2)] = 2  # msrun ranks of adasum's trainings: a power of two
 
@@ -676,6 +680,7 @@ class Parameters(Section):
     thor: ThorParams
     thor_bert: ThorBertParams
     study: StudyParams
+    target: TargetParams
     tracking: TrackingParams
 
     @model_validator(mode="after")

@@ -24,7 +24,6 @@ STUDY = {
     "seeds": [0, 1],
     "epochs": 2,
     "eval_every_steps": 2,
-    "target_top1": TARGET,
     "dir": "data/07_model_output/study",
 }
 
@@ -55,6 +54,7 @@ def study(tmp_path_factory):
         "data": {**TINY_PARAMS["data"], "root": str(tree), "step_eval_images": 6},
         "thor": {"batch_size": 4, "frequency": 4},
         "study": STUDY,
+        "target": {"top1": TARGET},
     }
     project = make_project(root / "project", params)
     results = project / STUDY["dir"] / "runs"
@@ -143,6 +143,7 @@ def run_tiny_study(root: Path, recipe: str, params: dict) -> tuple[Path, mlflow.
         **params,
         "data": {**TINY_PARAMS["data"], "root": str(tree), "step_eval_images": 6},
         "study": STUDY | {"recipes": [recipe]},
+        "target": {"top1": TARGET},
     }
     project = make_project(root / "project", params)
     result = kedro(project, "run", "--pipelines=study")
@@ -160,8 +161,9 @@ def assert_paired(project: Path, row: str, reference: str) -> pd.DataFrame:
     by_seed = runs.set_index(["recipe", "seed"])["final_top1"]
     paired = pd.read_csv(project / "data/08_reporting/study/paired.csv").set_index(["comparison", "measure"])
     difference = paired.loc[(f"{row} vs {reference}", "final_top1_difference")]
-    assert difference["n"] == 2
-    assert difference["mean"] == pytest.approx(np.mean([by_seed[row, s] - by_seed[reference, s] for s in (0, 1)]))
+    assert difference["n"] == 2 and difference["unit"] == "pt"  # points, rounded as printed
+    expected = 100 * np.mean([by_seed[row, s] - by_seed[reference, s] for s in (0, 1)])
+    assert difference["mean"] == pytest.approx(expected, abs=0.005)
     return runs
 
 

@@ -218,17 +218,24 @@ def test_report_pipeline(workspace):
         assert table.at[recipe, "top1"] == pytest.approx(only_run(uri, recipe).data.metrics[FINAL_TOP1])
     histories = outputs["report.histories"]
     assert sorted(histories.groupby("recipe")["epoch"].max().items()) == [("baseline", 2), ("thor", 1)]
-    # by how much, at the budgets shown, labelled as single runs (no study in this store)
-    differences = outputs["report.differences"].set_index(["comparison", "measure"])
-    thor_gain = differences.loc[("thor vs baseline", "final_top1_difference")]
-    assert thor_gain["mean"] == pytest.approx(table.at["thor", "top1"] - table.at["baseline", "top1"])
-    assert thor_gain["budget"] == "1 vs 2 epochs (unequal)" and thor_gain["source"] == "single runs"
-    assert "| thor vs baseline | final_top1_difference |" in outputs["report.summary"]
+    # thor trained 1 epoch, the baseline 2: not compared (no study in this store), and the summary says why
+    assert outputs["report.differences"].empty
+    assert table.at["thor", "left_out"] == "unequal budget to baseline's run: epochs 1 vs 2"
+    summary = outputs["report.summary"]
+    assert summary.startswith("No verdict: no study in the experiment and no pair of single runs at equal budget")
+    assert "- thor vs baseline (single runs): unequal budget: epochs 1 vs 2; not compared side by side." in summary
+    axes = outputs["report.top1_vs_epoch_plot"].axes[0]
+    assert [line.get_label() for line in axes.get_lines()] == ["baseline", "_target"]  # thor is not drawn beside it
+    # no dim_reduce run: no explained-variance figure, on disk or in MLflow
+    assert outputs["report.explained_variance_plot"] == {}
+    assert not list((project / "data/08_reporting/report").rglob("explained_variance.png"))
     # the runs the closing link compares: the recipes' runs the report read
     report_run = only_run(uri, "report")
     assert set(report_run.data.tags["compared_runs"].split(",")) == {
         only_run(uri, r).info.run_id for r in ("baseline", "thor")
     }
+    logged = {artifact.path for artifact in client(uri).list_artifacts(report_run.info.run_id, "report")}
+    assert "report/summary.md" in logged and "report/explained_variance.png" not in logged
 
 
 def test_migrate_pipeline(workspace, tmp_path):

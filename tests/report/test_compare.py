@@ -194,6 +194,7 @@ def hand_built_histories() -> pd.DataFrame:
 def test_curves_mark_the_stage_boundary_and_count_whole_epochs():
     histories = hand_built_histories()
     drawn = figures(histories, pd.DataFrame(columns=["component", "explained_variance_ratio"]), 0.85)
+    assert "explained_variance" not in drawn  # no dim_reduce PCA: no empty figure
     for name, boundary in (("top1_vs_epoch", 2.0), ("top1_vs_time", 30.0), ("loss", 2.0)):
         axes = drawn[name].axes[0]
         lines = {line.get_label(): line for line in axes.get_lines()}
@@ -324,8 +325,9 @@ def test_no_runs_at_all_is_an_error(tmp_path):
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
-        ("report.target_top1", 84, "report.target_top1 is 84 but must be <= 1"),
-        ("report.target_top1", 0, "report.target_top1 is 0 but must be > 0"),
+        ("target.top1", 84, "target.top1 is 84 but must be <= 1"),
+        ("target.top1", 0, "target.top1 is 0 but must be > 0"),
+        ("report.target_top1", 0.84, "report.target_top1 is not a known parameter"),  # one target: target.top1
         ("report.recipes", ["baseline", "resnet"], "report.recipes[1] is 'resnet'; choose one of baseline, dim_reduce"),
         ("report.recipes", [], "report.recipes is []: list should have at least 1 item"),
         ("report.run_ids.thor", 3, "report.run_ids.thor is 3 but must be a string"),

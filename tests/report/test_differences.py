@@ -1,5 +1,6 @@
-"""By how much the recipes differ: single runs against the baseline and stage 2 against its control, with their
-budgets; the study's means and intervals where it compared the same pair; a readable rounded table."""
+"""By how much the recipes differ, one source per statement: the study's paired differences (means and intervals)
+where it compared the pair, else single runs at equal budget; single runs of unequal budget left out with the
+reason; a verdict sentence first; accuracy differences in points, rounded as printed, everywhere."""
 
 from __future__ import annotations
 
@@ -9,14 +10,20 @@ import mlflow
 import pandas as pd
 import pytest
 
+from pipelines.report.compare import compare, compared_histories
 from pipelines.report.differences import (
+    by_how_much,
     combined,
+    in_points,
     newest_study,
     readable,
     single_run_differences,
     study_differences,
+    verdict,
 )
+from pipelines.study.statistics import paired_differences
 from pipelines.tracking.reader import MlflowRunReader
+from tests.support.stores import EXPERIMENT
 
 FINALS = {
     "baseline": {"top1": 0.80, "top5": 0.99, "epochs": 2},
@@ -24,16 +31,23 @@ FINALS = {
     "stage2": {"top1": 0.81, "top5": 0.99, "epochs": 4},
     "control": {"top1": 0.79, "top5": 0.98, "epochs": 4},
 }
+TARGET = 0.75
 
 
-def test_single_runs_give_each_recipe_against_the_baseline_and_stage2_against_its_control():
-    table = single_run_differences(FINALS).set_index(["comparison", "measure"])
-    assert set(table.index.get_level_values(0)) == {"thor vs baseline", "stage2 vs baseline", "stage2 vs control"}
-    assert table.at[("thor vs baseline", "final_top1_difference"), "mean"] == pytest.approx(0.03)
-    assert table.at[("stage2 vs control", "final_top1_difference"), "mean"] == pytest.approx(0.02)
-    assert table.at[("thor vs baseline", "final_top1_difference"), "budget"] == "2 vs 2 epochs"
-    assert table.at[("stage2 vs baseline", "final_top1_difference"), "budget"] == "4 vs 2 epochs (unequal)"
-    assert (table["source"] == "single runs").all() and table["ci_low"].map(math.isnan).all()
+def test_single_runs_at_equal_budget_are_compared_in_points_and_the_others_left_out():
+    settings = {name: {"data.max_per_class.train": "1500"} for name in FINALS}
+    settings["thor"] = {"data.max_per_class.train": "60"}
+    table, left_out = single_run_differences(FINALS, settings=settings)
+    table = table.set_index(["comparison", "measure"])
+    assert set(table.index.get_level_values(0)) == {"stage2 vs control"}  # same run, same budget
+    assert table.at[("stage2 vs control", "final_top1_difference"), "mean"] == 2.0  # points, no float noise
+    assert table.at[("stage2 vs control", "final_top1_difference"), "unit"] == "pt"
+    assert table.at[("stage2 vs control", "final_top1_difference"), "budget"] == "4 epochs each"
+    assert (table["source"] == "single runs at equal budget").all() and table["ci_low"].map(math.isnan).all()
+    assert dict(zip(left_out["comparison"], left_out["reason"], strict=True)) == {
+        "thor vs baseline": "unequal budget: data.max_per_class.train 60 vs 1500",
+        "stage2 vs baseline": "unequal budget: epochs 4 vs 2",
+    }
 
 
 def test_the_studys_intervals_replace_the_single_runs_of_the_pairs_it_compared():
@@ -47,14 +61,43 @@ def test_the_studys_intervals_replace_the_single_runs_of_the_pairs_it_compared()
             "n": [3, 3],
         }
     )
-    table = combined(single_run_differences(FINALS), study_differences(paired, seeds=3, epochs=2))
+    single, _ = single_run_differences(FINALS)
+    table = combined(single, study_differences(paired, seeds=3, epochs=2))
     thor = table[table["comparison"] == "thor vs baseline"]
     assert list(thor["source"].unique()) == ["study, 3 seeds"] and list(thor["budget"].unique()) == ["2 epochs each"]
-    assert set(table[table["source"] == "single runs"]["comparison"]) == {"stage2 vs baseline", "stage2 vs control"}
-    text = readable(table)
+    assert thor["mean"].tolist() == [0.57, 0.74] and thor["unit"].tolist() == ["pt", "ratio"]
+    text = readable(table, target_top1=TARGET)
+    assert text.startswith("Inconclusive: thor - baseline is +0.57 pt final top-1, but the 95 % CI [-2.23, +3.37] pt ")
+    assert "## From the study, 3 seeds\n" in text and "## From the single runs at equal budget" in text
     assert "| thor vs baseline | final_top1_difference | +0.57 pt [-2.23, +3.37] | 3 | 2 epochs each |" in text
     assert "| thor vs baseline | time_to_target_ratio | 0.74 [0.52, 0.96] | 3 |" in text
-    assert "| stage2 vs control | final_top1_difference | +2.00 pt | 1 | 4 vs 4 epochs | single runs |" in text
+    assert "| stage2 vs control | final_top1_difference | +2.00 pt | 1 | 4 epochs each |" in text
+
+
+@pytest.mark.parametrize(
+    ("mean", "low", "high", "n", "sentence"),
+    [
+        (0.185, 0.1215, 0.2485, 2, "thor beat baseline by +18.50 pt final top-1 (95 % CI [+12.15, +24.85] pt; "),
+        (-0.03, -0.05, -0.01, 3, "baseline beat thor by +3.00 pt final top-1 (95 % CI [-5.00, -1.00] pt for thor "),
+        (0.01, -0.02, 0.04, 3, "Inconclusive: thor - baseline is +1.00 pt final top-1, but the 95 % CI [-2.00, "),
+    ],
+    ids=["thor-won", "baseline-won", "spans-zero"],
+)
+def test_the_verdict_says_who_won_by_how_much_or_inconclusive(mean, low, high, n, sentence):
+    paired = pd.DataFrame(
+        {"comparison": ["thor vs baseline"], "measure": ["final_top1_difference"], "mean": [mean]}
+        | {"ci_low": [low], "ci_high": [high], "n": [n]}
+    )
+    assert verdict(study_differences(paired, seeds=n, epochs=2)).startswith(sentence)
+
+
+def test_one_run_each_is_inconclusive_and_nothing_to_compare_says_so():
+    single, _ = single_run_differences({"baseline": FINALS["baseline"], "thor": FINALS["thor"]})
+    assert verdict(single) == (
+        "Inconclusive: thor - baseline is +3.00 pt final top-1 from one run each (single runs at equal budget, "
+        "2 epochs each), with no interval; run the study for one."
+    )
+    assert verdict(single.iloc[0:0]).startswith("No verdict: no study in the experiment and no pair of single runs")
 
 
 def test_the_newest_finished_study_of_the_experiment_is_read_back(tmp_path):
@@ -68,7 +111,7 @@ def test_the_newest_finished_study_of_the_experiment_is_read_back(tmp_path):
         | {"ci_low": [-0.02], "ci_high": [0.04], "n": [3]}
     )
     (tmp_path / "study").mkdir()
-    paired.to_csv(tmp_path / "study/paired.csv", index=False)
+    paired.to_csv(tmp_path / "study/paired.csv", index=False)  # a study of before the points: fractions, no unit
     for status, epochs in (("FINISHED", "2"), ("FAILED", "9")):  # the failed one is newer and is not read
         run = client.create_run(experiment, tags={"pipeline": "study"})
         client.log_param(run.info.run_id, "study.epochs", epochs)
@@ -76,4 +119,101 @@ def test_the_newest_finished_study_of_the_experiment_is_read_back(tmp_path):
         client.set_terminated(run.info.run_id, status)
     study = newest_study(reader)
     assert list(study["source"]) == ["study, 3 seeds"] and list(study["budget"]) == ["2 epochs each"]
-    assert study["mean"].tolist() == [0.01]
+    assert study["mean"].tolist() == [1.0] and study["unit"].tolist() == ["pt"]
+
+
+# -- a study and single runs of unequal budget in one real MLflow store ---------------------------------------------
+
+
+def log_recipe_run(client, experiment: str, pipeline: str, params: dict, top1: list[float], **tags: str) -> str:
+    """A finished run of an image recipe as the pipelines log it: per-epoch metrics (step = epoch), final top-1."""
+    run_id = client.create_run(experiment, tags={"pipeline": pipeline, "env": "base", **tags}).info.run_id
+    for key, value in params.items():
+        client.log_param(run_id, key, value)
+    for epoch, value in enumerate(top1, start=1):
+        for key, logged in (("train/loss", 2.0 / epoch), ("val/top1", value), ("val/top5", 0.99)):
+            client.log_metric(run_id, key, logged, step=epoch)
+        client.log_metric(run_id, "train/epoch_time_s", 10.0, step=epoch)
+        client.log_metric(run_id, "train/images_per_s", 100.0, step=epoch)
+    client.log_metric(run_id, "final/top1", top1[-1])
+    client.log_metric(run_id, "final/top5", 0.99)
+    client.set_terminated(run_id)
+    return run_id
+
+
+@pytest.fixture
+def study_and_unequal_runs(tmp_path):
+    """The issue's store: baseline after 5 epochs on the full data, thor after 1 epoch on 60 images a class, adasum
+    after 3 epochs, a newer thor rehearsal (fast_dev_run), and a study of thor against baseline over 2 seeds whose
+    paired.csv the study's own code wrote (in points), with no seed reaching the target."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment(EXPERIMENT, artifact_location=(tmp_path / "mlruns").as_uri())
+    full = {"data.max_per_class.train": "1500", "data.image_size": "32", "model.name": "resnet_narrow"}
+    ids = {
+        "baseline": log_recipe_run(client, experiment, "baseline", full, [0.5, 0.7, 0.8, 0.84, 0.85]),
+        "thor": log_recipe_run(client, experiment, "thor", {**full, "data.max_per_class.train": "60"}, [0.21]),
+        "adasum": log_recipe_run(client, experiment, "adasum", full, [0.5, 0.7, 0.8]),
+    }
+    log_recipe_run(client, experiment, "thor", full, [0.9], fast_dev_run="a few batches")  # a rehearsal: not read
+    runs = pd.DataFrame(
+        {
+            "recipe": ["baseline", "baseline", "thor", "thor"],
+            "seed": [0, 1, 0, 1],
+            "final_top1": [0.62, 0.64, 0.80, 0.83],
+            "final_top5": [0.95, 0.96, 0.97, 0.97],
+            "time_to_target_s": [math.nan] * 4,
+            "epochs_to_target": [math.nan] * 4,
+        }
+    )
+    paired = in_points(paired_differences(runs))  # what the study node writes to paired.csv
+    (tmp_path / "study").mkdir()
+    paired.to_csv(tmp_path / "study/paired.csv", index=False)
+    study = client.create_run(experiment, tags={"pipeline": "study"}).info.run_id
+    client.log_param(study, "study.epochs", "2")
+    client.log_artifact(study, str(tmp_path / "study/paired.csv"), "study")
+    client.set_terminated(study)
+    return MlflowRunReader(uri, EXPERIMENT), pd.read_csv(tmp_path / "study/paired.csv"), ids
+
+
+def test_a_study_and_single_runs_of_unequal_budget_tell_one_story(study_and_unequal_runs, caplog):
+    reader, paired, ids = study_and_unequal_runs
+    comparison = compare(reader, ["baseline", "thor", "adasum"], TARGET)  # as the report node does
+    differences, left_out = by_how_much(comparison.finals, reader, settings=comparison.settings)
+    summary = readable(differences, left_out, target_top1=TARGET)
+
+    # the verdict sentence is the paired table's thor vs baseline final top-1, as stored in paired.csv
+    row = paired.set_index(["comparison", "measure"]).loc[("thor vs baseline", "final_top1_difference")]
+    assert (row["mean"], row["ci_low"], row["ci_high"], row["n"]) == (18.5, 12.15, 24.85, 2)
+    first = summary.splitlines()[0]
+    assert first == (
+        f"thor beat baseline by {row['mean']:+.2f} pt final top-1 (95 % CI [{row['ci_low']:+.2f}, "
+        f"{row['ci_high']:+.2f}] pt; study, 2 seeds, 2 epochs each)."
+    )
+
+    # the unequal single runs are not compared: no single-run row, named in "Left out" with the reason, not drawn
+    assert set(differences["source"]) == {"study, 2 seeds"}
+    assert "## From the study, 2 seeds" in summary and "single runs at equal budget" not in summary
+    assert "- adasum vs baseline (single runs): unequal budget: epochs 3 vs 5; not compared side by side." in summary
+    assert (
+        "- thor vs baseline (single runs): unequal budget: epochs 1 vs 5; data.max_per_class.train 60 vs 1500; the "
+        "study compares this pair at equal budget instead; not compared side by side."
+    ) in summary
+    table = comparison.table.set_index("recipe")
+    assert table.at["thor", "run_id"] == ids["thor"]  # the rehearsal is not a result
+    assert table.at["thor", "left_out"] == (
+        "unequal budget to baseline's run: epochs 1 vs 5; data.max_per_class.train 60 vs 1500"
+    )
+    assert table.at["adasum", "left_out"] == "unequal budget to baseline's run: epochs 3 vs 5"
+    assert table.at["baseline", "left_out"] == ""
+    assert set(compared_histories(comparison.histories, comparison.table)["recipe"]) == {"baseline"}
+
+    # points throughout, rounded as printed: the CSV's values, the summary's cells, the rows no seed pair fills
+    accuracy = differences[differences["measure"].str.endswith("top1_difference")]
+    assert (accuracy["unit"] == "pt").all() and accuracy["mean"].tolist() == [18.5]
+    for column in ("mean", "ci_low", "ci_high"):
+        assert all(value == round(value, 2) for value in differences[column].dropna())
+    assert "| thor vs baseline | final_top1_difference | +18.50 pt [+12.15, +24.85] | 2 | 2 epochs each |" in summary
+    assert "| thor vs baseline | time_to_target_ratio | — | 0 |" in summary and "nan" not in summary
+    assert "—: no seed on which both recipes reached the target top-1 of 75 % (target.top1)" in summary
+    assert "0.185" not in summary and "0.18500000000000005" not in differences.to_csv()

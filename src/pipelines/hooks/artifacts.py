@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kedro.framework.hooks import hook_impl
@@ -72,7 +72,13 @@ def sha256(path: Path) -> str:
 
 def log(artifact: Artifact, max_bytes: float) -> None:
     """Copy ``artifact`` into the active run (its child run ``training``), or tag its path, size and sha256
-    when the file is larger than ``max_bytes``."""
+    when the file is larger than ``max_bytes``. A folder (a dataset saved as several files, e.g. a mapping of
+    figures) logs each of its files, and nothing when it holds none or is not there."""
+    if artifact.file.is_dir() or not artifact.file.exists():
+        files = sorted(path for path in artifact.file.iterdir() if path.is_file()) if artifact.file.is_dir() else []
+        for file in files:
+            log(replace(artifact, file=file), max_bytes)
+        return
     size = artifact.file.stat().st_size
     with training_run(artifact.training) if artifact.training else nullcontext():
         if size <= max_bytes:

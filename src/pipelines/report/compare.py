@@ -97,6 +97,7 @@ TABLE_COLUMNS = [
     "time_to_target_s",
     "resumed",
     "differs",
+    "left_out",
 ]
 HISTORY_COLUMNS = ["recipe", "run_id", "training", "epoch", *EPOCH_KEYS, "train_time_s"]
 VARIANCE_ARTIFACT = "pca/pca_explained_variance.csv"
@@ -154,6 +155,8 @@ class Comparison:
     explained_variance: pd.DataFrame
     # each training's final top1/top5 and its budget (epochs), by name: the recipes', dim_reduce's stage2 and control
     finals: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the data and model settings of each training's run (data_and_model), by the same names
+    settings: dict[str, dict[str, str | None]] = field(default_factory=dict)
 
 
 def absolute_tracking_uri(uri: str, project_path: str | Path) -> str:
@@ -387,6 +390,30 @@ def setting_differences(settings: Mapping[str, Mapping[str, str | None]]) -> dic
     }
 
 
+def unequal_budgets(table: pd.DataFrame, settings: Mapping[str, Mapping[str, str | None]]) -> dict[str, str]:
+    """Per recipe with a run, why its run is not compared side by side with the reference's (the baseline's, else
+    the first recipe's with a run): other epochs, or other data or model settings; empty when the budgets are
+    equal."""
+    rows = table[table["run_status"] != "missing"].set_index("recipe")
+    recipes = [recipe for recipe in rows.index if recipe in settings]
+    if not recipes:
+        return {}
+    reference = "baseline" if "baseline" in recipes else recipes[0]
+    reasons = {}
+    for recipe in recipes:
+        gaps = []
+        if rows.at[recipe, "epochs"] != rows.at[reference, "epochs"]:
+            gaps.append(f"epochs {rows.at[recipe, 'epochs']} vs {rows.at[reference, 'epochs']}")
+        ours, theirs = settings[recipe], settings[reference]
+        gaps += [
+            f"{key} {ours.get(key) or '?'} vs {theirs.get(key) or '?'}"
+            for key in sorted({*ours, *theirs})
+            if ours.get(key) != theirs.get(key)
+        ]
+        reasons[recipe] = f"unequal budget to {reference}'s run: {'; '.join(gaps)}" if gaps else ""
+    return reasons
+
+
 def compare(
     reader: RunReader,
     recipes: Sequence[str],
@@ -410,6 +437,7 @@ def compare(
     settings: dict[str, dict[str, str | None]] = {}
     histories = []
     finals: dict[str, dict[str, float]] = {}
+    training_settings: dict[str, dict[str, str | None]] = {}
     for recipe in chosen:
         run = find_run(reader, recipe, (run_ids or {}).get(recipe.name))
         runs[recipe.name] = run
@@ -435,6 +463,7 @@ def compare(
         for name in (*recipe.trainings[1:], *recipe.side_trainings) or (recipe.name,):
             ended = history[history["training"] == name]["epoch"]
             finals[name] = {**final_accuracy(metrics[name]), "epochs": float(ended.max()) if len(ended) else math.nan}
+            training_settings[name] = settings[recipe.name]
         for side in recipe.side_trainings:  # dim_reduce's control: beside stage 2 in the table, at its budget
             rows[f"{recipe.name}/{side}"] = {
                 "recipe": f"{recipe.name}/{side}",
@@ -462,6 +491,11 @@ def compare(
     table = pd.DataFrame(list(rows.values()), columns=TABLE_COLUMNS).astype(
         {"epochs": "Int64", "epoch_to_target": "Int64", "image_size": "Int64", "train_images": "Int64", "seed": "Int64"}
     )
+    left_out = unequal_budgets(table, settings)
+    table["left_out"] = table["recipe"].map(left_out).fillna("")
+    for recipe, reason in left_out.items():
+        if reason:
+            logger.warning("Report: %s is not compared side by side: %s", recipe, reason)
     dim_reduce = runs.get("dim_reduce")
     variance = reader.artifact_csv(dim_reduce["run_id"], VARIANCE_ARTIFACT) if dim_reduce else None
     if dim_reduce and variance is None:
@@ -472,6 +506,7 @@ def compare(
         histories=pd.concat(histories, ignore_index=True),
         explained_variance=pd.DataFrame(columns=VARIANCE_COLUMNS) if variance is None else variance,
         finals=finals,
+        settings=training_settings,
     )
 
 
@@ -563,9 +598,6 @@ def explained_variance_figure(table: pd.DataFrame) -> Figure:
     axes.set_ylabel("explained variance ratio")
     axes.set_title("dim_reduce: PCA of the stage-1 trajectory")
     axes.set_ylim(0, 1)
-    if table.empty:
-        axes.text(0.5, 0.5, "no dim_reduce run", ha="center", va="center", transform=axes.transAxes)
-        return figure
     axes.bar(table["component"], table["explained_variance_ratio"], label="component")
     axes.plot(table["component"], table["cumulative_ratio"], color="black", marker=".", label="cumulative")
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -573,11 +605,21 @@ def explained_variance_figure(table: pd.DataFrame) -> Figure:
     return figure
 
 
+def compared_histories(histories: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``histories`` of the recipes compared side by side: those whose ``left_out`` (``table``) is
+    empty, at the reference run's budget."""
+    left_out = set(table.loc[table["left_out"].fillna("") != "", "recipe"]) if "left_out" in table else set()
+    return histories[~histories["recipe"].isin(left_out)]
+
+
 def figures(histories: pd.DataFrame, explained_variance: pd.DataFrame, target_top1: float) -> dict[str, Figure]:
-    """The report's figures by name: top-1 against epoch and time, loss, dim_reduce's explained variance."""
-    return {
+    """The report's figures by name: top-1 against epoch and time, loss, and dim_reduce's explained variance when
+    there is a dim_reduce run (no empty figure)."""
+    drawn = {
         "top1_vs_epoch": top1_figure(histories, "epoch", target_top1),
         "top1_vs_time": top1_figure(histories, "train_time_s", target_top1),
         "loss": loss_figure(histories),
-        "explained_variance": explained_variance_figure(explained_variance),
     }
+    if not explained_variance.empty:
+        drawn["explained_variance"] = explained_variance_figure(explained_variance)
+    return drawn

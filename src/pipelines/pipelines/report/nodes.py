@@ -8,25 +8,28 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from pipelines import tracking
-from pipelines.params import ReportParams
-from pipelines.report.compare import compare, figures
+from pipelines.params import ReportParams, TargetParams
+from pipelines.report.compare import compare, compared_histories, figures
 from pipelines.report.differences import by_how_much, readable
 from pipelines.tracking import MlflowRunReader
 
 logger = logging.getLogger(__name__)
 
 
-def compare_recipes(report: ReportParams) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame, str]:
+def compare_recipes(
+    report: ReportParams, target: TargetParams
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame, str]:
     """The comparison table, the per-epoch histories, dim_reduce's explained variance, and by how much the recipes
-    differ (a table and its readable Markdown): from the newest study of the experiment where it compared the same
-    recipes (means and 95 % intervals over its seeds), else from the single runs compared.
+    differ (a table in points and ``summary.md``): from the newest study of the experiment where it compared the
+    same recipes (means and 95 % intervals over its seeds), else from the single runs at equal budget; single runs
+    of unequal budget are left out, and the summary says why.
 
     Runs are read from the tracking URI and experiment kedro-mlflow set up from ``mlflow.yml``
     for this run itself, so the report reads the same store the training pipelines wrote.
     """
     reader = MlflowRunReader.of_active_run()
-    comparison = compare(reader, report.recipes, report.target_top1, report.run_ids.model_dump())
-    differences = by_how_much(comparison.finals, reader)
+    comparison = compare(reader, report.recipes, target.top1, report.run_ids.model_dump())
+    differences, left_out = by_how_much(comparison.finals, reader, settings=comparison.settings)
     tracking.record_compared_runs([run_id for run_id in comparison.table["run_id"] if isinstance(run_id, str)])
     for row in comparison.table.itertuples():
         if row.run_status == "missing":
@@ -42,14 +45,17 @@ def compare_recipes(report: ReportParams) -> tuple[pd.DataFrame, pd.DataFrame, p
             100 * row.target_top1,
             "not reached" if pd.isna(row.time_to_target_s) else f"after {row.time_to_target_s:.0f} s",
         )
-    summary = readable(differences)
-    logger.info("By how much (%s):\n%s", ", ".join(sorted(set(differences["source"]))), summary)
+    summary = readable(differences, left_out, target_top1=target.top1)
+    logger.info("By how much:\n%s", summary)
     return comparison.table, comparison.histories, comparison.explained_variance, differences, summary
 
 
 def plot_recipes(
-    histories: pd.DataFrame, explained_variance: pd.DataFrame, report: ReportParams
-) -> tuple[Figure, Figure, Figure, Figure]:
-    """Top-1 against epoch and training time, loss against epoch, dim_reduce's explained variance."""
-    drawn = figures(histories, explained_variance, report.target_top1)
-    return drawn["top1_vs_epoch"], drawn["top1_vs_time"], drawn["loss"], drawn["explained_variance"]
+    histories: pd.DataFrame, explained_variance: pd.DataFrame, table: pd.DataFrame, target: TargetParams
+) -> tuple[Figure, Figure, Figure, dict[str, Figure]]:
+    """Top-1 against epoch and training time, loss against epoch, of the recipes compared side by side (a run of
+    unequal budget is left out, as the table's ``left_out`` says); dim_reduce's explained variance only when there
+    is a dim_reduce run (an empty mapping writes no file)."""
+    drawn = figures(compared_histories(histories, table), explained_variance, target.top1)
+    variance = {"explained_variance.png": drawn["explained_variance"]} if "explained_variance" in drawn else {}
+    return drawn["top1_vs_epoch"], drawn["top1_vs_time"], drawn["loss"], variance

@@ -15,13 +15,13 @@ def create_pipeline(**kwargs) -> Pipeline:
             [
                 node(
                     compare_recipes,
-                    "params:report",
+                    ["params:report", "params:target"],
                     ["table", "histories", "explained_variance", "differences", "summary"],
                     name="compare_recipes",
                 ),
                 node(
                     plot_recipes,
-                    ["histories", "explained_variance", "params:report"],
+                    ["histories", "explained_variance", "table", "params:target"],
                     ["top1_vs_epoch_plot", "top1_vs_time_plot", "loss_plot", "explained_variance_plot"],
                     name="plot_recipes",
                 ),

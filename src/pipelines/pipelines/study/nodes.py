@@ -28,10 +28,12 @@ from pipelines.params import (
     ModelParams,
     RuntimeParams,
     StudyParams,
+    TargetParams,
     ThorBertParams,
 )
 from pipelines.recipes.context import TrainingContext
 from pipelines.recipes.language_model import prepare_language_model
+from pipelines.report.differences import in_points
 from pipelines.study.runner import StudyInputs, StudyPlan, run_study
 from pipelines.study.statistics import MEASURES, curves_figure, paired_differences, run_figures, summarise
 
@@ -55,18 +57,19 @@ def run_recipes(
     boost: BoostParams,
     thor_bert: ThorBertParams,
     study: StudyParams,
+    target: TargetParams,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every recipe of ``study.recipes`` over every seed of ``study.seeds`` (those not finished earlier).
 
     Returns one row per result (``RUN_COLUMNS``: final top-1/top-5 on val after the last epoch, time, steps and
-    epochs to ``study.target_top1`` at step resolution, training seconds; thor_bert's rows: the held-out masked-LM
+    epochs to ``target.top1`` at step resolution, training seconds; thor_bert's rows: the held-out masked-LM
     accuracy and loss, and the target ``thor_bert.target_mlm_accuracy``) and the step-evaluation curves
     (``CURVE_COLUMNS``: top-1/top-5, or masked-LM accuracy, on the step subset against training seconds).
     """
     context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
     language = prepare_language_model(thor_bert, runtime, distributed) if "thor_bert" in study.recipes else None
     inputs = StudyInputs(context, baseline, thor, dim_reduce, adasum, boost, thor_bert, language)
-    targets = {VAL_STEP_TOP1: study.target_top1, VAL_STEP_MLM_ACCURACY: thor_bert.target_mlm_accuracy}
+    targets = {VAL_STEP_TOP1: target.top1, VAL_STEP_MLM_ACCURACY: thor_bert.target_mlm_accuracy}
     plan = StudyPlan(
         study.recipes, study.seeds, study.epochs, study.eval_every_steps, Path(study.dir), study.adasum_workers
     )
@@ -100,7 +103,8 @@ def run_recipes(
 
 def summarise_study(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per result row mean and 95 % t-interval of each measure, and the paired differences (thor against
-    baseline, stage2 against control, adasum against allreduce); the means go to the study's MLflow run
+    baseline, stage2 against control, adasum against allreduce), differences of accuracies in points, rounded as
+    logged (column ``unit``); the means go to the study's MLflow run as fractions, as every accuracy metric
     (``study/<recipe>/<measure>``, ``study/<recipe>_vs_<reference>/<measure>``)."""
     summary = summarise(runs)
     paired = paired_differences(runs)
@@ -115,6 +119,7 @@ def summarise_study(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         for _, row in paired.iterrows()
     }
     tracking.log_metrics(metrics)
+    paired = in_points(paired)  # paired.csv as the log prints it: accuracy differences in points, rounded
     _log_table(summary, paired)
     return summary, paired
 
@@ -129,15 +134,16 @@ def _log_table(summary: pd.DataFrame, paired: pd.DataFrame) -> None:
         ]
         lines.append(f"  {row['recipe']}: " + "; ".join(cells))
     for _, row in paired.iterrows():
+        unit = " pt" if row["unit"] == "pt" else ""
         lines.append(
-            f"  {row['comparison']} {row['measure']}: {row['mean']:.4g} [{row['ci_low']:.4g}, {row['ci_high']:.4g}] "
+            f"  {row['comparison']} {row['measure']}: {row['mean']:g}{unit} [{row['ci_low']:g}, {row['ci_high']:g}] "
             f"n={row['n']}"
         )
     logger.info("\n".join(lines))
 
 
-def plot_study(curves: pd.DataFrame, study: StudyParams, thor_bert: ThorBertParams) -> Figure:
+def plot_study(curves: pd.DataFrame, target: TargetParams, thor_bert: ThorBertParams) -> Figure:
     """Top-1 (thor_bert's rows: held-out masked-LM accuracy) on the step subset against training time, per result
     row: seeds, mean and 95 % band; the target line is top-1's, or the masked-LM one in a study of thor_bert only."""
     language_only = curves["top1"].isna().all() and curves["mlm_accuracy"].notna().any()
-    return curves_figure(curves, thor_bert.target_mlm_accuracy if language_only else study.target_top1)
+    return curves_figure(curves, thor_bert.target_mlm_accuracy if language_only else target.top1)
