@@ -1,12 +1,14 @@
-"""Checkpoint files: round trip, atomic writes, clear errors."""
+"""Checkpoint files: round trip (safetensors), older MindSpore ``.ckpt`` files, atomic writes, clear errors."""
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,11 +21,14 @@ from pipelines.engine.checkpoint import (
     CheckpointSpaceError,
     atomic_path,
     check_compatible,
+    is_safetensors,
     load_checkpoint,
+    load_metadata,
     remove_abandoned_temporaries,
     save_checkpoint,
 )
 from pipelines.engine.resume import find_resume_checkpoint
+from tests.support.checkpoints import save_mindspore_ckpt
 
 
 @pytest.fixture
@@ -73,6 +78,102 @@ def test_round_trip_keeps_zero_dimensional_arrays(tmp_path):
     assert load_checkpoint(tmp_path / "s.ckpt").params["momentum"].shape == ()
 
 
+def test_a_checkpoint_is_a_safetensors_file_with_the_metadata_in_its_header(tmp_path, checkpoint):
+    from safetensors import safe_open
+
+    path = tmp_path / "model.ckpt"
+    save_checkpoint(checkpoint, path)
+    assert is_safetensors(path)
+    with safe_open(path, framework="numpy") as file:  # any safetensors reader reads it
+        assert set(file.keys()) == set(checkpoint.params)
+        assert json.loads(file.metadata()[METADATA_KEY]) == checkpoint.metadata
+        np.testing.assert_array_equal(file.get_tensor("stem.0.weight"), checkpoint.params["stem.0.weight"])
+    assert load_metadata(path) == checkpoint.metadata
+
+
+def test_a_safetensors_name_is_written_alike_and_mindspore_reads_it(tmp_path, checkpoint):
+    import mindspore as ms
+
+    path = tmp_path / "model.safetensors"
+    save_checkpoint(checkpoint, path)
+    assert load_checkpoint(path).metadata == checkpoint.metadata
+    loaded = ms.load_checkpoint(str(path), format="safetensors")
+    np.testing.assert_array_equal(loaded["fc.bias"].asnumpy(), checkpoint.params["fc.bias"])
+
+
+def test_a_mindspore_ckpt_written_before_safetensors_still_loads(tmp_path, checkpoint):
+    path = tmp_path / "epoch_0003.ckpt"
+    scalars = Checkpoint({**checkpoint.params, "momentum": np.array(0.9, np.float32)}, checkpoint.metadata)
+    save_mindspore_ckpt(scalars, path)
+    assert not is_safetensors(path)
+    loaded = load_checkpoint(path)
+    assert loaded.metadata == checkpoint.metadata
+    assert loaded.params.keys() == scalars.params.keys()
+    for name, value in scalars.params.items():
+        assert loaded.params[name].dtype == value.dtype and loaded.params[name].shape == value.shape, name
+        np.testing.assert_array_equal(loaded.params[name], value, err_msg=name)
+    assert load_metadata(path) == checkpoint.metadata
+
+
+def test_a_resume_takes_the_newest_checkpoint_whichever_the_format(tmp_path, checkpoint):
+    """A training interrupted before the switch resumes from its .ckpt, then writes safetensors beside it."""
+    folder = tmp_path / "epochs"
+    for epoch in (1, 2):
+        save_mindspore_ckpt(
+            Checkpoint(checkpoint.params, {"epoch": epoch, "fingerprint": "f"}), folder / f"epoch_{epoch:04d}.ckpt"
+        )
+    assert find_resume_checkpoint(folder, "epoch", "f", stop_epoch=5) == folder / "epoch_0002.ckpt"
+    save_checkpoint(Checkpoint(checkpoint.params, {"epoch": 3, "fingerprint": "f"}), folder / "epoch_0003.ckpt")
+    assert find_resume_checkpoint(folder, "epoch", "f", stop_epoch=5) == folder / "epoch_0003.ckpt"
+
+
+def truncations(data: bytes) -> dict[str, bytes]:
+    """A safetensors file cut inside its header length, inside its header, and inside its arrays; its header broken."""
+    header_end = 8 + int.from_bytes(data[:8], "little")
+    return {
+        "length": data[:5],
+        "header": data[: header_end // 2],
+        "arrays": data[: (header_end + len(data)) // 2],
+        "last-byte": data[:-1],
+        "bad-header": data[:9] + b"\x00" * (header_end - 9) + data[header_end:],
+        "bad-metadata": data.replace(b'"{\\"network', b'"[\\"network', 1),  # our JSON inside a valid header
+    }
+
+
+@pytest.mark.parametrize("cut", ["length", "header", "arrays", "last-byte", "bad-header", "bad-metadata"])
+def test_a_truncated_or_corrupt_safetensors_checkpoint_raises_checkpoint_error_naming_it(tmp_path, checkpoint, cut):
+    path = tmp_path / "epoch_0001.ckpt"
+    save_checkpoint(checkpoint, path)
+    path.write_bytes(truncations(path.read_bytes())[cut])
+    for read in (load_checkpoint, load_metadata):
+        with pytest.raises(CheckpointError, match="truncated or corrupt") as error:
+            read(path)
+        assert not isinstance(error.value, CheckpointMemoryError)
+        assert str(path) in str(error.value)
+
+
+def test_a_failed_write_leaves_no_partial_file_and_the_old_checkpoint_whole(tmp_path, checkpoint, monkeypatch):
+    """The writer dies halfway (an I/O error after part of the file): the old checkpoint is untouched, no temporary
+    is left, and the name never held a partial file."""
+    import safetensors.numpy
+
+    path = tmp_path / "model.ckpt"
+    save_checkpoint(checkpoint, path)
+    before = path.read_bytes()
+
+    def write_half(tensors, filename, metadata=None):
+        Path(filename).write_bytes(safetensors.numpy.save(tensors, metadata)[:100])
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", write_half)
+    with pytest.raises(OSError, match="Input/output error"):
+        save_checkpoint(Checkpoint({"w": np.ones(1000, np.float32)}, {"epoch": 4}), path)
+    with pytest.raises(OSError, match="Input/output error"):
+        save_checkpoint(checkpoint, tmp_path / "new.ckpt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.ckpt"]
+    assert path.read_bytes() == before
+
+
 def test_save_creates_parent_folders_and_leaves_no_temporary_file(tmp_path, checkpoint):
     folder = tmp_path / "deep" / "er"
     save_checkpoint(checkpoint, folder / "model.ckpt")
@@ -91,8 +192,8 @@ def test_save_overwrites_an_existing_checkpoint(tmp_path, checkpoint):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.ckpt"]
 
 
-def test_path_must_end_in_ckpt(tmp_path, checkpoint):
-    with pytest.raises(CheckpointError, match=r"must end in \.ckpt"):
+def test_path_must_end_in_ckpt_or_safetensors(tmp_path, checkpoint):
+    with pytest.raises(CheckpointError, match=r"must end in \.ckpt or \.safetensors"):
         save_checkpoint(checkpoint, tmp_path / "model.pt")
     assert list(tmp_path.iterdir()) == []
 
@@ -112,7 +213,7 @@ def test_an_intact_file_larger_than_the_available_memory_is_not_called_corrupt(t
 
     path = tmp_path / "model.ckpt"
     save_checkpoint(checkpoint, path)
-    monkeypatch.setattr(checkpoints, "available_memory", lambda: 1000)
+    monkeypatch.setattr(checkpoints, "available_memory", lambda: 100)  # bytes; the file has about 1,000
     with pytest.raises(CheckpointMemoryError) as error:
         load_checkpoint(path)
     failure = Failure.of(error.value)
@@ -122,7 +223,39 @@ def test_an_intact_file_larger_than_the_available_memory_is_not_called_corrupt(t
     assert load_checkpoint(path).params.keys() == checkpoint.params.keys()  # the file was kept as it was
 
 
-def test_running_out_of_memory_while_parsing_is_not_called_corrupt(tmp_path, checkpoint, monkeypatch):
+def test_running_out_of_memory_while_reading_the_arrays_is_not_called_corrupt(tmp_path, checkpoint, monkeypatch):
+    import safetensors
+
+    class OutOfMemory:
+        def __init__(self, *args, **kwargs):
+            self.file = real(*args, **kwargs)
+
+        def __enter__(self):
+            self.file.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.file.__exit__(*exc)
+
+        def metadata(self):
+            return self.file.metadata()
+
+        def keys(self):
+            return self.file.keys()
+
+        def get_tensor(self, name):
+            raise MemoryError
+
+    path = tmp_path / "model.ckpt"
+    save_checkpoint(checkpoint, path)
+    real = safetensors.safe_open
+    monkeypatch.setattr(safetensors, "safe_open", OutOfMemory)
+    with pytest.raises(CheckpointMemoryError, match="does not fit in the available memory") as error:
+        load_checkpoint(path)
+    assert str(path) in str(error.value)
+
+
+def test_a_mindspore_ckpt_running_out_of_memory_while_parsed_is_not_called_corrupt(tmp_path, checkpoint, monkeypatch):
     import mindspore as ms
 
     def parse_out_of_memory(*_args, **_kwargs):  # what MindSpore raises when protobuf's parse runs out of memory
@@ -131,18 +264,18 @@ def test_running_out_of_memory_while_parsing_is_not_called_corrupt(tmp_path, che
         )
 
     path = tmp_path / "model.ckpt"
-    save_checkpoint(checkpoint, path)
+    save_mindspore_ckpt(checkpoint, path)
     monkeypatch.setattr(ms, "load_checkpoint", parse_out_of_memory)
     with pytest.raises(CheckpointMemoryError, match="does not fit in the available memory"):
         load_checkpoint(path)
 
 
-def test_page_cache_counts_as_memory_for_a_load(tmp_path, checkpoint, monkeypatch):
+def test_page_cache_counts_as_memory_for_a_mindspore_ckpt_load(tmp_path, checkpoint, monkeypatch):
     """MindSpore's own probe counts free pages only; with the page cache full it would refuse any file."""
     from mindspore.train import serialization
 
     path = tmp_path / "model.ckpt"
-    save_checkpoint(checkpoint, path)
+    save_mindspore_ckpt(checkpoint, path)
     monkeypatch.setattr(serialization, "_get_available_memory", lambda: 1000)  # free pages: next to none
     assert load_checkpoint(path).params.keys() == checkpoint.params.keys()
     assert serialization._get_available_memory() == 1000  # MindSpore's probe is its own again after the load

@@ -1,4 +1,4 @@
-"""``CheckpointDataset``: a MindSpore ``.ckpt`` file as a Kedro catalog entry."""
+"""``CheckpointDataset``: a checkpoint file (``engine.checkpoint``: safetensors, any size) as a Kedro catalog entry."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pipelines.engine.checkpoint import Checkpoint, load_checkpoint, save_checkp
 
 
 class CheckpointDataset(AbstractDataset[Checkpoint, Checkpoint]):
-    """Loads and saves a ``Checkpoint`` (parameter arrays plus metadata) as a MindSpore ``.ckpt``.
+    """Loads and saves a ``Checkpoint`` (parameter arrays plus metadata) as a safetensors file named ``.ckpt`` (or
+    ``.safetensors``); an older MindSpore ``.ckpt`` at the path loads too.
 
     Saving is atomic (temporary file, then rename); loading a truncated or corrupt file
     raises an error naming it.

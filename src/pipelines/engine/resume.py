@@ -4,6 +4,8 @@ A training's periodic checkpoints carry the fingerprint of its configuration and
 rerun of the same training continues from the newest of them, any other training moves them aside
 to a ``stale-<time>/`` folder (the newest ``keep_stale`` of those are kept). Once a finished
 training's final state is saved, ``remove_finished_checkpoints`` removes its periodic checkpoints.
+Which checkpoint is which is read from each file's metadata alone (``checkpoint.load_metadata``: the
+safetensors header), so looking through a folder of multi-GB checkpoints reads only their headers.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.distributed.launch import barrier, rank_context, sum_over_ranks
-from pipelines.engine.checkpoint import Checkpoint, CheckpointError, load_checkpoint, remove_abandoned_temporaries
+from pipelines.engine.checkpoint import Checkpoint, CheckpointError, load_metadata, remove_abandoned_temporaries
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +65,10 @@ def find_resume_checkpoint(
     rather than deleted or overwritten, and of those folders the newest ``keep_stale`` are kept;
     those of the same training that already reached ``stop_epoch`` are removed (its result is the
     final checkpoint), so a rerun trains anew. An unreadable checkpoint raises ``CheckpointError``
-    naming it. With several ranks the node's first worker tidies the folder while the others wait,
-    then every rank looks, and they agree on the newest epoch that every rank holds: each node writes its
-    own folder, and a node killed between two epochs' checkpoints is one behind the others (``keep_last``
-    of 2 or more keeps the epoch before).
+    naming it (only the headers are read here; the file resumed from is read whole by the caller). With several ranks
+    the node's first worker tidies the folder while the others wait, then every rank looks, and they agree on the newest
+    epoch that every rank holds: each node writes its own folder, and a node killed between two epochs' checkpoints is
+    one behind the others (``keep_last`` of 2 or more keeps the epoch before).
     """
     ranks = rank_context()
     if ranks.is_node_leader:
@@ -110,7 +112,7 @@ def _tidy(directory: str | Path, prefix: str, expected_fingerprint: str, stop_ep
     found = _checkpoints(directory, prefix)
     if not found:
         return
-    metadata = load_checkpoint(found[-1]).metadata
+    metadata = load_metadata(found[-1])
     if metadata.get("fingerprint") == expected_fingerprint:
         if metadata.get("epoch", 0) >= stop_epoch:
             logger.info(
@@ -129,7 +131,7 @@ def _resumable(directory: str | Path, prefix: str, expected_fingerprint: str, st
     """Epoch -> checkpoint of this training in ``directory`` that it can resume from (before ``stop_epoch``)."""
     candidates = {}
     for path in _checkpoints(Path(directory), prefix):
-        metadata = load_checkpoint(path).metadata
+        metadata = load_metadata(path)
         epoch = int(metadata.get("epoch", 0))
         if metadata.get("fingerprint") == expected_fingerprint and epoch < stop_epoch:
             candidates[epoch] = path
@@ -181,7 +183,7 @@ def remove_finished_checkpoints(final: Checkpoint, prefix: str = CHECKPOINT_PREF
     removed = []
     for path in sorted(Path(directory).glob(f"{prefix}_*.ckpt")):
         try:
-            metadata = load_checkpoint(path).metadata
+            metadata = load_metadata(path)
         except CheckpointError:  # gone already (another node, shared folder) or unreadable
             continue
         if metadata.get("fingerprint") == run_id and metadata.get("epoch", 0) <= final.metadata.get("epoch", 0):
