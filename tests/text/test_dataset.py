@@ -74,6 +74,12 @@ def test_training_order_follows_the_dataset_seed():
 def test_too_few_examples_for_a_batch_are_refused():
     with pytest.raises(ValueError, match="batch_size 16 is larger than the 12 examples"):
         create_text_dataset(fake_examples(), batch_size=16, training=True, rank=0, rank_size=4, seed=0)
+    # the error names the parameter to change, and the keys that make more examples
+    key = "thor_bert.eval_batch_size"
+    with pytest.raises(ValueError, match=rf"^{key} 128 is larger than the 9 examples .*: lower {key}, .*max_documents"):
+        create_text_dataset(
+            fake_examples(9), batch_size=128, training=False, rank=0, rank_size=1, seed=0, batch_key=key
+        )
     examples = fake_examples()
     del examples["masked_lm_ids"]
     with pytest.raises(ValueError, match="masked_lm_ids"):

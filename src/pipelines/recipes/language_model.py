@@ -66,7 +66,13 @@ def held_out_dataset(context: LanguageModelContext, size: int | None = None):
     if size is not None:
         examples = {name: column[:size] for name, column in examples.items()}
     return create_text_dataset(
-        examples, batch_size=context.eval_batch_size, training=False, rank=0, rank_size=1, seed=context.runtime.seed
+        examples,
+        batch_size=context.eval_batch_size,
+        training=False,
+        rank=0,
+        rank_size=1,
+        seed=context.runtime.seed,
+        batch_key="thor_bert.eval_batch_size",
     )
 
 

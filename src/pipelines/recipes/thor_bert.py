@@ -97,6 +97,7 @@ def _train(
         rank=ranks.rank,
         rank_size=ranks.size,
         seed=context.runtime.seed,
+        batch_key=f"thor_bert.{name}.batch_size",
     )
 
     def build(start: Checkpoint, steps_per_epoch: int) -> TrainStep:

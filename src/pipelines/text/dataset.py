@@ -8,7 +8,14 @@ from pipelines.text.examples import COLUMNS
 
 
 def create_text_dataset(
-    examples: dict[str, np.ndarray], *, batch_size: int, training: bool, rank: int, rank_size: int, seed: int
+    examples: dict[str, np.ndarray],
+    *,
+    batch_size: int,
+    training: bool,
+    rank: int,
+    rank_size: int,
+    seed: int,
+    batch_key: str = "batch_size",
 ):
     """A MindSpore dataset of batches of ``batch_size`` examples, columns in ``COLUMNS`` order, this rank's
     shard of the rows when ``rank_size`` > 1 (MindSpore's distributed sampler: every ``rank_size``-th row from
@@ -18,7 +25,7 @@ def create_text_dataset(
     Training: rows shuffled by MindSpore's dataset seed (set to ``seed`` here; the engine sets it again before
     each epoch's iterator, so each epoch has its own order, the same in every run), the last partial batch
     dropped. Evaluation: rows in order, every row kept. Raises ``ValueError`` when a rank's rows make no full
-    batch or a column is missing.
+    batch (naming ``batch_key``, the parameter that set ``batch_size``) or a column is missing.
     """
     import mindspore.dataset as ds
 
@@ -29,8 +36,9 @@ def create_text_dataset(
     per_rank = rows // rank_size
     if per_rank < batch_size:
         raise ValueError(
-            f"batch_size {batch_size} is larger than the {per_rank} examples each of {rank_size} rank(s) reads "
-            f"({rows} in all): lower batch_size or make more examples (more documents, a larger dupe_factor)"
+            f"{batch_key} {batch_size} is larger than the {per_rank} examples each of {rank_size} rank(s) reads "
+            f"({rows} in all): lower {batch_key}, or make more examples (more documents: "
+            "thor_bert.corpus.max_documents null takes all; a larger thor_bert.examples.dupe_factor)"
         )
     ds.config.set_seed(seed)
     dataset = ds.NumpySlicesDataset(
