@@ -69,6 +69,23 @@ def test_the_audit_reads_the_primitives_of_a_training_step(tmp_path):
     assert finding.describe("Ascend") == "SparseSoftmaxCrossEntropyWithLogits: docstring name CPU, GPU, not Ascend"
 
 
+def test_the_audit_reads_an_export_for_any_batch_size_without_its_symbolic_shapes(tmp_path):
+    from pipelines.models.resnet import create_resnet
+
+    net = create_resnet("resnet_narrow", 2)
+    net.set_train(False)
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    with dumped_graphs(tmp_path / "graphs"):
+        any_batch = ms.Tensor(shape=[None, 3, 16, 16], dtype=ms.float32)
+        ms.export(net, any_batch, file_name=str(tmp_path / "net"), file_format="MINDIR")
+    dumps = "".join(path.read_text() for path in (tmp_path / "graphs").rglob("*validate*.ir"))
+    symbols = dumps[dumps.index("symbol engine details:") :]
+    assert "= ScalarMax(" in symbols  # the residual sums' batch dimension, as a relation between shapes
+    primitives = graph_primitives(tmp_path / "graphs")
+    assert {"Conv2D", "BatchNorm", "ReLU", "MatMul"} <= primitives
+    assert "ScalarMax" not in primitives  # which the compiler evaluates: no kernel runs it
+
+
 def test_the_audit_catches_thors_cpu_inverse_on_ascend(tmp_path, spd):
     primitives = compiled(Inverse("cholesky"), tmp_path, spd)
     assert "Cholesky" in primitives

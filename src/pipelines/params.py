@@ -175,6 +175,10 @@ class ModelParams(Section):
     num_classes: PositiveInt | None  # None: the number of classes in the data
     conv_init: Initialiser
     dense_init: Initialiser
+    # YAML ``register``: each training's exported model becomes a version of a registered model (hooks.models).
+    # Not part of a training's identity (excluded from model_dump, so checkpoints resume whatever it is); named
+    # apart in Python, where ``register`` is pydantic's metaclass method
+    register_model: bool = Field(alias="register", exclude=True)
 
 
 class BoostParams(Section):
@@ -447,6 +451,14 @@ class TargetParams(Section):
     top1: Annotated[float, Field(gt=0, le=1)]  # val top-1, a fraction, not a percentage
 
 
+class PredictParams(Section):
+    model: Annotated[str, Field(min_length=1)]  # models:/<name>@<alias> | models:/<name>/<version> | runs:/… | a run id
+    images: Annotated[str, Field(min_length=1)]  # a folder of images, or a manifest CSV (its `split` rows)
+    split: str
+    top_k: PositiveInt
+    batch_size: PositiveInt
+
+
 class ThorMindSpore(Section):
     """Options of implementation: mindspore (nn.thor + ModelThor)."""
 
@@ -676,6 +688,7 @@ class Parameters(Section):
     baseline: BaselineParams
     dim_reduce: DimReduceParams
     migrate: MigrateParams
+    predict: PredictParams
     report: ReportParams
     thor: ThorParams
     thor_bert: ThorBertParams

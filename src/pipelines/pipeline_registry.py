@@ -14,7 +14,18 @@ from importlib import import_module
 from kedro.pipeline import Pipeline
 
 # The registered names besides __default__ (tests/pipelines/test_registry.py checks them against register_pipelines()).
-PIPELINE_NAMES = ("data", "baseline", "dim_reduce", "thor", "adasum", "report", "migrate", "study", "thor_bert")
+PIPELINE_NAMES = (
+    "data",
+    "baseline",
+    "dim_reduce",
+    "thor",
+    "adasum",
+    "report",
+    "migrate",
+    "study",
+    "thor_bert",
+    "predict",
+)
 DEFAULT = ("data", "baseline")
 DEFAULT_PIPELINE = "baseline"  # what __default__ runs, and the name its MLflow run and tag take
 
@@ -34,6 +45,7 @@ def register_pipelines() -> dict[str, Pipeline]:
         "adasum": data + created["adasum"],
         "report": created["report"],
         "migrate": created["migrate"],
+        "predict": created["predict"],  # a model from MLflow: no data pipeline, no training
         # thor_bert before the study: Kedro 1.7 validates typed parameters in this order and cannot set a section's
         # keys (params:thor_bert.corpus) once the whole section (the study's params:thor_bert) is set, only the reverse
         "thor_bert": created["thor_bert"],  # text, not images: no data pipeline

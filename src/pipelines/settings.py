@@ -9,6 +9,7 @@ from .hooks import (
     CheckpointHooks,
     ConfigurationHooks,
     MlflowRunHooks,
+    ModelHooks,
     NodeErrorHooks,
     SignalHooks,
     TrainingRunHooks,
@@ -27,6 +28,7 @@ HOOKS = (
     SignalHooks(),
     CheckpointHooks(),
     ArtifactHooks(),
+    ModelHooks(),
     NodeErrorHooks(),
     TrainingRunHooks(),
 )

@@ -120,11 +120,62 @@ def test_the_default_pipelines_run_has_its_real_name_in_a_model_training_experim
 def test_baseline_pipeline(workspace, tmp_path):
     tree, project = workspace
     uri = tracking_uri(project)
-    outputs = run_audited("baseline", tiny_params(tree), project, tmp_path / "graphs")
+    outputs = run_audited("baseline", tiny_params(tree, {"model": {"register": True}}), project, tmp_path / "graphs")
     assert_trained(outputs, "baseline", epochs=2)
     run = only_run(uri, "baseline")
     assert run.data.metrics[FINAL_TOP1] == pytest.approx(outputs["baseline.eval_report"]["top1"])
     assert [m.step for m in client(uri).get_metric_history(run.info.run_id, TRAIN_LOSS)] == [1, 2]
+    # the final network as MindIR, logged as the run's MLflow model and registered under the recipe's name
+    assert outputs["baseline.model"].description["classes"] == list(CLASSES)
+    assert (project / "data/06_models/baseline/model/network.mindir").is_file()
+    (version,) = client(uri).search_model_versions("name = 'baseline'")
+    assert version.run_id == run.info.run_id
+
+
+def test_predict_pipeline(workspace, tmp_path):
+    """A model logged as a training run logs it (a random network here: the trained one is the slow tier's), then
+    ``kedro run --pipelines=predict`` over the tree's val folder, with an image that does not decode."""
+    from pipelines.models.resnet import create_resnet
+    from pipelines.predict.classifier import MindirClassifier
+    from pipelines.predict.export import export_classifier, save_model
+    from pipelines.tracking.models import log_model
+    from tests.support.runner import process_state_kept
+
+    tree, project = workspace
+    uri = tracking_uri(project)
+    val = sorted((tree / "val").rglob("*.png"))
+    model = export_classifier(
+        create_resnet("resnet_narrow", len(CLASSES)),
+        image_size=16,
+        eval_resize_ratio=0.875,
+        class_index={name: label for label, name in enumerate(CLASSES)},
+        num_classes=len(CLASSES),
+        network="resnet_narrow",
+        training="baseline",
+        example_image=val[0].read_bytes(),
+    )
+    save_model(model, tmp_path / "model")
+    with process_state_kept(tmp_path):
+        mlflow.set_tracking_uri(uri)
+        with mlflow.start_run() as trained:
+            log_model(tmp_path / "model")
+    (tree / "val/dog/broken.png").write_bytes(b"not a png")
+    params = {"predict": {"model": trained.info.run_id, "images": str(tree / "val"), "top_k": 2}}
+    outputs = run_pipeline("predict", params, project)
+    predictions, bad = outputs["predict.predictions"], outputs["predict.bad_images"]
+    assert len(predictions) == len(val) + 1
+    assert list(bad["path"]) == [str(tree / "val/dog/broken.png")] and bad["error"].iloc[0].startswith("RuntimeError")
+    classified = predictions[predictions["error"] == ""]
+    expected = MindirClassifier.from_folder(tmp_path / "model").predict(
+        [Path(path).read_bytes() for path in classified["path"]], top_k=2, batch_size=250
+    )
+    assert list(classified["class_1"]) == list(expected["class_1"])
+    assert set(classified["class_name"]) == set(CLASSES)  # labelled by their class folders
+    top1 = (classified["class_1"] == classified["class_name"]).mean()
+    run = only_run(uri, "predict")
+    assert run.data.metrics["predict/top1"] == pytest.approx(top1)
+    assert run.data.metrics["predict/images"] == len(val) + 1 and run.data.metrics["predict/bad_images"] == 1
+    assert (project / "data/07_model_output/predictions.csv").is_file()
 
 
 def test_thor_pipeline(workspace, tmp_path):

@@ -48,6 +48,20 @@ _DECLARATION = re.compile(r"Supported Platforms:\s*\n((?:[ \t]*``\w+``[^\n]*\n?)
 _REFERENCE = re.compile(r"Refer to :func:`(mindspore\.ops\.[\w.]+)`")
 
 
+def graph_lines(dump: str) -> Iterator[str]:
+    """The lines of an IR dump that hold its graphs' nodes: not its "symbol engine details", the relations between
+    symbolic shapes a graph with a dynamic dimension carries (``s5<[1,inf]> = ScalarMax(s4, s2)`` when a network is
+    exported for any batch size), which the compiler evaluates and no backend runs as a kernel."""
+    in_symbols = False
+    for line in dump.splitlines():
+        if line.startswith("symbol engine details:"):
+            in_symbols = True
+        elif in_symbols and line.startswith("}"):
+            in_symbols = False
+        elif not in_symbols:
+            yield line
+
+
 def graph_primitives(ir_folder: Path) -> set[str]:
     """The primitives of every graph dumped under ``ir_folder`` (recursively: msrun's ranks dump into their own
     folders), plumbing left out. A gradient kernel with no declaration of its own (``Conv2DBackpropFilter``) is given
@@ -60,7 +74,7 @@ def graph_primitives(ir_folder: Path) -> set[str]:
         )
     primitives: set[str] = set()
     for file in files:
-        for line in file.read_text(errors="replace").splitlines():
+        for line in graph_lines(file.read_text(errors="replace")):
             call = _CALL.search(line)
             if call is None:
                 continue

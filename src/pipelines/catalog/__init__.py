@@ -1,7 +1,8 @@
 """Kedro datasets of this project."""
 
 from .checkpoint_dataset import CheckpointDataset
+from .model_dataset import ModelDataset
 from .npz_dataset import NpzArraysDataset
 from .numpy_dataset import NumpyArrayDataset
 
-__all__ = ["CheckpointDataset", "NpzArraysDataset", "NumpyArrayDataset"]
+__all__ = ["CheckpointDataset", "ModelDataset", "NpzArraysDataset", "NumpyArrayDataset"]

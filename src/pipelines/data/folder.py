@@ -308,18 +308,35 @@ def create_dataset(
         image_ops = [
             vision.RandomCropDecodeResize(image_size, scale=tuple(crop_scale), ratio=(0.75, 1.333)),
             vision.RandomHorizontalFlip(prob=0.5),
+            *normalise_ops(),
         ]
     else:
-        image_ops = [
-            vision.Decode(),
-            vision.Resize(int(round(image_size / eval_resize_ratio))),
-            vision.CenterCrop(image_size),
-        ]
-    image_ops += [vision.Normalize(mean=MEAN, std=STD), vision.HWC2CHW()]
+        image_ops = eval_image_ops(image_size, eval_resize_ratio)
     dataset = dataset.map(operations=image_ops, input_columns="image", num_parallel_workers=num_workers)
     dataset = dataset.batch(batch_size, drop_remainder=training)
     dataset.skipped_files = linked.skipped
     return dataset
+
+
+def normalise_ops() -> list:
+    """The last operations of every image path: normalise by the ImageNet statistics, HWC -> CHW."""
+    from mindspore.dataset import vision
+
+    return [vision.Normalize(mean=MEAN, std=STD), vision.HWC2CHW()]
+
+
+def eval_image_ops(image_size: int, eval_resize_ratio: float) -> list:
+    """An encoded image to the network's input, as evaluation reads it: Decode, Resize(image_size /
+    eval_resize_ratio), CenterCrop(image_size), normalise, HWC->CHW. The evaluation's dataset maps them; a trained
+    model's predictions (``pipelines.predict``) call them one image at a time, so both see the same pixels."""
+    from mindspore.dataset import vision
+
+    return [
+        vision.Decode(),
+        vision.Resize(int(round(image_size / eval_resize_ratio))),
+        vision.CenterCrop(image_size),
+        *normalise_ops(),
+    ]
 
 
 def dataset_figures(dataset) -> dict[str, float]:

@@ -9,6 +9,8 @@
 - ``SignalHooks`` (``signals``): SIGINT and SIGTERM stop the run in order (``pipelines.signals``);
 - ``CheckpointHooks`` (``checkpoints``): a training's periodic checkpoints go once its final one is stored;
 - ``ArtifactHooks`` (``artifacts``): catalog datasets marked ``mlflow_artifact`` go into the MLflow run;
+- ``ModelHooks`` (``models``): model folders marked ``mlflow_model`` become the run's MLflow model (registered
+  with ``model.register``);
 - ``NodeErrorHooks`` (``errors``): a failing node's name goes with its error, for the command's ``Error:`` block;
 - ``TrainingRunHooks`` (``training_runs``): the nodes of one of a pipeline's several trainings run in its MLflow
   child run.
@@ -23,6 +25,7 @@ from pipelines.hooks.checkpoints import CheckpointHooks
 from pipelines.hooks.configuration import ConfigurationHooks, RunConfiguration
 from pipelines.hooks.errors import NodeErrorHooks
 from pipelines.hooks.mlflow_run import MlflowRunHooks
+from pipelines.hooks.models import ModelHooks
 from pipelines.hooks.signals import SignalHooks
 from pipelines.hooks.training_runs import TrainingRunHooks
 
@@ -31,6 +34,7 @@ __all__ = [
     "CheckpointHooks",
     "ConfigurationHooks",
     "MlflowRunHooks",
+    "ModelHooks",
     "NodeErrorHooks",
     "RunConfiguration",
     "SignalHooks",

@@ -20,6 +20,7 @@ from pipelines.engine.state import capture_state, restore_network
 from pipelines.engine.step import TrainStep
 from pipelines.models.resnet import count_parameters, create_resnet
 from pipelines.params import DataParams, ModelParams, RuntimeParams
+from pipelines.predict.export import ExportedModel, export_classifier
 from pipelines.recipes.context import TrainingContext
 
 logger = logging.getLogger(__name__)
@@ -206,3 +207,27 @@ def evaluate_checkpoint(context: TrainingContext, checkpoint: Checkpoint) -> dic
         "top5": accuracy["top5"],
         "val_images": int(accuracy["images"]),
     }
+
+
+def export_checkpoint(context: TrainingContext, checkpoint: Checkpoint) -> ExportedModel:
+    """``checkpoint``'s network as MindIR with what predicting needs (``predict.export``): the data's image size and
+    resize ratio, the class names by label, and the first val image of the manifest as an example input."""
+    model, class_index, data = context.model, context.class_index, context.data
+    configure(context.runtime)
+    label = str(checkpoint.metadata.get("training", "checkpoint"))
+    net = network_from_checkpoint(model, class_index, checkpoint, f"of {label}")
+    val = context.manifest[context.manifest["split"] == "val"]
+    if val.empty:
+        raise ValueError("the manifest has no 'val' images to take the model's example input from")
+    with open(val["path"].iloc[0], "rb") as image:
+        example_image = image.read()
+    return export_classifier(
+        net,
+        image_size=data.image_size,
+        eval_resize_ratio=data.eval_resize_ratio,
+        class_index=class_index,
+        num_classes=num_classes(model, class_index),
+        network=model.name,
+        training=label,
+        example_image=example_image,
+    )

@@ -3,15 +3,15 @@
 The modular pipeline ``dim_reduce``, one nested namespace per stage, each a box in kedro-viz that expands:
 ``dim_reduce.stage1`` (build, Momentum keeping the weight trajectory, evaluate), ``dim_reduce.trajectory_pca``,
 ``dim_reduce.stage2`` (P-BFGS, evaluate), ``dim_reduce.control`` (Momentum for the same epochs, evaluate) and
-``dim_reduce.comparison``. The build and evaluate nodes are the image training template's; the three trainings'
-nodes are tagged ``training_run``, so each logs into an MLflow child run of its own (``stage1``, ``stage2``,
-``control``; ``hooks.training_runs``).
+``dim_reduce.comparison``. The build, evaluate and export nodes are the image training template's; the three
+trainings' nodes are tagged ``training_run``, so each logs into an MLflow child run of its own (``stage1``,
+``stage2``, ``control``; ``hooks.training_runs``), which also holds its exported model (``hooks.models``).
 """
 
 from kedro.pipeline import Pipeline, node, pipeline
 
 from pipelines.pipelines.modular import TRAINING_RUN_TAG, namespaced
-from pipelines.pipelines.training.pipeline import RECIPE, TRAINING_INPUTS, build_node, evaluate_node
+from pipelines.pipelines.training.pipeline import RECIPE, TRAINING_INPUTS, build_node, evaluate_node, export_node
 
 from .nodes import collect_trajectory, compare_runs, fit_pca, train_control, train_stage1, train_stage2
 
@@ -23,17 +23,21 @@ TRAININGS = ("stage1", "stage2", "control")
 def create_pipeline(**kwargs) -> Pipeline:
     """Nodes ``dim_reduce.<stage>.<node>``: ``dim_reduce.stage1.train``, ``dim_reduce.stage2.evaluate``, …"""
     # the initial weights are built outside the training's child run: that node logs nothing
-    stage1 = pipeline([build_node()]) + pipeline(
-        [
-            node(
-                train_stage1,
-                ["initial_weights", *TRAINING_INPUTS, f"params:{RECIPE}", "params:boost"],
-                ["final_checkpoint", "history", "trajectory_index"],
-                name="train",
-            ),
-            evaluate_node(),
-        ],
-        tags=TRAINING_RUN_TAG,
+    stage1 = (
+        pipeline([build_node()])
+        + pipeline(
+            [
+                node(
+                    train_stage1,
+                    ["initial_weights", *TRAINING_INPUTS, f"params:{RECIPE}", "params:boost"],
+                    ["final_checkpoint", "history", "trajectory_index"],
+                    name="train",
+                ),
+                evaluate_node(),
+            ],
+            tags=TRAINING_RUN_TAG,
+        )
+        + pipeline([export_node()])
     )
     trajectory_pca = pipeline(
         [
@@ -62,7 +66,7 @@ def create_pipeline(**kwargs) -> Pipeline:
             evaluate_node(),
         ],
         tags=TRAINING_RUN_TAG,
-    )
+    ) + pipeline([export_node()])
     control = pipeline(
         [
             node(
@@ -81,7 +85,7 @@ def create_pipeline(**kwargs) -> Pipeline:
             evaluate_node(),
         ],
         tags=TRAINING_RUN_TAG,
-    )
+    ) + pipeline([export_node()])
     comparison = pipeline(
         [node(compare_runs, ["stage1_report", "stage2_report", "control_report"], "comparison", name="compare_runs")]
     )

@@ -13,6 +13,7 @@ from pipelines.engine.checkpoint import Checkpoint
 from pipelines.engine.loop import TrainingResult
 from pipelines.metrics import history_table
 from pipelines.params import BoostParams, DataParams, DistributedParams, ImageRecipe, ModelParams, RuntimeParams
+from pipelines.predict.export import ExportedModel
 from pipelines.recipes import classifier
 from pipelines.recipes.context import TrainingContext
 from pipelines.recipes.registry import check_launch, train_recipe
@@ -70,3 +71,17 @@ def evaluate(
     report = classifier.evaluate_checkpoint(context, checkpoint)
     tracking.log_final(report)
     return report
+
+
+def export_model(
+    checkpoint: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+) -> ExportedModel:
+    """The training's final network as MindIR with its description and an example image, into ``model``; the
+    project's ``ModelHooks`` log that folder to the training's MLflow run as its model (docs/use-a-model.md)."""
+    context = TrainingContext(manifest, class_index, model, data, runtime, distributed=None)  # one process
+    return classifier.export_checkpoint(context, checkpoint)

@@ -1,13 +1,13 @@
 """The image training template: ``build_network`` -> ``train`` -> ``evaluate``, one modular pipeline that each
 image recipe instantiates under its own namespace and parameter section (``training_pipeline("thor")``: nodes
-``thor.build_network``, ``thor.train``, ``thor.evaluate`` reading ``params:thor``). dim_reduce's stages take its
-``build_node`` and ``evaluate_node`` around trainings of their own."""
+``thor.build_network``, ``thor.train``, ``thor.evaluate``, ``thor.export_model`` reading ``params:thor``).
+dim_reduce's stages take its ``build_node``, ``evaluate_node`` and ``export_node`` around trainings of their own."""
 
 from kedro.pipeline import Node, Pipeline, node, pipeline
 
 from pipelines.pipelines.modular import namespaced
 
-from .nodes import build_network, evaluate, train
+from .nodes import build_network, evaluate, export_model, train
 
 # The template's name for the recipe's parameter section; training_pipeline maps it to the recipe's
 RECIPE = "recipe"
@@ -31,6 +31,13 @@ def evaluate_node() -> Node:
     return node(evaluate, inputs, "eval_report", name="evaluate")
 
 
+def export_node() -> Node:
+    """``export_model``: the training's ``final_checkpoint`` as a model folder, ``model`` (MindIR, description,
+    example image), which ``hooks.models`` logs to the training's MLflow run."""
+    inputs = ["final_checkpoint", "manifest", "class_index", "params:model", "params:data", "params:runtime"]
+    return node(export_model, inputs, "model", name="export_model")
+
+
 def training_pipeline(section: str) -> Pipeline:
     """The template for the recipe whose parameter section and namespace are ``section`` (``baseline``,
     ``adasum``, ``thor``)."""
@@ -40,5 +47,5 @@ def training_pipeline(section: str) -> Pipeline:
         ["final_checkpoint", "history"],
         name="train",
     )
-    template = pipeline([build_node(), train_node, evaluate_node()])
+    template = pipeline([build_node(), train_node, evaluate_node(), export_node()])
     return namespaced(template, section, sections={RECIPE: section})

@@ -1,0 +1,1 @@
+"""``predict`` pipeline: classify images with a trained model from MLflow."""

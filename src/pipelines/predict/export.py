@@ -1,0 +1,105 @@
+"""A trained classifier as files: the network in MindIR (``mindspore.export``: what MindSpore Lite and Ascend
+inference load), the description a prediction needs (image size, resize ratio, class names by label), and one
+encoded val image as an example input. A folder of three files, swapped in whole on save."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+MINDIR_FILE = "network.mindir"
+DESCRIPTION_FILE = "model.json"
+EXAMPLE_FILE = "example_image"
+
+
+class ModelFolderError(ValueError):
+    """A model folder that is missing or lacks one of its files."""
+
+
+@dataclass(frozen=True)
+class ExportedModel:
+    """The network's MindIR bytes, its ``description`` (``image_size``, ``eval_resize_ratio``, ``classes`` by
+    label, ``network``, ``training``) and ``example_image``, an encoded image of the data it was trained on."""
+
+    mindir: bytes
+    description: dict
+    example_image: bytes
+
+
+def class_names(class_index: Mapping[str, int], num_classes: int) -> list[str]:
+    """The name of each output of a network with ``num_classes`` outputs: the class of that label, or the label
+    itself for an output no class has (ImageNet's recipes train 1001 outputs for 1000 classes)."""
+    by_label = {label: name for name, label in class_index.items()}
+    return [by_label.get(label, str(label)) for label in range(num_classes)]
+
+
+def export_classifier(
+    net,
+    *,
+    image_size: int,
+    eval_resize_ratio: float,
+    class_index: Mapping[str, int],
+    num_classes: int,
+    network: str,
+    training: str,
+    example_image: bytes,
+) -> ExportedModel:
+    """``net`` (inference mode: BatchNorm on its moving statistics) as MindIR taking any batch of
+    ``(3, image_size, image_size)`` images."""
+    import mindspore as ms
+
+    net.set_train(False)
+    any_batch = ms.Tensor(shape=[None, 3, image_size, image_size], dtype=ms.float32)
+    with tempfile.TemporaryDirectory() as folder:
+        ms.export(net, any_batch, file_name=str(Path(folder) / "network"), file_format="MINDIR")
+        mindir = (Path(folder) / MINDIR_FILE).read_bytes()
+    description = {
+        "image_size": image_size,
+        "eval_resize_ratio": eval_resize_ratio,
+        "classes": class_names(class_index, num_classes),
+        "network": network,
+        "training": training,
+    }
+    return ExportedModel(mindir, description, example_image)
+
+
+def save_model(model: ExportedModel, folder: str | Path) -> None:
+    """Write ``model`` into ``folder`` so that readers see the old folder or the whole new one: the files go to a
+    sibling folder first, which then takes the old one's place."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        (staging / MINDIR_FILE).write_bytes(model.mindir)
+        (staging / DESCRIPTION_FILE).write_text(json.dumps(model.description, indent=2))
+        (staging / EXAMPLE_FILE).write_bytes(model.example_image)
+        if folder.exists():
+            retired = folder.with_name(f".{folder.name}.retired")
+            shutil.rmtree(retired, ignore_errors=True)
+            folder.rename(retired)
+            staging.rename(folder)
+            shutil.rmtree(retired)
+        else:
+            staging.rename(folder)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def load_model(folder: str | Path) -> ExportedModel:
+    """The model saved in ``folder``; a missing folder or file raises ``ModelFolderError`` naming it."""
+    folder = Path(folder)
+    missing = [name for name in (MINDIR_FILE, DESCRIPTION_FILE, EXAMPLE_FILE) if not (folder / name).is_file()]
+    if missing:
+        raise ModelFolderError(
+            f"{folder} is not a model folder: {', '.join(missing)} missing (a training pipeline writes one: "
+            "docs/use-a-model.md)"
+        )
+    return ExportedModel(
+        (folder / MINDIR_FILE).read_bytes(),
+        json.loads((folder / DESCRIPTION_FILE).read_text()),
+        (folder / EXAMPLE_FILE).read_bytes(),
+    )

@@ -1,0 +1,117 @@
+"""MLflow models: a training's model folder (``pipelines.predict.export``) logged to its run as an MLflow pyfunc
+model, registered under a name when asked; a logged or registered model loaded back.
+
+The pyfunc takes a DataFrame with a binary ``image`` column (encoded images; base64 in JSON over REST, as MLflow
+reads a binary column) and returns each image's top classes and probabilities (``predict.classifier``). Loading it
+needs this project's package installed beside MindSpore (``mlflow models serve --env-manager local`` from the
+project's environment): docs/use-a-model.md."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import re
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+from mlflow.models import ModelSignature
+from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+from pipelines.predict.classifier import ERROR_COLUMN, MindirClassifier
+from pipelines.predict.export import DESCRIPTION_FILE, EXAMPLE_FILE, MINDIR_FILE
+
+MODEL_CODE = Path(__file__).with_name("pyfunc_model.py")  # what MLflow runs to build a logged model
+IMAGE_COLUMN = "image"
+MODEL_NAME = "model"  # the logged model's name in its run (``runs:/<run id>/model``)
+TOP_K = 5
+BATCH_SIZE = 250
+_RUN_ID = re.compile(r"[0-9a-f]{32}")
+
+
+class ModelUriError(ValueError):
+    """A model reference that is none of ``models:/…``, ``runs:/…`` or a run id."""
+
+
+class ImageClassifierModel(mlflow.pyfunc.PythonModel):
+    """The pyfunc of a training run's model: the MindIR network with its description (``MindirClassifier``)."""
+
+    def load_context(self, context) -> None:
+        description = json.loads(Path(context.artifacts["description"]).read_text())
+        self._classifier = MindirClassifier(context.artifacts["network"], description)
+
+    @property
+    def classes(self) -> list[str]:
+        """The class of each of the network's outputs."""
+        return self._classifier.classes
+
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
+        params = {"top_k": TOP_K, "batch_size": BATCH_SIZE, **(params or {})}
+        images = [bytes(image) for image in model_input[IMAGE_COLUMN]]
+        return self._classifier.predict(images, top_k=int(params["top_k"]), batch_size=int(params["batch_size"]))
+
+
+def signature(top_k: int = TOP_K) -> ModelSignature:
+    ranks = range(1, top_k + 1)
+    outputs = [
+        *(ColSpec("string", f"class_{k}") for k in ranks),
+        *(ColSpec("double", f"probability_{k}") for k in ranks),
+        ColSpec("string", ERROR_COLUMN),
+    ]
+    return ModelSignature(
+        inputs=Schema([ColSpec("binary", IMAGE_COLUMN)]),
+        outputs=Schema(outputs),
+        params=ParamSchema([ParamSpec("top_k", "long", TOP_K), ParamSpec("batch_size", "long", BATCH_SIZE)]),
+    )
+
+
+def requirements() -> list[str]:
+    """What the pyfunc imports beside this project's own package, pinned to the versions that logged it."""
+    return [f"{name}=={importlib.metadata.version(name)}" for name in ("mindspore", "mlflow", "numpy", "pandas")]
+
+
+def log_model(folder: str | Path, *, registered_name: str | None = None) -> str | None:
+    """Log the model folder ``folder`` to the active run as its MLflow model ``model`` (a version of the
+    registered model ``registered_name`` when given); its URI, or None outside a run."""
+    if mlflow.active_run() is None:
+        return None
+    folder = Path(folder)
+    info = mlflow.pyfunc.log_model(
+        name=MODEL_NAME,
+        python_model=str(MODEL_CODE),
+        artifacts={"network": str(folder / MINDIR_FILE), "description": str(folder / DESCRIPTION_FILE)},
+        signature=signature(),
+        input_example=pd.DataFrame({IMAGE_COLUMN: [(folder / EXAMPLE_FILE).read_bytes()]}),
+        pip_requirements=requirements(),
+        registered_model_name=registered_name,
+    )
+    return info.model_uri
+
+
+def model_uri(reference: str) -> str:
+    """``reference`` as a URI MLflow loads: ``models:/<name>@<alias>``, ``models:/<name>/<version>`` and
+    ``runs:/<run id>/model`` as given, a bare run id as its run's model."""
+    if reference.startswith(("models:/", "runs:/")):
+        return reference
+    if _RUN_ID.fullmatch(reference):
+        return f"runs:/{reference}/{MODEL_NAME}"
+    raise ModelUriError(
+        f"predict.model {reference!r} names no model: give models:/<name>@<alias> (e.g. models:/baseline@champion), "
+        "models:/<name>/<version>, runs:/<run id>/model or a run id"
+    )
+
+
+def load_model(reference: str) -> mlflow.pyfunc.PyFuncModel:
+    """The model ``reference`` names (``model_uri``)."""
+    return mlflow.pyfunc.load_model(model_uri(reference))
+
+
+def model_classes(model: mlflow.pyfunc.PyFuncModel) -> list[str]:
+    """The class names of a loaded model (``load_model``) by output."""
+    return model.unwrap_python_model().classes
+
+
+def predictor(model: mlflow.pyfunc.PyFuncModel, *, top_k: int, batch_size: int):
+    """A function of encoded images to ``model``'s predictions (its pyfunc, with its schema checks)."""
+    params = {"top_k": top_k, "batch_size": batch_size}
+    return lambda images: model.predict(pd.DataFrame({IMAGE_COLUMN: images}), params=params)

@@ -1,0 +1,152 @@
+"""A trained classifier's MindIR export and the loaded classifier: same outputs as the network, same pixels as the
+evaluation, the folder swapped in whole, bad images named and the others still classified."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import pipelines  # noqa: F401  (the CPU defaults before MindSpore loads)
+from pipelines.data.folder import create_dataset, scan_image_tree
+from pipelines.models.resnet import create_resnet
+from pipelines.predict.classifier import MindirClassifier, prediction_columns
+from pipelines.predict.export import (
+    DESCRIPTION_FILE,
+    MINDIR_FILE,
+    ModelFolderError,
+    class_names,
+    export_classifier,
+    load_model,
+    save_model,
+)
+from tests.support.trees import write_image_tree
+
+CLASSES = ("cat", "dog", "fox")
+IMAGE_SIZE = 16
+RATIO = 0.875
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    root = write_image_tree(tmp_path_factory.mktemp("tree"), classes=CLASSES, per_class={"train": 1, "val": 3})
+    manifest = scan_image_tree(root, {"train": "train", "val": "val"}).manifest
+    return root, manifest
+
+
+@pytest.fixture(scope="module")
+def exported(tree, tmp_path_factory):
+    """A random resnet_narrow (4 outputs for 3 classes, as ImageNet's 1001 for 1000) exported and saved."""
+    import mindspore as ms
+
+    ms.set_seed(0)
+    net = create_resnet("resnet_narrow", 4)
+    _, manifest = tree
+    example = open(manifest["path"].iloc[0], "rb").read()
+    model = export_classifier(
+        net,
+        image_size=IMAGE_SIZE,
+        eval_resize_ratio=RATIO,
+        class_index={name: label for label, name in enumerate(CLASSES)},
+        num_classes=4,
+        network="resnet_narrow",
+        training="baseline",
+        example_image=example,
+    )
+    folder = tmp_path_factory.mktemp("model") / "model"
+    save_model(model, folder)
+    return net, model, folder
+
+
+def val_batch(manifest: pd.DataFrame):
+    """The val images as the evaluation reads them: one batch of pixels and labels."""
+    dataset = create_dataset(manifest, "val", IMAGE_SIZE, 64, training=False, eval_resize_ratio=RATIO)
+    images, labels = next(dataset.create_tuple_iterator(num_epochs=1, output_numpy=True))
+    return images, labels
+
+
+def test_class_names_name_every_output_and_outputs_without_a_class_by_label():
+    assert class_names({"dog": 1, "cat": 0}, 3) == ["cat", "dog", "2"]
+
+
+def test_the_loaded_model_sees_the_evaluations_pixels_and_gives_the_networks_outputs(tree, exported):
+    import mindspore as ms
+
+    _, manifest = tree
+    net, model, folder = exported
+    classifier = MindirClassifier.from_folder(folder)
+    val = manifest[manifest["split"] == "val"].sort_values(["label", "path"])
+    pixels, _ = val_batch(manifest)
+    ours = np.stack([classifier.pixels(open(path, "rb").read()) for path in val["path"]])
+    np.testing.assert_array_equal(ours, pixels)  # the evaluation's decode, resize, crop and normalisation
+    net.set_train(False)
+    np.testing.assert_allclose(classifier.logits(pixels), net(ms.Tensor(pixels)).asnumpy(), rtol=1e-5, atol=1e-5)
+    assert classifier.description == model.description
+    assert model.description["classes"] == [*CLASSES, "3"]
+
+
+def test_predict_ranks_like_the_evaluation_and_names_an_image_it_cannot_decode(tree, exported):
+    _, manifest = tree
+    _, _, folder = exported
+    classifier = MindirClassifier.from_folder(folder)
+    val = manifest[manifest["split"] == "val"]
+    images = [open(path, "rb").read() for path in val["path"]]
+    # batches of 4: the last of the 9 images goes in a batch padded with zero images
+    predictions = classifier.predict([images[0], b"not an image", *images[1:]], top_k=2, batch_size=4)
+    assert list(predictions.columns) == prediction_columns(2)
+    assert len(predictions) == len(images) + 1
+    bad = predictions.iloc[1]
+    assert bad["error"].startswith("RuntimeError") and pd.isna(bad["class_1"])
+    good = predictions.drop(index=1)
+    assert (good["error"] == "").all()
+    assert (good["probability_1"] >= good["probability_2"]).all() and (good["probability_1"] <= 1).all()
+    logits = classifier.logits(np.stack([classifier.pixels(image) for image in images]))
+    expected = [classifier.classes[i] for i in np.argsort(-logits, axis=1)[:, 0]]
+    assert list(good["class_1"]) == expected
+
+
+def test_a_new_save_replaces_the_whole_folder_and_a_partial_folder_is_named(exported, tmp_path):
+    _, model, _ = exported
+    folder = tmp_path / "model"
+    save_model(model, folder)
+    (folder / "stale").write_text("from an older export")
+    save_model(model, folder)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([MINDIR_FILE, DESCRIPTION_FILE, "example_image"])
+    assert load_model(folder) == model
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no staging or retired folder left
+    (folder / MINDIR_FILE).unlink()
+    with pytest.raises(ModelFolderError, match=f"{folder}.*{MINDIR_FILE} missing"):
+        load_model(folder)
+
+
+def test_the_mlflow_model_is_logged_registered_and_loaded_by_alias_version_and_run_id(tree, exported, tmp_path):
+    import mlflow
+
+    from pipelines.tracking.models import ModelUriError, load_model, log_model, model_classes, model_uri, predictor
+    from tests.support.runner import empty_store, process_state_kept
+
+    _, manifest = tree
+    _, _, folder = exported
+    images = [open(path, "rb").read() for path in manifest[manifest["split"] == "val"]["path"]]
+    expected = MindirClassifier.from_folder(folder).predict(images, top_k=2, batch_size=4)
+    assert log_model(folder) is None  # outside a run: nothing to log to
+    with process_state_kept(tmp_path):
+        shutil.copy(empty_store(), tmp_path / "mlflow.db")
+        mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+        with mlflow.start_run() as run:
+            log_model(folder, registered_name="baseline")
+        client = mlflow.MlflowClient()
+        (version,) = client.search_model_versions("name = 'baseline'")
+        assert version.run_id == run.info.run_id
+        client.set_registered_model_alias("baseline", "champion", version.version)
+        for reference in ("models:/baseline@champion", "models:/baseline/1", run.info.run_id):
+            model = load_model(reference)
+            assert model_classes(model) == [*CLASSES, "3"]
+            pd.testing.assert_frame_equal(predictor(model, top_k=2, batch_size=4)(images), expected)
+        # the input example MLflow keeps beside the model is the export's example image
+        assert model.metadata.get_input_schema().input_names() == ["image"]
+    assert model_uri("runs:/abc/model") == "runs:/abc/model"
+    with pytest.raises(ModelUriError, match="predict.model 'baseline' names no model: give models:/<name>@<alias>"):
+        model_uri("baseline")
