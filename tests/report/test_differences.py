@@ -4,6 +4,7 @@ reason; a verdict sentence first; accuracy differences in points, rounded as pri
 
 from __future__ import annotations
 
+import logging
 import math
 
 import mlflow
@@ -155,7 +156,7 @@ def study_and_unequal_runs(tmp_path):
         "thor": log_recipe_run(client, experiment, "thor", {**full, "data.max_per_class.train": "60"}, [0.21]),
         "adasum": log_recipe_run(client, experiment, "adasum", full, [0.5, 0.7, 0.8]),
     }
-    log_recipe_run(client, experiment, "thor", full, [0.9], fast_dev_run="a few batches")  # a rehearsal: not read
+    ids["rehearsal"] = log_recipe_run(client, experiment, "thor", full, [0.9], fast_dev_run="a few batches")
     runs = pd.DataFrame(
         {
             "recipe": ["baseline", "baseline", "thor", "thor"],
@@ -178,7 +179,8 @@ def study_and_unequal_runs(tmp_path):
 
 def test_a_study_and_single_runs_of_unequal_budget_tell_one_story(study_and_unequal_runs, caplog):
     reader, paired, ids = study_and_unequal_runs
-    comparison = compare(reader, ["baseline", "thor", "adasum"], TARGET)  # as the report node does
+    with caplog.at_level(logging.INFO, logger="pipelines.report.compare"):
+        comparison = compare(reader, ["baseline", "thor", "adasum"], TARGET)  # as the report node does
     differences, left_out = by_how_much(comparison.finals, reader, settings=comparison.settings)
     summary = readable(differences, left_out, target_top1=TARGET)
 
@@ -200,7 +202,10 @@ def test_a_study_and_single_runs_of_unequal_budget_tell_one_story(study_and_uneq
         "study compares this pair at equal budget instead; not compared side by side."
     ) in summary
     table = comparison.table.set_index("recipe")
-    assert table.at["thor", "run_id"] == ids["thor"]  # the rehearsal is not a result
+    assert table.at["thor", "run_id"] == ids["thor"]  # the rehearsal is not a result, and the log says so
+    assert f"skipping thor run {ids['rehearsal']}, a fast_dev_run rehearsal (not a result)" in caplog.text
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "Report: adasum is not compared side by side: unequal budget to baseline's run: epochs 3 vs 5" in warnings
     assert table.at["thor", "left_out"] == (
         "unequal budget to baseline's run: epochs 1 vs 5; data.max_per_class.train 60 vs 1500"
     )

@@ -231,8 +231,11 @@ def find_run(reader: RunReader, recipe: Recipe, run_id: str | None = None) -> Ru
     for tag in recipe.pipelines:
         candidates += reader.search(f"tags.pipeline = '{tag}' and attributes.status = 'FINISHED'")
     for run in sorted(candidates, key=lambda r: r["start_time_ms"], reverse=True):
-        if fast_dev_run.TAG in run["tags"]:
-            continue  # a few batches on CPU: not a result
+        if fast_dev_run.TAG in run["tags"]:  # a few batches on CPU: not a result
+            logger.info(
+                "Report: skipping %s run %s, a fast_dev_run rehearsal (not a result)", recipe.name, run["run_id"]
+            )
+            continue
         missing = missing_metrics(recipe, run, children_by_training(reader, run) if recipe.trainings else {})
         if not missing:
             return run

@@ -35,7 +35,7 @@ def compare_recipes(
         if row.run_status == "missing":
             continue
         logger.info(
-            "%s: top-1 %.2f%%, top-5 %.2f%%, %d epochs, %.0f s training, %.0f img/s, target %.0f%% %s",
+            "%s: top-1 %.2f%%, top-5 %.2f%%, %d epochs, %.0f s training, %.0f img/s, target %.0f%% %s%s",
             row.recipe,
             100 * row.top1,
             100 * row.top5,
@@ -44,6 +44,7 @@ def compare_recipes(
             row.images_per_s,
             100 * row.target_top1,
             "not reached" if pd.isna(row.time_to_target_s) else f"after {row.time_to_target_s:.0f} s",
+            f" (not compared: {row.left_out})" if row.left_out else "",
         )
     summary = readable(differences, left_out, target_top1=target.top1)
     logger.info("By how much:\n%s", summary)
