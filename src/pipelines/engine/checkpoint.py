@@ -3,18 +3,15 @@
 A ``Checkpoint`` is plain data (name -> numpy array, plus metadata), so it can travel between
 Kedro nodes as a catalog dataset and be inspected without building a network.
 
-Every checkpoint is written in one format, safetensors (the ``safetensors`` package, which MindSpore's own
-``format="safetensors"`` wraps too, without room for our metadata): an 8-byte header length, a JSON header (names,
-dtypes, shapes, offsets, and our metadata as one JSON string under ``METADATA_KEY``), then the raw arrays. It has no
-size limit, where MindSpore's ``.ckpt`` is one protobuf message, read whole and then parsed, against protobuf's
-documented 2 GB (thor_bert's 3.66 GB BERT-large checkpoint failed to load with ``DecodeError``; 2.15 and 3.67 GB
-``.ckpt`` files written here did load); it is written straight from the arrays, read into one copy of them (the
-``.ckpt`` path held three), about 3x faster, and its metadata is read from the header alone (the resume's look
-through a folder). One format for every checkpoint, as it costs nothing at the usual sizes (docs/results.md). The
-file names keep ``.ckpt`` (``.safetensors`` is accepted too), so the catalog's paths, the periodic
-``epoch_NNNN.ckpt`` files and the MLflow artifacts keep their names: the loader tells the formats apart by content,
-and the ``.ckpt`` files MindSpore's writer made before 2026-11-26 still load. ``mindspore.load_checkpoint`` reads one
-of ours under a ``.safetensors`` name, with ``format="safetensors"``.
+Every checkpoint is written in one format, safetensors (the ``safetensors`` package; MindSpore's own
+``format="safetensors"`` wraps it but has no room for our metadata): a JSON header (names, dtypes, shapes, offsets,
+and our metadata as one JSON string under ``METADATA_KEY``), then the raw arrays. Unlike MindSpore's ``.ckpt`` (one
+protobuf message, read whole, then parsed; protobuf documents a 2 GB limit, and thor_bert's 3.66 GB checkpoint failed
+with ``DecodeError``) it has no size limit, is written without a copy and read into one copy 2.5-10x faster, and its
+metadata is read from the header alone (a resume's look through a folder). One format for all, as it costs nothing at
+the usual sizes (docs/results.md#checkpoints). Names keep ``.ckpt`` (``.safetensors`` is accepted too), so the
+catalog's paths, the ``epoch_NNNN.ckpt`` files and the MLflow artifacts are unchanged; the loader tells the formats
+apart by content, so the ``.ckpt`` files MindSpore wrote before 2026-11-26 still load.
 """
 
 from __future__ import annotations
