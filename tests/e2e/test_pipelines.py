@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import urllib.request
 from pathlib import Path
 
+import mlflow
 import numpy as np
 import pandas as pd
 import pytest
 
 from pipelines.engine.checkpoint import load_checkpoint
 from pipelines.metrics import EPOCH_KEYS
+from pipelines.predict.classifier import MindirClassifier
 from tests.support.projects import (
     DIM_REDUCE_PARAMS,
     EPOCHS,
@@ -24,12 +28,24 @@ from tests.support.projects import (
     run_on_tiny_tree,
     runs,
 )
+from tests.support.servers import model_server
 from tests.support.trees import write_image_tree
 
 
 @pytest.fixture(scope="module")
 def baseline_run(tmp_path_factory):
-    return run_on_tiny_tree(tmp_path_factory.mktemp("project"), "baseline", {"train": 8, "val": 3})
+    root = tmp_path_factory.mktemp("project")
+    return run_on_tiny_tree(root, "baseline", {"train": 8, "val": 3}, {"model": {"register": True}})
+
+
+@pytest.fixture(scope="module")
+def champion(baseline_run):
+    """The baseline run's registered model, given the alias ``champion`` as docs/use-a-model.md says: its URI."""
+    project, _ = baseline_run
+    client, _ = runs(project)
+    (version,) = client.search_model_versions("name = 'baseline'")
+    client.set_registered_model_alias("baseline", "champion", version.version)
+    return "models:/baseline@champion"
 
 
 def test_outputs_are_written(baseline_run):
@@ -73,11 +89,62 @@ def test_training_changed_the_weights(baseline_run):
     assert any(not (initial[name] == final[name]).all() for name in initial)
 
 
+def baseline_mlflow_run(project: Path):
+    """The baseline's run (the tests of this set-up add a predict run beside it)."""
+    client, found = runs(project)
+    (run,) = [run for run in found if run.data.tags.get("pipeline") == "baseline"]
+    return client, run
+
+
+def test_the_run_logs_its_model_with_the_mindir_network_as_a_registered_version(baseline_run):
+    project, _ = baseline_run
+    client, run = baseline_mlflow_run(project)
+    (version,) = client.search_model_versions("name = 'baseline'")
+    assert version.run_id == run.info.run_id
+    (logged,) = client.search_logged_models(experiment_ids=[run.info.experiment_id])
+    assert logged.source_run_id == run.info.run_id and logged.name == "model"
+    files = mlflow.artifacts.download_artifacts(artifact_uri=logged.artifact_location, dst_path=str(project / "got"))
+    assert (Path(files) / "artifacts/network.mindir").read_bytes() == (
+        project / "data/06_models/baseline/model/network.mindir"
+    ).read_bytes()
+    assert (Path(files) / "MLmodel").is_file() and (Path(files) / "input_example.json").is_file()
+
+
+def test_predict_over_the_evaluations_images_gives_its_top1(baseline_run, champion):
+    project, _ = baseline_run
+    result = kedro(project, "run", "--pipelines=predict", f"--params=predict.model={champion}")
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    predictions = pd.read_csv(project / "data/07_model_output/predictions.csv", keep_default_na=False)
+    report = json.loads((project / "data/08_reporting/baseline_eval.json").read_text())
+    assert len(predictions) == report["val_images"]  # the manifest's val rows, as the evaluation read them
+    assert (predictions["class_1"] == predictions["class_name"]).mean() == pytest.approx(report["top1"])
+    hits = predictions[[f"class_{k}" for k in range(1, 4)]].eq(predictions["class_name"], axis=0).any(axis=1)
+    assert hits.mean() == pytest.approx(report["top5"])  # 3 classes: the top 5 is the top 3
+
+
+def test_the_registered_model_serves_over_rest(baseline_run, champion, tmp_path):
+    project, _ = baseline_run
+    manifest = pd.read_csv(project / "data/02_intermediate/manifest.csv")
+    paths = list(manifest.loc[manifest["split"] == "val", "path"][:4])
+    images = [[base64.b64encode(Path(path).read_bytes()).decode()] for path in paths] + [["bm90IGFuIGltYWdl"]]
+    body = {"dataframe_split": {"columns": ["image"], "data": images}, "params": {"top_k": 2}}
+    with model_server(champion, f"sqlite:///{project / 'mlflow.db'}", project, tmp_path / "serve.log") as url:
+        request = urllib.request.Request(
+            f"{url}/invocations", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=120) as response:
+            answer = json.loads(response.read())["predictions"]
+    expected = MindirClassifier.from_folder(project / "data/06_models/baseline/model").predict(
+        [Path(path).read_bytes() for path in paths], top_k=2, batch_size=250
+    )
+    assert [row["class_1"] for row in answer[:4]] == list(expected["class_1"])
+    assert [row["probability_1"] for row in answer[:4]] == pytest.approx(list(expected["probability_1"]), rel=1e-5)
+    assert answer[4]["error"].startswith("RuntimeError")  # "not an image": named, and the others still answered
+
+
 def test_mlflow_run_holds_params_metrics_artifacts_tags(baseline_run):
     project, _ = baseline_run
-    client, found = runs(project)
-    assert len(found) == 1
-    run = found[0]
+    client, run = baseline_mlflow_run(project)
     assert run.info.status == "FINISHED"
     assert run.data.params["baseline.epochs"] == str(EPOCHS)
     assert run.data.params["model.name"] == "resnet_narrow"

@@ -79,5 +79,6 @@ def test_accuracy_counts_only_classified_images_of_a_known_class():
             "error": ["", "", "", "", "cannot read the file"],
         }
     )
-    assert accuracy(predictions, 2) == {"top1": 2 / 3, "top2": 2 / 3, "images": 3}
-    assert accuracy(predictions.assign(class_name=""), 2) == {}
+    assert accuracy(predictions) == {"top1": 2 / 3, "top2": 2 / 3, "images": 3}
+    assert accuracy(predictions.drop(columns="class_2")) == {"top1": 2 / 3, "images": 3}  # one class per image
+    assert accuracy(predictions.assign(class_name="")) == {}

@@ -1,5 +1,6 @@
-"""``mlflow server`` on a free localhost port, as a team runs one: a SQLite backend store and proxied artifacts (the
-clients upload and download artifacts through the server, ``mlflow-artifacts:``), always stopped afterwards."""
+"""MLflow's servers on a free localhost port, always stopped afterwards: ``mlflow server`` as a team runs one (a
+SQLite backend store and proxied artifacts: the clients upload and download artifacts through the server,
+``mlflow-artifacts:``), and ``mlflow models serve`` of a registered model."""
 
 from __future__ import annotations
 
@@ -32,22 +33,48 @@ def mlflow_server(backend: Path, log: Path, artifacts: Path | None = None) -> It
     command += ["--backend-store-uri", f"sqlite:///{backend}"]
     if artifacts is not None:
         command += ["--artifacts-destination", str(artifacts)]
+    with served(command, backend.parent, log, f"http://127.0.0.1:{port}", "/health") as url:
+        yield url
+
+
+@contextlib.contextmanager
+def model_server(model_uri: str, tracking_uri: str, cwd: Path, log: Path) -> Iterator[str]:
+    """``mlflow models serve -m <model_uri> --env-manager local`` (this environment: the project's package and
+    MindSpore) with its models from ``tracking_uri``; yields its URL once its ``/ping`` answers."""
+    port = free_port()
+    command = [sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri, "--env-manager", "local"]
+    command += ["--host", "127.0.0.1", "--port", str(port)]
+    # it starts uvicorn by name, from PATH: this environment's, as an activated venv gives it
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    with served(
+        command, cwd, log, f"http://127.0.0.1:{port}", "/ping", MLFLOW_TRACKING_URI=tracking_uri, PATH=path
+    ) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def served(command: list[str], cwd: Path, log: Path, url: str, health: str, **env: str) -> Iterator[str]:
+    """``command``, a server at ``url``, started in ``cwd`` with its output in ``log``; yields ``url`` once
+    ``url + health`` answers 200, and stops the server (and the uvicorn process it starts) afterwards."""
     with log.open("w") as out:
         # its own process group: the server runs uvicorn in a child process, and both must go at the end
         server = subprocess.Popen(
             command,
-            cwd=backend.parent,
+            cwd=cwd,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"},
+            env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", **env},
         )
-    url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not _healthy(url):  # each try waits up to a second for the server's answer
-            assert server.poll() is None, f"mlflow server exited with {server.returncode}:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"mlflow server not up in {START_TIMEOUT_S} s:\n{log.read_text()}"
+        while not _healthy(url + health):  # each try waits up to a second for the server's answer
+            assert server.poll() is None, (
+                f"{' '.join(command[2:4])} exited with {server.returncode}:\n{log.read_text()[-3000:]}"
+            )
+            assert time.monotonic() < deadline, (
+                f"{' '.join(command[2:4])} not up in {START_TIMEOUT_S} s:\n{log.read_text()}"
+            )
         yield url
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -59,9 +86,9 @@ def mlflow_server(backend: Path, log: Path, artifacts: Path | None = None) -> It
             server.wait(timeout=10)
 
 
-def _healthy(url: str) -> bool:
+def _healthy(address: str) -> bool:
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
+        with urllib.request.urlopen(address, timeout=1) as response:
             return response.status == 200
     except OSError:
         time.sleep(0.2)  # refused at once while the port is not open yet: not a busy loop

@@ -5,6 +5,7 @@ labelled with that class) or a manifest CSV of the data pipeline (the rows of on
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -42,15 +43,19 @@ def list_images(source: str | Path, *, split: str, classes: Sequence[str]) -> pd
     return pd.DataFrame({"path": [str(p) for p in paths], "class_name": labels})
 
 
-def accuracy(predictions: pd.DataFrame, top_k: int) -> dict[str, float]:
-    """Top-1 and top-``top_k`` (fractions) over the classified images whose true class is known; empty when none
-    is. ``predictions`` holds ``class_name`` beside the model's ``class_1`` … columns."""
+def accuracy(predictions: pd.DataFrame) -> dict[str, float]:
+    """Top-1 and top-k (fractions; k the number of classes predicted per image, ``class_1`` … ``class_k``) over the
+    classified images whose true class is known, and their count under ``images``; empty when none is."""
     scored = predictions[(predictions["class_name"].fillna("") != "") & (predictions["error"] == "")]
     if scored.empty:
         return {}
-    ranked = scored[[f"class_{k}" for k in range(1, top_k + 1)]].to_numpy()
-    hits = ranked == scored["class_name"].to_numpy()[:, None]
-    return {"top1": float(np.mean(hits[:, 0])), f"top{top_k}": float(np.mean(hits.any(axis=1))), "images": len(scored)}
+    ranks = [column for column in predictions.columns if re.fullmatch(r"class_\d+", column)]
+    hits = scored[ranks].to_numpy() == scored["class_name"].to_numpy()[:, None]
+    return {
+        "top1": float(np.mean(hits[:, 0])),
+        f"top{len(ranks)}": float(np.mean(hits.any(axis=1))),
+        "images": len(scored),
+    }
 
 
 def classify(images: pd.DataFrame, predict: Callable[[list[bytes]], pd.DataFrame]) -> pd.DataFrame:

@@ -17,9 +17,9 @@ SHOWN_BAD_IMAGES = 5  # named in the log; bad_images.csv lists them all
 
 
 def predict_images(predict: PredictParams) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The top ``predict.top_k`` classes of every image ``predict.images`` names, by the model ``predict.model``,
-    and the images it could not classify. Where the images' classes are known, top-1/top-k go to the run as
-    ``predict/top1``, ``predict/top<k>``; ``predict/images`` and ``predict/bad_images`` always."""
+    """The top ``predict.top_k`` classes (at most the model's) of every image ``predict.images`` names, by the model
+    ``predict.model``, and the images it could not classify. Where the images' classes are known, top-1/top-k go to
+    the run as ``predict/top1``, ``predict/top<k>``; ``predict/images`` and ``predict/bad_images`` always."""
     model = load_model(predict.model)
     images = list_images(predict.images, split=predict.split, classes=model_classes(model))
     predictions = classify(images, predictor(model, top_k=predict.top_k, batch_size=predict.batch_size))
@@ -27,14 +27,14 @@ def predict_images(predict: PredictParams) -> tuple[pd.DataFrame, pd.DataFrame]:
     if len(bad):
         named = ", ".join(f"{row.path} ({row.error})" for row in bad.head(SHOWN_BAD_IMAGES).itertuples())
         logger.warning("%d of %d images could not be classified: %s", len(bad), len(predictions), named)
-    scores = accuracy(predictions, predict.top_k)
+    scores = accuracy(predictions)
     if scores:
         logger.info(
-            "%s: top-1 %.2f%%, top-%d %.2f%% on %d labelled images",
+            "%s: %s on %d labelled images",
             predict.model,
-            100 * scores["top1"],
-            predict.top_k,
-            100 * scores[f"top{predict.top_k}"],
+            ", ".join(
+                f"{key.replace('top', 'top-')} {100 * value:.2f}%" for key, value in scores.items() if key != "images"
+            ),
             scores["images"],
         )
     summary = {"images": len(predictions), "bad_images": len(bad), **{k: v for k, v in scores.items() if k != "images"}}
