@@ -137,6 +137,7 @@ def train(
     step = make_step(start, steps_per_epoch)
     if continuing:
         step.restore(start)
+    del start  # the step holds the state now: a checkpoint loaded to resume from is freed while the training runs
     step.prepare()
     logger.info(
         "%s: epochs %d-%d of a %d-epoch schedule, %d steps/epoch, batch %d per rank, %s",
