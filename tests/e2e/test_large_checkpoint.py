@@ -1,7 +1,7 @@
 """A checkpoint past protobuf's 2 GB: a training of a 2.15 GB network (``tests/support/large_checkpoint_job.py``, the
 engine's ``train`` with its periodic checkpoints) is killed with SIGKILL once its first epoch's checkpoint is on
 disk, and a rerun resumes from that checkpoint with the weights and step count the killed process had (MindSpore's
-``.ckpt`` could not be read back at this size: ``DecodeError``, docs/results.md). The job's peak is about 11 GB."""
+``.ckpt`` reader failed on a 3.66 GB checkpoint once: docs/results.md#checkpoints). The job's peak is about 9 GB."""
 
 from __future__ import annotations
 

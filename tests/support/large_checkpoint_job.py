@@ -4,7 +4,7 @@
 One ``nn.Dense(SIDE, SIDE)`` (23,200 x 23,200 float32: 2.15 GB, past protobuf's 2 GB) trained by the engine's
 ``train`` for ``EPOCHS`` epochs of one step each, on one fixed batch, with checkpoints every epoch in
 ``WORK/epochs``. The optimizer is plain gradient descent in place (``ApplyGradientDescent``): its only state is the
-step count, so the process holds the weights, their gradient and one captured copy (about 7 GB at its peak).
+step count, so the process holds the weights, their gradient and captured copies (about 9 GB at its peak).
 Prints JSON lines on stdout: ``{"event": "started", "epoch": e, ...}`` at the start of each epoch ``e`` (1-based)
 with a digest of the weights then (a float64 sum and a few values) and the optimizer's step count, and at the end
 ``{"event": "finished", ...}`` with the final state's digest and the process's peak resident memory; the final
