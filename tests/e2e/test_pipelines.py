@@ -235,6 +235,7 @@ def test_viz_shows_nodes_and_datasets(viz_site):
         "baseline.build_network",
         "baseline.train",
         "baseline.evaluate",
+        "baseline.export_model",
     ):
         assert names[task] == "task"
     for dataset in (
@@ -243,6 +244,7 @@ def test_viz_shows_nodes_and_datasets(viz_site):
         "baseline.initial_weights",
         "baseline.final_checkpoint",
         "baseline.eval_report",
+        "baseline.model",
     ):
         assert names[dataset] == "data"
     edges = {(e["source"], e["target"]) for e in graph["edges"]}

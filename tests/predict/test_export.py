@@ -3,6 +3,7 @@ evaluation, the folder swapped in whole, bad images named and the others still c
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 import pipelines  # noqa: F401  (the CPU defaults before MindSpore loads)
 from pipelines.data.folder import create_dataset, scan_image_tree
 from pipelines.models.resnet import create_resnet
-from pipelines.predict.classifier import MindirClassifier, prediction_columns
+from pipelines.predict.classifier import MindirClassifier, padded, prediction_columns
 from pipelines.predict.export import (
     DESCRIPTION_FILE,
     MINDIR_FILE,
@@ -93,8 +94,8 @@ def test_predict_ranks_like_the_evaluation_and_names_an_image_it_cannot_decode(t
     classifier = MindirClassifier.from_folder(folder)
     val = manifest[manifest["split"] == "val"]
     images = [open(path, "rb").read() for path in val["path"]]
-    # batches of 4: the last of the 9 images goes in a batch padded with zero images
-    predictions = classifier.predict([images[0], b"not an image", *images[1:]], top_k=2, batch_size=4)
+    # batches of 6: the last 3 of the 9 images go in a batch padded with a zero image to 4
+    predictions = classifier.predict([images[0], b"not an image", *images[1:]], top_k=2, batch_size=6)
     assert list(predictions.columns) == prediction_columns(2)
     assert len(predictions) == len(images) + 1
     bad = predictions.iloc[1]
@@ -107,10 +108,20 @@ def test_predict_ranks_like_the_evaluation_and_names_an_image_it_cannot_decode(t
     assert list(good["class_1"]) == expected
 
 
+def test_a_batch_is_padded_to_a_power_of_two_up_to_the_batch_size():
+    sizes = {n: len(padded(np.ones((n, 3, 2, 2), np.float32), 250)) for n in (1, 2, 3, 5, 128, 129, 250)}
+    assert sizes == {1: 1, 2: 2, 3: 4, 5: 8, 128: 128, 129: 250, 250: 250}
+    batch = padded(np.ones((3, 3, 2, 2), np.float32), 250)
+    assert (batch[:3] == 1).all() and (batch[3] == 0).all()
+
+
 def test_a_new_save_replaces_the_whole_folder_and_a_partial_folder_is_named(exported, tmp_path):
     _, model, _ = exported
     folder = tmp_path / "model"
     save_model(model, folder)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert folder.stat().st_mode & 0o777 == 0o777 & ~umask  # as mkdir makes a folder, not mkdtemp's owner-only
     (folder / "stale").write_text("from an older export")
     save_model(model, folder)
     assert sorted(p.name for p in folder.iterdir()) == sorted([MINDIR_FILE, DESCRIPTION_FILE, "example_image"])

@@ -45,6 +45,7 @@ BASELINE_TASKS = {
     "baseline.build_network",
     "baseline.train",
     "baseline.evaluate",
+    "baseline.export_model",
 }
 
 
@@ -229,7 +230,7 @@ def test_kedro_viz_shows_dim_reduce_stages_collapsed_with_layers(viz_site, brows
         wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, stage2), "kedro_viz_stage2_expanded", "stage 2")
         settled_screenshot(browser, "kedro_viz_stage2_expanded")
         assert drawn(browser, "modularPipeline") == {"data", *stages} - {"dim_reduce.stage2"}
-        assert drawn(browser, "task") == {"train", "evaluate"}  # dim_reduce.stage2.train, .evaluate: last parts
+        assert drawn(browser, "task") == {"train", "evaluate", "export_model"}  # dim_reduce.stage2.train, …: last parts
 
 
 def test_mlflow_ui_shows_the_run_and_its_metrics(filled_project, mlflow_ui, browser):

@@ -14,6 +14,7 @@ from pipelines.data.folder import eval_image_ops
 from pipelines.predict.export import DESCRIPTION_FILE, MINDIR_FILE
 
 ERROR_COLUMN = "error"  # empty for an image that was classified; otherwise why it could not be
+PROBABILITY_DIGITS = 6  # decimals of a probability: float32 softmax carries about seven
 
 
 def prediction_columns(top_k: int) -> list[str]:
@@ -28,9 +29,11 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def padded(batch: np.ndarray, size: int) -> np.ndarray:
-    """``batch`` with zero images appended up to ``size``: every call then has one input shape, which MindSpore
-    compiles once (a last, shorter batch would compile the graph again)."""
-    missing = size - len(batch)
+    """``batch`` with zero images appended up to the next power of two, at most ``size`` (the batch size): MindSpore
+    compiles the network once per input shape, so a few shapes serve every request, from one image (a REST call)
+    to a whole batch, without padding one image to a full batch."""
+    target = min(size, 1 << max(len(batch) - 1, 0).bit_length())
+    missing = target - len(batch)
     return np.concatenate([batch, np.zeros((missing, *batch.shape[1:]), batch.dtype)]) if missing > 0 else batch
 
 
@@ -86,7 +89,10 @@ class MindirClassifier:
             for (position, _), order, row in zip(batch, ranked, probabilities, strict=True):
                 rows[position] = {
                     **{f"class_{k + 1}": self.classes[index] for k, index in enumerate(order)},
-                    **{f"probability_{k + 1}": float(row[index]) for k, index in enumerate(order)},
+                    **{
+                        f"probability_{k + 1}": round(float(row[index]), PROBABILITY_DIGITS)
+                        for k, index in enumerate(order)
+                    },
                     ERROR_COLUMN: "",
                 }
         return pd.DataFrame(rows, columns=prediction_columns(top_k))

@@ -5,6 +5,7 @@ encoded val image as an example input. A folder of three files, swapped in whole
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -73,6 +74,9 @@ def save_model(model: ExportedModel, folder: str | Path) -> None:
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # as a folder made by mkdir: mkdtemp's is its owner's only
     try:
         (staging / MINDIR_FILE).write_bytes(model.mindir)
         (staging / DESCRIPTION_FILE).write_text(json.dumps(model.description, indent=2))
