@@ -61,19 +61,51 @@ def test_the_ui_is_the_tracking_server_itself_or_mlflow_ui_over_a_local_store():
     assert ui_base_url("sqlite:///mlflow.db", "0.0.0.0", "5001") == "http://0.0.0.0:5001"
 
 
-def test_the_comparison_link_names_the_runs_the_metric_and_model_training_mode():
-    import json
-    from urllib.parse import parse_qs, unquote, urlsplit
+def test_the_closing_links_open_shared_views_that_chart_each_run_and_list_the_headline_columns(tmp_path: Path):
+    import mlflow
 
-    from pipelines.tracking.links import comparison_url
+    from pipelines.tracking.links import closing_links
+    from tests.support.runner import process_state_kept
+    from tests.support.views import charted, linked_view
 
-    url = comparison_url("http://mlflow.team:8080", "7", ["a1", "b2"])
-    assert url.startswith("http://mlflow.team:8080/#/metric?")
-    query = parse_qs(urlsplit(url.split("#", 1)[1]).query)
-    assert json.loads(unquote(query["runs"][0])) == ["a1", "b2"]
-    assert json.loads(query["metric"][0]) == "val/top1" and json.loads(query["plot_metric_keys"][0]) == ["val/top1"]
-    assert json.loads(query["experiments"][0]) == ["7"]
-    assert query["workflowType"] == ["machine_learning"]
+    with process_state_kept(tmp_path):
+        uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_experiment("closing-links")
+        with mlflow.start_run() as study:
+            with mlflow.start_run(nested=True) as seed0:  # a 1-epoch training with step evaluations
+                mlflow.log_params({"baseline.epochs": 1, "baseline.lr.warmup_epochs": 0})
+                mlflow.log_metric("val/top1", 0.5, step=1)
+                for step in (2, 4, 6):
+                    mlflow.log_metric("val/step_top1", 0.1 * step, step=step)
+            with mlflow.start_run(nested=True) as seed1:  # one without: its single val/top1 is charted as a point
+                mlflow.log_params({"thor.epochs": 1})
+                mlflow.log_metric("val/top1", 0.4, step=1)
+        chart, table = closing_links("http://mlflow.team:8080", study.info.run_id)
+        experiment = study.info.experiment_id
+        assert chart.startswith(f"http://mlflow.team:8080/#/experiments/{experiment}/runs?viewStateShareKey=")
+        assert chart.endswith("&compareRunsMode=CHART&workflowType=machine_learning")
+        assert table.startswith(f"http://mlflow.team:8080/#/experiments/{experiment}/runs?viewStateShareKey=")
+        assert table.endswith("&workflowType=machine_learning")
+        charts = linked_view(uri, chart)
+        assert charted(charts) == ["val/step_top1", "val/top1"]  # the step evaluations' chart first
+        assert all(c["type"] == "LINE" and c["displayPoints"] for c in charts["compareRunCharts"])
+        ids = (seed0.info.run_id, seed1.info.run_id)
+        assert charts["searchFilter"] == f"attributes.run_id IN ('{ids[0]}', '{ids[1]}')"
+        assert charts["runsHiddenMode"] == "SHOW_ALL"
+        columns = linked_view(uri, table)
+        assert columns["selectedColumns"] == [
+            "metrics.`final/top1`",
+            "metrics.`final/top5`",
+            "params.`baseline.epochs`",
+            "params.`thor.epochs`",
+            "tags.`seed`",
+        ]
+        assert (columns["orderByKey"], columns["orderByAsc"]) == ("metrics.`final/top1`", False)
+        # the same view is stored once: a second run's links reuse the tag
+        assert closing_links("http://mlflow.team:8080", study.info.run_id) == (chart, table)
+        tags = mlflow.MlflowClient().get_experiment(experiment).tags
+        assert sum(key.startswith("mlflow.sharedViewState.") for key in tags) == 2
 
 
 def test_each_compared_run_is_named_once_even_when_a_child_is_named_with_its_parent(tmp_path: Path):

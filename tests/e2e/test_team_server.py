@@ -36,6 +36,7 @@ def test_the_report_reads_the_runs_back_from_the_server_and_the_links_name_it(re
     assert {child.info.run_id for child in trainings(client, dim_reduce).values()} <= compared
     assert {artifact.path for artifact in client.list_artifacts(report.info.run_id)} >= {"report"}
     output = (recipe_store / REPORT_OUTPUT).read_text()
-    assert f"MLflow: compare the runs at {server}/#/metric?" in output
-    assert f"MLflow: the runs table is {server}/#/experiments/{report.info.experiment_id}/runs" in output
+    runs = f"{server}/#/experiments/{report.info.experiment_id}/runs?viewStateShareKey="
+    assert f"MLflow: compare the runs at {runs}" in output
+    assert f"MLflow: the runs table is {runs}" in output
     assert "127.0.0.1:5000" not in output and "start `mlflow ui` first" not in output

@@ -19,18 +19,9 @@ from pipelines.errors import Failure
 from pipelines.hooks.command_line import invoked_command
 from pipelines.hooks.config_files import leaf_items
 from pipelines.hooks.configuration import ConfigurationHooks
-from pipelines.metrics import VAL_MLM_ACCURACY, VAL_TOP1
 from pipelines.pipeline_registry import DEFAULT_PIPELINE
 from pipelines.tracking.handoff import MlflowRunHandoff
-from pipelines.tracking.links import (
-    base_is_server,
-    comparison_url,
-    current_tracking_uri,
-    experiment_of,
-    runs_page_url,
-    runs_to_compare,
-    ui_base_url,
-)
+from pipelines.tracking.links import base_is_server, closing_links, current_tracking_uri, ui_base_url
 from pipelines.tracking.naming import DESCRIPTION_TAG, run_description, run_name, set_run_name
 from pipelines.tracking.runs import (
     active_run_id,
@@ -41,7 +32,6 @@ from pipelines.tracking.runs import (
 )
 from pipelines.tracking.writer import mark_model_training_experiment, set_tags
 
-COMPARED_METRICS = (VAL_TOP1, VAL_MLM_ACCURACY)  # the chart a run's closing link opens on, the first its runs logged
 # run_params entries that run only part of the pipelines
 NODE_FILTERS = ("node_names", "from_nodes", "to_nodes", "from_inputs", "to_outputs", "tags", "namespaces")
 DEFAULT_UI = ("127.0.0.1", 5000)  # kedro-mlflow's mlflow.yml ui: host, port
@@ -176,14 +166,8 @@ class MlflowRunHooks:
         or at ``mlflow ui``'s over a local store (kedro-mlflow's ``mlflow.yml``: ``server``, ``ui``)."""
         base = ui_base_url(current_tracking_uri(), *self._ui)
         local = "" if base_is_server(current_tracking_uri()) else " (start `mlflow ui` first, README)"
-        experiment_id = experiment_of(self._run_id)
-        # the image recipes' top-1, else a language model's masked-LM accuracy (thor_bert)
-        metric, compared = next(
-            ((metric, runs) for metric in COMPARED_METRICS if (runs := runs_to_compare(self._run_id, metric))),
-            (None, []),
-        )
+        chart, table = closing_links(base, self._run_id)
         # printed, not logged: a log handler may wrap lines at the terminal's width and would break the links
-        if compared:
-            url = comparison_url(base, experiment_id, compared, metric)
-            click.echo(f"MLflow: compare the runs at {url}{local}")
-        click.echo(f"MLflow: the runs table is {runs_page_url(base, experiment_id)}")
+        if chart:
+            click.echo(f"MLflow: compare the runs at {chart}{local}")
+        click.echo(f"MLflow: the runs table is {table}")

@@ -7,19 +7,33 @@ so its chart draws them.
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Sequence
-from urllib.parse import quote
+from collections.abc import Mapping, Sequence
 
 import mlflow
 
-from pipelines.metrics import VAL_TOP1
+from pipelines.metrics import (
+    FINAL_PREFIX,
+    VAL_MLM_ACCURACY,
+    VAL_STEP_MLM_ACCURACY,
+    VAL_STEP_TOP1,
+    VAL_TOP1,
+)
 from pipelines.tracking.runs import child_runs
 from pipelines.tracking.writer import set_tags
 
 # A run's tag listing, comma-separated, the runs it compared (the report's), for the closing comparison link
 COMPARED_RUNS_TAG = "compared_runs"
 WORKFLOW = "workflowType=machine_learning"  # MLflow 3's UI otherwise shows its GenAI pages
+# The experiment tag of a runs page's shared view (MLflow's Share button writes one; ``viewStateShareKey`` opens it)
+SHARED_VIEW_TAG = "mlflow.sharedViewState."
+# What the closing links show, the first family the runs logged: the charts (a step evaluation's, then the epochs')
+# and the runs table's headline columns (the image recipes' top-1, else a language model's masked-LM accuracy)
+CHARTED = (
+    ((VAL_STEP_TOP1, VAL_TOP1), (FINAL_PREFIX + "top1", FINAL_PREFIX + "top5")),
+    ((VAL_STEP_MLM_ACCURACY, VAL_MLM_ACCURACY), (FINAL_PREFIX + "mlm_accuracy",)),
+)
 
 
 def current_tracking_uri() -> str:
@@ -43,35 +57,98 @@ def experiment_of(run_id: str) -> str:
     return mlflow.MlflowClient().get_run(run_id).info.experiment_id
 
 
-def runs_page_url(base: str, experiment_id: str) -> str:
-    """The MLflow UI's runs table of experiment ``experiment_id``, in model-training mode."""
-    return f"{base}/#/experiments/{experiment_id}/runs?{WORKFLOW}"
+def runs_page_url(base: str, experiment_id: str, view: str | None = None) -> str:
+    """The MLflow UI's runs table of experiment ``experiment_id``, in model-training mode; with ``view`` (a key of
+    ``share_view``), as that shared view sets it: its columns, order and filter."""
+    shared = f"viewStateShareKey={view}&" if view else ""
+    return f"{base}/#/experiments/{experiment_id}/runs?{shared}{WORKFLOW}"
 
 
-def comparison_url(base: str, experiment_id: str, run_ids: Sequence[str], metric: str = VAL_TOP1) -> str:
-    """The MLflow UI's chart of ``metric`` with one line per run of ``run_ids``, all drawn, in model-training mode.
+def comparison_url(base: str, experiment_id: str, view: str) -> str:
+    """The runs page of ``experiment_id`` in its chart view, as the shared view ``view`` (``comparison_view``)
+    sets it, in model-training mode."""
+    return f"{base}/#/experiments/{experiment_id}/runs?viewStateShareKey={view}&compareRunsMode=CHART&{WORKFLOW}"
 
-    MLflow 3.17's runs page keeps which runs its charts draw, and their order, in the browser (local storage);
-    only its search facets come from the URL. Its metric page takes the runs and the metric from the URL, so this
-    link opens on exactly the runs to compare, whatever the browser saw before.
-    """
-    query = "&".join(
-        [
-            f"runs={quote(json.dumps(list(run_ids)), safe='[],')}",
-            f"metric={quote(json.dumps(metric))}",
-            f"experiments={quote(json.dumps([experiment_id]), safe='[]')}",
-            f"plot_metric_keys={quote(json.dumps([metric]))}",
-            "plot_layout={}",
-            "x_axis=step",
-            "y_axis_scale=linear",
-            "line_smoothness=1",
-            "show_point=true",
-            "deselected_curves=[]",
-            "last_linear_y_axis_range=[]",
-            WORKFLOW,
-        ]
-    )
-    return f"{base}/#/metric?{query}"
+
+def _column(kind: str, key: str) -> str:
+    return f"{kind}.`{key}`"  # the runs table's name of a column (metrics.`final/top1`)
+
+
+def table_view(headline: Sequence[str], epochs_params: Sequence[str]) -> dict:
+    """A shared view of the runs table: the ``headline`` metrics (``final/top1``, …) and the ``epochs_params`` as
+    columns beside each run's name, the runs ordered by the first headline metric, best first, every run drawn."""
+    columns = [_column("metrics", key) for key in headline]
+    columns += [_column("params", key) for key in epochs_params] + [_column("tags", "seed")]
+    return {
+        "selectedColumns": columns,
+        "orderByKey": columns[0],
+        "orderByAsc": False,
+        "runsHiddenMode": "SHOW_ALL",
+    }
+
+
+def comparison_view(run_ids: Sequence[str], metrics: Sequence[str], table: Mapping) -> dict:
+    """A shared view of the runs page's chart view: only the runs ``run_ids``, every one drawn, and one line chart
+    per key of ``metrics`` (a step evaluation's, then the epochs'), whose points are drawn as markers, so a run
+    with a single value is a point and not an invisible line."""
+    section = "compared"
+    charts = [
+        {
+            "uuid": f"chart-{index}",
+            "type": "LINE",
+            "metricSectionId": section,
+            "deleted": False,
+            "isGenerated": False,
+            "displayName": metric,
+            "metricKey": metric,
+            "selectedMetricKeys": [metric],
+            "xAxisKey": "step",
+            "xAxisScaleType": "linear",
+            "scaleType": "linear",
+            "yAxisKey": "metric",
+            "yAxisExpressions": [],
+            "selectedXAxisMetricKey": "",
+            "lineSmoothness": 0,
+            "displayPoints": True,
+            "range": {},
+            "ignoreOutliers": False,
+            "useGlobalXaxisKey": False,
+            "useGlobalLineSmoothing": False,
+            "runsCountToCompare": len(run_ids),
+        }
+        for index, metric in enumerate(metrics)
+    ]
+    ids = ", ".join(f"'{run_id}'" for run_id in run_ids)
+    return {
+        **table,
+        "searchFilter": f"attributes.run_id IN ({ids})",
+        "compareRunCharts": charts,
+        "compareRunSections": [
+            {"uuid": section, "name": "compared runs", "display": True, "isReordered": True, "deleted": False}
+        ],
+        "hideEmptyCharts": True,
+        "isAccordionReordered": True,
+    }
+
+
+def share_view(experiment_id: str, view: Mapping) -> str:
+    """Store ``view`` (a runs page's state: columns, order, filter, charts) as a shared view of the experiment, as
+    the UI's Share button does (the experiment tag ``mlflow.sharedViewState.<key>``); the key, the view's hash,
+    opens it (``viewStateShareKey=<key>``). The same view is stored once."""
+    value = json.dumps(view, sort_keys=True, separators=(",", ":"))
+    key = hashlib.sha256(value.encode()).hexdigest()
+    client = mlflow.MlflowClient()
+    if client.get_experiment(experiment_id).tags.get(SHARED_VIEW_TAG + key) != value:
+        client.set_experiment_tag(experiment_id, SHARED_VIEW_TAG + key, value)
+    return key
+
+
+def epochs_params(run_ids: Sequence[str]) -> list[str]:
+    """The parameters of ``run_ids`` that set a training's epochs (``baseline.epochs``, ``dim_reduce.stage1.epochs``;
+    not ``warmup_epochs``), in order."""
+    client = mlflow.MlflowClient()
+    keys = {key for run_id in run_ids for key in client.get_run(run_id).data.params if key.endswith(".epochs")}
+    return sorted(keys)
 
 
 def record_compared_runs(run_ids: Sequence[str]) -> None:
@@ -93,3 +170,21 @@ def runs_to_compare(run_id: str, metric: str = VAL_TOP1) -> list[str]:
     named = run.data.tags.get(COMPARED_RUNS_TAG, "")
     candidates += [client.get_run(other) for other in named.split(",") if other]
     return list(dict.fromkeys(candidate.info.run_id for candidate in candidates if metric in candidate.data.metrics))
+
+
+def closing_links(base: str, run_id: str) -> tuple[str | None, str]:
+    """A ``kedro run``'s two links: the chart view of the runs it trained or compared (``runs_to_compare``; None
+    when none logged a charted metric) and its experiment's runs table, each a shared view (``share_view``) with
+    the headline columns of the first family of ``CHARTED`` its runs logged."""
+    experiment_id = experiment_of(run_id)
+    for metrics, headline in CHARTED:
+        compared = {metric: runs_to_compare(run_id, metric) for metric in metrics}
+        charted = [metric for metric in metrics if compared[metric]]
+        if charted:
+            runs = list(dict.fromkeys(run for metric in charted for run in compared[metric]))
+            table = table_view(headline, epochs_params(runs))
+            charts = share_view(experiment_id, comparison_view(runs, charted, table))
+            return comparison_url(base, experiment_id, charts), runs_page_url(
+                base, experiment_id, share_view(experiment_id, table)
+            )
+    return None, runs_page_url(base, experiment_id, share_view(experiment_id, table_view(CHARTED[0][1], [])))
