@@ -224,8 +224,8 @@ def test_study_pipeline(workspace):
     runs = children(uri, only_run(uri, "study")).values()
     assert {child.data.tags["recipe"] for child in runs} == {"baseline", "thor", "thor_first_order"}
     names = {child.info.run_name: child for child in runs}
-    assert set(names) == {"study/baseline/seed0", "study/thor/seed0", "study/thor_first_order/seed0"}
-    assert names["study/thor_first_order/seed0"].data.params["thor.precondition"] == "false"
+    assert set(names) == {"seed0 baseline", "seed0 thor", "seed0 thor_first_order"}  # the seed first, readable
+    assert names["seed0 thor_first_order"].data.params["thor.precondition"] == "false"
 
 
 def test_thor_bert_pipeline(workspace):

@@ -33,10 +33,12 @@ def flat_params(sections: Mapping[str, object]) -> dict[str, str]:
 
 
 @contextmanager
-def training_run(name: str, params: Mapping[str, object] | None = None) -> Iterator[mlflow.ActiveRun | None]:
-    """Inside the active (``kedro run``'s) run, the child run ``name`` (tag ``training=<name>``; named
-    ``<pipeline>/<name>``), active meanwhile; a new one logs the parameter sections ``params`` (``flat_params``),
-    so MLflow's Compare shows each training's own settings.
+def training_run(
+    name: str, params: Mapping[str, object] | None = None, title: str | None = None
+) -> Iterator[mlflow.ActiveRun | None]:
+    """Inside the active (``kedro run``'s) run, the child run ``name`` (tag ``training=<name>``; named ``title``,
+    by default ``<pipeline>/<name>``), active meanwhile; a new one logs the parameter sections ``params``
+    (``flat_params``), so MLflow's Compare shows each training's own settings.
 
     A child of that name already under the parent is continued (the node that evaluates a training
     logs into the training's run). Outside an active run it does nothing. The child ends FINISHED, or
@@ -56,7 +58,7 @@ def training_run(name: str, params: Mapping[str, object] | None = None) -> Itera
     else:
         # named after its parent's pipeline too (dim_reduce/stage2), so its own page says whose it is
         pipeline = client.get_run(parent.info.run_id).data.tags.get("pipeline")
-        title = f"{pipeline}/{name}" if pipeline else name
+        title = title or (f"{pipeline}/{name}" if pipeline else name)
         run = mlflow.start_run(run_name=title, nested=True, tags={"training": name, **run_identity()})
         if params:
             mlflow.log_params(flat_params(params))
@@ -68,13 +70,20 @@ def training_run(name: str, params: Mapping[str, object] | None = None) -> Itera
     mlflow.end_run()
 
 
+def study_title(name: str) -> str:
+    """A study training's run name, its seed first so that the runs table tells the seeds apart however narrow the
+    column: ``baseline/seed0``: ``seed0 baseline``, ``dim_reduce/stage2/seed1``: ``seed1 dim_reduce/stage2``."""
+    rest, _, seed = name.rpartition("/")
+    return f"{seed} {rest}" if rest else name
+
+
 class StudyRuns:
-    """MLflow for a study (``study.runner.StudyTracking``): each training a child run of the study's run, with
-    its tags, per-epoch rows (``EpochMetrics``) and final accuracy."""
+    """MLflow for a study (``study.runner.StudyTracking``): each training a child run of the study's run (named
+    ``study_title``), with its tags, per-epoch rows (``EpochMetrics``) and final accuracy."""
 
     @contextmanager
     def run(self, name: str, tags: Mapping[str, str], params: Mapping[str, object]) -> Iterator[str | None]:
-        with training_run(name, params) as run:
+        with training_run(name, params, study_title(name)) as run:
             set_tags(tags)
             yield None if run is None else run.info.run_id
 
