@@ -6,6 +6,7 @@ The same pipelines as real ``kedro run`` processes, with the command line, are t
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -26,7 +27,7 @@ from pipelines.metrics import (
 )
 from pipelines.pipeline_registry import PIPELINE_NAMES
 from tests.support.backends import assert_declared_on_every_target, dumped_graphs
-from tests.support.runner import run_pipeline, session_project, tiny_params, tracking_uri
+from tests.support.runner import process_state_kept, run_pipeline, session_project, tiny_params, tracking_uri
 from tests.support.trees import write_image_tree
 
 CLASSES = ("cat", "dog", "fox")
@@ -139,7 +140,6 @@ def test_predict_pipeline(workspace, tmp_path):
     from pipelines.predict.classifier import MindirClassifier
     from pipelines.predict.export import export_classifier, save_model
     from pipelines.tracking.models import log_model
-    from tests.support.runner import process_state_kept
 
     tree, project = workspace
     uri = tracking_uri(project)
@@ -255,6 +255,17 @@ def test_thor_bert_pipeline(workspace):
         assert run.info.status == "FINISHED" and run.info.run_name == f"thor_bert/{training}"
         assert 0 <= run.data.metrics[FINAL_MLM_ACCURACY] <= 1 and VAL_MLM_ACCURACY in run.data.metrics
     assert runs["baseline"].data.params["thor_bert.baseline.optimizer"] == "adamweightdecay"
+    # each training's BERT as MindIR, the child run's MLflow model: it fills the masks of its example input
+    from pipelines.tracking.models import load_model
+
+    with process_state_kept(project):
+        mlflow.set_tracking_uri(uri)
+        model = load_model(runs["thor"].info.run_id)
+    example = outputs["thor_bert.thor.model"].example.decode()
+    assert "[MASK]" in example and model.metadata.get_input_schema().input_names() == ["text"]
+    (filled,) = model.predict(pd.DataFrame({"text": [example]}), params={"top_k": 3}).to_dict("records")
+    assert filled["error"] == "" and "[MASK]" not in filled["filled"]
+    assert [len(candidates) for candidates in json.loads(filled["candidates"])] == [3] * example.count("[MASK]")
 
 
 def test_report_pipeline(workspace):

@@ -16,6 +16,7 @@ from pipelines.models.resnet import create_resnet
 from pipelines.predict.classifier import MindirClassifier, padded, prediction_columns
 from pipelines.predict.export import (
     DESCRIPTION_FILE,
+    EXAMPLE_FILE,
     MINDIR_FILE,
     ModelFolderError,
     class_names,
@@ -124,7 +125,7 @@ def test_a_new_save_replaces_the_whole_folder_and_a_partial_folder_is_named(expo
     assert folder.stat().st_mode & 0o777 == 0o777 & ~umask  # as mkdir makes a folder, not mkdtemp's owner-only
     (folder / "stale").write_text("from an older export")
     save_model(model, folder)
-    assert sorted(p.name for p in folder.iterdir()) == sorted([MINDIR_FILE, DESCRIPTION_FILE, "example_image"])
+    assert sorted(p.name for p in folder.iterdir()) == sorted([MINDIR_FILE, DESCRIPTION_FILE, EXAMPLE_FILE])
     assert load_model(folder) == model
     assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no staging or retired folder left
     (folder / MINDIR_FILE).unlink()

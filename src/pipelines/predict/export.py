@@ -1,6 +1,11 @@
-"""A trained classifier as files: the network in MindIR (``mindspore.export``: what MindSpore Lite and Ascend
-inference load), the description a prediction needs (image size, resize ratio, class names by label), and one
-encoded val image as an example input. A folder of three files, swapped in whole on save."""
+"""A trained network as files others can load: the network in MindIR (``mindspore.export``: what MindSpore Lite and
+Ascend inference load), the description a prediction needs, and one example input. A folder of three files, swapped
+in whole on save.
+
+Two tasks: ``image_classification`` (an image recipe's ResNet; the description holds the image size, resize ratio
+and class names by label; the example is an encoded val image) and ``fill_mask`` (thor_bert's BERT with its
+pre-training heads; the description holds the tokenizer, sequence length and masked positions; the example a text
+with ``[MASK]``)."""
 
 from __future__ import annotations
 
@@ -8,13 +13,15 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 MINDIR_FILE = "network.mindir"
 DESCRIPTION_FILE = "model.json"
-EXAMPLE_FILE = "example_image"
+EXAMPLE_FILE = "example_input"
+IMAGE_CLASSIFICATION = "image_classification"
+FILL_MASK = "fill_mask"
 
 
 class ModelFolderError(ValueError):
@@ -23,12 +30,12 @@ class ModelFolderError(ValueError):
 
 @dataclass(frozen=True)
 class ExportedModel:
-    """The network's MindIR bytes, its ``description`` (``image_size``, ``eval_resize_ratio``, ``classes`` by
-    label, ``network``, ``training``) and ``example_image``, an encoded image of the data it was trained on."""
+    """The network's MindIR bytes, its ``description`` (``task``, ``network``, ``training`` and what the task's
+    predictions need) and ``example``, an input of the data it was trained on (an encoded image, a UTF-8 text)."""
 
     mindir: bytes
     description: dict
-    example_image: bytes
+    example: bytes
 
 
 def class_names(class_index: Mapping[str, int], num_classes: int) -> list[str]:
@@ -36,6 +43,18 @@ def class_names(class_index: Mapping[str, int], num_classes: int) -> list[str]:
     itself for an output no class has (ImageNet's recipes train 1001 outputs for 1000 classes)."""
     by_label = {label: name for name, label in class_index.items()}
     return [by_label.get(label, str(label)) for label in range(num_classes)]
+
+
+def export_network(net, inputs: Sequence, *, description: dict, example: bytes) -> ExportedModel:
+    """``net`` in inference mode (BatchNorm on its moving statistics, no dropout) as MindIR for ``inputs``
+    (MindSpore tensors; a dimension of ``None`` takes any size)."""
+    import mindspore as ms
+
+    net.set_train(False)
+    with tempfile.TemporaryDirectory() as folder:
+        ms.export(net, *inputs, file_name=str(Path(folder) / "network"), file_format="MINDIR")
+        mindir = (Path(folder) / MINDIR_FILE).read_bytes()
+    return ExportedModel(mindir, description, example)
 
 
 def export_classifier(
@@ -49,23 +68,39 @@ def export_classifier(
     training: str,
     example_image: bytes,
 ) -> ExportedModel:
-    """``net`` (inference mode: BatchNorm on its moving statistics) as MindIR taking any batch of
-    ``(3, image_size, image_size)`` images."""
+    """An image classifier taking any batch of ``(3, image_size, image_size)`` images."""
     import mindspore as ms
 
-    net.set_train(False)
-    any_batch = ms.Tensor(shape=[None, 3, image_size, image_size], dtype=ms.float32)
-    with tempfile.TemporaryDirectory() as folder:
-        ms.export(net, any_batch, file_name=str(Path(folder) / "network"), file_format="MINDIR")
-        mindir = (Path(folder) / MINDIR_FILE).read_bytes()
     description = {
+        "task": IMAGE_CLASSIFICATION,
         "image_size": image_size,
         "eval_resize_ratio": eval_resize_ratio,
         "classes": class_names(class_index, num_classes),
         "network": network,
         "training": training,
     }
-    return ExportedModel(mindir, description, example_image)
+    any_batch = ms.Tensor(shape=[None, 3, image_size, image_size], dtype=ms.float32)
+    return export_network(net, [any_batch], description=description, example=example_image)
+
+
+def export_fill_mask(
+    net, *, tokenizer: str, max_seq_length: int, max_predictions: int, network: str, training: str, example_text: str
+) -> ExportedModel:
+    """BERT with its pre-training heads (``models.bert.BertPreTraining``) taking any batch of token ids, input
+    masks and segment ids of ``max_seq_length`` and ``max_predictions`` masked positions; ``tokenizer`` its JSON."""
+    import mindspore as ms
+
+    description = {
+        "task": FILL_MASK,
+        "tokenizer": tokenizer,
+        "max_seq_length": max_seq_length,
+        "max_predictions": max_predictions,
+        "network": network,
+        "training": training,
+    }
+    sequences = [ms.Tensor(shape=[None, max_seq_length], dtype=ms.int32) for _ in range(3)]
+    positions = ms.Tensor(shape=[None, max_predictions], dtype=ms.int32)
+    return export_network(net, [*sequences, positions], description=description, example=example_text.encode())
 
 
 def save_model(model: ExportedModel, folder: str | Path) -> None:
@@ -80,7 +115,7 @@ def save_model(model: ExportedModel, folder: str | Path) -> None:
     try:
         (staging / MINDIR_FILE).write_bytes(model.mindir)
         (staging / DESCRIPTION_FILE).write_text(json.dumps(model.description, indent=2))
-        (staging / EXAMPLE_FILE).write_bytes(model.example_image)
+        (staging / EXAMPLE_FILE).write_bytes(model.example)
         if folder.exists():
             retired = folder.with_name(f".{folder.name}.retired")
             shutil.rmtree(retired, ignore_errors=True)

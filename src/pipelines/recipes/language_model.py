@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import logging
 
+import pandas as pd
+
 from pipelines.engine.checkpoint import Checkpoint, check_compatible
 from pipelines.engine.state import capture_state, restore_network
 from pipelines.models.bert import BertConfig, create_bert, mlm_metrics
 from pipelines.models.resnet import count_parameters
 from pipelines.params import BertNetworkParams, DistributedParams, RuntimeParams, ThorBertParams
+from pipelines.predict.export import ExportedModel, export_fill_mask
+from pipelines.predict.fill_mask import masked_text
 from pipelines.recipes.classifier import configure
 from pipelines.recipes.context import LanguageModelContext
 from pipelines.text.dataset import create_text_dataset
 from pipelines.text.pretraining import fit_tokenizer, pretraining_examples, split_corpus
+from pipelines.text.tokenizer import tokenizer_from_json
 
 logger = logging.getLogger(__name__)
 
@@ -92,3 +97,52 @@ def evaluate_bert(context: LanguageModelContext, checkpoint: Checkpoint) -> dict
         figures["examples"],
     )
     return {"network": NETWORK_NAME, "epoch": int(checkpoint.metadata.get("epoch", 0)), **figures}
+
+
+def export_bert(
+    checkpoint: Checkpoint, held_out_examples: dict, tokenizer: str, network: BertNetworkParams, runtime: RuntimeParams
+) -> ExportedModel:
+    """``checkpoint``'s BERT with its pre-training heads as MindIR filling masks (``predict.export``): the
+    tokenizer's JSON and the examples' sequence length and masked positions beside it, the first held-out example's
+    first segment as its example input."""
+    configure(runtime)
+    vocabulary = tokenizer_from_json(tokenizer)
+    label = str(checkpoint.metadata.get("training", "checkpoint"))
+    net = bert_from_checkpoint(network, vocabulary.get_vocab_size(), checkpoint, f"of thor_bert {label}")
+    input_ids, positions = held_out_examples["input_ids"], held_out_examples["masked_lm_positions"]
+    return export_fill_mask(
+        net,
+        tokenizer=tokenizer,
+        max_seq_length=input_ids.shape[1],
+        max_predictions=positions.shape[1],
+        network=NETWORK_NAME,
+        training=label,
+        example_text=masked_text(input_ids[0], vocabulary),
+    )
+
+
+def compare_trainings(thor_report: dict, baseline_report: dict, thor, baseline) -> pd.DataFrame:
+    """One row per training of ``thor`` and ``baseline`` (their sections): held-out masked-LM accuracy and loss,
+    next-sentence accuracy, epochs, and the difference to the baseline; the log gives both accuracies."""
+    reports = {"thor": thor_report, "baseline": baseline_report}
+    budgets = {"thor": thor.epochs, "baseline": baseline.epochs}
+    table = pd.DataFrame(
+        [
+            {"training": name, "epochs": budgets[name]}
+            | {key: report[key] for key in ("mlm_accuracy", "mlm_loss", "nsp_accuracy", "examples")}
+            for name, report in reports.items()
+        ]
+    )
+    table["mlm_accuracy_minus_baseline"] = table["mlm_accuracy"] - baseline_report["mlm_accuracy"]
+    logger.info(
+        "thor_bert: held-out masked-LM accuracy THOR %.2f%% (%d epochs), %s baseline %.2f%% (%d epochs); "
+        "THOR - baseline %+.2f points, on %d held-out examples",
+        100 * thor_report["mlm_accuracy"],
+        budgets["thor"],
+        baseline.optimizer,
+        100 * baseline_report["mlm_accuracy"],
+        budgets["baseline"],
+        100 * (thor_report["mlm_accuracy"] - baseline_report["mlm_accuracy"]),
+        thor_report["examples"],
+    )
+    return table

@@ -1,8 +1,10 @@
 """MLflow models: a training's model folder (``pipelines.predict.export``) logged to its run as an MLflow pyfunc
 model, registered under a name when asked; a logged or registered model loaded back.
 
-The pyfunc takes a DataFrame with a binary ``image`` column (encoded images; base64 in JSON over REST, as MLflow
-reads a binary column) and returns each image's top classes and probabilities (``predict.classifier``). Loading it
+An image classifier's pyfunc takes a DataFrame with a binary ``image`` column (encoded images; base64 in JSON over
+REST, as MLflow reads a binary column) and returns each image's top classes and probabilities
+(``predict.classifier``); BERT's takes a ``text`` column with ``[MASK]`` and fills each mask (``predict.fill_mask``).
+Loading it
 needs this project's package installed beside MindSpore (``mlflow models serve --env-manager local`` from the
 project's environment): docs/use-a-model.md."""
 
@@ -19,13 +21,15 @@ from mlflow.models import ModelSignature
 from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
 from pipelines.predict.classifier import ERROR_COLUMN, MindirClassifier
-from pipelines.predict.export import DESCRIPTION_FILE, EXAMPLE_FILE, MINDIR_FILE
+from pipelines.predict.export import DESCRIPTION_FILE, EXAMPLE_FILE, FILL_MASK, IMAGE_CLASSIFICATION, MINDIR_FILE
+from pipelines.predict.fill_mask import FILL_MASK_COLUMNS, MindirFillMask
 
 MODEL_CODE = Path(__file__).with_name("pyfunc_model.py")  # what MLflow runs to build a logged model
-IMAGE_COLUMN = "image"
 MODEL_NAME = "model"  # the logged model's name in its run (``runs:/<run id>/model``)
 TOP_K = 5
 BATCH_SIZE = 250
+# each task's input column and type: encoded images (base64 in JSON over REST, as MLflow reads a binary column), texts
+INPUT_COLUMNS = {IMAGE_CLASSIFICATION: ("image", "binary"), FILL_MASK: ("text", "string")}
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
 
 
@@ -33,33 +37,42 @@ class ModelUriError(ValueError):
     """A model reference that is none of ``models:/…``, ``runs:/…`` or a run id."""
 
 
-class ImageClassifierModel(mlflow.pyfunc.PythonModel):
-    """The pyfunc of a training run's model: the MindIR network with its description (``MindirClassifier``)."""
+class MindsporeModel(mlflow.pyfunc.PythonModel):
+    """The pyfunc of a training run's model: its MindIR network with its description, by task (an image
+    classifier, ``MindirClassifier``; BERT filling masks, ``MindirFillMask``)."""
 
     def load_context(self, context) -> None:
         description = json.loads(Path(context.artifacts["description"]).read_text())
-        self._classifier = MindirClassifier(context.artifacts["network"], description)
+        self._task = description["task"]
+        loaded = MindirClassifier if self._task == IMAGE_CLASSIFICATION else MindirFillMask
+        self._model = loaded(context.artifacts["network"], description)
 
     @property
     def classes(self) -> list[str]:
-        """The class of each of the network's outputs."""
-        return self._classifier.classes
+        """An image classifier's class of each output."""
+        return self._model.classes
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         params = {"top_k": TOP_K, "batch_size": BATCH_SIZE, **(params or {})}
-        images = [bytes(image) for image in model_input[IMAGE_COLUMN]]
-        return self._classifier.predict(images, top_k=int(params["top_k"]), batch_size=int(params["batch_size"]))
+        column, kind = INPUT_COLUMNS[self._task]
+        values = [bytes(value) if kind == "binary" else str(value) for value in model_input[column]]
+        return self._model.predict(values, top_k=int(params["top_k"]), batch_size=int(params["batch_size"]))
 
 
-def signature(top_k: int = TOP_K) -> ModelSignature:
-    ranks = range(1, top_k + 1)
-    outputs = [
-        *(ColSpec("string", f"class_{k}") for k in ranks),
-        *(ColSpec("double", f"probability_{k}") for k in ranks),
-        ColSpec("string", ERROR_COLUMN),
-    ]
+def signature(task: str, top_k: int = TOP_K) -> ModelSignature:
+    """What a model of ``task`` takes and gives (``INPUT_COLUMNS``; ``prediction_columns``, ``FILL_MASK_COLUMNS``)."""
+    column, kind = INPUT_COLUMNS[task]
+    if task == IMAGE_CLASSIFICATION:
+        ranks = range(1, top_k + 1)
+        outputs = [
+            *(ColSpec("string", f"class_{k}") for k in ranks),
+            *(ColSpec("double", f"probability_{k}") for k in ranks),
+            ColSpec("string", ERROR_COLUMN),
+        ]
+    else:
+        outputs = [ColSpec("string", name) for name in FILL_MASK_COLUMNS]
     return ModelSignature(
-        inputs=Schema([ColSpec("binary", IMAGE_COLUMN)]),
+        inputs=Schema([ColSpec(kind, column)]),
         outputs=Schema(outputs),
         params=ParamSchema([ParamSpec("top_k", "long", TOP_K), ParamSpec("batch_size", "long", BATCH_SIZE)]),
     )
@@ -67,7 +80,8 @@ def signature(top_k: int = TOP_K) -> ModelSignature:
 
 def requirements() -> list[str]:
     """What the pyfunc imports beside this project's own package, pinned to the versions that logged it."""
-    return [f"{name}=={importlib.metadata.version(name)}" for name in ("mindspore", "mlflow", "numpy", "pandas")]
+    packages = ("mindspore", "mlflow", "numpy", "pandas", "tokenizers")
+    return [f"{name}=={importlib.metadata.version(name)}" for name in packages]
 
 
 def log_model(folder: str | Path, *, registered_name: str | None = None) -> str | None:
@@ -76,12 +90,15 @@ def log_model(folder: str | Path, *, registered_name: str | None = None) -> str 
     if mlflow.active_run() is None:
         return None
     folder = Path(folder)
+    task = json.loads((folder / DESCRIPTION_FILE).read_text())["task"]
+    column, kind = INPUT_COLUMNS[task]
+    example = (folder / EXAMPLE_FILE).read_bytes()
     info = mlflow.pyfunc.log_model(
         name=MODEL_NAME,
         python_model=str(MODEL_CODE),
         artifacts={"network": str(folder / MINDIR_FILE), "description": str(folder / DESCRIPTION_FILE)},
-        signature=signature(),
-        input_example=pd.DataFrame({IMAGE_COLUMN: [(folder / EXAMPLE_FILE).read_bytes()]}),
+        signature=signature(task),
+        input_example=pd.DataFrame({column: [example if kind == "binary" else example.decode()]}),
         pip_requirements=requirements(),
         registered_model_name=registered_name,
     )
@@ -114,4 +131,5 @@ def model_classes(model: mlflow.pyfunc.PyFuncModel) -> list[str]:
 def predictor(model: mlflow.pyfunc.PyFuncModel, *, top_k: int, batch_size: int):
     """A function of encoded images to ``model``'s predictions (its pyfunc, with its schema checks)."""
     params = {"top_k": top_k, "batch_size": batch_size}
-    return lambda images: model.predict(pd.DataFrame({IMAGE_COLUMN: images}), params=params)
+    column, _ = INPUT_COLUMNS[IMAGE_CLASSIFICATION]
+    return lambda images: model.predict(pd.DataFrame({column: images}), params=params)

@@ -3,6 +3,6 @@ file beside the model's artifacts, and MLflow runs it to build the model when it
 
 import mlflow
 
-from pipelines.tracking.models import ImageClassifierModel
+from pipelines.tracking.models import MindsporeModel
 
-mlflow.models.set_model(ImageClassifierModel())
+mlflow.models.set_model(MindsporeModel())

@@ -1,7 +1,7 @@
 """Nodes of the ``thor_bert`` pipeline: the corpus, tokenizer and examples (``pipelines.text``), BERT's initial
-weights, the language training template (``train``, ``evaluate``) under ``thor_bert.thor`` and ``thor_bert.baseline``
-(``pipelines.recipes.thor_bert``), each training in its own MLflow child run (nodes tagged ``training_run``), and
-their comparison in the ``kedro run``'s run."""
+weights, the language training template (``train``, ``evaluate``, ``export_model``) under ``thor_bert.thor`` and
+``thor_bert.baseline`` (``pipelines.recipes.thor_bert``), each training in its own MLflow child run (nodes tagged
+``training_run``), and their comparison in the ``kedro run``'s run."""
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ from pipelines.params import (
     PositiveInt,
     RuntimeParams,
 )
+from pipelines.predict.export import ExportedModel
 from pipelines.recipes.context import LanguageModelContext
-from pipelines.recipes.language_model import build_bert, evaluate_bert
+from pipelines.recipes.language_model import build_bert, compare_trainings, evaluate_bert, export_bert
 from pipelines.recipes.thor_bert import train_bert
 from pipelines.text import pretraining
 from pipelines.text.corpus import documents_from_table, documents_table
@@ -121,30 +122,20 @@ def evaluate(
     return report
 
 
+def export_model(
+    checkpoint: Checkpoint,
+    held_out: dict[str, np.ndarray],
+    tokenizer: str,
+    network: BertNetworkParams,
+    runtime: RuntimeParams,
+) -> ExportedModel:
+    """The training's BERT as MindIR filling masks, into ``model``; ``ModelHooks`` log it to its child run."""
+    return export_bert(checkpoint, held_out, tokenizer, network, runtime)
+
+
 def compare(thor_report: dict, baseline_report: dict, thor: LanguageRecipe, baseline: LanguageRecipe) -> pd.DataFrame:
-    """One row per training: held-out masked-LM accuracy and loss, next-sentence accuracy, epochs, and the
-    difference to the baseline; prints both accuracies."""
-    reports = {"thor": thor_report, "baseline": baseline_report}
-    budgets = {"thor": thor.epochs, "baseline": baseline.epochs}
-    table = pd.DataFrame(
-        [
-            {"training": name, "epochs": budgets[name]}
-            | {key: report[key] for key in ("mlm_accuracy", "mlm_loss", "nsp_accuracy", "examples")}
-            for name, report in reports.items()
-        ]
-    )
-    table["mlm_accuracy_minus_baseline"] = table["mlm_accuracy"] - baseline_report["mlm_accuracy"]
-    gain = thor_report["mlm_accuracy"] - baseline_report["mlm_accuracy"]
-    tracking.log_metrics({THOR_MINUS_BASELINE_MLM: gain})
-    logger.info(
-        "thor_bert: held-out masked-LM accuracy THOR %.2f%% (%d epochs), %s baseline %.2f%% (%d epochs); "
-        "THOR - baseline %+.2f points, on %d held-out examples",
-        100 * thor_report["mlm_accuracy"],
-        budgets["thor"],
-        baseline.optimizer,
-        100 * baseline_report["mlm_accuracy"],
-        budgets["baseline"],
-        100 * gain,
-        thor_report["examples"],
-    )
+    """One row per training (``recipes.language_model.compare_trainings``); THOR's gain over the baseline goes to
+    the run."""
+    table = compare_trainings(thor_report, baseline_report, thor, baseline)
+    tracking.log_metrics({THOR_MINUS_BASELINE_MLM: float(table["mlm_accuracy_minus_baseline"].iloc[0])})
     return table

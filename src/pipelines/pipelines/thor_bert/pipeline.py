@@ -11,7 +11,7 @@ from kedro.pipeline import Pipeline, node, pipeline
 
 from pipelines.pipelines.modular import TRAINING_RUN_TAG, namespaced
 
-from .nodes import build_network, compare, create_examples, evaluate, fit_tokenizer, split_corpus, train
+from .nodes import build_network, compare, create_examples, evaluate, export_model, fit_tokenizer, split_corpus, train
 
 NAMESPACE = "thor_bert"
 TRAININGS = ("thor", "baseline")
@@ -57,6 +57,15 @@ def training_pipeline(training: str) -> Pipeline:
             node(evaluate, ["final_checkpoint", *EVALUATION_INPUTS], "eval_report", name="evaluate"),
         ],
         tags=TRAINING_RUN_TAG,
+    ) + pipeline(
+        [
+            node(
+                export_model,
+                ["final_checkpoint", "held_out_examples", "tokenizer", "params:network", "params:runtime"],
+                "model",
+                name="export_model",
+            )
+        ]
     )
     sections = {**SECTIONS, "recipe": f"{NAMESPACE}.{training}"}
     return namespaced(template, f"{NAMESPACE}.{training}", inputs=_used(template), sections=sections)
