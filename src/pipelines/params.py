@@ -179,6 +179,7 @@ class ModelParams(Section):
     # Not part of a training's identity (excluded from model_dump, so checkpoints resume whatever it is); named
     # apart in Python, where ``register`` is pydantic's metaclass method
     register_model: bool = Field(alias="register", exclude=True)
+    export_batch_size: PositiveInt = Field(exclude=True)  # the exported MindIR's fixed batch (predict.export)
 
 
 class BoostParams(Section):
@@ -456,7 +457,6 @@ class PredictParams(Section):
     images: Annotated[str, Field(min_length=1)]  # a folder of images, or a manifest CSV (its `split` rows)
     split: str
     top_k: PositiveInt
-    batch_size: PositiveInt
 
 
 class ThorMindSpore(Section):

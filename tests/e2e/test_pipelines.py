@@ -135,7 +135,7 @@ def test_the_registered_model_serves_over_rest(baseline_run, champion, tmp_path)
         with urllib.request.urlopen(request, timeout=120) as response:
             answer = json.loads(response.read())["predictions"]
     expected = MindirClassifier.from_folder(project / "data/06_models/baseline/model").predict(
-        [Path(path).read_bytes() for path in paths], top_k=2, batch_size=250
+        [Path(path).read_bytes() for path in paths], top_k=2
     )
     assert [row["class_1"] for row in answer[:4]] == list(expected["class_1"])
     assert [row["probability_1"] for row in answer[:4]] == pytest.approx(list(expected["probability_1"]), rel=1e-5)

@@ -153,6 +153,7 @@ def test_predict_pipeline(workspace, tmp_path):
         network="resnet_narrow",
         training="baseline",
         example_image=val[0].read_bytes(),
+        batch_size=4,
     )
     save_model(model, tmp_path / "model")
     with process_state_kept(tmp_path):
@@ -167,7 +168,7 @@ def test_predict_pipeline(workspace, tmp_path):
     assert list(bad["path"]) == [str(tree / "val/dog/broken.png")] and bad["error"].iloc[0].startswith("RuntimeError")
     classified = predictions[predictions["error"] == ""]
     expected = MindirClassifier.from_folder(tmp_path / "model").predict(
-        [Path(path).read_bytes() for path in classified["path"]], top_k=2, batch_size=250
+        [Path(path).read_bytes() for path in classified["path"]], top_k=2
     )
     assert list(classified["class_1"]) == list(expected["class_1"])
     assert set(classified["class_name"]) == set(CLASSES)  # labelled by their class folders

@@ -29,11 +29,8 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def padded(batch: np.ndarray, size: int) -> np.ndarray:
-    """``batch`` with zero images appended up to the next power of two, at most ``size`` (the batch size): MindSpore
-    compiles the network once per input shape, so a few shapes serve every request, from one image (a REST call)
-    to a whole batch, without padding one image to a full batch."""
-    target = min(size, 1 << max(len(batch) - 1, 0).bit_length())
-    missing = target - len(batch)
+    """``batch`` with zero rows appended up to ``size`` rows."""
+    missing = size - len(batch)
     return np.concatenate([batch, np.zeros((missing, *batch.shape[1:]), batch.dtype)]) if missing > 0 else batch
 
 
@@ -46,6 +43,7 @@ class MindirClassifier:
 
         self.description = description
         self.classes: list[str] = description["classes"]
+        self.batch_size: int = description["batch_size"]
         self._network = nn.GraphCell(ms.load(str(mindir_path)))
         self._image_ops = eval_image_ops(description["image_size"], description["eval_resize_ratio"])
 
@@ -69,9 +67,11 @@ class MindirClassifier:
 
         return self._network(ms.Tensor(pixels)).asnumpy()
 
-    def predict(self, images: Sequence[bytes], *, top_k: int, batch_size: int) -> pd.DataFrame:
+    def predict(self, images: Sequence[bytes], *, top_k: int) -> pd.DataFrame:
         """One row per image (``prediction_columns``): its ``top_k`` classes, most probable first. An image that
-        does not decode gets empty classes and its reason under ``error``; the others are still classified."""
+        does not decode gets empty classes and its reason under ``error``; the others are still classified. The
+        network reads the images in batches of its exported size, the last padded with zero images."""
+        batch_size = self.batch_size
         top_k = min(top_k, len(self.classes))
         rows: list[dict] = [{} for _ in images]
         decoded: list[tuple[int, np.ndarray]] = []
@@ -82,7 +82,7 @@ class MindirClassifier:
                 rows[position] = {ERROR_COLUMN: f"{type(error).__name__}: {str(error).splitlines()[0]}"}
         for start in range(0, len(decoded), batch_size):
             batch = decoded[start : start + batch_size]
-            logits = self.logits(padded(np.stack([pixels for _, pixels in batch]), batch_size))[: len(batch)]
+            logits = self.logits(padded(np.stack([pixels for _, pixels in batch]), self.batch_size))[: len(batch)]
             # ranked by the logits, as the evaluation ranks them (probabilities can round to ties)
             ranked = np.argsort(-logits, axis=1)[:, :top_k]
             probabilities = softmax(logits)

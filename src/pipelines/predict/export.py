@@ -2,10 +2,10 @@
 Ascend inference load), the description a prediction needs, and one example input. A folder of three files, swapped
 in whole on save.
 
-Two tasks: ``image_classification`` (an image recipe's ResNet; the description holds the image size, resize ratio
-and class names by label; the example is an encoded val image) and ``fill_mask`` (thor_bert's BERT with its
-pre-training heads; the description holds the tokenizer, sequence length and masked positions; the example a text
-with ``[MASK]``)."""
+Two tasks: ``image_classification`` (an image recipe's ResNet for a fixed batch; the description holds the batch,
+image size, resize ratio and class names by label; the example is an encoded val image) and ``fill_mask``
+(thor_bert's BERT with its pre-training heads for any batch; the description holds the tokenizer, sequence length
+and masked positions; the example a text with ``[MASK]``)."""
 
 from __future__ import annotations
 
@@ -67,20 +67,24 @@ def export_classifier(
     network: str,
     training: str,
     example_image: bytes,
+    batch_size: int,
 ) -> ExportedModel:
-    """An image classifier taking any batch of ``(3, image_size, image_size)`` images."""
+    """An image classifier taking batches of ``batch_size`` ``(3, image_size, image_size)`` images. A fixed batch:
+    MindSpore 2.10 cannot load back a ResNet (resnet18, resnet50: measured) exported for any batch size (its BatchNorm's
+    rank check becomes a ``raise`` the loader cannot infer), so predictions pad their last batch."""
     import mindspore as ms
 
     description = {
         "task": IMAGE_CLASSIFICATION,
+        "batch_size": batch_size,
         "image_size": image_size,
         "eval_resize_ratio": eval_resize_ratio,
         "classes": class_names(class_index, num_classes),
         "network": network,
         "training": training,
     }
-    any_batch = ms.Tensor(shape=[None, 3, image_size, image_size], dtype=ms.float32)
-    return export_network(net, [any_batch], description=description, example=example_image)
+    images = ms.Tensor(shape=[batch_size, 3, image_size, image_size], dtype=ms.float32)
+    return export_network(net, [images], description=description, example=example_image)
 
 
 def export_fill_mask(

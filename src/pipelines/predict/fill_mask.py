@@ -86,8 +86,10 @@ class MindirFillMask:
                 rows[position] = {ERROR_COLUMN: str(error)}
         for start in range(0, len(encoded), batch_size):
             batch = encoded[start : start + batch_size]
-            ids = padded(np.stack([ids for _, ids, _ in batch]), batch_size)
-            positions = padded(np.stack([masked for _, _, masked in batch]), batch_size)
+            # MindSpore compiles once per input shape: a few shapes (powers of two) serve every request
+            rows_in = min(batch_size, 1 << max(len(batch) - 1, 0).bit_length())
+            ids = padded(np.stack([ids for _, ids, _ in batch]), rows_in)
+            positions = padded(np.stack([masked for _, _, masked in batch]), rows_in)
             inputs = [ms.Tensor(ids), ms.Tensor((ids != PAD_ID).astype(np.int32)), ms.Tensor(np.zeros_like(ids))]
             mlm_logits, _ = self._network(*inputs, ms.Tensor(positions))
             logits = mlm_logits.asnumpy().reshape(len(ids), self.max_predictions, -1)

@@ -230,4 +230,5 @@ def export_checkpoint(context: TrainingContext, checkpoint: Checkpoint) -> Expor
         network=model.name,
         training=label,
         example_image=example_image,
+        batch_size=model.export_batch_size,
     )

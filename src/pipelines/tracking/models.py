@@ -53,10 +53,16 @@ class MindsporeModel(mlflow.pyfunc.PythonModel):
         return self._model.classes
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
-        params = {"top_k": TOP_K, "batch_size": BATCH_SIZE, **(params or {})}
+        params = {name: int(value) for name, value in {**default_params(self._task), **(params or {})}.items()}
         column, kind = INPUT_COLUMNS[self._task]
         values = [bytes(value) if kind == "binary" else str(value) for value in model_input[column]]
-        return self._model.predict(values, top_k=int(params["top_k"]), batch_size=int(params["batch_size"]))
+        return self._model.predict(values, **params)
+
+
+def default_params(task: str) -> dict[str, int]:
+    """A model's prediction parameters: ``top_k``; BERT's also ``batch_size`` (an image model's batch is the one
+    it was exported for)."""
+    return {"top_k": TOP_K, **({"batch_size": BATCH_SIZE} if task == FILL_MASK else {})}
 
 
 def signature(task: str, top_k: int = TOP_K) -> ModelSignature:
@@ -74,7 +80,7 @@ def signature(task: str, top_k: int = TOP_K) -> ModelSignature:
     return ModelSignature(
         inputs=Schema([ColSpec(kind, column)]),
         outputs=Schema(outputs),
-        params=ParamSchema([ParamSpec("top_k", "long", TOP_K), ParamSpec("batch_size", "long", BATCH_SIZE)]),
+        params=ParamSchema([ParamSpec(name, "long", value) for name, value in default_params(task).items()]),
     )
 
 
@@ -128,8 +134,8 @@ def model_classes(model: mlflow.pyfunc.PyFuncModel) -> list[str]:
     return model.unwrap_python_model().classes
 
 
-def predictor(model: mlflow.pyfunc.PyFuncModel, *, top_k: int, batch_size: int):
-    """A function of encoded images to ``model``'s predictions (its pyfunc, with its schema checks)."""
-    params = {"top_k": top_k, "batch_size": batch_size}
+def predictor(model: mlflow.pyfunc.PyFuncModel, *, top_k: int):
+    """A function of encoded images to an image ``model``'s predictions (its pyfunc, with its schema checks)."""
+    params = {"top_k": top_k}
     column, _ = INPUT_COLUMNS[IMAGE_CLASSIFICATION]
     return lambda images: model.predict(pd.DataFrame({column: images}), params=params)

@@ -22,7 +22,7 @@ def predict_images(predict: PredictParams) -> tuple[pd.DataFrame, pd.DataFrame]:
     the run as ``predict/top1``, ``predict/top<k>``; ``predict/images`` and ``predict/bad_images`` always."""
     model = load_model(predict.model)
     images = list_images(predict.images, split=predict.split, classes=model_classes(model))
-    predictions = classify(images, predictor(model, top_k=predict.top_k, batch_size=predict.batch_size))
+    predictions = classify(images, predictor(model, top_k=predict.top_k))
     bad = bad_images(predictions)
     if len(bad):
         named = ", ".join(f"{row.path} ({row.error})" for row in bad.head(SHOWN_BAD_IMAGES).itertuples())
