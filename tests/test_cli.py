@@ -57,6 +57,42 @@ def test_kedro_viz_offline_shows_no_update_banner(monkeypatch):
     assert not response.is_outdated and response.latest == __version__
 
 
+def test_kedro_viz_pages_open_without_the_feature_tour_and_its_server_without_fastapis_warning(monkeypatch):
+    """kedro-viz 12.5's first-visit tour covers the flowchart; the page ``kedro viz run`` serves and the one ``kedro
+    viz build`` writes turn it off in the browser's state (unless the user set it); the server's spawned process
+    gets the warnings filter through the environment."""
+    from kedro_viz.api import apps
+    from kedro_viz.integrations.deployment.base_deployer import BaseDeployer
+
+    from pipelines import cli
+
+    monkeypatch.setattr(apps, "HTMLResponse", apps.HTMLResponse)
+    monkeypatch.setattr(BaseDeployer, "_write_heap_injected_index", BaseDeployer._write_heap_injected_index)
+    monkeypatch.setenv("PYTHONWARNINGS", "default")
+    page = (Path(apps.__file__).parent.parent / "html" / "index.html").read_text()
+    cli._kedro_viz_without_a_first_visit_tour()
+    cli._kedro_viz_without_a_first_visit_tour()  # idempotent: quiet_start runs in each process
+    served = apps.HTMLResponse(page).body.decode()
+    assert served.count("showFeatureHints = false") == 1
+    assert served.index("showFeatureHints") < served.index('<script type="module"')  # before the app reads it
+    written = []
+
+    class Files:  # stands for the build's fsspec file system
+        def put(self, path, *_, **__):
+            written.append(Path(path).read_text())
+
+    deployer = BaseDeployer.__new__(BaseDeployer)
+    deployer._fs, deployer._path = Files(), "build"
+    BaseDeployer._write_heap_injected_index(deployer, page)
+    assert written[0].count("showFeatureHints = false") == 1
+    cli._kedro_viz_server_quietly()
+    cli._kedro_viz_server_quietly()
+    assert os.environ["PYTHONWARNINGS"] == f"default,{cli.VIZ_SERVER_WARNINGS}"
+    code = "import warnings; warnings.warn('ORJSONResponse is deprecated, FastAPI now ...', UserWarning)"
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert quiet.stderr == ""
+
+
 class RecordedSession:
     """Stands for ``KedroSession``: records what ``kedro run`` asks it to run."""
 
