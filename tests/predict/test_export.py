@@ -18,9 +18,11 @@ from pipelines.predict.export import (
     DESCRIPTION_FILE,
     EXAMPLE_FILE,
     MINDIR_FILE,
+    ExportError,
     ModelFolderError,
     class_names,
     export_classifier,
+    export_network,
     load_model,
     save_model,
 )
@@ -113,6 +115,16 @@ def test_predict_ranks_like_the_evaluation_and_names_an_image_it_cannot_decode(t
     logits = net(ms.Tensor(np.stack([classifier.pixels(image) for image in images]))).asnumpy()  # the network's
     expected = [classifier.classes[i] for i in np.argsort(-logits, axis=1)[:, 0]]
     assert list(good["class_1"]) == expected
+
+
+def test_an_export_mindspore_cannot_run_fails_the_export_not_its_user(exported):
+    import mindspore as ms
+
+    net, _, _ = exported  # a resnet18: for any batch size, MindSpore 2.10 cannot load its export back
+    any_batch = ms.Tensor(shape=[None, 3, IMAGE_SIZE, IMAGE_SIZE], dtype=ms.float32)
+    probe = [np.zeros((2, 3, IMAGE_SIZE, IMAGE_SIZE), np.float32)]
+    with pytest.raises(ExportError, match="MindSpore exported resnet18 to MindIR but cannot run the file it wrote"):
+        export_network(net, [any_batch], probe, description={"network": "resnet18"}, example=b"")
 
 
 def test_a_batch_is_padded_with_zero_rows_to_the_exported_size():

@@ -45,15 +45,36 @@ def class_names(class_index: Mapping[str, int], num_classes: int) -> list[str]:
     return [by_label.get(label, str(label)) for label in range(num_classes)]
 
 
-def export_network(net, inputs: Sequence, *, description: dict, example: bytes) -> ExportedModel:
+class ExportError(RuntimeError):
+    """An exported network that MindSpore cannot load back, or whose outputs are not the network's."""
+
+
+def export_network(net, inputs: Sequence, probe: Sequence, *, description: dict, example: bytes) -> ExportedModel:
     """``net`` in inference mode (BatchNorm on its moving statistics, no dropout) as MindIR for ``inputs``
-    (MindSpore tensors; a dimension of ``None`` takes any size)."""
+    (MindSpore tensors; a dimension of ``None`` takes any size). The MindIR is loaded back and run on ``probe``
+    (arrays of those shapes): an export MindSpore cannot load, or whose outputs differ from the network's, raises
+    ``ExportError`` here rather than in the hands of whoever loads it."""
     import mindspore as ms
+    import numpy as np
+    from mindspore import nn
 
     net.set_train(False)
     with tempfile.TemporaryDirectory() as folder:
         ms.export(net, *inputs, file_name=str(Path(folder) / "network"), file_format="MINDIR")
-        mindir = (Path(folder) / MINDIR_FILE).read_bytes()
+        path = Path(folder) / MINDIR_FILE
+        tensors = [ms.Tensor(array) for array in probe]
+        try:
+            loaded = nn.GraphCell(ms.load(str(path)))(*tensors)
+        except (RuntimeError, ValueError, TypeError) as error:
+            raise ExportError(
+                f"MindSpore exported {description['network']} to MindIR but cannot run the file it wrote: "
+                f"{str(error).splitlines()[0]}"
+            ) from error
+        outputs = [net(*tensors)] if not isinstance(loaded, tuple) else list(net(*tensors))
+        for mine, theirs in zip(outputs, loaded if isinstance(loaded, tuple) else [loaded], strict=True):
+            if not np.allclose(mine.asnumpy(), theirs.asnumpy(), rtol=1e-4, atol=1e-4):
+                raise ExportError(f"the MindIR export of {description['network']} does not give the network's outputs")
+        mindir = path.read_bytes()
     return ExportedModel(mindir, description, example)
 
 
@@ -83,8 +104,11 @@ def export_classifier(
         "network": network,
         "training": training,
     }
+    import numpy as np
+
     images = ms.Tensor(shape=[batch_size, 3, image_size, image_size], dtype=ms.float32)
-    return export_network(net, [images], description=description, example=example_image)
+    probe = [np.random.default_rng(0).standard_normal((batch_size, 3, image_size, image_size)).astype(np.float32)]
+    return export_network(net, [images], probe, description=description, example=example_image)
 
 
 def export_fill_mask(
@@ -102,9 +126,14 @@ def export_fill_mask(
         "network": network,
         "training": training,
     }
+    import numpy as np
+
     sequences = [ms.Tensor(shape=[None, max_seq_length], dtype=ms.int32) for _ in range(3)]
     positions = ms.Tensor(shape=[None, max_predictions], dtype=ms.int32)
-    return export_network(net, [*sequences, positions], description=description, example=example_text.encode())
+    ids = np.full((2, max_seq_length), 5, np.int32)  # a batch of 2 of the first ordinary token
+    probe = [ids, np.ones_like(ids), np.zeros_like(ids), np.zeros((2, max_predictions), np.int32)]
+    example = example_text.encode()
+    return export_network(net, [*sequences, positions], probe, description=description, example=example)
 
 
 def save_model(model: ExportedModel, folder: str | Path) -> None:
