@@ -26,9 +26,11 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.support.projects import PROJECT, run_on_tiny_tree
+from tests.support.projects import PROJECT, TINY_PARAMS, kedro, make_project, run_on_tiny_tree
 from tests.support.servers import mlflow_server
 from tests.support.stores import REPORT_OUTPUT, store_report, tracking_uri
+from tests.support.trees import write_image_tree
+from tests.support.views import charted, linked_view
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -60,10 +62,33 @@ def chromium_installed() -> None:
         pytest.skip(reason)
 
 
+RUN_OUTPUT = "kedro_run_output.txt"  # what the project's kedro run printed (its closing links among it)
+
+
 @pytest.fixture(scope="module")
 def filled_project(tmp_path_factory) -> Path:
-    """A project whose ``mlflow.db`` holds one real baseline run."""
-    project, _ = run_on_tiny_tree(tmp_path_factory.mktemp("browser"), "baseline", {"train": 4, "val": 2})
+    """A project whose ``mlflow.db`` holds one real baseline run of one epoch: one value per per-epoch key."""
+    params = {"baseline": {**TINY_PARAMS["baseline"], "epochs": 1}}
+    project, result = run_on_tiny_tree(tmp_path_factory.mktemp("browser"), "baseline", {"train": 4, "val": 2}, params)
+    (project / RUN_OUTPUT).write_text(result.stdout + result.stderr)
+    return project
+
+
+@pytest.fixture(scope="module")
+def study_project(tmp_path_factory) -> Path:
+    """A project whose ``mlflow.db`` holds a real study: baseline and thor, 2 seeds, 1 epoch, step evaluations."""
+    root = tmp_path_factory.mktemp("browser_study")
+    tree = write_image_tree(root / "tree", classes=("cat", "dog", "fox"), per_class={"train": 8, "val": 3})
+    params = {
+        **TINY_PARAMS,
+        "data": {**TINY_PARAMS["data"], "root": str(tree), "step_eval_images": 6},
+        "thor": {"batch_size": 4, "frequency": 4},
+        "study": {"recipes": ["baseline", "thor"], "seeds": [0, 1], "epochs": 1, "eval_every_steps": 2},
+    }
+    project = make_project(root / "project", params)
+    result = kedro(project, "run", "--pipelines=study")
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    (project / RUN_OUTPUT).write_text(result.stdout + result.stderr)
     return project
 
 
@@ -285,29 +310,172 @@ def no_assistant_panel(driver: webdriver.Chrome) -> None:
     )
 
 
-def test_the_printed_link_opens_one_val_top1_chart_with_every_compared_run(recipe_store, browser):
-    """The report's ``kedro run`` ends with a link to the comparison; opened as it is, with no click, it shows one
-    val/top1 chart with a line for each run the report compared, at the tracking server's address."""
+# Each line chart's drawn traces: per trace (one per run and chart, and the unsmoothed copy MLflow draws beneath), the
+# run's id (MLflow's ``uuid`` on the plotly trace), the chart's metric, the markers drawn and whether a line is drawn
+# (an SVG path through two points or more).
+DRAWN_TRACES = """
+return Array.from(document.querySelectorAll('div.js-plotly-plot')).flatMap(plot =>
+  Array.from(plot.querySelectorAll('g.trace.scatter')).map(group => {
+    const input = plot.data[group.__data__[0].trace.index];
+    const markers = Array.from(group.querySelectorAll('path.point')).filter(p => p.getAttribute('d'));
+    const lines = Array.from(group.querySelectorAll('path.js-line')).filter(p => /L/.test(p.getAttribute('d') || ''));
+    return {run: input.uuid, metric: input.metricKey, markers: markers.length, line: lines.length > 0};
+  }));
+"""
+
+
+def drawn_runs(driver: webdriver.Chrome, metric: str) -> dict[str, tuple[int, bool]]:
+    """Per run drawn in ``metric``'s chart: its markers and whether a line is drawn (traces without either are not)."""
+    found: dict[str, tuple[int, bool]] = {}
+    for trace in driver.execute_script(DRAWN_TRACES):
+        if trace["metric"] == metric and (trace["markers"] or trace["line"]):
+            markers, line = found.get(trace["run"], (0, False))
+            found[trace["run"]] = (max(markers, trace["markers"]), line or trace["line"])
+    return found
+
+
+def printed_links(output: str) -> tuple[str, str]:
+    (chart,) = re.findall(r"MLflow: compare the runs at (\S+)", output)
+    (table,) = re.findall(r"MLflow: the runs table is (\S+)", output)
+    return chart, table
+
+
+def open_chart_link(driver: webdriver.Chrome, link: str, metric: str, expected: set[str], name: str):
+    """Open ``link`` as printed, with no click, until ``metric``'s chart draws every run of ``expected``."""
+    no_assistant_panel(driver)
+    driver.get(link)
+
+    def every_run_drawn(d) -> bool:
+        return set(drawn_runs(d, metric)) >= expected
+
+    wait_for(driver, every_run_drawn, name, f"a {metric} chart drawing a line or marker for each of {sorted(expected)}")
+    settled_screenshot(driver, name)
+    return drawn_runs(driver, metric)
+
+
+def test_the_link_after_a_one_epoch_run_draws_its_single_value_as_a_marker(filled_project, mlflow_ui, browser):
+    """One epoch: one val/top1 value, which MLflow's metric page drew as an empty chart with a legend alone."""
+    chart, _ = printed_links((filled_project / RUN_OUTPUT).read_text())
+    link = chart.replace("http://127.0.0.1:5000", mlflow_ui)  # mlflow ui's address in mlflow.yml; served here
+    uri = f"sqlite:///{filled_project / 'mlflow.db'}"
+    (run,) = mlflow.MlflowClient(uri).search_runs(
+        [mlflow.MlflowClient(uri).get_experiment_by_name("resnet-recipes").experiment_id]
+    )
+    assert charted(linked_view(uri, chart)) == ["val/top1"]
+    drawn = open_chart_link(browser, link, "val/top1", {run.info.run_id}, "mlflow_link_one_epoch")
+    assert drawn[run.info.run_id][0] == 1  # its one value, a marker
+    assert "Model training" in browser.find_element(By.TAG_NAME, "body").text  # not the GenAI pages
+
+
+@pytest.fixture
+def study_ui(study_project, tmp_path) -> Iterator[str]:
+    with mlflow_server(study_project / "mlflow.db", tmp_path / "mlflow_server.log") as url:
+        yield url
+
+
+def test_the_link_after_a_study_charts_its_step_evaluations_a_line_per_run(study_project, study_ui, browser):
+    chart, _ = printed_links((study_project / RUN_OUTPUT).read_text())
+    link = chart.replace("http://127.0.0.1:5000", study_ui)
+    uri = f"sqlite:///{study_project / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_experiment_by_name("resnet-recipes")
+    trainings = {
+        run.info.run_id: run for run in client.search_runs([experiment.experiment_id]) if "recipe" in run.data.tags
+    }
+    assert len(trainings) == 4  # baseline and thor, seeds 0 and 1
+    assert all(len(client.get_metric_history(r, "val/step_top1")) >= 2 for r in trainings)
+    assert charted(linked_view(uri, chart)) == ["val/step_top1", "val/top1"]  # the step evaluations first
+    drawn = open_chart_link(browser, link, "val/step_top1", set(trainings), "mlflow_link_study")
+    assert set(drawn) == set(trainings)
+    assert all(line and markers >= 2 for markers, line in drawn.values())  # a line through each run's evaluations
+    assert set(drawn_runs(browser, "val/top1")) == set(trainings)  # and each run's one epoch, a marker
+
+
+def test_the_runs_table_link_shows_the_headline_columns_best_first(study_project, study_ui, browser):
+    _, table = printed_links((study_project / RUN_OUTPUT).read_text())
+    no_assistant_panel(browser)
+    browser.get(table.replace("http://127.0.0.1:5000", study_ui))
+    headers = ("final/top1", "final/top5", "baseline.epochs", "thor.epochs", "seed")
+
+    def columns(driver) -> list[str] | None:
+        shown = [h.text.strip() for h in driver.find_elements(By.CSS_SELECTOR, "[role=columnheader]")]
+        return shown if set(headers) <= set(shown) else None
+
+    shown = wait_for(browser, columns, "mlflow_runs_table", f"the columns {headers}")
+    screenshot(browser, "mlflow_runs_table")
+    assert shown.index("final/top1") < shown.index("final/top5")
+    names = [a.text for a in browser.find_elements(By.CSS_SELECTOR, "a[href*='/runs/']") if a.text.startswith("seed")]
+    assert {name.split()[0] for name in names} == {"seed0", "seed1"}  # the seed first, readable
+
+
+GENAI_PAGES = ("Judges", "Evaluation runs", "Prompts", "Sessions", "Agent versions")  # GenAI mode's side bar
+
+
+def genai_elements(driver: webdriver.Chrome) -> list[str]:
+    found = driver.find_elements(
+        By.XPATH, "//aside//*[" + " or ".join(f"normalize-space(text())='{t}'" for t in GENAI_PAGES) + "]"
+    )
+    return [element.text for element in found if element.is_displayed()]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="MLflow 3.17.2's UI keeps its GenAI / Model training switch in the browser (mlflow.workflowType_v1, "
+    "GenAI until the user clicks Model training) unless the URL says workflowType; its Compare button and run "
+    "links drop that parameter, and the experiment's kind (mlflow.experimentKind) only decides where "
+    "#/experiments/<id> redirects: docs/tracking.md",
+)
+def test_compare_and_a_run_page_one_click_from_the_runs_table_stay_in_model_training(study_project, study_ui, browser):
+    _, table = printed_links((study_project / RUN_OUTPUT).read_text())
+    no_assistant_panel(browser)
+    browser.get(table.replace("http://127.0.0.1:5000", study_ui))
+    boxes = ".ag-pinned-left-cols-container .ag-row input[type=checkbox]"
+    wait_for(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, boxes)) >= 2, "mlflow_runs_table_rows", "rows")
+    for box in [b.find_element(By.XPATH, "..") for b in browser.find_elements(By.CSS_SELECTOR, boxes)][:4]:
+        if box.is_displayed():
+            box.click()
+    compare = wait_for(
+        browser,
+        lambda d: [b for b in d.find_elements(By.TAG_NAME, "button") if b.text == "Compare"],
+        "mlflow_select",
+        "Compare",
+    )
+    compare[0].click()
+    wait_for(
+        browser, lambda d: "Comparing" in d.find_element(By.TAG_NAME, "body").text, "mlflow_compare", "the comparison"
+    )
+    settled_screenshot(browser, "mlflow_compare")
+    on_compare = genai_elements(browser)
+    browser.back()
+    runs = wait_for(
+        browser,
+        lambda d: [a for a in d.find_elements(By.CSS_SELECTOR, "a[href*='/runs/']") if a.text.startswith("seed")],
+        "mlflow_runs_table_back",
+        "run names",
+    )
+    runs[0].click()
+    wait_for(
+        browser,
+        lambda d: "About this run" in d.find_element(By.TAG_NAME, "body").text,
+        "mlflow_run_page",
+        "the run page",
+    )
+    settled_screenshot(browser, "mlflow_run_page")
+    assert on_compare == [] and genai_elements(browser) == []
+
+
+def test_the_report_link_draws_every_compared_run(recipe_store, browser):
+    """The report's ``kedro run`` ends with a link to the comparison; opened as it is, with no click, its top-1 chart
+    draws a line or marker for each run the report compared, at the tracking server's address."""
     server = tracking_uri(recipe_store)
-    output = (recipe_store / REPORT_OUTPUT).read_text()
-    (link,) = re.findall(r"MLflow: compare the runs at (\S+)", output)
-    assert link.startswith(f"{server}/#/metric?") and "workflowType=machine_learning" in link
+    chart, _ = printed_links((recipe_store / REPORT_OUTPUT).read_text())
+    assert chart.startswith(f"{server}/#/experiments/") and chart.endswith("workflowType=machine_learning")
     client = mlflow.MlflowClient(server)
     report = store_report(recipe_store)
     compared = [client.get_run(run_id) for run_id in report.data.tags["compared_runs"].split(",")]
-    expected = {f"{run.info.run_name} (val/top1)" for run in compared if "val/top1" in run.data.metrics}
+    expected = {run.info.run_id for run in compared if "val/top1" in run.data.metrics}
     assert len(expected) == 6  # baseline, thor, adasum, dim_reduce's stage 1, stage 2 and control
-    no_assistant_panel(browser)
-    browser.get(link)
-
-    def legend(driver) -> set[str] | None:
-        # MLflow 3 draws the chart's legend as HTML beside the plotly SVG: one "<run> (val/top1)" line per run
-        lines = driver.execute_script("return document.body.innerText").splitlines()
-        found = {line.strip() for line in lines if line.strip().endswith("(val/top1)")}
-        return found if found >= expected else None
-
-    shown = wait_for(browser, legend, "mlflow_compare_top1", f"a val/top1 chart with {sorted(expected)}")
-    settled_screenshot(browser, "mlflow_compare_top1")
-    assert shown == expected
-    assert len(browser.find_elements(By.CSS_SELECTOR, "div.js-plotly-plot")) == 1  # one chart
+    assert "val/top1" in charted(linked_view(server, chart))
+    drawn = open_chart_link(browser, chart, "val/top1", expected, "mlflow_compare_top1")
+    assert set(drawn) == expected
     assert "Model training" in browser.find_element(By.TAG_NAME, "body").text  # not the GenAI pages
