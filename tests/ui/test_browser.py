@@ -179,7 +179,7 @@ def test_kedro_viz_site_shows_the_pipeline(viz_site, browser):
     pipeline_nodes = [n for n in graph["nodes"] if "__default__" in n.get("pipelines", [])]
     expected = {(n["name"], n["type"]) for n in pipeline_nodes if n["type"] in ("task", "data")}
     assert BASELINE_TASKS <= {n["full_name"] for n in pipeline_nodes if n["type"] == "task"}
-    no_feature_tour(browser)
+    # a first visit, nothing in the browser's storage: the site itself keeps kedro-viz's feature tour off the graph
     with static_site(viz_site / "build") as url:
         browser.get(f"{url}/?expandAllPipelines=true")
         wait_for(
@@ -192,8 +192,10 @@ def test_kedro_viz_site_shows_the_pipeline(viz_site, browser):
         nodes = browser.find_elements(By.CSS_SELECTOR, FLOWCHART_NODES)
         shown = {(n.get_attribute("data-node-fullname"), n.get_attribute("data-node-type")) for n in nodes}
         labels = {t.text for t in browser.find_elements(By.CSS_SELECTOR, "svg g.pipeline-node text")}
+        tour = browser.find_elements(By.CSS_SELECTOR, ".feature-hints")
     assert shown == expected
     assert {name for name, _ in expected} <= labels  # the names are drawn, not only carried as attributes
+    assert tour == []  # no "Workflow run status, 1 of 6" over the graph
 
 
 def no_feature_tour(driver: webdriver.Chrome) -> None:
