@@ -71,7 +71,6 @@ class MindirClassifier:
         """One row per image (``prediction_columns``): its ``top_k`` classes, most probable first. An image that
         does not decode gets empty classes and its reason under ``error``; the others are still classified. The
         network reads the images in batches of its exported size, the last padded with zero images."""
-        batch_size = self.batch_size
         top_k = min(top_k, len(self.classes))
         rows: list[dict] = [{} for _ in images]
         decoded: list[tuple[int, np.ndarray]] = []
@@ -80,8 +79,8 @@ class MindirClassifier:
                 decoded.append((position, self.pixels(image)))
             except (RuntimeError, ValueError, TypeError) as error:
                 rows[position] = {ERROR_COLUMN: f"{type(error).__name__}: {str(error).splitlines()[0]}"}
-        for start in range(0, len(decoded), batch_size):
-            batch = decoded[start : start + batch_size]
+        for start in range(0, len(decoded), self.batch_size):
+            batch = decoded[start : start + self.batch_size]
             logits = self.logits(padded(np.stack([pixels for _, pixels in batch]), self.batch_size))[: len(batch)]
             # ranked by the logits, as the evaluation ranks them (probabilities can round to ties)
             ranked = np.argsort(-logits, axis=1)[:, :top_k]
