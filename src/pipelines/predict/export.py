@@ -46,34 +46,29 @@ def class_names(class_index: Mapping[str, int], num_classes: int) -> list[str]:
 
 
 class ExportError(RuntimeError):
-    """An exported network that MindSpore cannot load back, or whose outputs are not the network's."""
+    """An exported network that MindSpore cannot load back and run."""
 
 
 def export_network(net, inputs: Sequence, probe: Sequence, *, description: dict, example: bytes) -> ExportedModel:
     """``net`` in inference mode (BatchNorm on its moving statistics, no dropout) as MindIR for ``inputs``
     (MindSpore tensors; a dimension of ``None`` takes any size). The MindIR is loaded back and run on ``probe``
-    (arrays of those shapes): an export MindSpore cannot load, or whose outputs differ from the network's, raises
-    ``ExportError`` here rather than in the hands of whoever loads it."""
+    (arrays of those shapes): an export MindSpore cannot run raises ``ExportError`` here rather than in the hands
+    of whoever loads it. (That its outputs are the network's is the tests' check: comparing here would compile the
+    network once more in every training.)"""
     import mindspore as ms
-    import numpy as np
     from mindspore import nn
 
     net.set_train(False)
     with tempfile.TemporaryDirectory() as folder:
         ms.export(net, *inputs, file_name=str(Path(folder) / "network"), file_format="MINDIR")
         path = Path(folder) / MINDIR_FILE
-        tensors = [ms.Tensor(array) for array in probe]
         try:
-            loaded = nn.GraphCell(ms.load(str(path)))(*tensors)
+            nn.GraphCell(ms.load(str(path)))(*(ms.Tensor(array) for array in probe))
         except (RuntimeError, ValueError, TypeError) as error:
             raise ExportError(
                 f"MindSpore exported {description['network']} to MindIR but cannot run the file it wrote: "
                 f"{str(error).splitlines()[0]}"
             ) from error
-        outputs = [net(*tensors)] if not isinstance(loaded, tuple) else list(net(*tensors))
-        for mine, theirs in zip(outputs, loaded if isinstance(loaded, tuple) else [loaded], strict=True):
-            if not np.allclose(mine.asnumpy(), theirs.asnumpy(), rtol=1e-4, atol=1e-4):
-                raise ExportError(f"the MindIR export of {description['network']} does not give the network's outputs")
         mindir = path.read_bytes()
     return ExportedModel(mindir, description, example)
 
