@@ -5,7 +5,8 @@ The modular pipeline ``dim_reduce``, one nested namespace per stage, each a box 
 ``dim_reduce.stage2`` (P-BFGS, evaluate), ``dim_reduce.control`` (Momentum for the same epochs, evaluate) and
 ``dim_reduce.comparison``. The build, evaluate and export nodes are the image training template's; the three
 trainings' nodes are tagged ``training_run``, so each logs into an MLflow child run of its own (``stage1``,
-``stage2``, ``control``; ``hooks.training_runs``), which also holds its exported model (``hooks.models``).
+``stage2``, ``control``; ``hooks.training_runs``); stage 2's and the control's also hold their exported models
+(``hooks.models``).
 """
 
 from kedro.pipeline import Pipeline, node, pipeline
@@ -22,22 +23,19 @@ TRAININGS = ("stage1", "stage2", "control")
 
 def create_pipeline(**kwargs) -> Pipeline:
     """Nodes ``dim_reduce.<stage>.<node>``: ``dim_reduce.stage1.train``, ``dim_reduce.stage2.evaluate``, …"""
-    # the initial weights are built outside the training's child run: that node logs nothing
-    stage1 = (
-        pipeline([build_node()])
-        + pipeline(
-            [
-                node(
-                    train_stage1,
-                    ["initial_weights", *TRAINING_INPUTS, f"params:{RECIPE}", "params:boost"],
-                    ["final_checkpoint", "history", "trajectory_index"],
-                    name="train",
-                ),
-                evaluate_node(),
-            ],
-            tags=TRAINING_RUN_TAG,
-        )
-        + pipeline([export_node()])
+    # the initial weights are built outside the training's child run: that node logs nothing. Stage 1 exports no
+    # model: its network is where stage 2 and the control start, the pipeline's results are theirs
+    stage1 = pipeline([build_node()]) + pipeline(
+        [
+            node(
+                train_stage1,
+                ["initial_weights", *TRAINING_INPUTS, f"params:{RECIPE}", "params:boost"],
+                ["final_checkpoint", "history", "trajectory_index"],
+                name="train",
+            ),
+            evaluate_node(),
+        ],
+        tags=TRAINING_RUN_TAG,
     )
     trajectory_pca = pipeline(
         [
