@@ -325,6 +325,11 @@ def test_dim_reduce_mlflow_run(dim_reduce_run):
     assert "pbfgs/accepted_fraction" in children["stage2"].data.metrics
     report = pd.read_csv(project / "data/08_reporting/dim_reduce/report.csv").set_index("model")
     assert children["stage2"].data.metrics["final/top1"] == pytest.approx(report.loc["stage2", "top1"])
+    # stage 2's and the control's networks are their child runs' MLflow models; stage 1 exports none
+    models = client.search_logged_models(experiment_ids=[run.info.experiment_id])
+    assert sorted(model.source_run_id for model in models) == sorted(
+        children[training].info.run_id for training in ("stage2", "control")
+    )
 
 
 def test_stage2_reruns_alone_with_mindspore_boost(dim_reduce_run):

@@ -4,6 +4,7 @@ the network's most probable token, and a text it cannot read is named while the 
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -49,7 +50,7 @@ def exported(tmp_path_factory):
     )
     folder = tmp_path_factory.mktemp("bert") / "model"
     save_model(model, folder)
-    return net, tokenizer, MindirFillMask.from_folder(folder)
+    return net, tokenizer, MindirFillMask.from_folder(folder), folder
 
 
 def network_logits(net, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -63,7 +64,7 @@ def network_logits(net, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
 
 
 def test_each_mask_gets_the_networks_most_probable_token(exported):
-    net, tokenizer, model = exported
+    net, tokenizer, model, _ = exported
     texts = ["the [MASK] sat on the [MASK]", "a dog [MASK] in the park"]
     encoded = [model.encode(text) for text in texts]
     ids, positions = np.stack([e[0] for e in encoded]), np.stack([e[1] for e in encoded])
@@ -83,7 +84,7 @@ def test_each_mask_gets_the_networks_most_probable_token(exported):
 
 
 def test_a_text_it_cannot_read_is_named_and_the_others_are_filled(exported):
-    _, _, model = exported
+    _, _, model, _ = exported
     texts = ["no mask here", "[MASK] " * (PREDICTIONS + 1), "the cat " * 10 + "[MASK]", "the [MASK] ran"]
     filled = model.predict(texts, top_k=1, batch_size=4)
     assert list(filled["error"][:3]) == [
@@ -95,8 +96,28 @@ def test_a_text_it_cannot_read_is_named_and_the_others_are_filled(exported):
 
 
 def test_an_example_input_is_the_first_segment_with_its_masks(exported):
-    _, tokenizer, _ = exported
+    _, tokenizer, _, _ = exported
     ids = [2, *tokenizer.encode("the cat sat", add_special_tokens=False).ids, SEP_ID, 7, SEP_ID, 0]
     assert masked_text(np.array(ids), tokenizer) == "the [MASK] sat"  # none masked: the middle token is
     ids[2] = MASK_ID
     assert masked_text(np.array(ids), tokenizer) == "the [MASK] sat"
+
+
+def test_the_mlflow_model_fills_the_masks_of_a_text_column(exported, tmp_path):
+    import mlflow
+    import pandas as pd
+
+    from pipelines.tracking.models import load_model, log_model
+    from tests.support.runner import empty_store, process_state_kept
+
+    _, _, model, folder = exported
+    texts = ["the [MASK] sat on the mat", "no mask here"]
+    with process_state_kept(tmp_path):
+        shutil.copy(empty_store(), tmp_path / "mlflow.db")
+        mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+        with mlflow.start_run() as run:
+            log_model(folder)
+        logged = load_model(run.info.run_id)
+        answer = logged.predict(pd.DataFrame({"text": texts}), params={"top_k": 2})
+    assert logged.metadata.get_input_schema().input_names() == ["text"]
+    pd.testing.assert_frame_equal(answer, model.predict(texts, top_k=2, batch_size=250))
