@@ -27,6 +27,8 @@ SLOW_FOLDERS = ("e2e", "distributed", "ui")
 # The slow tier runs two tests at a time, grouped by ``xdist_group`` (``--dist loadgroup``): the tests of an
 # expensive session set-up share the worker that builds it once, and so do the tests of a module-scoped set-up
 SHARED_SETUPS = ("recipe_store", "viz_site")
+# The fast tier's modules of the longest tests (each 10-30 s: whole pipelines, P-BFGS's compiled steps)
+LONGEST_FIRST = ("tests/pipelines/test_runs.py", "tests/optim/dim_reduce/test_pbfgs.py")
 
 
 def setup_group(item: pytest.Item) -> str | None:
@@ -61,6 +63,9 @@ def pytest_collection_modifyitems(config, items):
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if not item.get_closest_marker("slow")]
+    # the longest in-process tests first, so the workers end together on short ones instead of one of them
+    # finishing a half-minute pipeline run alone
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in LONGEST_FIRST)
 
 
 @pytest.fixture(scope="session", autouse=True)
