@@ -37,6 +37,26 @@ TAG_PREFIX = "artifact"
 _HASH_CHUNK = 1 << 20
 
 
+def declared_file(catalog, dataset_name: str, key: str) -> tuple[Path, dict] | None:
+    """The file (or folder) of the catalog dataset ``dataset_name`` and what its metadata declares under ``key``
+    (``mlflow_artifact``, ``mlflow_model``), or None when it declares nothing there."""
+    if catalog is None or dataset_name not in catalog:
+        return None
+    dataset = catalog.get(dataset_name)
+    spec = (getattr(dataset, "metadata", None) or {}).get(key)
+    if not spec:
+        return None
+    # Kedro has no public accessor for a dataset's file; ``_describe()`` (what the dataset's repr shows) is the
+    # one every dataset implements, and every dataset of this catalog names its file ``filepath`` in it, as
+    # kedro-datasets' do
+    return Path(dataset._describe()["filepath"]), spec
+
+
+def in_training_run(training: str | None):
+    """The child run of ``training`` (``tracking.trainings``) when one is named, else the active run as it is."""
+    return training_run(training) if training else nullcontext()
+
+
 @dataclass(frozen=True)
 class Artifact:
     """A saved file to log: where it is, its artifact folder, and the child run (training) that holds it."""
@@ -46,15 +66,13 @@ class Artifact:
     training: str | None = None
 
     @classmethod
-    def of(cls, dataset) -> Artifact | None:
-        """The artifact a catalog dataset's metadata declares, or None."""
-        spec = (getattr(dataset, "metadata", None) or {}).get(METADATA_KEY)
-        if not spec:
+    def of(cls, catalog, dataset_name: str) -> Artifact | None:
+        """The artifact the catalog dataset ``dataset_name``'s metadata declares, or None."""
+        declared = declared_file(catalog, dataset_name, METADATA_KEY)
+        if declared is None:
             return None
-        # Kedro has no public accessor for a dataset's file; ``_describe()`` (what the dataset's repr shows) is the
-        # one every dataset implements, and every dataset of this catalog names its file ``filepath`` in it, as
-        # kedro-datasets' do
-        return cls(Path(dataset._describe()["filepath"]), spec["folder"], spec.get("training"))
+        file, spec = declared
+        return cls(file, spec["folder"], spec.get("training"))
 
     @property
     def tag_key(self) -> str:
@@ -80,7 +98,7 @@ def log(artifact: Artifact, max_bytes: float) -> None:
             log(replace(artifact, file=file), max_bytes)
         return
     size = artifact.file.stat().st_size
-    with training_run(artifact.training) if artifact.training else nullcontext():
+    with in_training_run(artifact.training):
         if size <= max_bytes:
             log_artifact(artifact.file, artifact.folder)
             return
@@ -114,9 +132,6 @@ class ArtifactHooks:
 
     @hook_impl
     def after_dataset_saved(self, dataset_name: str, data, node) -> None:
-        catalog = self._catalog
-        if catalog is None or dataset_name not in catalog:
-            return
-        artifact = Artifact.of(catalog.get(dataset_name))
+        artifact = Artifact.of(self._catalog, dataset_name)
         if artifact is not None:
             log(artifact, self._max_bytes)

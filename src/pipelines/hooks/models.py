@@ -15,14 +15,11 @@ network), and, with ``model.register: true``, a new version of the registered mo
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from pathlib import Path
-
 from kedro.framework.hooks import hook_impl
 
+from pipelines.hooks.artifacts import declared_file, in_training_run
 from pipelines.params import ModelParams
 from pipelines.tracking.models import log_model
-from pipelines.tracking.trainings import training_run
 
 METADATA_KEY = "mlflow_model"
 
@@ -41,16 +38,9 @@ class ModelHooks:
 
     @hook_impl
     def after_dataset_saved(self, dataset_name: str, data, node) -> None:
-        catalog = self._catalog
-        if catalog is None or dataset_name not in catalog:
+        declared = declared_file(self._catalog, dataset_name, METADATA_KEY)
+        if declared is None:
             return
-        dataset = catalog.get(dataset_name)
-        spec = (getattr(dataset, "metadata", None) or {}).get(METADATA_KEY)
-        if not spec:
-            return
-        # Kedro has no public accessor for a dataset's file; ``_describe()`` is the one every dataset implements
-        # (as in hooks.artifacts)
-        folder = Path(dataset._describe()["filepath"])
-        training = spec.get("training")
-        with training_run(training) if training else nullcontext():
+        folder, spec = declared
+        with in_training_run(spec.get("training")):
             log_model(folder, registered_name=spec["name"] if self._register else None)
