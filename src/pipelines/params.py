@@ -267,7 +267,8 @@ class ExponentialSchedule(Section):
 class PolynomialSchedule(Section):
     """The models repo's BERT schedules (``BertLearningRate``, ``get_bert_thor_lr``, ``get_bert_thor_damping``):
     ``peak i / warmup_steps`` during the warm-up, then ``(peak - end)(1 - min(i, total_steps)/total_steps)^power +
-    end`` with ``i`` counted from step 0; ``total_steps`` null: the training's steps after the warm-up."""
+    end`` with ``i`` counted from step 0; ``total_steps`` null: the training's steps (all of them, the warm-up's
+    included, so the lr reaches ``end`` only after the last step, as the models repo passes the total steps)."""
 
     shape: Literal["polynomial"]
     peak: PositiveFloat

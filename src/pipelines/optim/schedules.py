@@ -44,7 +44,7 @@ def per_step(schedule, *, epochs: int, steps_per_epoch: int, devices: int = 1) -
             end=schedule.end,
             power=schedule.power,
             warmup_steps=schedule.warmup_steps,
-            total_steps=schedule.total_steps or max(steps - schedule.warmup_steps, 1),
+            total_steps=schedule.total_steps or steps,  # the decay counts from step 0, warm-up included
             steps=steps,
         )
     raise ValueError(f"unknown schedule shape {shape!r}; choose one of {SHAPES}")
