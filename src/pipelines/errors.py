@@ -43,6 +43,7 @@ ADVICE: dict[str, Advice] = {
     ),
     "NonFiniteLossError": None,
     "ThorInverseError": None,
+    "ThorDivergenceError": None,
     "OwnProcessError": None,
     "NoRunsError": None,
     "DatasetError": lambda message: (

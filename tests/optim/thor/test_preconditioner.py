@@ -20,7 +20,7 @@ from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.schedules import exponential_schedule, thor_schedule
 from pipelines.optim.thor.capture import CapturedLayer
 from pipelines.optim.thor.linalg import apply_left, apply_right, block_inverse, blocks_to_dense
-from pipelines.optim.thor.step import ThorInverseError, create_thor_step
+from pipelines.optim.thor.step import ThorDivergenceError, ThorInverseError, create_thor_step
 from pipelines.recipes.thor import OwnThorStep
 from tests.support.thor import C_OUT, NAMES, POSITIONS, RECIPE, TinyNet, batch, make_thor, params_of, run
 
@@ -333,6 +333,17 @@ def test_a_statistic_cholesky_cannot_invert_is_named_with_the_damping():
     x, y = batch(0)
     with pytest.raises(ThorInverseError, match=r"THOR step 1: .* not positive definite .* \(damping 0\)"):
         run(thor, np.zeros_like(x), y)
+
+
+def test_a_non_finite_statistic_is_reported_as_a_divergence_with_its_layer_not_as_an_inverse_error():
+    thor = make_thor(TinyNet())  # damping 0.03: a finite statistic of this batch would invert
+    x, y = batch(0)
+    x[0, 0, 0, 0] = 1e30  # its square overflows float32 in the conv's A
+    with pytest.raises(
+        ThorDivergenceError,
+        match=r"THOR step 1: the training diverged: layer conv.weight's statistic A holds (inf|nan)",
+    ):
+        run(thor, x, y)
 
 
 def test_trace_rule_refreshes_on_changing_statistics():

@@ -56,7 +56,22 @@ class _PreconditionedUpdate(nn.Cell):
 
 
 class ThorInverseError(FloatingPointError):
-    """A damped A or G factor that Cholesky cannot invert: damping too small for float32, or statistics overflowed."""
+    """A damped A or G factor that Cholesky cannot invert: the damping too small for float32 statistics."""
+
+
+class ThorDivergenceError(FloatingPointError):
+    """The training diverged: a layer's A or G statistic holds NaN or Inf (so no damping can invert it)."""
+
+
+def _first_non_finite(preconditioner: ThorPreconditioner) -> tuple[str, str, float] | None:
+    """(layer, "A" or "G", a non-finite value) of the first statistic of this step that is not finite, or None."""
+    for name, a, g in zip(preconditioner.layer_names, preconditioner.a_stats, preconditioner.g_stats, strict=True):
+        for factor, stat in (("A", a), ("G", g)):
+            values = stat.asnumpy()
+            bad = values[~np.isfinite(values)]
+            if bad.size:
+                return name, factor, float(bad[0])
+    return None
 
 
 class ThorStep:
@@ -133,11 +148,19 @@ class ThorStep:
         except RuntimeError as error:
             if "Cholesky" not in str(error):
                 raise
+            # the step's statistics were taken before the inverse failed: non-finite ones mean a divergence
+            non_finite = _first_non_finite(preconditioner)
+            if non_finite is not None:
+                layer, factor, value = non_finite
+                raise ThorDivergenceError(
+                    f"THOR step {steps + 1}: the training diverged: layer {layer}'s statistic {factor} holds "
+                    f"{value} (the step's inputs or output gradients overflowed; no damping inverts that). "
+                    "Lower the learning rate."
+                ) from None
             raise ThorInverseError(
                 f"THOR step {steps + 1}: a layer's damped statistic is not positive definite in float32 (damping "
-                f"{preconditioner.current_damping:.3g}); the damping is too small for these statistics, or they "
-                "overflowed. "
-                "Raise the damping (its minimum, or its schedule's total steps), or lower the learning rate."
+                f"{preconditioner.current_damping:.3g}); its statistics are finite but the damping is too small "
+                "for them. Raise the damping (its minimum, or its schedule's total steps), or lower the learning rate."
             ) from None
         preconditioner.count_step(second_order)
         return loss
