@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 from pathlib import Path
 
+import mindspore
 import mlflow
 import pandas as pd
 import pytest
@@ -60,6 +62,20 @@ def children(uri: str, run) -> dict[str, object]:
 def up_to(*nodes: str) -> dict:
     """``KedroSession.run``'s filter for the nodes up to ``nodes``."""
     return {"to_nodes": list(nodes)}
+
+
+def cpu_model() -> str:
+    """The first ``model name`` of /proc/cpuinfo, read here apart from the code under test."""
+    return next(
+        line.split(":", 1)[1].strip()
+        for line in Path("/proc/cpuinfo").read_text().splitlines()
+        if line.startswith("model name")
+    )
+
+
+def widest_isa() -> str:
+    flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
+    return "avx512f" if "avx512f" in flags else "avx2" if "avx2" in flags else "avx" if "avx" in flags else "none"
 
 
 def run_audited(pipeline: str, params: dict, project: Path, graphs, **filters) -> dict:
@@ -231,8 +247,20 @@ def test_study_pipeline(workspace):
     assert list(summary["recipe"]) == ["baseline", "thor", "thor_first_order"] and (summary["runs"] == 1).all()
     # the recipe as documented, and the curvature alone at equal recipe
     assert list(outputs["study.paired"]["comparison"].unique()) == ["thor vs baseline", "thor vs thor_first_order"]
-    runs = children(uri, only_run(uri, "study")).values()
+    study_run = only_run(uri, "study")
+    runs = children(uri, study_run).values()
     assert {child.data.tags["recipe"] for child in runs} == {"baseline", "thor", "thor_first_order"}
+    # the run and each training's child run name the machine their figures came from
+    machine = {
+        "machine.cpu": cpu_model(),
+        "machine.isa": widest_isa(),
+        "machine.onednn_isa": os.environ["ONEDNN_MAX_CPU_ISA"],
+        "machine.cores": str(os.cpu_count()),
+        "machine.mindspore": mindspore.__version__,
+    }
+    for run in (study_run, *runs):
+        assert {key: run.data.tags.get(key) for key in machine} == machine
+        assert run.data.tags["machine.python"] == platform.python_version()
     names = {child.info.run_name: child for child in runs}
     assert set(names) == {"seed0 baseline", "seed0 thor", "seed0 thor_first_order"}  # the seed first, readable
     assert names["seed0 thor_first_order"].data.params["thor.precondition"] == "false"

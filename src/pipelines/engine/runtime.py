@@ -1,4 +1,4 @@
-"""Process-level set-up for MindSpore: CPU speed settings, device checks, context.
+"""Process-level set-up for MindSpore: CPU speed settings, device checks, context, and the machine a run ran on.
 
 ``apply_cpu_defaults`` must run before MindSpore is imported; the package ``__init__`` calls
 it, so ``kedro run`` and the tests get it without any shell set-up.
@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import glob
 import os
+import platform
 import shutil
+from importlib import metadata
+from pathlib import Path
 
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 
@@ -21,6 +24,40 @@ def apply_cpu_defaults() -> None:
     """Set MindSpore's CPU speed settings unless the user already set them."""
     for key, value in CPU_DEFAULTS.items():
         os.environ.setdefault(key, value)
+
+
+# the vector extensions that change which CPU kernels MindSpore and oneDNN pick, widest first
+ISA_FLAGS = ("avx512f", "avx2", "avx")
+
+
+def _cpuinfo_field(text: str, field: str) -> str | None:
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == field:
+            return value.strip()
+    return None
+
+
+def describe_machine(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+    """What a run's figures may depend on, without loading MindSpore: the CPU model, its widest vector extension
+    (``isa``: avx512f, avx2, avx or none), the ``ONEDNN_MAX_CPU_ISA`` in force (``onednn_isa``, ``unset``),
+    the cores, and the MindSpore, Python and OS versions. THOR's figures differ between an AVX-512 and an AVX2
+    CPU (docs/troubleshooting.md), so a figure is only comparable with one from the same kind of machine."""
+    text = cpuinfo.read_text() if cpuinfo.is_file() else ""
+    flags = set((_cpuinfo_field(text, "flags") or "").split())
+    try:
+        mindspore = metadata.version("mindspore")
+    except metadata.PackageNotFoundError:
+        mindspore = "not installed"
+    return {
+        "cpu": _cpuinfo_field(text, "model name") or platform.processor() or platform.machine(),
+        "isa": next((flag for flag in ISA_FLAGS if flag in flags), "none"),
+        "onednn_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "unset"),
+        "cores": str(os.cpu_count()),
+        "mindspore": mindspore,
+        "python": platform.python_version(),
+        "os": f"{platform.system()} {platform.release()}",
+    }
 
 
 class DeviceUnavailableError(RuntimeError):

@@ -2,7 +2,8 @@
 process killed outright).
 
 A run is tagged with the ``pid`` and ``host`` of its process (``run_identity``), so that a later run on the same
-host can end KILLED the runs whose process no longer exists (``mark_orphaned_runs_killed``).
+host can end KILLED the runs whose process no longer exists (``mark_orphaned_runs_killed``), and with the machine it
+ran on (``machine.cpu``, ``machine.isa``, ... : ``engine.runtime.describe_machine``), so that a figure names it.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ import socket
 import mlflow
 from mlflow.entities import RunStatus
 
+from pipelines.engine.runtime import describe_machine
+
 # MLflow refuses longer tag values (mlflow.utils.validation.MAX_TAG_VAL_LENGTH)
 TAG_VALUE_LIMIT = 8000
+MACHINE_TAG_PREFIX = "machine."
 
 
 def active_run_id() -> str | None:
@@ -30,9 +34,15 @@ def child_runs(run_id: str) -> list:
     return client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
 
 
+def machine_tags() -> dict[str, str]:
+    """The machine this process runs on, as ``machine.<key>`` tags (``describe_machine``)."""
+    return {MACHINE_TAG_PREFIX + key: value for key, value in describe_machine().items()}
+
+
 def run_identity() -> dict[str, str]:
-    """Tags that let a later run find this one if its process is killed outright (``mark_orphaned_runs_killed``)."""
-    return {"pid": str(os.getpid()), "host": socket.gethostname()}
+    """Where a run runs: its process, so that a later run can find it if the process is killed outright
+    (``mark_orphaned_runs_killed``), and its machine (``machine_tags``); every run and child run is tagged so."""
+    return {"pid": str(os.getpid()), "host": socket.gethostname(), **machine_tags()}
 
 
 def _process_alive(pid: int) -> bool:
