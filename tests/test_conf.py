@@ -147,6 +147,7 @@ def test_parameter_choices_match_the_library():
     from pipelines.models.resnet import CONV_INITS, DENSE_INITS, RESNET_LAYOUTS
     from pipelines.optim.adasum.combine import EXCHANGES
     from pipelines.optim.schedules import SHAPES
+    from pipelines.optim.thor.linalg import COMPUTE_METHODS, DAMPING_METHODS
     from pipelines.report.compare import RECIPES
 
     assert get_args(params.DeviceTarget) == DEVICE_TARGETS
@@ -168,5 +169,7 @@ def test_parameter_choices_match_the_library():
     assert get_args(params.TorchvisionArchitecture) == TORCHVISION_ARCHITECTURES
     assert get_args(params.RecipeName) == tuple(RECIPES)
     assert get_args(params.AdasumParams.model_fields["exchange"].annotation) == ("auto", *EXCHANGES)
+    assert get_args(params.DampingMethod) == DAMPING_METHODS
+    assert get_args(params.ComputeMethod) == COMPUTE_METHODS
     freeze_type = params.BoostParams.model_fields["freeze_type"].metadata
     assert tuple(range(freeze_type[0].ge, freeze_type[1].le + 1)) == FREEZE_TYPES

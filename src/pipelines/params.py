@@ -37,6 +37,8 @@ GradCentralization = Literal["auto", "on", "off"]
 TorchvisionArchitecture = Literal["resnet18", "resnet34", "resnet50", "resnet101"]
 RecipeName = Literal["baseline", "dim_reduce", "thor", "adasum"]
 AmpLevel = Literal["O0", "O1", "O2", "O3"]
+DampingMethod = Literal["mindspore", "factored"]  # pipelines.optim.thor.linalg.DAMPING_METHODS
+ComputeMethod = Literal["inverse", "eigen"]  # pipelines.optim.thor.linalg.COMPUTE_METHODS
 
 # MindSpore registers the Centralization kernel in its Ascend plugin only (pipelines.boost.options).
 GRAD_CENTRALIZATION_TARGETS = ("Ascend",)
@@ -468,7 +470,40 @@ class ThorMindSpore(Section):
     dataset_sink_mode: bool
 
 
-class ThorParams(ImageRecipe):
+class AdamGraft(Section):
+    """Adam grafting (Shampoo's layer-wise grafting): each preconditioned layer's THOR direction is rescaled to the
+    norm of the Adam update ``m_hat / (sqrt(v_hat) + eps)`` of the same gradients (moments kept per layer)."""
+
+    beta1: Fraction
+    beta2: Fraction
+    eps: PositiveFloat
+
+
+class ThorOptions(Section):
+    """The options of this project's THOR (``implementation: own``), one name each for the ResNet (``thor``) and
+    BERT (``thor_bert.thor``) sections; every default is today's THOR (``pipelines.optim.thor`` has the maths)."""
+
+    # mindspore: sqrt(damping / P) added to A and to G (nn.thor) | factored: Martens & Grosse's pi-scaled split
+    damping_method: DampingMethod = "mindspore"
+    # inverse: damped factor inverses (Cholesky) | eigen: eigendecomposed factors, damping on the eigenvalue products
+    compute_method: ComputeMethod = "inverse"
+    kl_clip: PositiveFloat | None = None  # kfac-pytorch's bound on lr^2 * sum(g . direction); None: off
+    adam_graft: AdamGraft | None = None  # None: off
+
+    def option_problems(self, section: str) -> list[tuple[str, str]]:
+        """Combinations the options cannot run (``section``: the dotted name of this section, for the message)."""
+        problems = []
+        block_size = getattr(self, "block_size", None)
+        if self.compute_method == "eigen" and block_size is not None:
+            problems.append(
+                (f"{section}.compute_method", f"eigen decomposes the full factors; set {section}.block_size: null")
+            )
+        if self.compute_method == "eigen" and getattr(self, "trace_rule", None) is not None:
+            problems.append((f"{section}.compute_method", f"eigen has no trace rule; set {section}.trace_rule: null"))
+        return problems
+
+
+class ThorParams(ImageRecipe, ThorOptions):
     implementation: Literal["own", "mindspore"]
     # false: THOR's recipe (schedules, weight decay, initialisation, loss scale) with the gradients passed to the
     # optimizer unchanged: what the curvature adds, measured against THOR's own recipe (implementation own only)
@@ -496,6 +531,15 @@ class ThorParams(ImageRecipe):
         problems = []
         if self.trace_rule is not None and not 0 <= self.trace_rule[1] <= self.trace_rule[0]:
             problems.append(("thor.trace_rule", f"is {self.trace_rule}; give [skip, stop] with 0 <= stop <= skip"))
+        problems += self.option_problems("thor")
+        changed = [key for key, value in ThorOptions().model_dump().items() if getattr(self, key) != value]
+        if changed and self.implementation != "own":
+            problems.append(
+                (
+                    f"thor.{changed[0]}",
+                    "is an option of this project's THOR; nn.thor (implementation mindspore) has none",
+                )
+            )
         if not self.precondition and self.implementation != "own":
             problems.append(
                 (
@@ -564,7 +608,7 @@ class BertNetworkParams(Section):
         return self
 
 
-class BertThorTraining(LanguageRecipe):
+class BertThorTraining(LanguageRecipe, ThorOptions):
     """THOR on BERT: every Dense layer preconditioned, then Momentum; weight decay except on LayerNorm and biases."""
 
     epochs: PositiveInt
@@ -580,6 +624,11 @@ class BertThorTraining(LanguageRecipe):
     eval_interval: NonNegativeInt
     checkpoint: CheckpointParams
     eval_every_steps: NonNegativeInt
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BertThorTraining:
+        CrossKeyProblems.raise_if_any(self.option_problems("thor_bert.thor"))
+        return self
 
 
 class BertBaselineTraining(LanguageRecipe):
@@ -650,6 +699,75 @@ class TrackingParams(Section):
 StudyRecipe = Literal["baseline", "thor", "thor_first_order", "dim_reduce", "adasum", "thor_bert"]
 
 
+# The recipes a study can tune (study.tuning): each has one image section (thor_first_order: the thor section)
+TunedRecipe = Literal["baseline", "thor", "thor_first_order"]
+# [low, high] of a knob a tuning samples: log-uniform (learning rates, damping, weight decay), uniform (warm-up),
+# integers (THOR's frequency)
+LogRange = Annotated[list[PositiveFloat], Field(min_length=2, max_length=2)]
+LinearRange = Annotated[list[NonNegativeFloat], Field(min_length=2, max_length=2)]
+FrequencyRange = Annotated[list[Annotated[int, Field(ge=2)]], Field(min_length=2, max_length=2)]
+
+
+class ScheduleSpace(Section):
+    """The keys of a schedule (``<recipe>.lr``, ``thor.damping``) a tuning samples; null: the section's value."""
+
+    peak: LogRange | None = None
+    warmup_epochs: LinearRange | None = None  # the Momentum schedules' warm-up (shapes with warmup_epochs)
+
+
+class RecipeSpace(Section):
+    """A recipe's search space: ranges over the keys of its own section (null: the section's value)."""
+
+    lr: ScheduleSpace | None = None
+    weight_decay: LogRange | None = None
+    damping: ScheduleSpace | None = None  # THOR's (thor only: thor_first_order has no preconditioner)
+    frequency: FrequencyRange | None = None  # THOR's statistics and inverses every N steps (thor only)
+
+
+class TuningParams(Section):
+    """Tuning at equal effort (``study.tuning``, off with ``trials: 0``): per recipe ``trials`` Optuna trials on the
+    tuning ``seeds``, drawn from ``spaces``, in one Optuna study per recipe in ``storage``; the best of each is
+    then trained on ``study.seeds``."""
+
+    trials: NonNegativeInt  # per recipe, across every process sharing the storage; 0: no tuning
+    seeds: Annotated[list[int], Field(min_length=1)]  # runtime.seed of the trials: disjoint from study.seeds
+    sampler: Literal["tpe", "qmc"]
+    sampler_seed: int
+    pruner: Literal["none", "median"]  # median: stop a trial whose step evaluations fall below the trials' median
+    storage: Annotated[str, Field(min_length=1)]  # an Optuna storage URL: sqlite:///<file>, postgresql://..., ...
+    name: Annotated[str, Field(min_length=1)]  # Optuna study <name>/<recipe>
+    spaces: dict[TunedRecipe, RecipeSpace]
+
+    @model_validator(mode="after")
+    def _ranges(self) -> TuningParams:
+        problems = []
+        for recipe, space in self.spaces.items():
+            for key, (low, high) in space_ranges(space).items():
+                if not low < high:
+                    problems.append((f"study.tuning.spaces.{recipe}.{key}", f"is {[low, high]}; give [low, high]"))
+            thor_only = [key for key in ("damping", "frequency") if getattr(space, key) is not None]
+            if recipe != "thor" and thor_only:
+                problems.append(
+                    (
+                        f"study.tuning.spaces.{recipe}.{thor_only[0]}",
+                        f"is set, but {recipe} has no preconditioner: THOR's damping and frequency change nothing",
+                    )
+                )
+        CrossKeyProblems.raise_if_any(problems)
+        return self
+
+
+def space_ranges(space: RecipeSpace) -> dict[str, list[float]]:
+    """A search space as its dotted keys in the recipe's section (``lr.peak``, ``weight_decay``) and ranges."""
+    ranges = {}
+    for key, value in space.model_dump(exclude_none=True).items():
+        if isinstance(value, dict):
+            ranges |= {f"{key}.{inner}": bounds for inner, bounds in value.items()}
+        else:
+            ranges[key] = value
+    return ranges
+
+
 class StudyParams(Section):
     """A multi-seed comparison of recipes (``kedro run --pipelines=study``): every recipe and seed on the same data,
     epoch budget and evaluation; each (recipe, seed) run's result is kept in ``dir`` and never rerun."""
@@ -662,6 +780,7 @@ class StudyParams(Section):
     eval_every_steps: PositiveInt  # evaluation on data.step_eval_images every N steps (time to target.top1)
     dir: str  # one result file per finished run, and the runs' checkpoints
     adasum_workers: Annotated[int, Field(ge=2)] = 2  # msrun ranks of adasum's trainings: a power of two
+    tuning: TuningParams
 
     @model_validator(mode="after")
     def _distinct(self) -> StudyParams:
@@ -673,6 +792,30 @@ class StudyParams(Section):
         workers = self.adasum_workers
         if "adasum" in self.recipes and workers & (workers - 1):
             problems.append(("study.adasum_workers", f"is {workers}; Adasum combines ranks in pairs: use 2, 4, 8, ..."))
+        shared = sorted(set(self.seeds) & set(self.tuning.seeds))
+        if shared:
+            problems.append(
+                (
+                    "study.tuning.seeds",
+                    f"and study.seeds share {shared}: the best configuration is scored on fresh seeds, never on the "
+                    "seeds it was chosen on",
+                )
+            )
+        if self.tuning.trials:
+            for recipe in self.recipes:
+                space = self.tuning.spaces.get(recipe)
+                if recipe not in get_args(TunedRecipe):
+                    problems.append(
+                        (
+                            "study.recipes",
+                            f"has {recipe}, which study.tuning does not tune (it tunes "
+                            f"{', '.join(get_args(TunedRecipe))}); set study.tuning.trials: 0 or take it out",
+                        )
+                    )
+                elif space is None or not space_ranges(space):
+                    problems.append(
+                        (f"study.tuning.spaces.{recipe}", "is missing or empty: give the ranges its trials draw from")
+                    )
         CrossKeyProblems.raise_if_any(problems)
         return self
 
@@ -787,6 +930,22 @@ class Parameters(Section):
                     "across the ranks)",
                 )
             )
+        CrossKeyProblems.raise_if_any(problems)
+        return self
+
+    @model_validator(mode="after")
+    def _tuning_spaces_fit_their_sections(self) -> Parameters:
+        """A tuned warm-up needs a learning-rate schedule with one (THOR's ResNet schedule has none)."""
+        problems = []
+        for recipe, space in self.study.tuning.spaces.items():
+            section = self.baseline if recipe == "baseline" else self.thor
+            if space.lr is not None and space.lr.warmup_epochs is not None and not isinstance(section.lr, WarmupSchedule):
+                problems.append(
+                    (
+                        f"study.tuning.spaces.{recipe}.lr.warmup_epochs",
+                        f"is set, but {recipe}'s lr schedule (shape {section.lr.shape}) has no warmup_epochs",
+                    )
+                )
         CrossKeyProblems.raise_if_any(problems)
         return self
 

@@ -8,6 +8,8 @@ import numpy as np
 from mindspore import ops
 
 INVERSE_METHODS = ("cholesky", "matrix_inverse")
+DAMPING_METHODS = ("mindspore", "factored")  # how the damping is split between A and G (damping_shifts)
+COMPUTE_METHODS = ("inverse", "eigen")  # damped factor inverses, or eigendecomposed factors (eigen_basis)
 
 
 def blocking(n: int, block_size: int | None) -> tuple[int, int]:
