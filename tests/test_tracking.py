@@ -128,3 +128,35 @@ def test_each_compared_run_is_named_once_even_when_a_child_is_named_with_its_par
         tag = mlflow.MlflowClient().get_run(report.info.run_id).data.tags[COMPARED_RUNS_TAG]
         assert sorted(tag.split(",")) == sorted([parent.info.run_id, stage2.info.run_id, control.info.run_id])
         assert sorted(runs_to_compare(report.info.run_id)) == sorted([stage2.info.run_id, control.info.run_id])
+
+
+def test_each_recipe_has_its_own_colour_family_and_each_seed_its_own_shade():
+    from pipelines.tracking.naming import COLOUR_FAMILIES, run_colour
+
+    compared = ("baseline", "thor", "thor_first_order", "adasum", "allreduce", "stage2", "stage1")
+    colours = {(kind, seed): run_colour(kind, seed) for kind in compared for seed in range(3)}
+    assert len(set(colours.values())) == len(colours)  # every run of a 3-seed study of them apart
+    assert run_colour("thor", 0) == COLOUR_FAMILIES["thor"]  # seed 0 is the family's own colour
+    # a first-order baseline is drawn as one, whichever pipeline trained it
+    assert run_colour("control", 1) == run_colour("baseline", 1) == run_colour("thor_bert_baseline", 1)
+    assert run_colour("report") != run_colour("baseline")
+
+
+def test_study_runs_carry_their_colour_and_metrics_are_stored_to_seven_significant_digits(tmp_path: Path):
+    import mlflow
+
+    from pipelines.tracking.naming import RUN_COLOUR_TAG, run_colour
+    from pipelines.tracking.trainings import StudyRuns
+    from pipelines.tracking.writer import log_epoch_rows, log_metrics
+    from tests.support.runner import process_state_kept
+
+    with process_state_kept(tmp_path):
+        mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+        mlflow.set_experiment("colours")
+        with mlflow.start_run():
+            with StudyRuns().run("thor/seed1", {"recipe": "thor", "result": "thor", "seed": "1"}, {}) as run_id:
+                log_metrics({"final/top1": 2 / 3})
+                log_epoch_rows([{"epoch": 1, "val/top1": 1 / 3, "train/lr": 1.23456789e-6}])
+        logged = mlflow.MlflowClient().get_run(run_id).data
+    assert logged.tags[RUN_COLOUR_TAG] == run_colour("thor", 1)
+    assert logged.metrics == {"final/top1": 0.6666667, "val/top1": 0.3333333, "train/lr": 1.234568e-6}

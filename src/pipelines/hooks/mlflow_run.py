@@ -22,7 +22,14 @@ from pipelines.hooks.configuration import ConfigurationHooks
 from pipelines.pipeline_registry import DEFAULT_PIPELINE
 from pipelines.tracking.handoff import MlflowRunHandoff
 from pipelines.tracking.links import base_is_server, closing_links, current_tracking_uri, ui_base_url
-from pipelines.tracking.naming import DESCRIPTION_TAG, run_description, run_name, set_run_name
+from pipelines.tracking.naming import (
+    DESCRIPTION_TAG,
+    RUN_COLOUR_TAG,
+    run_colour,
+    run_description,
+    run_name,
+    set_run_name,
+)
 from pipelines.tracking.runs import (
     active_run_id,
     mark_killed,
@@ -114,6 +121,7 @@ class MlflowRunHooks:
                 **configuration.identity,
                 **run_identity(),
                 DESCRIPTION_TAG: run_description(command, configuration.env, overrides),
+                RUN_COLOUR_TAG: run_colour("+".join(names), configuration.params.runtime.seed),
                 # the report skips runs with this tag: a rehearsal, not a result
                 **({fast_dev_run.TAG: rehearsal.summary()} if rehearsal is not None else {}),
             }

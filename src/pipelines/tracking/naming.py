@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import colorsys
 import json
 from collections.abc import Mapping, Sequence
 
@@ -64,3 +65,38 @@ def set_run_name(name: str) -> None:
     active = mlflow.active_run()
     if active is not None:
         mlflow.MlflowClient().update_run(active.info.run_id, name=name)
+
+
+# The tag MLflow's UI reads a run's colour from (charts, runs table), as its own colour picker writes it
+RUN_COLOUR_TAG = "mlflow.runColor"
+# One colour family per kind of training, so that a chart reads at a glance: first-order baselines (Momentum,
+# AdamWeightDecay, dim_reduce's Momentum control) blue, THOR orange, THOR's recipe without its preconditioner red,
+# Adasum green against its plain data parallelism teal, P-BFGS purple, dim_reduce's stage 1 grey. Other runs
+# (report, study, migrate, predict) brown. Tableau 10's hues.
+COLOUR_FAMILIES = {
+    "baseline": "#4e79a7",
+    "control": "#4e79a7",
+    "thor_bert_baseline": "#4e79a7",
+    "thor": "#f28e2b",
+    "thor_bert": "#f28e2b",
+    "thor_first_order": "#e15759",
+    "adasum": "#59a14f",
+    "allreduce": "#76b7b2",
+    "stage2": "#b07aa1",
+    "dim_reduce": "#b07aa1",
+    "stage1": "#bab0ac",
+}
+OTHER_RUNS = "#9c755f"
+# Seeds 0, 1, 2, …: the family's colour, darker, lighter, … (lightness factors), so the seeds of one recipe stay apart
+SEED_SHADES = (1.0, 0.7, 1.3, 0.5, 1.5, 0.85, 1.15)
+
+
+def run_colour(kind: str, seed: int | None = None) -> str:
+    """The ``#rrggbb`` colour of a run of ``kind`` (a training, result row or pipeline: ``thor``,
+    ``thor_bert_baseline``, ``stage2``) and ``seed``: its family's colour (``COLOUR_FAMILIES``), shaded by seed."""
+    family = COLOUR_FAMILIES.get(kind, OTHER_RUNS)
+    red, green, blue = (int(family[i : i + 2], 16) / 255 for i in (1, 3, 5))
+    hue, lightness, saturation = colorsys.rgb_to_hls(red, green, blue)
+    shade = SEED_SHADES[(seed or 0) % len(SEED_SHADES)]
+    red, green, blue = colorsys.hls_to_rgb(hue, min(0.9, lightness * shade), saturation)
+    return "#" + "".join(f"{round(255 * channel):02x}" for channel in (red, green, blue))

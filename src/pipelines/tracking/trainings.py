@@ -10,6 +10,7 @@ from contextlib import contextmanager
 import mlflow
 
 from pipelines.engine.callbacks import Callback
+from pipelines.tracking.naming import RUN_COLOUR_TAG, run_colour
 from pipelines.tracking.runs import run_identity
 from pipelines.tracking.writer import EpochMetrics, log_final, set_tags
 
@@ -59,7 +60,8 @@ def training_run(
         # named after its parent's pipeline too (dim_reduce/stage2), so its own page says whose it is
         pipeline = client.get_run(parent.info.run_id).data.tags.get("pipeline")
         title = title or (f"{pipeline}/{name}" if pipeline else name)
-        run = mlflow.start_run(run_name=title, nested=True, tags={"training": name, **run_identity()})
+        tags = {"training": name, RUN_COLOUR_TAG: run_colour(name), **run_identity()}
+        run = mlflow.start_run(run_name=title, nested=True, tags=tags)
         if params:
             mlflow.log_params(flat_params(params))
     try:
@@ -84,7 +86,9 @@ class StudyRuns:
     @contextmanager
     def run(self, name: str, tags: Mapping[str, str], params: Mapping[str, object]) -> Iterator[str | None]:
         with training_run(name, params, study_title(name)) as run:
-            set_tags(tags)
+            seed = tags.get("seed")
+            colour = run_colour(tags.get("result", tags.get("recipe", name)), None if seed is None else int(seed))
+            set_tags({**tags, RUN_COLOUR_TAG: colour})
             yield None if run is None else run.info.run_id
 
     def callbacks(self) -> list[Callback]:
