@@ -353,7 +353,7 @@ def run(verbose: bool, **options) -> None:
         # (both together stay Kedro's error)
         options["pipelines"], options["pipeline"] = [options["pipeline"]], None
     if not (options["pipeline"] or options["pipelines"]):
-        # kedro-viz's run commands name a node or dataset, no pipeline: `--to-nodes='dim_reduce.stage2.train'`
+        # kedro-viz's run commands name a node or dataset, no pipeline: `--to-nodes='dim_reduce.stage2.train_stage2'`
         from pipelines.pipeline_registry import pipelines_named_by
 
         filters = ("node_names", "from_nodes", "to_nodes", "from_inputs", "to_outputs", "namespaces")

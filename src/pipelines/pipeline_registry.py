@@ -1,9 +1,10 @@
 """Project pipelines: each registered under the name of its folder, which is also its namespace.
 
-Every node and dataset of a pipeline is named ``<pipeline>.…`` (``dim_reduce.stage2.train``,
+Every node and dataset of a pipeline is named ``<pipeline>.…`` (``dim_reduce.stage2.train_stage2``,
 ``baseline.final_checkpoint``), except the data pipeline's manifest and class index, which every training reads.
 So a name alone says which pipeline to run: ``pipelines_named_by`` is how ``kedro run`` resolves the run commands
-kedro-viz offers, which name a node or a dataset but no pipeline (``kedro run --to-nodes='dim_reduce.stage2.train'``).
+kedro-viz offers, which name a node or a dataset but no pipeline
+(``kedro run --to-nodes='dim_reduce.stage2.train_stage2'``).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def register_pipelines() -> dict[str, Pipeline]:
 
 def pipelines_named_by(names: Iterable[str]) -> list[str]:
     """The pipelines that node, dataset or parameter ``names`` belong to, by their first namespace part
-    (``dim_reduce.stage2.train``, ``params:dim_reduce.stage2``: ``dim_reduce``), in registry order.
+    (``dim_reduce.stage2.train_stage2``, ``params:dim_reduce.stage2``: ``dim_reduce``), in registry order.
 
     For ``kedro run`` without ``--pipelines``: its node and dataset filters then run in these pipelines instead of
     ``__default__``. Empty when ``__default__`` holds every name (the data and baseline pipelines' names, the

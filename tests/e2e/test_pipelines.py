@@ -339,7 +339,7 @@ def test_stage2_reruns_alone_with_mindspore_boost(dim_reduce_run):
         project,
         "run",
         "--pipelines=dim_reduce",
-        "--nodes=dim_reduce.stage2.train",
+        "--nodes=dim_reduce.stage2.train_stage2",
         "--params=dim_reduce.stage2.implementation=mindspore",
     )
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]

@@ -26,7 +26,7 @@ def viz_panel(project: Path, pipeline: str, full_name: str) -> dict:
         ("baseline", "baseline.train", "pipelines/training/nodes.py", "train"),
         ("baseline", "baseline.evaluate", "pipelines/training/nodes.py", "evaluate"),
         ("thor", "thor.train", "pipelines/training/nodes.py", "train"),
-        ("dim_reduce", "dim_reduce.stage2.train", "pipelines/dim_reduce/nodes.py", "train_stage2"),
+        ("dim_reduce", "dim_reduce.stage2.train_stage2", "pipelines/dim_reduce/nodes.py", "train_stage2"),
         ("dim_reduce", "dim_reduce.control.evaluate", "pipelines/training/nodes.py", "evaluate"),
         ("dim_reduce", "dim_reduce.stage1.build_network", "pipelines/training/nodes.py", "build_network"),
     ],

@@ -58,7 +58,11 @@ def test_dim_reduce_stages_are_nested_modular_pipelines(registered):
     own = registered["dim_reduce"] - registered["data"]
     assert {node.namespace for node in own.nodes} == {f"dim_reduce.{stage}" for stage in DIM_REDUCE_STAGES}
     names = {node.name for node in own.nodes}
-    assert {"dim_reduce.stage1.train", "dim_reduce.stage2.train", "dim_reduce.control.train"} <= names
+    assert {
+        "dim_reduce.stage1.train_stage1",
+        "dim_reduce.stage2.train_stage2",
+        "dim_reduce.control.train_control",
+    } <= names
     assert {f"dim_reduce.{t}.evaluate" for t in ("stage1", "stage2", "control")} <= names
     assert "dim_reduce.comparison.compare_runs" in names
 
@@ -67,7 +71,7 @@ def test_dim_reduce_stages_are_nested_modular_pipelines(registered):
     ("names", "pipelines"),
     [
         ([], []),
-        (["dim_reduce.stage2.train"], ["dim_reduce"]),
+        (["dim_reduce.stage2.train_stage2"], ["dim_reduce"]),
         (["baseline.train", "manifest"], []),  # in __default__: the command runs as it always did
         (["data.build_manifest"], []),
         (["thor.evaluate", "dim_reduce.stage2.final_checkpoint"], ["dim_reduce", "thor"]),
@@ -109,7 +113,9 @@ def test_recipes_of_one_shape_share_one_template(registered):
 
 def test_each_training_of_several_runs_in_a_child_run_of_its_own(registered):
     tagged = {node.name for pipeline in registered.values() for node in pipeline.nodes if "training_run" in node.tags}
-    expected = {f"dim_reduce.{t}.{step}" for t in ("stage1", "stage2", "control") for step in ("train", "evaluate")}
+    expected = {
+        f"dim_reduce.{t}.{step}" for t in ("stage1", "stage2", "control") for step in (f"train_{t}", "evaluate")
+    }
     expected |= {f"thor_bert.{t}.{step}" for t in ("thor", "baseline") for step in ("train", "evaluate")}
     # building the initial weights is not part of the training's run: it logs nothing
     assert tagged == expected

@@ -253,7 +253,7 @@ def hand_logged_store(tmp_path) -> tuple[str, dict[str, str]]:
     variance.to_csv(tmp_path / "pca_explained_variance.csv", index=False)
     client.log_artifact(ids["dim_reduce"], str(tmp_path / "pca_explained_variance.csv"), "pca")
     client.set_terminated(ids["dim_reduce"])
-    # `kedro run --pipelines=dim_reduce --nodes=dim_reduce.stage2.train,...`: FINISHED, but stage 1 is not in it
+    # `kedro run --pipelines=dim_reduce --nodes=dim_reduce.stage2.train_stage2,...`: FINISHED, but stage 1 is not in it
     ids["partial"] = log_run(client, experiment, {"pipeline": "dim_reduce"}, params, {})
     tags = {"mlflow.parentRunId": ids["partial"], "training": "stage2"}
     client.set_terminated(log_run(client, experiment, tags, {}, {"train/loss": {1: 0.5}, "final/top1": {0: 0.95}}))

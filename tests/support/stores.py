@@ -28,7 +28,7 @@ COMMANDS = (
     ("--pipelines=thor",),
     ("--pipelines=adasum",),
     ("--pipelines=thor", "--nodes=thor.evaluate"),  # FINISHED, but without the training's metrics
-    ("--pipelines=dim_reduce", "--nodes=dim_reduce.stage2.train"),  # FINISHED, but without stage 1
+    ("--pipelines=dim_reduce", "--nodes=dim_reduce.stage2.train_stage2"),  # FINISHED, but without stage 1
 )
 
 

@@ -26,6 +26,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from pipelines.tracking.naming import RUN_COLOUR_TAG
 from tests.support.projects import PROJECT, TINY_PARAMS, kedro, make_project, run_on_tiny_tree
 from tests.support.servers import mlflow_server
 from tests.support.stores import REPORT_OUTPUT, store_report, tracking_uri
@@ -216,7 +217,7 @@ def click_node(driver: webdriver.Chrome, full_name: str) -> None:
 
 def test_kedro_viz_shows_dim_reduce_stages_collapsed_with_layers(viz_site, browser):
     graph = json.loads((viz_site / "build" / "api" / "pipelines" / "dim_reduce").read_text())
-    (stage2_train,) = [n["id"] for n in graph["nodes"] if n.get("full_name") == "dim_reduce.stage2.train"]
+    (stage2_train,) = [n["id"] for n in graph["nodes"] if n.get("full_name") == "dim_reduce.stage2.train_stage2"]
     stages = {f"dim_reduce.{stage}" for stage in DIM_REDUCE_STAGES}
     no_feature_tour(browser)
     with static_site(viz_site / "build") as url:
@@ -257,7 +258,8 @@ def test_kedro_viz_shows_dim_reduce_stages_collapsed_with_layers(viz_site, brows
         wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, stage2), "kedro_viz_stage2_expanded", "stage 2")
         settled_screenshot(browser, "kedro_viz_stage2_expanded")
         assert drawn(browser, "modularPipeline") == {"data", *stages} - {"dim_reduce.stage2"}
-        assert drawn(browser, "task") == {"train", "evaluate", "export_model"}  # dim_reduce.stage2.train, …: last parts
+        # labelled by the last part of their names: stage 2's training tells itself from the control's
+        assert drawn(browser, "task") == {"train_stage2", "evaluate", "export_model"}
 
 
 def test_mlflow_ui_shows_the_run_and_its_metrics(filled_project, mlflow_ui, browser):
@@ -321,7 +323,8 @@ return Array.from(document.querySelectorAll('div.js-plotly-plot')).flatMap(plot 
     const input = plot.data[group.__data__[0].trace.index];
     const markers = Array.from(group.querySelectorAll('path.point')).filter(p => p.getAttribute('d'));
     const lines = Array.from(group.querySelectorAll('path.js-line')).filter(p => /L/.test(p.getAttribute('d') || ''));
-    return {run: input.uuid, metric: input.metricKey, markers: markers.length, line: lines.length > 0};
+    const colour = (input.line && input.line.color) || (input.marker && input.marker.color);
+    return {run: input.uuid, metric: input.metricKey, markers: markers.length, line: lines.length > 0, colour: colour};
   }));
 """
 
@@ -334,6 +337,11 @@ def drawn_runs(driver: webdriver.Chrome, metric: str) -> dict[str, tuple[int, bo
             markers, line = found.get(trace["run"], (0, False))
             found[trace["run"]] = (max(markers, trace["markers"]), line or trace["line"])
     return found
+
+
+def drawn_colours(driver: webdriver.Chrome, metric: str) -> dict[str, str]:
+    """The colour each run is drawn in on ``metric``'s chart (lower case ``#rrggbb``)."""
+    return {t["run"]: str(t["colour"]).lower() for t in driver.execute_script(DRAWN_TRACES) if t["metric"] == metric}
 
 
 def printed_links(output: str) -> tuple[str, str]:
@@ -391,6 +399,10 @@ def test_the_link_after_a_study_charts_its_step_evaluations_a_line_per_run(study
     assert set(drawn) == set(trainings)
     assert all(line and markers >= 2 for markers, line in drawn.values())  # a line through each run's evaluations
     assert set(drawn_runs(browser, "val/top1")) == set(trainings)  # and each run's one epoch, a marker
+    # each run in its own colour, the one its tag sets: blues for the baseline's seeds, oranges for THOR's
+    colours = drawn_colours(browser, "val/step_top1")
+    assert colours == {r: run.data.tags[RUN_COLOUR_TAG] for r, run in trainings.items()}
+    assert len(set(colours.values())) == len(trainings)
 
 
 def test_the_runs_table_link_shows_the_headline_columns_best_first(study_project, study_ui, browser):

@@ -1,6 +1,6 @@
 """``TrainingRunHooks``: the nodes of one of a pipeline's several trainings (tagged ``training_run``: dim_reduce's
 stage1, stage2 and control, thor_bert's thor and baseline) run in an MLflow child run of the ``kedro run``'s run,
-named after the last part of their namespace (``dim_reduce.stage2.train`` and ``dim_reduce.stage2.evaluate``: the
+named after the last part of their namespace (``dim_reduce.stage2.train_stage2`` and ``dim_reduce.stage2.evaluate``: the
 child ``stage2``). So each training's parameters, per-epoch rows and final figures stay together, and MLflow's
 Compare shows the trainings side by side; the nodes themselves only log (``pipelines.tracking``)."""
 

@@ -2,10 +2,10 @@
 
 Every pipeline is a modular pipeline under its own namespace, the name it is registered under (``baseline``,
 ``dim_reduce`` with one nested namespace per stage, ``dim_reduce.stage2``): its nodes are ``baseline.train``,
-``dim_reduce.stage2.train``, and the datasets it writes ``baseline.final_checkpoint``, which the catalog's dataset
-factories (``{recipe}.final_checkpoint``) map to files. kedro-viz draws each namespace as a box that expands, and
-the run commands it offers (``kedro run --to-nodes='dim_reduce.stage2.train'``) name the pipeline through the
-first part of the name (``pipeline_registry.pipelines_named_by``).
+``dim_reduce.stage2.train_stage2``, and the datasets it writes ``baseline.final_checkpoint``, which the catalog's
+dataset factories (``{recipe}.final_checkpoint``) map to files. kedro-viz draws each namespace as a box that
+expands, and the run commands it offers (``kedro run --to-nodes='dim_reduce.stage2.train_stage2'``) name the pipeline
+through the first part of the name (``pipeline_registry.pipelines_named_by``).
 """
 
 from __future__ import annotations

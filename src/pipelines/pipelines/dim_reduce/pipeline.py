@@ -22,7 +22,7 @@ TRAININGS = ("stage1", "stage2", "control")
 
 
 def create_pipeline(**kwargs) -> Pipeline:
-    """Nodes ``dim_reduce.<stage>.<node>``: ``dim_reduce.stage1.train``, ``dim_reduce.stage2.evaluate``, …"""
+    """Nodes ``dim_reduce.<stage>.<node>``: ``dim_reduce.stage1.train_stage1``, ``dim_reduce.stage2.evaluate``, …"""
     # the initial weights are built outside the training's child run: that node logs nothing. Stage 1 exports no
     # model: its network is where stage 2 and the control start, the pipeline's results are theirs
     stage1 = pipeline([build_node()]) + pipeline(
@@ -31,7 +31,7 @@ def create_pipeline(**kwargs) -> Pipeline:
                 train_stage1,
                 ["initial_weights", *TRAINING_INPUTS, f"params:{RECIPE}", "params:boost"],
                 ["final_checkpoint", "history", "trajectory_index"],
-                name="train",
+                name="train_stage1",
             ),
             evaluate_node(),
         ],
@@ -59,7 +59,7 @@ def create_pipeline(**kwargs) -> Pipeline:
                 train_stage2,
                 ["stage1_checkpoint", "pca_matrix", *TRAINING_INPUTS, "params:stage2"],
                 ["final_checkpoint", "history", "steps"],
-                name="train",
+                name="train_stage2",
             ),
             evaluate_node(),
         ],
@@ -78,7 +78,7 @@ def create_pipeline(**kwargs) -> Pipeline:
                     "params:boost",
                 ],
                 ["final_checkpoint", "history"],
-                name="train",
+                name="train_control",
             ),
             evaluate_node(),
         ],
