@@ -39,7 +39,7 @@ from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.schedules import per_step
 from pipelines.optim.thor.capture import is_statistic
 from pipelines.optim.thor.step import ThorStep, create_thor_step
-from pipelines.params import ThorParams
+from pipelines.params import ThorOptions, ThorParams
 from pipelines.recipes import classifier
 from pipelines.recipes.context import TrainingContext
 
@@ -60,6 +60,17 @@ def thor_schedules(thor: ThorParams, steps_per_epoch: int) -> tuple[np.ndarray, 
     return lr, damping
 
 
+def thor_options(section: ThorOptions) -> dict:
+    """The options of ``section`` (``thor`` or ``thor_bert.thor``) as ``create_thor_step``'s keyword arguments."""
+    graft = section.adam_graft
+    return {
+        "damping_method": section.damping_method,
+        "compute_method": section.compute_method,
+        "kl_clip": section.kl_clip,
+        "adam_graft": None if graft is None else (graft.beta1, graft.beta2, graft.eps),
+    }
+
+
 def own_thor_step(
     net, loss_fn, thor: ThorParams, lr_per_step: np.ndarray, damping: np.ndarray, *, rank_size: int
 ) -> OwnThorStep:
@@ -78,6 +89,7 @@ def own_thor_step(
         rank_size=rank_size,
         inverse_method=None,  # Cholesky, or MatrixInverse on Ascend (linalg.block_inverse)
         precondition=thor.precondition,
+        **thor_options(thor),
     )
     return OwnThorStep(step)
 

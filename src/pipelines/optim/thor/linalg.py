@@ -6,6 +6,7 @@ from __future__ import annotations
 import mindspore as ms
 import numpy as np
 from mindspore import ops
+from mindspore.ops.operations.linalg_ops import Eigh
 
 INVERSE_METHODS = ("cholesky", "matrix_inverse")
 DAMPING_METHODS = ("mindspore", "factored")  # how the damping is split between A and G (damping_shifts)
@@ -79,7 +80,47 @@ def blocks_to_dense(blocks: np.ndarray, n: int) -> np.ndarray:
     return dense[:n, :n]
 
 
-def damped_inverse(stat, damping, positions, block_size, method):
-    """``P^-1/2 (X + sqrt(damping / P) I)^-1`` of a statistic ``X`` (A or G), as ``block_inverse`` blocks."""
-    damped = stat + ops.sqrt(damping / positions) * ops.eye(stat.shape[0], stat.shape[0], ms.float32)
+def damped_inverse(stat, damping, positions, block_size, method, shift_scale=None):
+    """``P^-1/2 (X + sqrt(damping / P) I)^-1`` of a statistic ``X`` (A or G), as ``block_inverse`` blocks;
+    ``shift_scale`` (``factored`` damping: pi for A, 1/pi for G) multiplies the shift ``sqrt(damping / P)``."""
+    shift = ops.sqrt(damping / positions)
+    if shift_scale is not None:
+        shift = shift * shift_scale
+    damped = stat + shift * ops.eye(stat.shape[0], stat.shape[0], ms.float32)
     return block_inverse(damped, block_size, method) * ops.rsqrt(positions)
+
+
+def factored_pi(a, g):
+    """Martens & Grosse's (2015, sec. 6.3) ``pi = sqrt((tr A / dim A) / (tr G / dim G))``; 1 when either trace is
+    not positive (a layer whose output gradient is zero, e.g. before a BatchNorm whose gamma starts at 0: its update
+    is zero whatever the split, and an infinite pi would make G's shift 0)."""
+    mean_a = ops.trace(a) / a.shape[0]
+    mean_g = ops.trace(g) / g.shape[0]
+    valid = ops.logical_and(mean_a > 0, mean_g > 0)
+    one = ops.ones_like(mean_a)
+    return ops.sqrt(ops.where(valid, mean_a / ops.where(valid, mean_g, one), one))
+
+
+def eigen_basis(stat):
+    """(eigenvalues clamped at 0, eigenvectors as columns) of the symmetric statistic ``stat``, in float32, by the
+    ``Eigh`` primitive that ``mindspore.scipy.linalg.eigh`` calls (CPU and GPU; eigh itself refuses a Parameter)."""
+    values, vectors = Eigh(compute_eigenvectors=True, lower=True)(stat)
+    return ops.relu(values), vectors
+
+
+def eigen_scale(a_values, g_values, damping, positions, pi=None):
+    """``1 / (damped eigenvalues)`` of the layer's Fisher ``P A (x) G`` on the eigenbases of G (rows) and A
+    (columns): ``P dG dA^T + damping`` (kfac-pytorch's eigen method, the ``mindspore`` damping on the products), or
+    with ``pi`` (``factored``) ``(sqrt(P) dG + sqrt(damping) / pi) (sqrt(P) dA + pi sqrt(damping))^T``."""
+    g_column = ops.expand_dims(g_values, 1)
+    a_row = ops.expand_dims(a_values, 0)
+    if pi is None:
+        return 1.0 / (positions * g_column * a_row + damping)
+    root_p, root_damping = ops.sqrt(positions), ops.sqrt(damping)
+    return 1.0 / ((root_p * g_column + root_damping / pi) * (root_p * a_row + pi * root_damping))
+
+
+def apply_eigen(matrix, a_vectors, g_vectors, scale):
+    """``QG ((QG^T matrix QA) * scale) QA^T``: ``matrix`` (C_out, n) preconditioned in the factors' eigenbases."""
+    rotated = ops.matmul(ops.matmul(g_vectors.T, matrix), a_vectors)
+    return ops.matmul(ops.matmul(g_vectors, rotated * scale), a_vectors.T)

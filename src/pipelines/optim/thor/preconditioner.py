@@ -11,12 +11,18 @@ from mindspore import nn, ops
 from pipelines.distributed.collectives import MeanOverRanks
 from pipelines.optim.thor.capture import set_capture, wrap_layers
 from pipelines.optim.thor.linalg import (
+    COMPUTE_METHODS,
+    DAMPING_METHODS,
     INVERSE_METHODS,
+    apply_eigen,
     apply_left,
     apply_right,
     blocking,
     blocks_to_dense,
     damped_inverse,
+    eigen_basis,
+    eigen_scale,
+    factored_pi,
 )
 
 STATE_PREFIX = "thor."  # the preconditioner's keys in the optimizer state
@@ -41,6 +47,17 @@ class _Precondition(nn.Cell):
         self.block_size = preconditioner.block_size
         self.inverse_method = preconditioner.inverse_method
         self.mean_over_ranks = MeanOverRanks(preconditioner.rank_size)
+        self.factored = preconditioner.damping_method == "factored"
+        self.eigen = preconditioner.compute_method == "eigen"
+        self.a_vectors = preconditioner.a_vectors
+        self.g_vectors = preconditioner.g_vectors
+        self.eigen_scales = preconditioner.eigen_scales
+        self.kl_clip = preconditioner.kl_clip
+        self.step_lr = preconditioner.step_lr
+        self.adam_graft = preconditioner.adam_graft
+        self.graft_m = preconditioner.graft_m
+        self.graft_v = preconditioner.graft_v
+        self.graft_step = preconditioner.graft_step
 
     def _statistics(self, i, grad):
         """A, G (rank means) and P of layer ``i``, read once ``grad`` exists (so after the capture)."""
@@ -52,13 +69,32 @@ class _Precondition(nn.Cell):
     def _refresh(self, i, grad, damping):
         """Damped inverses of layer ``i`` from this step's statistics, stored; returns (A^-1 blocks, G^-1 blocks)."""
         a, g, positions = self._statistics(i, grad)
-        a_inv = damped_inverse(a, damping, positions, self.block_size, self.inverse_method)
-        g_inv = damped_inverse(g, damping, positions, self.block_size, self.inverse_method)
+        if self.factored:
+            pi = factored_pi(a, g)
+            a_inv = damped_inverse(a, damping, positions, self.block_size, self.inverse_method, pi)
+            g_inv = damped_inverse(g, damping, positions, self.block_size, self.inverse_method, 1.0 / pi)
+        else:
+            a_inv = damped_inverse(a, damping, positions, self.block_size, self.inverse_method)
+            g_inv = damped_inverse(g, damping, positions, self.block_size, self.inverse_method)
         ops.assign(self.a_inv[i], a_inv)
         ops.assign(self.g_inv[i], g_inv)
         return a_inv, g_inv
 
+    def _refresh_eigen(self, i, grad, damping):
+        """Eigenbases of layer ``i``'s A and G and the reciprocal damped eigenvalues of its Fisher, stored."""
+        a, g, positions = self._statistics(i, grad)
+        a_values, a_vectors = eigen_basis(a)
+        g_values, g_vectors = eigen_basis(g)
+        pi = factored_pi(a, g) if self.factored else None
+        scale = eigen_scale(a_values, g_values, damping, positions, pi)
+        ops.assign(self.a_vectors[i], a_vectors)
+        ops.assign(self.g_vectors[i], g_vectors)
+        ops.assign(self.eigen_scales[i], scale)
+        return a_vectors, g_vectors, scale
+
     def construct(self, grads, damping):
+        if self.eigen or self.kl_clip is not None or self.adam_graft is not None:
+            return self._with_options(grads, damping)
         fresh_a = ()
         fresh_g = ()
         if self.second_order:
@@ -83,6 +119,63 @@ class _Precondition(nn.Cell):
             directions += (direction,)
         return directions
 
+    def _with_options(self, grads, damping):
+        """``construct`` with the options (``ThorPreconditioner``): the eigen method's directions, then the Adam
+        graft per layer, then the kl_clip factor on every preconditioned direction."""
+        fresh = ()
+        if self.second_order:
+            for i in range(self.n_layers):
+                grad = grads[self.param_of_layer[i]]
+                fresh += (self._refresh_eigen(i, grad, damping) if self.eigen else self._refresh(i, grad, damping),)
+        if self.adam_graft is not None:
+            beta1, beta2, eps = self.adam_graft
+            graft_step = self.graft_step + 1.0
+            ops.assign(self.graft_step, graft_step)
+            first_correction = 1.0 - ops.pow(beta1, graft_step)
+            second_correction = 1.0 - ops.pow(beta2, graft_step)
+        directions = ()
+        agreement = 0.0  # sum over the preconditioned layers of g . d, for kl_clip
+        for j, grad in enumerate(grads):
+            layer = self.layer_of_param[j]
+            direction = grad
+            if layer >= 0:
+                shape = grad.shape
+                matrix = ops.reshape(grad, (shape[0], -1))
+                if self.eigen:
+                    if self.second_order:
+                        a_vectors, g_vectors, scale = fresh[layer]
+                    else:
+                        a_vectors, g_vectors, scale = (
+                            self.a_vectors[layer],
+                            self.g_vectors[layer],
+                            self.eigen_scales[layer],
+                        )
+                    direction = apply_eigen(matrix, a_vectors, g_vectors, scale)
+                else:
+                    a_inv, g_inv = fresh[layer] if self.second_order else (self.a_inv[layer], self.g_inv[layer])
+                    direction = apply_left(g_inv, apply_right(matrix, a_inv))
+                direction = ops.reshape(direction, shape)
+                if self.adam_graft is not None:
+                    m = beta1 * self.graft_m[layer] + (1.0 - beta1) * grad
+                    v = beta2 * self.graft_v[layer] + (1.0 - beta2) * grad * grad
+                    ops.assign(self.graft_m[layer], m)
+                    ops.assign(self.graft_v[layer], v)
+                    adam = (m / first_correction) / (ops.sqrt(v / second_correction) + eps)
+                    norm = ops.sqrt(ops.reduce_sum(direction * direction))
+                    ratio = ops.sqrt(ops.reduce_sum(adam * adam)) / norm
+                    direction = direction * ops.where(norm > 0, ratio, ops.zeros_like(ratio))
+                if self.kl_clip is not None:
+                    agreement = agreement + ops.reduce_sum(direction * grad)
+            directions += (direction,)
+        if self.kl_clip is None:
+            return directions
+        # kfac-pytorch: nu = min(1, sqrt(kl_clip / |lr^2 sum g . d|)) on every preconditioned direction
+        nu = ops.minimum(ops.sqrt(self.kl_clip / ops.abs(self.step_lr * self.step_lr * agreement)), 1.0)
+        clipped = ()
+        for j, direction in enumerate(directions):
+            clipped += (direction * nu if self.layer_of_param[j] >= 0 else direction,)
+        return clipped
+
 
 class _LayerInverse(nn.Cell):
     """One layer's damped inverse (``damped_inverse``) of its rank-mean statistic: the trace rule's per-layer
@@ -96,6 +189,25 @@ class _LayerInverse(nn.Cell):
 
     def construct(self, stat, damping, positions):
         return damped_inverse(self.mean_over_ranks(stat), damping, positions, self.block_size, self.method)
+
+
+class _FactoredLayerInverses(nn.Cell):
+    """``_LayerInverse`` of ``factored`` damping: both of a layer's inverses, whose shifts share pi."""
+
+    def __init__(self, block_size: int | None, method: str, rank_size: int):
+        super().__init__(auto_prefix=False)
+        self.block_size = block_size
+        self.method = method
+        self.mean_over_ranks = MeanOverRanks(rank_size)
+
+    def construct(self, a, g, damping, positions):
+        a = self.mean_over_ranks(a)
+        g = self.mean_over_ranks(g)
+        pi = factored_pi(a, g)
+        return (
+            damped_inverse(a, damping, positions, self.block_size, self.method, pi),
+            damped_inverse(g, damping, positions, self.block_size, self.method, 1.0 / pi),
+        )
 
 
 class _DampedTraces(nn.Cell):
@@ -151,6 +263,10 @@ class ThorPreconditioner:
         trace_rule: tuple[float, float] | None,
         rank_size: int,
         inverse_method: str | None,
+        damping_method: str = "mindspore",
+        compute_method: str = "inverse",
+        kl_clip: float | None = None,
+        adam_graft: tuple[float, float, float] | None = None,
     ):
         self.damping = np.asarray(damping, np.float32).ravel()
         if not len(self.damping):
@@ -159,6 +275,21 @@ class ThorPreconditioner:
             inverse_method = "matrix_inverse" if ms.get_context("device_target") == "Ascend" else "cholesky"
         if inverse_method not in INVERSE_METHODS:
             raise ValueError(f"unknown inverse_method {inverse_method!r}; choose one of {INVERSE_METHODS}")
+        if damping_method not in DAMPING_METHODS:
+            raise ValueError(f"unknown damping_method {damping_method!r}; choose one of {DAMPING_METHODS}")
+        if compute_method not in COMPUTE_METHODS:
+            raise ValueError(f"unknown compute_method {compute_method!r}; choose one of {COMPUTE_METHODS}")
+        if compute_method == "eigen" and (block_size is not None or trace_rule is not None):
+            raise ValueError(
+                "compute_method eigen decomposes the full factors at every second-order step: "
+                "it takes block_size None and no trace_rule"
+            )
+        if compute_method == "eigen" and ms.get_context("device_target") == "Ascend":
+            raise ValueError("compute_method eigen needs MindSpore's Eigh, which runs on CPU and GPU, not Ascend")
+        self.damping_method = damping_method
+        self.compute_method = compute_method
+        self.kl_clip = None if kl_clip is None else float(kl_clip)
+        self.adam_graft = None if adam_graft is None else tuple(float(x) for x in adam_graft)
         self.frequency = frequency
         self.block_size = block_size
         self.trace_rule = None if trace_rule is None else (float(trace_rule[0]), float(trace_rule[1]))
@@ -181,8 +312,28 @@ class ThorPreconditioner:
         self.g_stats = ms.ParameterTuple([w.g_stat for w in self.wrappers])
         self.positions = ms.ParameterTuple([w.positions for w in self.wrappers])
         pairs = list(zip(self.wrappers, self.layer_names, strict=True))
-        self.a_inv = ms.ParameterTuple([self._inverse_param(w.in_dim, f"thor_a_inv.{n}") for w, n in pairs])
-        self.g_inv = ms.ParameterTuple([self._inverse_param(w.out_dim, f"thor_g_inv.{n}") for w, n in pairs])
+        eigen = compute_method == "eigen"
+        # the eigen method stores eigenbases and reciprocal damped eigenvalues instead of the inverses
+        self.a_inv = ms.ParameterTuple(
+            [] if eigen else [self._inverse_param(w.in_dim, f"thor_a_inv.{n}") for w, n in pairs]
+        )
+        self.g_inv = ms.ParameterTuple(
+            [] if eigen else [self._inverse_param(w.out_dim, f"thor_g_inv.{n}") for w, n in pairs]
+        )
+        square = [(w.in_dim, w.in_dim) for w in self.wrappers] if eigen else []
+        self.a_vectors = self._buffers("thor_a_eigvec", square)
+        self.g_vectors = self._buffers(
+            "thor_g_eigvec", [(w.out_dim, w.out_dim) for w in self.wrappers] if eigen else []
+        )
+        self.eigen_scales = self._buffers(
+            "thor_eigen_scale", [(w.out_dim, w.in_dim) for w in self.wrappers] if eigen else []
+        )
+        # Adam's moments of each preconditioned weight's gradient, for the graft (optimizer state, checkpointed)
+        weight_shapes = [tuple(w.layer.weight.shape) for w in self.wrappers] if adam_graft is not None else []
+        self.graft_m = self._buffers("thor_graft_m", weight_shapes)
+        self.graft_v = self._buffers("thor_graft_v", weight_shapes)
+        self.graft_step = self._scalar_param("thor_graft_step")
+        self.step_lr = self._scalar_param("thor_step_lr")  # the step's lr, set by ThorStep for kl_clip (not state)
         self.trace_ref = ms.ParameterTuple([self._scalar_param(f"thor_trace_ref.{n}") for n in self.layer_names])
         self.stopped = ms.ParameterTuple([self._scalar_param(f"thor_stopped.{n}") for n in self.layer_names])
 
@@ -190,6 +341,7 @@ class ThorPreconditioner:
         self.reuse_cell = _Precondition(self, second_order=False)
         self.traces_cell = _DampedTraces(self)
         self.layer_inverse = _LayerInverse(block_size, inverse_method, rank_size)
+        self.factored_layer_inverses = _FactoredLayerInverses(block_size, inverse_method, rank_size)
         self.steps = 0
         self.second_order_steps = 0
         self.reuse_steps = 0
@@ -201,6 +353,15 @@ class ThorPreconditioner:
     def _inverse_param(self, n: int, name: str) -> ms.Parameter:
         nb, b = blocking(n, self.block_size)
         return ms.Parameter(ms.Tensor(np.zeros((nb, b, b), np.float32)), name=name, requires_grad=False)
+
+    def _buffers(self, kind: str, shapes: list[tuple[int, ...]]) -> ms.ParameterTuple:
+        """Zero float32 buffers ``<kind>.<layer>`` of the given shapes (none: an empty tuple)."""
+        return ms.ParameterTuple(
+            [
+                ms.Parameter(ms.Tensor(np.zeros(shape, np.float32)), name=f"{kind}.{name}", requires_grad=False)
+                for shape, name in zip(shapes, self.layer_names, strict=False)
+            ]
+        )
 
     @staticmethod
     def _scalar_param(name: str) -> ms.Parameter:
@@ -247,8 +408,13 @@ class ThorPreconditioner:
         for i in np.flatnonzero(update):
             wrapper = self.wrappers[i]
             positions = wrapper.positions
-            self.a_inv[i].set_data(self.layer_inverse(wrapper.a_stat, damping, positions))
-            self.g_inv[i].set_data(self.layer_inverse(wrapper.g_stat, damping, positions))
+            if self.damping_method == "factored":
+                a_inv, g_inv = self.factored_layer_inverses(wrapper.a_stat, wrapper.g_stat, damping, positions)
+                self.a_inv[i].set_data(a_inv)
+                self.g_inv[i].set_data(g_inv)
+            else:
+                self.a_inv[i].set_data(self.layer_inverse(wrapper.a_stat, damping, positions))
+                self.g_inv[i].set_data(self.layer_inverse(wrapper.g_stat, damping, positions))
             self.trace_ref[i].set_data(ms.Tensor(traces[i], ms.float32))
             self.refreshed_layers.append(self.layer_names[i])
         for i in np.flatnonzero(stopping):
@@ -262,7 +428,9 @@ class ThorPreconditioner:
         return [n for n, p in zip(self.layer_names, self.stopped, strict=True) if float(p.asnumpy()) > 0.5]
 
     def inverses(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """Per layer (weight name): the stored A and G inverses as dense numpy matrices."""
+        """Per layer (weight name): the stored A and G inverses as dense numpy matrices (the eigen method: none)."""
+        if self.compute_method == "eigen":
+            return {}
         return {
             name: (blocks_to_dense(a.asnumpy(), w.in_dim), blocks_to_dense(g.asnumpy(), w.out_dim))
             for name, w, a, g in zip(self.layer_names, self.wrappers, self.a_inv, self.g_inv, strict=True)
@@ -284,6 +452,12 @@ class ThorPreconditioner:
             *self.g_inv,
             *self.trace_ref,
             *self.stopped,
+            *self.a_vectors,
+            *self.g_vectors,
+            *self.eigen_scales,
+            *self.graft_m,
+            *self.graft_v,
+            *([self.graft_step] if self.adam_graft is not None else []),
         ]
 
     def state(self) -> dict[str, np.ndarray]:

@@ -137,6 +137,8 @@ class ThorStep:
             return self._first_order(*batch)
         second_order = preconditioner.second_order_now()
         damping = ms.Tensor(preconditioner.current_damping, ms.float32)
+        if preconditioner.kl_clip is not None:  # the clip factor is computed with this step's lr
+            preconditioner.step_lr.set_data(ms.Tensor(self.lr_per_step[steps], ms.float32))
         try:
             if second_order and preconditioner.trace_rule is not None:
                 return self._trace_rule_step(damping, *batch)
@@ -196,14 +198,18 @@ def create_thor_step(
     inverse_method: str | None,
     precondition: bool,
     decays: Callable[[str], bool] = decays_unless_norm_or_bias,
+    damping_method: str = "mindspore",
+    compute_method: str = "inverse",
+    kl_clip: float | None = None,
+    adam_graft: tuple[float, float, float] | None = None,
 ) -> ThorStep:
     """THOR for ``net``: the preconditioner, then the baseline's Momentum (``create_momentum``: weight decay on the
     parameters ``decays`` names, by default all but BatchNorm gamma/beta and biases; ``lr_per_step`` indexed by its
     global step) with loss scale 1, as the preconditioner already receives unscaled gradients. ``net_with_loss``: a
     cell that computes the batch-mean loss of ``net`` from a batch's columns (``nn.WithLossCell(net, loss_fn)``, or
     BERT's pre-training network with its losses). See ``ThorPreconditioner``
-    for the other arguments; ``precondition`` False builds no preconditioner (``ThorStep``: THOR's recipe without its
-    second order)."""
+    for the other arguments (the options ``damping_method`` .. ``adam_graft`` default to off: today's THOR);
+    ``precondition`` False builds no preconditioner (``ThorStep``: THOR's recipe without its second order)."""
     preconditioner = (
         ThorPreconditioner(
             net,
@@ -214,6 +220,10 @@ def create_thor_step(
             trace_rule=trace_rule,
             rank_size=rank_size,
             inverse_method=inverse_method,
+            damping_method=damping_method,
+            compute_method=compute_method,
+            kl_clip=kl_clip,
+            adam_graft=adam_graft,
         )
         if precondition
         else None
