@@ -47,7 +47,7 @@ from pipelines.params import BertBaselineTraining, BertThorTraining
 from pipelines.recipes.classifier import configure
 from pipelines.recipes.context import LanguageModelContext
 from pipelines.recipes.language_model import NETWORK_NAME, bert_from_checkpoint, held_out_dataset
-from pipelines.recipes.thor import OwnThorStep, ThorFigures
+from pipelines.recipes.thor import OwnThorStep, ThorFigures, thor_options
 from pipelines.text.dataset import create_text_dataset
 
 logger = logging.getLogger(__name__)
@@ -155,6 +155,7 @@ def train_bert_thor(
             inverse_method=None,  # Cholesky, or MatrixInverse on Ascend (linalg.block_inverse)
             precondition=True,
             decays=decays_unless_layernorm_or_bias,
+            **thor_options(thor),
         )
         return OwnThorStep(step)
 
