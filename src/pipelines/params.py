@@ -744,7 +744,9 @@ class TuningParams(Section):
         for recipe, space in self.spaces.items():
             for key, (low, high) in space_ranges(space).items():
                 if not low < high:
-                    problems.append((f"study.tuning.spaces.{recipe}.{key}", f"is {[low, high]}; give [low, high]"))
+                    problems.append(
+                        (f"study.tuning.spaces.{recipe}.{key}", f"is {[low, high]}; give [low, high] with low < high")
+                    )
             thor_only = [key for key in ("damping", "frequency") if getattr(space, key) is not None]
             if recipe != "thor" and thor_only:
                 problems.append(
@@ -939,7 +941,8 @@ class Parameters(Section):
         problems = []
         for recipe, space in self.study.tuning.spaces.items():
             section = self.baseline if recipe == "baseline" else self.thor
-            if space.lr is not None and space.lr.warmup_epochs is not None and not isinstance(section.lr, WarmupSchedule):
+            warmup = space.lr is not None and space.lr.warmup_epochs is not None
+            if warmup and not isinstance(section.lr, WarmupSchedule):
                 problems.append(
                     (
                         f"study.tuning.spaces.{recipe}.lr.warmup_epochs",

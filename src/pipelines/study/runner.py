@@ -88,6 +88,9 @@ class StudyTracking(Protocol):
         """Log the final full-val ``top1``/``top5`` (a language model's ``mlm_accuracy``/``mlm_loss``) into the
         active child run."""
 
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        """Set ``tags`` on the active child run (a tuning trial's state)."""
+
 
 @dataclass(frozen=True)
 class StudyInputs:

@@ -163,13 +163,20 @@ def record_compared_runs(run_ids: Sequence[str]) -> None:
 
 def runs_to_compare(run_id: str, metric: str = VAL_TOP1) -> list[str]:
     """The runs a ``kedro run``'s comparison link draws: its own run and its child runs that logged ``metric`` (a
-    training pipeline's, the study's trainings), and the runs its ``compared_runs`` tag names (the report's)."""
+    training pipeline's, the study's trainings; not a tuned study's trials, tagged ``trial``: its fresh-seed
+    trainings are the comparison), and the runs its ``compared_runs`` tag names (the report's)."""
     client = mlflow.MlflowClient()
     run = client.get_run(run_id)
     candidates = [run, *child_runs(run_id)]
     named = run.data.tags.get(COMPARED_RUNS_TAG, "")
     candidates += [client.get_run(other) for other in named.split(",") if other]
-    return list(dict.fromkeys(candidate.info.run_id for candidate in candidates if metric in candidate.data.metrics))
+    return list(
+        dict.fromkeys(
+            candidate.info.run_id
+            for candidate in candidates
+            if metric in candidate.data.metrics and "trial" not in candidate.data.tags
+        )
+    )
 
 
 def closing_links(base: str, run_id: str) -> tuple[str | None, str]:

@@ -96,3 +96,6 @@ class StudyRuns:
 
     def log_final(self, accuracy: Mapping[str, float]) -> None:
         log_final(accuracy)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        set_tags(tags)

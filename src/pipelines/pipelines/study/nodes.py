@@ -36,6 +36,7 @@ from pipelines.recipes.language_model import prepare_language_model
 from pipelines.report.differences import in_points
 from pipelines.study.runner import StudyInputs, StudyPlan, run_study
 from pipelines.study.statistics import MEASURES, curves_figure, paired_differences, run_figures, summarise
+from pipelines.study.tuning import CHOICE_COLUMNS, choices_rows, run_tuned_study, tuning_figures
 
 logger = logging.getLogger(__name__)
 
@@ -58,13 +59,16 @@ def run_recipes(
     thor_bert: ThorBertParams,
     study: StudyParams,
     target: TargetParams,
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Every recipe of ``study.recipes`` over every seed of ``study.seeds`` (those not finished earlier).
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Every recipe of ``study.recipes`` over every seed of ``study.seeds`` (those not finished earlier); with
+    ``study.tuning.trials`` > 0 each recipe is first tuned (``study.tuning``) and its best values train on those
+    seeds.
 
     Returns one row per result (``RUN_COLUMNS``: final top-1/top-5 on val after the last epoch, time, steps and
     epochs to ``target.top1`` at step resolution, training seconds; thor_bert's rows: the held-out masked-LM
-    accuracy and loss, and the target ``thor_bert.target_mlm_accuracy``) and the step-evaluation curves
-    (``CURVE_COLUMNS``: top-1/top-5, or masked-LM accuracy, on the step subset against training seconds).
+    accuracy and loss, and the target ``thor_bert.target_mlm_accuracy``), the step-evaluation curves
+    (``CURVE_COLUMNS``: top-1/top-5, or masked-LM accuracy, on the step subset against training seconds) and the
+    tuning's chosen values beside the documented ones (``CHOICE_COLUMNS``; no rows without tuning).
     """
     context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
     language = prepare_language_model(thor_bert, runtime, distributed) if "thor_bert" in study.recipes else None
@@ -73,7 +77,11 @@ def run_recipes(
     plan = StudyPlan(
         study.recipes, study.seeds, study.epochs, study.eval_every_steps, Path(study.dir), study.adasum_workers
     )
-    records = run_study(inputs, plan, tracking.StudyRuns())
+    tunings = []
+    if study.tuning.trials:
+        records, tunings = run_tuned_study(inputs, plan, tracking.StudyRuns(), tuning=study.tuning, target=target.top1)
+    else:
+        records = run_study(inputs, plan, tracking.StudyRuns())
     runs = [
         {"recipe": r["recipe"], "seed": r["seed"]}
         | run_figures(r, targets[r.get("step_metric", VAL_STEP_TOP1)])
@@ -98,7 +106,8 @@ def run_recipes(
         for r in records
         for row in r["step_history"]
     ]
-    return pd.DataFrame(runs, columns=RUN_COLUMNS), pd.DataFrame(curves, columns=CURVE_COLUMNS)
+    choices = pd.DataFrame(choices_rows(tunings, tuning=study.tuning), columns=CHOICE_COLUMNS)
+    return pd.DataFrame(runs, columns=RUN_COLUMNS), pd.DataFrame(curves, columns=CURVE_COLUMNS), choices
 
 
 def summarise_study(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -147,3 +156,9 @@ def plot_study(curves: pd.DataFrame, target: TargetParams, thor_bert: ThorBertPa
     row: seeds, mean and 95 % band; the target line is top-1's, or the masked-LM one in a study of thor_bert only."""
     language_only = curves["top1"].isna().all() and curves["mlm_accuracy"].notna().any()
     return curves_figure(curves, thor_bert.target_mlm_accuracy if language_only else target.top1)
+
+
+def plot_tuning(study: StudyParams, tuning_choices: pd.DataFrame) -> tuple[dict[str, Figure], dict[str, Figure]]:
+    """Each tuned recipe's (``tuning_choices``) Optuna optimization history and parameter importances, as
+    ``<recipe>.png``, read from ``study.tuning.storage``; none without tuning."""
+    return tuning_figures(list(tuning_choices["recipe"].unique()), tuning=study.tuning)

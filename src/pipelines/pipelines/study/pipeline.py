@@ -4,11 +4,11 @@ from kedro.pipeline import Pipeline, node, pipeline
 
 from pipelines.pipelines.modular import namespaced
 
-from .nodes import plot_study, run_recipes, summarise_study
+from .nodes import plot_study, plot_tuning, run_recipes, summarise_study
 
 
 def create_pipeline(**kwargs) -> Pipeline:
-    """Nodes ``study.run``, ``study.summarise``, ``study.plot``."""
+    """Nodes ``study.run``, ``study.summarise``, ``study.plot``, ``study.plot_tuning``."""
     return namespaced(
         pipeline(
             [
@@ -30,11 +30,17 @@ def create_pipeline(**kwargs) -> Pipeline:
                         "params:study",
                         "params:target",
                     ],
-                    ["runs", "curves"],
+                    ["runs", "curves", "tuning_choices"],
                     name="run",
                 ),
                 node(summarise_study, "runs", ["summary", "paired"], name="summarise"),
                 node(plot_study, ["curves", "params:target", "params:thor_bert"], "top1_vs_time_plot", name="plot"),
+                node(
+                    plot_tuning,
+                    ["params:study", "tuning_choices"],
+                    ["tuning_history_plots", "tuning_importance_plots"],
+                    name="plot_tuning",
+                ),
             ]
         ),
         "study",
