@@ -27,6 +27,7 @@ from pipelines.metrics import (
     VAL_TOP1,
 )
 from pipelines.pipeline_registry import PIPELINE_NAMES
+from pipelines.recipes.language_model import COLLAPSED, UNIGRAM_MLM_ACCURACY
 from tests.support.backends import assert_declared_on_every_target, dumped_graphs
 from tests.support.runner import process_state_kept, run_pipeline, session_project, tiny_params, tracking_uri
 from tests.support.trees import write_image_tree
@@ -275,7 +276,9 @@ def test_thor_bert_pipeline(workspace):
     examples = outputs["thor_bert.examples.train_examples"]
     assert examples["input_ids"].shape[1] == 32 and examples["masked_lm_ids"].shape[1] == 5
     comparison = outputs["thor_bert.comparison.comparison"].set_index("training")
-    assert list(comparison.index) == ["thor", "baseline"]
+    assert list(comparison.index)[:2] == ["thor", "baseline"] and comparison.index[2].startswith("unigram (")
+    unigram = comparison["mlm_accuracy"].iloc[2]  # always the most frequent train target, on the held-out examples
+    assert 0 < unigram < 1
     for training in ("thor", "baseline"):
         report, history = outputs[f"thor_bert.{training}.eval_report"], outputs[f"thor_bert.{training}.history"]
         assert report["examples"] == len(outputs["thor_bert.examples.held_out_examples"]["input_ids"])
@@ -292,6 +295,10 @@ def test_thor_bert_pipeline(workspace):
     for training, run in runs.items():
         assert run.info.status == "FINISHED" and run.info.run_name == f"thor_bert/{training}"
         assert 0 <= run.data.metrics[FINAL_MLM_ACCURACY] <= 1 and VAL_MLM_ACCURACY in run.data.metrics
+        # every training is read against the unigram baseline: collapsed or not, in its run
+        assert run.data.metrics[UNIGRAM_MLM_ACCURACY] == pytest.approx(unigram)
+        assert run.data.metrics[COLLAPSED] == float(comparison.at[training, "collapsed"])
+    assert only_run(uri, "thor_bert").data.metrics[UNIGRAM_MLM_ACCURACY] == pytest.approx(unigram)
     assert runs["baseline"].data.params["thor_bert.baseline.optimizer"] == "adamweightdecay"
 
 

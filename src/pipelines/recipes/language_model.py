@@ -7,8 +7,10 @@ import logging
 
 import pandas as pd
 
+from pipelines.engine.callbacks import Callback
 from pipelines.engine.checkpoint import Checkpoint, check_compatible
 from pipelines.engine.state import capture_state, restore_network
+from pipelines.metrics import STEP_KEY, VAL_MLM_ACCURACY, VAL_STEP_MLM_ACCURACY
 from pipelines.models.bert import BertConfig, create_bert, mlm_metrics
 from pipelines.models.resnet import count_parameters
 from pipelines.params import BertNetworkParams, DistributedParams, RuntimeParams, ThorBertParams
@@ -17,12 +19,20 @@ from pipelines.predict.fill_mask import masked_text
 from pipelines.recipes.classifier import configure
 from pipelines.recipes.context import LanguageModelContext
 from pipelines.text.dataset import create_text_dataset
+from pipelines.text.examples import UnigramBaseline
 from pipelines.text.pretraining import fit_tokenizer, pretraining_examples, split_corpus
 from pipelines.text.tokenizer import tokenizer_from_json
 
 logger = logging.getLogger(__name__)
 
 NETWORK_NAME = "bert"  # checkpoint metadata ``network``
+# thor_bert's own figures (metrics.py: a recipe's keys under its prefix), in every epoch row and the summary
+UNIGRAM_MLM_ACCURACY = "thor_bert/unigram_mlm_accuracy"  # held-out accuracy of always the top train token
+COLLAPSED = "thor_bert/collapsed"  # 1 when the latest evaluation is at the unigram baseline, else 0
+COLLAPSE_STEP = "thor_bert/collapse_step"  # the global step since which every evaluation has been there
+# An evaluation within half a point of the unigram baseline (or below it) has fallen back to it: a network that
+# predicts one token scores the baseline or less, one that learned anything scores clearly more.
+COLLAPSE_MARGIN = 0.005
 
 
 def prepare_language_model(
@@ -42,6 +52,76 @@ def prepare_language_model(
         runtime,
         distributed,
     )
+
+
+class CollapseWatch(Callback):
+    """Whether a training has fallen back to the unigram baseline (``unigram``), and since which global step.
+
+    Each held-out evaluation (the epoch's through ``evaluated``, the one every K steps on the first examples
+    through ``on_step_evaluation``, against the baseline on those examples) is collapsed when its masked-LM
+    accuracy is at most the baseline + ``COLLAPSE_MARGIN``; the training is collapsed when its latest evaluation
+    is, since the first step of that unbroken run. Adds ``UNIGRAM_MLM_ACCURACY``, and on evaluated epochs
+    ``COLLAPSED`` (and ``COLLAPSE_STEP``), to each epoch's row; ``summary()`` gives them for the training's end,
+    and a collapsed training says so in the log (``label`` names it)."""
+
+    def __init__(self, unigram: UnigramBaseline, label: str):
+        self.unigram = unigram
+        self.label = label
+        self.steps_per_epoch = 0
+        self.observations: list[tuple[int, bool]] = []  # (global step, collapsed), in the order seen
+        self.resumed_rows: list = []
+        self.latest: float | None = None  # this epoch's evaluation, until its row is made
+
+    def _observe(self, step: int, accuracy: float, baseline: float) -> None:
+        self.observations.append((int(step), not accuracy > baseline + COLLAPSE_MARGIN))  # NaN: collapsed
+
+    def collapse_step(self) -> int | None:
+        """The first step of the unbroken run of collapsed evaluations up to the latest one; None if it is not."""
+        since = None
+        for step, collapsed in sorted(self.observations, key=lambda item: item[0]):
+            since = (since if since is not None else step) if collapsed else None
+        return since
+
+    def evaluated(self, figures: dict) -> dict:
+        """The epoch evaluation's ``figures``, noted for the epoch's row and returned."""
+        self.latest = float(figures["mlm_accuracy"])
+        return figures
+
+    def on_resume(self, source, history) -> None:
+        self.resumed_rows = [row for row in history if VAL_MLM_ACCURACY in row]
+
+    def on_train_begin(self, total_epochs: int, steps_per_epoch: int, start_epoch: int) -> None:
+        self.steps_per_epoch = steps_per_epoch
+        for row in self.resumed_rows:
+            self._observe(int(row["epoch"]) * steps_per_epoch, row[VAL_MLM_ACCURACY], self.unigram.accuracy)
+
+    def on_step_evaluation(self, row) -> None:
+        self._observe(row[STEP_KEY], row[VAL_STEP_MLM_ACCURACY], self.unigram.subset_accuracy)
+
+    def epoch_metrics(self, epoch: int) -> dict[str, float]:
+        figures = {UNIGRAM_MLM_ACCURACY: self.unigram.accuracy}
+        if self.latest is not None:
+            self._observe((epoch + 1) * self.steps_per_epoch, self.latest, self.unigram.accuracy)
+            self.latest = None
+            figures |= self.summary()
+        return figures
+
+    def summary(self) -> dict[str, float]:
+        since = self.collapse_step()
+        figures = {UNIGRAM_MLM_ACCURACY: self.unigram.accuracy, COLLAPSED: float(since is not None)}
+        return figures | ({COLLAPSE_STEP: float(since)} if since is not None else {})
+
+    def on_train_end(self) -> None:
+        since = self.collapse_step()
+        if since is not None:
+            logger.warning(
+                "%s collapsed: its held-out masked-LM accuracy has been at the unigram baseline (%.2f%%, always "
+                "token %d) since step %d",
+                self.label,
+                100 * self.unigram.accuracy,
+                self.unigram.token_id,
+                since,
+            )
 
 
 def bert_config(network: BertNetworkParams, vocab_size: int) -> BertConfig:
@@ -121,28 +201,38 @@ def export_bert(
     )
 
 
-def compare_trainings(thor_report: dict, baseline_report: dict, thor, baseline) -> pd.DataFrame:
-    """One row per training of ``thor`` and ``baseline`` (their sections): held-out masked-LM accuracy and loss,
-    next-sentence accuracy, epochs, and the difference to the baseline; the log gives both accuracies."""
+def compare_trainings(thor_report: dict, baseline_report: dict, thor, baseline, unigram: UnigramBaseline, token: str):
+    """One row per training of ``thor`` and ``baseline`` (their sections), then the unigram baseline's (always
+    ``token``): held-out masked-LM accuracy and loss, next-sentence accuracy, epochs, the difference to the
+    baseline, and whether the training collapsed (its final accuracy at the unigram baseline); the log gives all
+    three accuracies."""
     reports = {"thor": thor_report, "baseline": baseline_report}
     budgets = {"thor": thor.epochs, "baseline": baseline.epochs}
+    collapsed = [
+        name for name, report in reports.items() if not report["mlm_accuracy"] > unigram.accuracy + COLLAPSE_MARGIN
+    ]
     table = pd.DataFrame(
         [
             {"training": name, "epochs": budgets[name]}
             | {key: report[key] for key in ("mlm_accuracy", "mlm_loss", "nsp_accuracy", "examples")}
+            | {"collapsed": name in collapsed}
             for name, report in reports.items()
         ]
+        + [{"training": f"unigram ({token})", "mlm_accuracy": unigram.accuracy, "examples": thor_report["examples"]}]
     )
     table["mlm_accuracy_minus_baseline"] = table["mlm_accuracy"] - baseline_report["mlm_accuracy"]
     logger.info(
-        "thor_bert: held-out masked-LM accuracy THOR %.2f%% (%d epochs), %s baseline %.2f%% (%d epochs); "
-        "THOR - baseline %+.2f points, on %d held-out examples",
+        "thor_bert: held-out masked-LM accuracy THOR %.2f%% (%d epochs), %s baseline %.2f%% (%d epochs), unigram "
+        "baseline %.2f%% (always %r); THOR - baseline %+.2f points, on %d held-out examples%s",
         100 * thor_report["mlm_accuracy"],
         budgets["thor"],
         baseline.optimizer,
         100 * baseline_report["mlm_accuracy"],
         budgets["baseline"],
+        100 * unigram.accuracy,
+        token,
         100 * (thor_report["mlm_accuracy"] - baseline_report["mlm_accuracy"]),
         thor_report["examples"],
+        f"; collapsed to the unigram baseline: {', '.join(collapsed)}" if collapsed else "",
     )
     return table

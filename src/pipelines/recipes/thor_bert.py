@@ -42,13 +42,14 @@ from pipelines.models.bert import BertNetworkWithLoss, BertPreTraining, mlm_metr
 from pipelines.optim.gradients import FirstOrderStep, UnscaledGradients
 from pipelines.optim.momentum import decay_groups, decays_unless_layernorm_or_bias
 from pipelines.optim.schedules import per_step
-from pipelines.optim.thor.step import create_thor_step
+from pipelines.optim.thor.step import ThorStep, create_thor_step
 from pipelines.params import BertBaselineTraining, BertThorTraining
 from pipelines.recipes.classifier import configure
 from pipelines.recipes.context import LanguageModelContext
-from pipelines.recipes.language_model import NETWORK_NAME, bert_from_checkpoint, held_out_dataset
+from pipelines.recipes.language_model import NETWORK_NAME, CollapseWatch, bert_from_checkpoint, held_out_dataset
 from pipelines.recipes.thor import OwnThorStep, ThorFigures, thor_options
 from pipelines.text.dataset import create_text_dataset
+from pipelines.text.examples import unigram_baseline
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,8 @@ def _train(
     callbacks: Sequence[Callback],
 ) -> TrainingResult:
     """What both BERT trainings share: data, network from ``start``, evaluation, checkpoints, through the engine;
-    ``name`` names the training in its checkpoints' metadata (``training``)."""
+    ``name`` names the training in its checkpoints' metadata (``training``). Every held-out evaluation is also
+    read against the unigram baseline (``CollapseWatch``: the rows' and the summary's ``thor_bert/collapsed``)."""
     configure(context.runtime)
     ranks = rank_context()
     excluded = {"checkpoint", "eval_interval", "eval_every_steps"}
@@ -104,17 +106,54 @@ def _train(
         net = bert_from_checkpoint(context.network, context.vocab_size, start, "start checkpoint")
         return make_step(net, steps_per_epoch)
 
-    return train(
+    unigram = unigram_baseline(context.train_examples, context.held_out_examples, subset=context.step_eval_examples)
+    watch = CollapseWatch(unigram, f"thor_bert {name}")
+    result = train(
         spec,
         dataset,
         build,
         start=start,
         fingerprint=run_id,
         checkpoints=Checkpointing.of(section.checkpoint),
-        evaluate=lambda step: mlm_metrics(step.network, held_out),
-        callbacks=callbacks,
+        evaluate=lambda step: watch.evaluated(mlm_metrics(step.network, held_out)),
+        callbacks=[watch, *callbacks],
         metadata={"network": NETWORK_NAME, "training": name},
         evaluate_steps=(lambda step: mlm_metrics(step.network, step_subset)) if step_subset is not None else None,
+    )
+    result.summary.update(watch.summary())
+    return result
+
+
+def thor_step_of(thor: BertThorTraining, net: BertPreTraining, steps_per_epoch: int, *, rank_size: int) -> ThorStep:
+    """THOR's step for ``net`` (every Dense layer preconditioned, then Momentum) with ``thor``'s schedules over
+    ``thor.epochs`` epochs of ``steps_per_epoch`` steps."""
+    lr_per_step = per_step(thor.lr, epochs=thor.epochs, steps_per_epoch=steps_per_epoch)
+    damping = per_step(thor.damping, epochs=thor.epochs, steps_per_epoch=steps_per_epoch)
+    logger.info(
+        "THOR on BERT: frequency %d, lr %.4g -> %.4g, damping %.4g -> %.4g over %d steps",
+        thor.frequency,
+        lr_per_step[0],
+        lr_per_step[-1],
+        damping[0],
+        damping[-1],
+        len(lr_per_step),
+    )
+    return create_thor_step(
+        net,
+        BertNetworkWithLoss(net),
+        lr_per_step,
+        damping,
+        momentum=thor.momentum,
+        weight_decay=thor.weight_decay,
+        loss_scale=thor.loss_scale,
+        frequency=thor.frequency,
+        block_size=thor.block_size,
+        trace_rule=None,
+        rank_size=rank_size,
+        inverse_method=None,  # Cholesky, or MatrixInverse on Ascend (linalg.block_inverse)
+        precondition=True,
+        decays=decays_unless_layernorm_or_bias,
+        **thor_options(thor),
     )
 
 
@@ -129,35 +168,7 @@ def train_bert_thor(
     this training's newest checkpoint in ``thor.checkpoint.dir``."""
 
     def make_step(net: BertPreTraining, steps_per_epoch: int) -> TrainStep:
-        lr_per_step = per_step(thor.lr, epochs=thor.epochs, steps_per_epoch=steps_per_epoch)
-        damping = per_step(thor.damping, epochs=thor.epochs, steps_per_epoch=steps_per_epoch)
-        logger.info(
-            "THOR on BERT: frequency %d, lr %.4g -> %.4g, damping %.4g -> %.4g over %d steps",
-            thor.frequency,
-            lr_per_step[0],
-            lr_per_step[-1],
-            damping[0],
-            damping[-1],
-            len(lr_per_step),
-        )
-        step = create_thor_step(
-            net,
-            BertNetworkWithLoss(net),
-            lr_per_step,
-            damping,
-            momentum=thor.momentum,
-            weight_decay=thor.weight_decay,
-            loss_scale=thor.loss_scale,
-            frequency=thor.frequency,
-            block_size=thor.block_size,
-            trace_rule=None,
-            rank_size=context.distributed.worker_num,
-            inverse_method=None,  # Cholesky, or MatrixInverse on Ascend (linalg.block_inverse)
-            precondition=True,
-            decays=decays_unless_layernorm_or_bias,
-            **thor_options(thor),
-        )
-        return OwnThorStep(step)
+        return OwnThorStep(thor_step_of(thor, net, steps_per_epoch, rank_size=context.distributed.worker_num))
 
     return _train(context, start, thor, make_step, name="thor", callbacks=[ThorFigures(), *callbacks])
 

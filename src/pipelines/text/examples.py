@@ -224,3 +224,31 @@ def create_pretraining_examples(
             )
     rng.shuffle(instances)
     return _padded(instances, max_seq_length, max_predictions_per_seq)
+
+
+@dataclass(frozen=True)
+class UnigramBaseline:
+    """Always predicting the train examples' most frequent masked token (``token_id``): its masked-LM accuracy on
+    the held-out examples (``accuracy``), and on the first ``subset`` of them (``subset_accuracy``), the floor a
+    masked-LM accuracy is read against."""
+
+    token_id: int
+    accuracy: float
+    subset_accuracy: float
+
+
+def _hits(examples: dict[str, np.ndarray], token_id: int) -> float:
+    weights = examples["masked_lm_weights"].astype(np.float64)
+    return float((weights * (examples["masked_lm_ids"] == token_id)).sum() / max(weights.sum(), 1.0))
+
+
+def unigram_baseline(
+    train: dict[str, np.ndarray], held_out: dict[str, np.ndarray], *, subset: int | None = None
+) -> UnigramBaseline:
+    """The held-out masked-LM accuracy of always predicting the most frequent masked token of ``train`` (ties: the
+    smaller id), weighted as ``models.bert.mlm_metrics`` weighs predictions; ``subset``: also on the first
+    ``subset`` held-out examples (the step evaluation's; None: all)."""
+    ids = train["masked_lm_ids"][train["masked_lm_weights"] > 0]
+    token_id = int(np.bincount(ids.ravel()).argmax())
+    first = held_out if subset is None else {name: column[:subset] for name, column in held_out.items()}
+    return UnigramBaseline(token_id, _hits(held_out, token_id), _hits(first, token_id))

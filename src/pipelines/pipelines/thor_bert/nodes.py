@@ -26,10 +26,17 @@ from pipelines.params import (
 )
 from pipelines.predict.export import ExportedModel
 from pipelines.recipes.context import LanguageModelContext
-from pipelines.recipes.language_model import build_bert, compare_trainings, evaluate_bert, export_bert
+from pipelines.recipes.language_model import (
+    UNIGRAM_MLM_ACCURACY,
+    build_bert,
+    compare_trainings,
+    evaluate_bert,
+    export_bert,
+)
 from pipelines.recipes.thor_bert import train_bert
 from pipelines.text import pretraining
 from pipelines.text.corpus import documents_from_table, documents_table
+from pipelines.text.examples import unigram_baseline
 from pipelines.text.tokenizer import tokenizer_from_json, tokenizer_to_json
 
 logger = logging.getLogger(__name__)
@@ -133,9 +140,24 @@ def export_model(
     return export_bert(checkpoint, held_out, tokenizer, network, runtime)
 
 
-def compare(thor_report: dict, baseline_report: dict, thor: LanguageRecipe, baseline: LanguageRecipe) -> pd.DataFrame:
-    """One row per training (``recipes.language_model.compare_trainings``); THOR's gain over the baseline goes to
-    the run."""
-    table = compare_trainings(thor_report, baseline_report, thor, baseline)
-    tracking.log_metrics({THOR_MINUS_BASELINE_MLM: float(table["mlm_accuracy_minus_baseline"].iloc[0])})
+def compare(
+    thor_report: dict,
+    baseline_report: dict,
+    thor: LanguageRecipe,
+    baseline: LanguageRecipe,
+    train_examples: dict[str, np.ndarray],
+    held_out_examples: dict[str, np.ndarray],
+    tokenizer: str,
+) -> pd.DataFrame:
+    """One row per training and one for the unigram baseline (``recipes.language_model.compare_trainings``);
+    THOR's gain over the baseline and the unigram baseline's accuracy go to the run."""
+    unigram = unigram_baseline(train_examples, held_out_examples)
+    token = tokenizer_from_json(tokenizer).id_to_token(unigram.token_id)
+    table = compare_trainings(thor_report, baseline_report, thor, baseline, unigram, token)
+    tracking.log_metrics(
+        {
+            THOR_MINUS_BASELINE_MLM: float(table["mlm_accuracy_minus_baseline"].iloc[0]),
+            UNIGRAM_MLM_ACCURACY: unigram.accuracy,
+        }
+    )
     return table

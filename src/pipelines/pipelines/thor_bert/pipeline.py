@@ -105,13 +105,21 @@ def create_pipeline(**kwargs) -> Pipeline:
         [
             node(
                 compare,
-                ["thor_report", "baseline_report", "params:thor", "params:baseline"],
+                [
+                    "thor_report",
+                    "baseline_report",
+                    "params:thor",
+                    "params:baseline",
+                    "train_examples",
+                    "held_out_examples",
+                    "tokenizer",
+                ],
                 "comparison",
                 name="compare",
             )
         ]
     )
-    reports = {f"{t}_report": f"{NAMESPACE}.{t}.eval_report" for t in TRAININGS}
+    reports = {f"{t}_report": f"{NAMESPACE}.{t}.eval_report" for t in TRAININGS} | _used(comparison)
     return (
         sum(
             (
