@@ -58,6 +58,8 @@ class _Precondition(nn.Cell):
         self.graft_m = preconditioner.graft_m
         self.graft_v = preconditioner.graft_v
         self.graft_step = preconditioner.graft_step
+        self.graft_scales = preconditioner.graft_scales
+        self.clip_factor = preconditioner.clip_factor
 
     def _statistics(self, i, grad):
         """A, G (rank means) and P of layer ``i``, read once ``grad`` exists (so after the capture)."""
@@ -163,7 +165,9 @@ class _Precondition(nn.Cell):
                     adam = (m / first_correction) / (ops.sqrt(v / second_correction) + eps)
                     norm = ops.sqrt(ops.reduce_sum(direction * direction))
                     ratio = ops.sqrt(ops.reduce_sum(adam * adam)) / norm
-                    direction = direction * ops.where(norm > 0, ratio, ops.zeros_like(ratio))
+                    graft_scale = ops.where(norm > 0, ratio, ops.zeros_like(ratio))
+                    ops.assign(self.graft_scales[layer], graft_scale)
+                    direction = direction * graft_scale
                 if self.kl_clip is not None:
                     agreement = agreement + ops.reduce_sum(direction * grad)
             directions += (direction,)
@@ -171,6 +175,7 @@ class _Precondition(nn.Cell):
             return directions
         # kfac-pytorch: nu = min(1, sqrt(kl_clip / |lr^2 sum g . d|)) on every preconditioned direction
         nu = ops.minimum(ops.sqrt(self.kl_clip / ops.abs(self.step_lr * self.step_lr * agreement)), 1.0)
+        ops.assign(self.clip_factor, nu)
         clipped = ()
         for j, direction in enumerate(directions):
             clipped += (direction * nu if self.layer_of_param[j] >= 0 else direction,)
@@ -250,6 +255,14 @@ class ThorPreconditioner:
     picks "cholesky", or "matrix_inverse" on Ascend. Counters: ``steps``, ``second_order_steps``, ``reuse_steps``,
     ``trace_skips``, ``inverses_computed`` ((layer, step) pairs whose inverses were computed; ``refreshed_layers``
     names those of the last second-order step).
+
+    Options (each off by default: today's THOR, whose graph is then unchanged; the package docstring has the maths):
+    ``damping_method`` "mindspore" (``sqrt(damping/P)`` added to A and G) or "factored" (that shift times pi for A,
+    divided by pi for G); ``compute_method`` "inverse" (damped factor inverses) or "eigen" (eigenbases of A and G,
+    the damping on the eigenvalue products; full factors, no trace rule, CPU/GPU); ``kl_clip`` (a bound: every
+    preconditioned direction scaled by ``min(1, sqrt(kl_clip / |lr^2 sum g.d|))``); ``adam_graft``
+    ``(beta1, beta2, eps)`` (each preconditioned layer's direction rescaled to the norm of the Adam update of its
+    gradient; the moments are state). ``last_clip_factor``, ``last_graft_scales`` and ``eigen()`` show them.
     """
 
     def __init__(
@@ -334,6 +347,11 @@ class ThorPreconditioner:
         self.graft_v = self._buffers("thor_graft_v", weight_shapes)
         self.graft_step = self._scalar_param("thor_graft_step")
         self.step_lr = self._scalar_param("thor_step_lr")  # the step's lr, set by ThorStep for kl_clip (not state)
+        # the last step's kl_clip factor and per-layer graft scales (figures, not state)
+        self.clip_factor = self._scalar_param("thor_clip_factor")
+        self.graft_scales = ms.ParameterTuple(
+            [self._scalar_param(f"thor_graft_scale.{n}") for n in self.layer_names] if adam_graft is not None else []
+        )
         self.trace_ref = ms.ParameterTuple([self._scalar_param(f"thor_trace_ref.{n}") for n in self.layer_names])
         self.stopped = ms.ParameterTuple([self._scalar_param(f"thor_stopped.{n}") for n in self.layer_names])
 
@@ -426,6 +444,25 @@ class ThorPreconditioner:
     def stopped_layers(self) -> list[str]:
         """Layers the trace rule stopped refreshing for good."""
         return [n for n, p in zip(self.layer_names, self.stopped, strict=True) if float(p.asnumpy()) > 0.5]
+
+    @property
+    def last_clip_factor(self) -> float:
+        """kl_clip's factor ``nu`` of the last step (0 before the first step with ``kl_clip``)."""
+        return float(self.clip_factor.asnumpy())
+
+    @property
+    def last_graft_scales(self) -> dict[str, float]:
+        """Per layer, the last step's Adam-graft scale ``|adam update| / |THOR direction|`` (empty without it)."""
+        return {n: float(p.asnumpy()) for n, p in zip(self.layer_names, self.graft_scales, strict=False)}
+
+    def eigen(self) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per layer, the eigen method's stored A and G eigenbases and reciprocal damped eigenvalues (or none)."""
+        return {
+            name: (a.asnumpy().copy(), g.asnumpy().copy(), scale.asnumpy().copy())
+            for name, a, g, scale in zip(
+                self.layer_names, self.a_vectors, self.g_vectors, self.eigen_scales, strict=False
+            )
+        }
 
     def inverses(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Per layer (weight name): the stored A and G inverses as dense numpy matrices (the eigen method: none)."""
