@@ -97,6 +97,8 @@ def test_the_closing_links_open_shared_views_that_chart_each_run_and_list_the_he
         assert columns["selectedColumns"] == [
             "metrics.`final/top1`",
             "metrics.`final/top5`",
+            "metrics.`target/epochs`",
+            "metrics.`target/time_s`",
             "params.`baseline.epochs`",
             "params.`thor.epochs`",
             "tags.`seed`",
@@ -160,3 +162,53 @@ def test_study_runs_carry_their_colour_and_metrics_are_stored_to_seven_significa
         logged = mlflow.MlflowClient().get_run(run_id).data
     assert logged.tags[RUN_COLOUR_TAG] == run_colour("thor", 1)
     assert logged.metrics == {"final/top1": 0.6666667, "val/top1": 0.3333333, "train/lr": 1.234568e-6}
+
+
+def _logged_target(tmp_path: Path, drive) -> dict[str, float]:
+    """The target/ metrics a ``TimeToTarget`` driven by ``drive(callback)`` logs into a fresh run."""
+    import mlflow
+
+    from pipelines.tracking.writer import TimeToTarget
+    from tests.support.runner import process_state_kept
+
+    with process_state_kept(tmp_path):
+        mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+        with mlflow.start_run() as run:
+            callback = TimeToTarget(0.75)
+            drive(callback)
+            callback.on_train_end()
+        metrics = mlflow.MlflowClient().get_run(run.info.run_id).data.metrics
+    return {key: value for key, value in metrics.items() if key.startswith("target/")}
+
+
+def test_time_to_target_is_read_at_the_first_step_evaluation_that_reaches_it(tmp_path: Path):
+    def drive(callback):
+        callback.on_train_begin(total_epochs=2, steps_per_epoch=10, start_epoch=0)
+        for step, top1, seconds in ((5, 0.5, 2.0), (10, 0.76, 4.5), (15, 0.74, 6.0), (20, 0.9, 8.0)):
+            callback.on_step_evaluation({"step": step, "val/step_top1": top1, "train/elapsed_s": seconds})
+            if step % 10 == 0:  # the epoch's own evaluation reached it too, later in the training's time
+                callback.on_epoch_end(step // 10 - 1, {"val/top1": 0.8, "train/epoch_time_s": 5.0})
+
+    logged = _logged_target(tmp_path, drive)
+    assert logged == {"target/steps": 10, "target/epochs": 1.0, "target/time_s": 4.5, "target/reached": 1}
+
+
+def test_without_step_evaluations_time_to_target_is_the_end_of_the_first_epoch_reaching_it(tmp_path: Path):
+    def drive(callback):
+        # resumed after epoch 1 (0.6): the figure counts the epochs and seconds before the resume
+        callback.on_resume(tmp_path, [{"epoch": 1, "val/top1": 0.6, "train/epoch_time_s": 3.0}])
+        callback.on_train_begin(total_epochs=3, steps_per_epoch=8, start_epoch=1)
+        callback.on_epoch_end(1, {"val/top1": 0.7, "train/epoch_time_s": 3.5})
+        callback.on_epoch_end(2, {"val/top1": 0.75, "train/epoch_time_s": 4.0})
+
+    logged = _logged_target(tmp_path, drive)
+    assert logged == {"target/steps": 24, "target/epochs": 3, "target/time_s": 10.5, "target/reached": 1}
+
+
+def test_a_training_that_never_reaches_its_target_logs_only_that(tmp_path: Path):
+    def drive(callback):
+        callback.on_train_begin(total_epochs=1, steps_per_epoch=8, start_epoch=0)
+        callback.on_step_evaluation({"step": 4, "val/step_top1": 0.7, "train/elapsed_s": 1.0})
+        callback.on_epoch_end(0, {"val/top1": 0.74, "train/epoch_time_s": 2.0})
+
+    assert _logged_target(tmp_path, drive) == {"target/reached": 0}

@@ -50,6 +50,18 @@ FINAL_KEYS = (FINAL_TOP1, FINAL_TOP5)
 FINAL_MLM_ACCURACY = FINAL_PREFIX + "mlm_accuracy"
 FINAL_MLM_LOSS = FINAL_PREFIX + "mlm_loss"
 
+# When a training first reached its target (target.top1; thor_bert: target_mlm_accuracy), logged once at its end: the
+# global step, the epochs (steps / steps per epoch) and the training seconds to it, read on the step evaluations
+# (val/step_top1, val/step_mlm_accuracy) or, where a training has none, at the end of the epoch on val/top1
+# (val/mlm_accuracy); target/reached is 1 or 0. The runs table shows them beside final/.
+TARGET_PREFIX = "target/"
+TARGET_STEPS = TARGET_PREFIX + "steps"
+TARGET_EPOCHS = TARGET_PREFIX + "epochs"
+TARGET_TIME_S = TARGET_PREFIX + "time_s"
+TARGET_REACHED = TARGET_PREFIX + "reached"
+# The evaluation keys a target is read on: the step evaluation's, then the epoch's
+TARGET_METRICS = {"top1": (VAL_STEP_TOP1, VAL_TOP1), "mlm_accuracy": (VAL_STEP_MLM_ACCURACY, VAL_MLM_ACCURACY)}
+
 # What an evaluation returns -> the row keys it is logged under: image recipes (top-1/top-5) and language models
 IMAGE_EVALUATION = (("top1", VAL_TOP1), ("top5", VAL_TOP5))
 IMAGE_STEP_EVALUATION = (("top1", VAL_STEP_TOP1), ("top5", VAL_STEP_TOP5))

@@ -144,11 +144,21 @@ def test_the_default_pipelines_run_has_its_real_name_in_a_model_training_experim
 def test_baseline_pipeline(workspace, tmp_path):
     tree, project = workspace
     uri = tracking_uri(project)
-    outputs = run_audited("baseline", tiny_params(tree, {"model": {"register": True}}), project, tmp_path / "graphs")
+    params = tiny_params(tree, {"model": {"register": True}, "target": {"top1": 0.01}})
+    outputs = run_audited("baseline", params, project, tmp_path / "graphs")
     assert_trained(outputs, "baseline", epochs=2)
     run = only_run(uri, "baseline")
     assert run.data.metrics[FINAL_TOP1] == pytest.approx(outputs["baseline.eval_report"]["top1"])
     assert [m.step for m in client(uri).get_metric_history(run.info.run_id, TRAIN_LOSS)] == [1, 2]
+    # when it first reached its target (a low one, reached after the first epoch; no step evaluations here)
+    history = outputs["baseline.history"]
+    reached = {
+        "target/reached": 1,
+        "target/epochs": 1,
+        "target/steps": 6,
+        "target/time_s": history["train/epoch_time_s"][0],
+    }
+    assert {key: run.data.metrics[key] for key in reached} == pytest.approx(reached, rel=1e-6)
     # the final network as MindIR, logged as the run's MLflow model and registered under the recipe's name
     assert outputs["baseline.model"].description["classes"] == list(CLASSES)
     assert (project / "data/06_models/baseline/model/network.mindir").is_file()

@@ -2,8 +2,9 @@
 
 One module per concern:
 
-- ``writer``: metrics, final figures, tags and artifacts of the active run; ``EpochMetrics``, the engine callback
-  that logs each epoch's row (and, on resume, the rows before, so a resumed run holds every epoch from 1);
+- ``writer``: metrics, final figures, tags and artifacts of the active run; the engine callbacks ``EpochMetrics``,
+  which logs each epoch's row (and, on resume, the rows before, so a resumed run holds every epoch from 1), and
+  ``TimeToTarget``, when the training first reached its target;
 - ``trainings``: ``training_run(name)``, a child run of the ``kedro run``'s run for one of several trainings of a
   pipeline (dim_reduce's stage1, stage2, control), and ``StudyRuns`` for a study's trainings;
 - ``runs``: the active run, child runs, and runs that ended badly (failure tags, KILLED, orphaned runs);
@@ -20,10 +21,11 @@ from pipelines.tracking.handoff import MlflowRunHandoff
 from pipelines.tracking.links import record_compared_runs
 from pipelines.tracking.reader import MlflowRunReader
 from pipelines.tracking.trainings import StudyRuns, training_run
-from pipelines.tracking.writer import EpochMetrics, log_epoch_rows, log_final, log_metrics, set_tags
+from pipelines.tracking.writer import EpochMetrics, TimeToTarget, log_epoch_rows, log_final, log_metrics, set_tags
 
 __all__ = [
     "EpochMetrics",
+    "TimeToTarget",
     "MlflowRunHandoff",
     "MlflowRunReader",
     "StudyRuns",

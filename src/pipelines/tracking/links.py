@@ -15,6 +15,8 @@ import mlflow
 
 from pipelines.metrics import (
     FINAL_PREFIX,
+    TARGET_EPOCHS,
+    TARGET_TIME_S,
     VAL_MLM_ACCURACY,
     VAL_STEP_MLM_ACCURACY,
     VAL_STEP_TOP1,
@@ -29,10 +31,12 @@ WORKFLOW = "workflowType=machine_learning"  # MLflow 3's UI otherwise shows its 
 # The experiment tag of a runs page's shared view (MLflow's Share button writes one; ``viewStateShareKey`` opens it)
 SHARED_VIEW_TAG = "mlflow.sharedViewState."
 # What the closing links show, the first family the runs logged: the charts (a step evaluation's, then the epochs')
-# and the runs table's headline columns (the image recipes' top-1, else a language model's masked-LM accuracy)
+# and the runs table's headline columns (the image recipes' top-1, else a language model's masked-LM accuracy, then
+# when each run first reached its target)
+TARGET_COLUMNS = (TARGET_EPOCHS, TARGET_TIME_S)
 CHARTED = (
-    ((VAL_STEP_TOP1, VAL_TOP1), (FINAL_PREFIX + "top1", FINAL_PREFIX + "top5")),
-    ((VAL_STEP_MLM_ACCURACY, VAL_MLM_ACCURACY), (FINAL_PREFIX + "mlm_accuracy",)),
+    ((VAL_STEP_TOP1, VAL_TOP1), (FINAL_PREFIX + "top1", FINAL_PREFIX + "top5", *TARGET_COLUMNS)),
+    ((VAL_STEP_MLM_ACCURACY, VAL_MLM_ACCURACY), (FINAL_PREFIX + "mlm_accuracy", *TARGET_COLUMNS)),
 )
 
 

@@ -16,7 +16,18 @@ import mlflow
 from mlflow.entities import Metric
 
 from pipelines.engine.callbacks import Callback
-from pipelines.metrics import FINAL_PREFIX, STEP_KEY, TIMESTAMP_KEY
+from pipelines.metrics import (
+    FINAL_PREFIX,
+    STEP_KEY,
+    TARGET_EPOCHS,
+    TARGET_METRICS,
+    TARGET_REACHED,
+    TARGET_STEPS,
+    TARGET_TIME_S,
+    TIMESTAMP_KEY,
+    TRAIN_ELAPSED_S,
+    TRAIN_EPOCH_TIME_S,
+)
 
 # MLflow accepts at most 1000 metrics per log_batch call
 BATCH_LIMIT = 1000
@@ -120,3 +131,53 @@ class EpochMetrics(Callback):
 
     def on_step_evaluation(self, row: Mapping[str, float]) -> None:
         log_epoch_rows([row], step_key=STEP_KEY)  # val/step_top1, train/elapsed_s, ... at step = global step
+
+
+class TimeToTarget(Callback):
+    """Logs, at the end of a training, when it first reached ``target`` on the evaluation ``measure`` (``top1``,
+    ``mlm_accuracy``; ``metrics.TARGET_METRICS``): ``target/steps``, ``target/epochs``, ``target/time_s`` and
+    ``target/reached`` (1; 0 and nothing else when it never did).
+
+    Read on the step evaluations where the training has them (step resolution), else on the epochs' evaluations (the
+    end of the epoch that first reached it). A resumed training sees its earlier rows again (``on_resume``,
+    ``on_step_evaluation``), so the figure is the whole training's.
+    """
+
+    def __init__(self, target: float, measure: str = "top1"):
+        self.target = target
+        self.step_key, self.epoch_key = TARGET_METRICS[measure]
+        self.steps_per_epoch = 0
+        self.at_step: tuple[int, float] | None = None  # (global step, training seconds) of the first crossing
+        self.at_epoch: tuple[int, float] | None = None  # (epochs done, training seconds) of the first crossing
+        self.seconds = 0.0  # training seconds of the epochs done
+
+    def on_resume(self, source: Path, history: Sequence[Mapping[str, float]]) -> None:
+        for row in history:
+            self._epoch_row(int(row["epoch"]), row)
+
+    def on_train_begin(self, total_epochs: int, steps_per_epoch: int, start_epoch: int) -> None:
+        self.steps_per_epoch = steps_per_epoch
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        self._epoch_row(epoch + 1, metrics)
+
+    def _epoch_row(self, epochs_done: int, row: Mapping[str, float]) -> None:
+        self.seconds += row.get(TRAIN_EPOCH_TIME_S, 0.0)
+        if self.at_epoch is None and row.get(self.epoch_key, -math.inf) >= self.target:
+            self.at_epoch = (epochs_done, self.seconds)
+
+    def on_step_evaluation(self, row: Mapping[str, float]) -> None:
+        if self.at_step is None and row.get(self.step_key, -math.inf) >= self.target:
+            self.at_step = (int(row[STEP_KEY]), float(row[TRAIN_ELAPSED_S]))
+
+    def on_train_end(self) -> None:
+        if self.at_step is not None:
+            steps, seconds = self.at_step
+            epochs = steps / self.steps_per_epoch
+        elif self.at_epoch is not None:
+            epochs, seconds = self.at_epoch
+            steps = epochs * self.steps_per_epoch
+        else:
+            log_metrics({TARGET_REACHED: 0})
+            return
+        log_metrics({TARGET_STEPS: steps, TARGET_EPOCHS: epochs, TARGET_TIME_S: seconds, TARGET_REACHED: 1})

@@ -12,7 +12,15 @@ from pipelines.distributed.launch import on_every_rank
 from pipelines.engine.checkpoint import Checkpoint
 from pipelines.engine.loop import TrainingResult
 from pipelines.metrics import history_table
-from pipelines.params import BoostParams, DataParams, DistributedParams, ImageRecipe, ModelParams, RuntimeParams
+from pipelines.params import (
+    BoostParams,
+    DataParams,
+    DistributedParams,
+    ImageRecipe,
+    ModelParams,
+    RuntimeParams,
+    TargetParams,
+)
 from pipelines.predict.export import ExportedModel
 from pipelines.recipes import classifier
 from pipelines.recipes.context import TrainingContext
@@ -37,17 +45,22 @@ def train(
     distributed: DistributedParams,
     recipe: ImageRecipe,
     boost: BoostParams,
+    target: TargetParams,
 ) -> tuple[Checkpoint, pd.DataFrame]:
     """The recipe's whole training from the initial weights (``recipes.registry``: Momentum, Adasum or THOR by
     its section; mindspore.boost's options in ``boost`` apply to the Momentum baseline): the final checkpoint and
-    the per-epoch history. With ``distributed.worker_num`` above 1 it trains
+    the per-epoch history; the run gets when it first reached ``target.top1`` (``target/epochs``, …). With
+    ``distributed.worker_num`` above 1 it trains
     on that many msrun workers; a rerun resumes from the newest checkpoint in ``<recipe>.checkpoint.dir``."""
     check_launch(recipe, distributed)
     context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
-    result = on_every_rank(
-        train_recipe, context, initial_weights, recipe, boost=boost, callbacks=[tracking.EpochMetrics()]
-    )
+    result = on_every_rank(train_recipe, context, initial_weights, recipe, boost=boost, callbacks=callbacks(target))
     return training_outputs(result)
+
+
+def callbacks(target: TargetParams) -> list:
+    """What a training logs to its run: each epoch's row, and when it first reached ``target.top1``."""
+    return [tracking.EpochMetrics(), tracking.TimeToTarget(target.top1)]
 
 
 def training_outputs(result: TrainingResult) -> tuple[Checkpoint, pd.DataFrame]:

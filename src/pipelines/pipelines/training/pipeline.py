@@ -43,7 +43,7 @@ def training_pipeline(section: str) -> Pipeline:
     ``adasum``, ``thor``)."""
     train_node = node(
         train,
-        ["initial_weights", *TRAINING_INPUTS, f"params:{RECIPE}", "params:boost"],
+        ["initial_weights", *TRAINING_INPUTS, f"params:{RECIPE}", "params:boost", "params:target"],
         ["final_checkpoint", "history"],
         name="train",
     )
