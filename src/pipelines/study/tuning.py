@@ -56,6 +56,7 @@ SECTION = {"baseline": "baseline", "thor": "thor", "thor_first_order": "thor"}
 TRIAL_FAILURES = (FloatingPointError,)
 HOST = socket.gethostname()
 ERROR_ATTR = "error"  # a trial's user attribute: the name of the error that failed its training
+_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)  # the states reported
 
 
 @dataclass(frozen=True)
@@ -143,9 +144,6 @@ def tune_recipe(
         wall_time_s=wall_time_s,
         trials_time_s=sum(t.duration.total_seconds() for t in trials if t.duration is not None),
     )
-
-
-_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
 
 
 def study_name(recipe: str, *, tuning: TuningParams) -> str:
