@@ -212,3 +212,12 @@ def test_a_training_that_never_reaches_its_target_logs_only_that(tmp_path: Path)
         callback.on_epoch_end(0, {"val/top1": 0.74, "train/epoch_time_s": 2.0})
 
     assert _logged_target(tmp_path, drive) == {"target/reached": 0}
+
+
+def test_a_training_of_another_measure_logs_no_target_figure(tmp_path: Path):
+    def drive(callback):  # a language model's rows, seen by the top-1 target of a study of both
+        callback.on_train_begin(total_epochs=1, steps_per_epoch=8, start_epoch=0)
+        callback.on_step_evaluation({"step": 4, "val/step_mlm_accuracy": 0.9, "train/elapsed_s": 1.0})
+        callback.on_epoch_end(0, {"val/mlm_accuracy": 0.9, "train/epoch_time_s": 2.0})
+
+    assert _logged_target(tmp_path, drive) == {}

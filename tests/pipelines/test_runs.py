@@ -253,7 +253,7 @@ def test_dim_reduce_pipeline(workspace, tmp_path):
 def test_study_pipeline(workspace):
     tree, project = workspace
     uri = tracking_uri(project)
-    outputs = run_pipeline("study", tiny_params(tree), project)
+    outputs = run_pipeline("study", tiny_params(tree, {"target": {"top1": 0.01}}), project)
     summary = outputs["study.summary"]
     assert list(summary["recipe"]) == ["baseline", "thor", "thor_first_order"] and (summary["runs"] == 1).all()
     # the recipe as documented, and the curvature alone at equal recipe
@@ -275,6 +275,14 @@ def test_study_pipeline(workspace):
     names = {child.info.run_name: child for child in runs}
     assert set(names) == {"seed0 baseline", "seed0 thor", "seed0 thor_first_order"}  # the seed first, readable
     assert names["seed0 thor_first_order"].data.params["thor.precondition"] == "false"
+    # each training's run says when it first reached the target (a low one: every training reaches it), as the
+    # study's own table does
+    table = outputs["study.runs"].set_index("recipe")
+    for name, child in names.items():
+        recipe = name.split()[1]
+        assert child.data.metrics["target/reached"] == 1
+        assert child.data.metrics["target/epochs"] == pytest.approx(table.loc[recipe, "epochs_to_target"], rel=1e-6)
+        assert child.data.metrics["target/time_s"] == pytest.approx(table.loc[recipe, "time_to_target_s"], rel=1e-6)
 
 
 def test_thor_bert_pipeline(workspace):

@@ -12,7 +12,7 @@ import mlflow
 from pipelines.engine.callbacks import Callback
 from pipelines.tracking.naming import RUN_COLOUR_TAG, run_colour
 from pipelines.tracking.runs import run_identity
-from pipelines.tracking.writer import EpochMetrics, log_final, set_tags
+from pipelines.tracking.writer import EpochMetrics, TimeToTarget, log_final, set_tags
 
 
 def flat_params(sections: Mapping[str, object]) -> dict[str, str]:
@@ -81,7 +81,11 @@ def study_title(name: str) -> str:
 
 class StudyRuns:
     """MLflow for a study (``study.runner.StudyTracking``): each training a child run of the study's run (named
-    ``study_title``), with its tags, per-epoch rows (``EpochMetrics``) and final accuracy."""
+    ``study_title``), with its tags, per-epoch rows (``EpochMetrics``), when it first reached its target
+    (``TimeToTarget``: ``targets`` maps a measure, ``top1`` or ``mlm_accuracy``, to its target) and final accuracy."""
+
+    def __init__(self, targets: Mapping[str, float] | None = None):
+        self.targets = dict(targets or {})
 
     @contextmanager
     def run(self, name: str, tags: Mapping[str, str], params: Mapping[str, object]) -> Iterator[str | None]:
@@ -92,7 +96,7 @@ class StudyRuns:
             yield None if run is None else run.info.run_id
 
     def callbacks(self) -> list[Callback]:
-        return [EpochMetrics()]
+        return [EpochMetrics(), *(TimeToTarget(target, measure) for measure, target in self.targets.items())]
 
     def log_final(self, accuracy: Mapping[str, float]) -> None:
         log_final(accuracy)

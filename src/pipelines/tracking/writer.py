@@ -136,7 +136,8 @@ class EpochMetrics(Callback):
 class TimeToTarget(Callback):
     """Logs, at the end of a training, when it first reached ``target`` on the evaluation ``measure`` (``top1``,
     ``mlm_accuracy``; ``metrics.TARGET_METRICS``): ``target/steps``, ``target/epochs``, ``target/time_s`` and
-    ``target/reached`` (1; 0 and nothing else when it never did).
+    ``target/reached`` (1; 0 and nothing else when it never did; nothing at all for a training that evaluates
+    another measure).
 
     Read on the step evaluations where the training has them (step resolution), else on the epochs' evaluations (the
     end of the epoch that first reached it). A resumed training sees its earlier rows again (``on_resume``,
@@ -150,6 +151,7 @@ class TimeToTarget(Callback):
         self.at_step: tuple[int, float] | None = None  # (global step, training seconds) of the first crossing
         self.at_epoch: tuple[int, float] | None = None  # (epochs done, training seconds) of the first crossing
         self.seconds = 0.0  # training seconds of the epochs done
+        self.evaluated = False  # whether any row held the measure
 
     def on_resume(self, source: Path, history: Sequence[Mapping[str, float]]) -> None:
         for row in history:
@@ -163,10 +165,12 @@ class TimeToTarget(Callback):
 
     def _epoch_row(self, epochs_done: int, row: Mapping[str, float]) -> None:
         self.seconds += row.get(TRAIN_EPOCH_TIME_S, 0.0)
+        self.evaluated = self.evaluated or self.epoch_key in row
         if self.at_epoch is None and row.get(self.epoch_key, -math.inf) >= self.target:
             self.at_epoch = (epochs_done, self.seconds)
 
     def on_step_evaluation(self, row: Mapping[str, float]) -> None:
+        self.evaluated = self.evaluated or self.step_key in row
         if self.at_step is None and row.get(self.step_key, -math.inf) >= self.target:
             self.at_step = (int(row[STEP_KEY]), float(row[TRAIN_ELAPSED_S]))
 
@@ -178,6 +182,6 @@ class TimeToTarget(Callback):
             epochs, seconds = self.at_epoch
             steps = epochs * self.steps_per_epoch
         else:
-            log_metrics({TARGET_REACHED: 0})
+            log_metrics({TARGET_REACHED: 0} if self.evaluated else {})
             return
         log_metrics({TARGET_STEPS: steps, TARGET_EPOCHS: epochs, TARGET_TIME_S: seconds, TARGET_REACHED: 1})

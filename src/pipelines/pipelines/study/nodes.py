@@ -78,10 +78,11 @@ def run_recipes(
         study.recipes, study.seeds, study.epochs, study.eval_every_steps, Path(study.dir), study.adasum_workers
     )
     tunings = []
+    study_runs = tracking.StudyRuns({"top1": target.top1, "mlm_accuracy": thor_bert.target_mlm_accuracy})
     if study.tuning.trials:
-        records, tunings = run_tuned_study(inputs, plan, tracking.StudyRuns(), tuning=study.tuning, target=target.top1)
+        records, tunings = run_tuned_study(inputs, plan, study_runs, tuning=study.tuning, target=target.top1)
     else:
-        records = run_study(inputs, plan, tracking.StudyRuns())
+        records = run_study(inputs, plan, study_runs)
     runs = [
         {"recipe": r["recipe"], "seed": r["seed"]}
         | run_figures(r, targets[r.get("step_metric", VAL_STEP_TOP1)])
