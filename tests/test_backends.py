@@ -163,3 +163,26 @@ def test_the_table_has_a_row_per_primitive_with_each_platform():
         {"primitive": "Conv2D", "recipes": "baseline, thor", "evidence": "docstring", **everywhere},
         {"primitive": "ReLU", "recipes": "baseline", "evidence": "docstring", **everywhere},
     ]
+
+
+def test_thors_options_compile_only_primitives_declared_on_cpu_and_gpu_and_eigen_needs_eigh(tmp_path):
+    """THOR with every option on (factored, eigen, kl_clip, Adam graft): the eigen method's ``Eigh`` is the one
+    primitive Ascend lacks (its kernel headers: CPU and GPU; ``mindspore.scipy.linalg.eigh``, which calls it,
+    declares "GPU" "CPU"), so the preconditioner refuses eigen there."""
+    import inspect
+
+    import mindspore.scipy.linalg
+
+    from tests.support.thor import TinyNet, batch, make_thor, run
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    with dumped_graphs(tmp_path):
+        options = {"damping_method": "factored", "compute_method": "eigen", "kl_clip": 1e-3}
+        thor = make_thor(TinyNet(), frequency=2, adam_graft=(0.9, 0.999, 1e-8), **options)
+        for step in range(2):  # the second-order step and the step reusing the eigenbases
+            run(thor, *batch(step))
+    primitives = graph_primitives(tmp_path)
+    assert {"Eigh", "Trace", "Pow", "Minimum"} <= primitives
+    assert undeclared(primitives, "CPU", exceptions=()) == undeclared(primitives, "GPU", exceptions=()) == []
+    assert [finding.primitive for finding in undeclared(primitives, "Ascend", exceptions=())] == ["Eigh"]
+    assert "Supported Platforms:\n    ``GPU`` ``CPU``" in inspect.getdoc(mindspore.scipy.linalg.eigh)
