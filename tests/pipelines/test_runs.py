@@ -288,7 +288,9 @@ def test_study_pipeline(workspace):
 def test_thor_bert_pipeline(workspace):
     _, project = workspace
     uri = tracking_uri(project)
-    outputs = run_pipeline("thor_bert", tiny_params(Path("unused")), project, **up_to("thor_bert.comparison.compare"))
+    params = tiny_params(Path("unused"))
+    params["thor_bert"] = {**params["thor_bert"], "target_mlm_accuracy": 0.001}
+    outputs = run_pipeline("thor_bert", params, project, **up_to("thor_bert.comparison.compare"))
     train, held_out = outputs["thor_bert.corpus.train_documents"], outputs["thor_bert.corpus.held_out_documents"]
     assert not set(train["document"]) & set(held_out["document"])  # split by document, before the tokenizer
     examples = outputs["thor_bert.examples.train_examples"]
@@ -316,6 +318,8 @@ def test_thor_bert_pipeline(workspace):
         # every training is read against the unigram baseline: collapsed or not, in its run
         assert run.data.metrics[UNIGRAM_MLM_ACCURACY] == pytest.approx(unigram)
         assert run.data.metrics[COLLAPSED] == float(comparison.at[training, "collapsed"])
+        # and when it first reached target_mlm_accuracy (a low one): its first epoch (no step evaluations here)
+        assert (run.data.metrics["target/reached"], run.data.metrics["target/epochs"]) == (1, 1)
     assert only_run(uri, "thor_bert").data.metrics[UNIGRAM_MLM_ACCURACY] == pytest.approx(unigram)
     assert runs["baseline"].data.params["thor_bert.baseline.optimizer"] == "adamweightdecay"
 

@@ -93,10 +93,12 @@ def train(
     recipe: LanguageRecipe,
     runtime: RuntimeParams,
     distributed: DistributedParams,
+    target_mlm_accuracy: float,
 ) -> tuple[Checkpoint, pd.DataFrame]:
     """The section's training from the initial weights: THOR (every Dense layer preconditioned, then Momentum) or
     the first-order baseline (AdamWeightDecay or Lamb); the final checkpoint and the per-epoch history. A rerun
-    resumes from ``<section>.checkpoint.dir``."""
+    resumes from ``<section>.checkpoint.dir``. The run gets when it first reached ``target_mlm_accuracy``
+    (``target/epochs``, …)."""
     vocab_size = tokenizer_from_json(tokenizer).get_vocab_size()
     context = LanguageModelContext(
         train_examples,
@@ -108,7 +110,8 @@ def train(
         runtime,
         distributed,
     )
-    result = on_every_rank(train_bert, context, initial_weights, recipe, callbacks=[tracking.EpochMetrics()])
+    callbacks = [tracking.EpochMetrics(), tracking.TimeToTarget(target_mlm_accuracy, "mlm_accuracy")]
+    result = on_every_rank(train_bert, context, initial_weights, recipe, callbacks=callbacks)
     tracking.log_metrics(result.summary)
     return result.checkpoint, history_table(result.history)
 

@@ -28,7 +28,16 @@ SHARED = {
 EVALUATION_INPUTS = ["held_out_examples", "tokenizer", "params:network", "params:eval_batch_size", "params:runtime"]
 SECTIONS = {
     key: f"{NAMESPACE}.{key}"
-    for key in ("corpus", "tokenizer", "examples", "network", "eval_batch_size", "step_eval_examples", *TRAININGS)
+    for key in (
+        "corpus",
+        "tokenizer",
+        "examples",
+        "network",
+        "eval_batch_size",
+        "step_eval_examples",
+        "target_mlm_accuracy",
+        *TRAININGS,
+    )
 }
 
 
@@ -50,6 +59,7 @@ def training_pipeline(training: str) -> Pipeline:
                     "params:recipe",
                     "params:runtime",
                     "params:distributed",
+                    "params:target_mlm_accuracy",
                 ],
                 ["final_checkpoint", "history"],
                 name="train",
