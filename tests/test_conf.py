@@ -100,6 +100,25 @@ def test_cpu_speed_settings_respect_the_user(monkeypatch):
     assert os.environ["GLOG_v"] == "3"
 
 
+def test_the_machine_is_described_by_its_widest_vector_extension_and_the_onednn_limit_in_force(tmp_path, monkeypatch):
+    from pipelines.engine.runtime import describe_machine
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) CPU E5-2680 v3\nflags\t\t: fpu sse avx avx2 fma\n"
+    )
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    machine = describe_machine(cpuinfo)
+    assert (machine["cpu"], machine["isa"], machine["onednn_isa"]) == (
+        "Intel(R) Xeon(R) CPU E5-2680 v3",
+        "avx2",
+        "unset",
+    )
+    cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: avx avx2 avx512f avx512bw\n")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert (describe_machine(cpuinfo)["isa"], describe_machine(cpuinfo)["onednn_isa"]) == ("avx512f", "AVX2")
+
+
 @pytest.mark.parametrize("env", ["ascend", "gpu"])
 def test_dim_reduce_recipe(base, env):
     recipe = load_config(env)["dim_reduce"]
