@@ -79,6 +79,13 @@ def problems(params: dict, sources: dict | None = None) -> list[str]:
         ("distributed.local_worker_num", 2, "distributed.local_worker_num is 2, more than distributed.worker_num"),
         ("distributed.node_rank", 1, "distributed.node_rank is 1; with 1 workers, 1 per node, use 0..0"),
         ("thor.implementation", "mindspore", "thor.implementation is mindspore, whose kernels"),
+        ("thor.damping_method", "tikhonov", "thor.damping_method is 'tikhonov'; choose one of mindspore, factored"),
+        ("thor.kl_clip", 0, "thor.kl_clip is 0 but must be > 0"),
+        (
+            "thor_bert.thor.adam_graft",
+            {"beta1": 0.9, "beta2": 1.0, "eps": 1e-8},
+            "adam_graft.beta2 is 1.0 but must be < 1",
+        ),
         (
             "adasum.implementation",
             "mindspore",
@@ -161,6 +168,12 @@ def test_cross_key_rules_report_every_broken_rule():
             "thor.checkpoint.keep_last is 1, but the job spans 2 nodes",
         ),
         ({"thor.trace_rule": [0.001, 0.01]}, "thor.trace_rule is [0.001, 0.01]; give [skip, stop] with 0 <= stop"),
+        ({"thor.compute_method": "eigen", "thor.block_size": 128}, "thor.compute_method eigen decomposes the full"),
+        ({"thor.compute_method": "eigen", "thor.trace_rule": [0.01, 0.001]}, "thor.compute_method eigen has no trace"),
+        (
+            {"thor_bert.thor.compute_method": "eigen", "thor_bert.thor.block_size": 64},
+            "thor_bert.thor.compute_method eigen decomposes the full factors; set thor_bert.thor.block_size: null",
+        ),
     ],
 )
 def test_rules_across_sections_name_the_key_to_change(changes, key):
