@@ -78,6 +78,21 @@ second-order step) pairs that kept old inverses, ``inverses_computed`` the (laye
 A and G inverses were computed; without a trace rule every layer is computed at every second-order
 step, in the one fused graph.
 
+Options (issue 29; each off by default, and with all off the compiled graphs are the ones above), the same keys in
+the ResNet and BERT recipes (docs/recipes.md, THOR's options, has them with their sources):
+
+* ``damping_method`` "factored": the shifts become ``pi s`` for A and ``s / pi`` for G, with
+  ``pi = sqrt((tr A / dim A) / (tr G / dim G))`` (Martens & Grosse 2015, sec. 6.3; 1 where a trace is 0), so the
+  update is ``(sqrt(P) G + sqrt(lambda) / pi I)^-1 grad (sqrt(P) A + pi sqrt(lambda) I)^-1``.
+* ``compute_method`` "eigen" (kfac-pytorch's eigen method): ``A = QA diag(eA) QA^T``, ``G = QG diag(eG) QG^T``
+  (``Eigh``, float32), eigenvalues clamped at 0, ``d = QG ((QG^T grad QA) / D) QA^T`` with ``D = P eG eA^T +
+  lambda`` (the damping on the eigenvalue products of the Fisher ``P A (x) G``), or with "factored"
+  ``D = (sqrt(P) eG + sqrt(lambda) / pi)(sqrt(P) eA + pi sqrt(lambda))^T``; ``QA``, ``QG`` and ``1/D`` are stored.
+* ``adam_graft`` ``(beta1, beta2, eps)``: per preconditioned layer, Adam's bias-corrected moments of its gradient
+  give ``u = m_hat / (sqrt(v_hat) + eps)`` and ``d`` becomes ``d |u| / |d|`` (moments and step are state).
+* ``kl_clip``: then every preconditioned ``d`` is multiplied by ``nu = min(1, sqrt(kl_clip / |lr^2 sum g . d|))``
+  (kfac-pytorch), ``lr`` the step's, the sum over the preconditioned layers.
+
 Loss scale: the loss is multiplied by ``loss_scale`` before differentiation (like
 ``TrainOneStepCell(sens=loss_scale)``); gradients are divided by it before the preconditioner and ``G``
 is unscaled as above, so the optimizer gets loss scale 1 and updates do not depend on it (exactly, for
