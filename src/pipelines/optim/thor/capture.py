@@ -1,7 +1,18 @@
 """THOR's statistics capture: each supported layer (``nn.Conv2d`` of group 1, ``nn.Dense`` without activation)
 is replaced by a transparent ``CapturedLayer`` that, while its ``capture`` flag is on, records the layer input's
 second moment A in the forward pass and the output gradient's G in the backward pass (``ops.InsertGradientOf``),
-into non-trainable parameters ``thor_stats.<weight name>.A/G/P`` (``is_statistic``)."""
+into non-trainable parameters ``thor_stats.<weight name>.A/G/P`` (``is_statistic``).
+
+G's rows are scaled by the output gradient's leading dimension (``g = rows * dout``): the batch for a conv or a
+Dense on examples, the token rows for BERT's Dense layers on ``(batch * seq, hidden)`` rows, so that each token row
+counts as a loss term (K-FAC's "expand" reading of shared weights). MindSpore's ``nn.thor`` scales G by its
+configured batch size instead (``batch_size_scale``), which on thor_bert's CPU default puts the encoder's G
+(2,048 / 32)^2 = 4,096 times lower and the masked-LM transform's 100 times lower. We keep the rows:
+``benchmarks/thor_bert_inverse.py`` measured G's largest eigenvalue at the start at 0.16 to 6 times the damping's
+shift (``sqrt(damping)`` = 0.084) on the attention and feed-forward outputs, pooler, masked-LM transform and
+classifier, and at 1e-7 (query, key) to 1e-2 (feed-forward input) times it on the others; nn.thor's scale would
+put every layer but the pooler and the classifier two to eleven orders below the shift. That per-layer
+spread is not a normalisation constant: ``damping_method: factored`` scales each layer's shift instead."""
 
 from __future__ import annotations
 
