@@ -252,12 +252,14 @@ def test_factored_damping_under_the_trace_rule():
 def test_the_recipe_passes_each_option_to_the_library():
     """``recipes.thor.own_thor_step`` builds THOR with the section's keys (the thor_bert recipe shares
     ``thor_options``); no step runs, nothing compiles."""
+    import yaml
+
     from pipelines.models.loss import CrossEntropySmooth
     from pipelines.params import ThorParams
     from pipelines.recipes.thor import own_thor_step
-    from tests.support.config import load_config
+    from tests.support.config import CONF
 
-    section = load_config("base")["thor"]
+    section = yaml.safe_load((CONF / "base" / "parameters_thor.yml").read_text())["thor"]
     assert {key: section[key] for key in OFF} == OFF  # the documented recipe: every option off
     options = {"damping_method": "factored", "compute_method": "eigen", "kl_clip": 0.001}
     graft = {"beta1": 0.8, "beta2": 0.99, "eps": 1e-6}
