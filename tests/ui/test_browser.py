@@ -21,7 +21,7 @@ from pathlib import Path
 import mlflow
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -127,7 +127,11 @@ def screenshot(driver: webdriver.Chrome, name: str) -> Path:
 def wait_for(driver: webdriver.Chrome, condition: Callable, name: str, what: str):
     """``condition``'s first truthy value within PAGE_TIMEOUT_S; on timeout a ``<name>_failed`` screenshot, a fail."""
     try:
-        return WebDriverWait(driver, PAGE_TIMEOUT_S, poll_frequency=0.5).until(condition)
+        # an element read while the page re-renders goes stale: the condition is asked again
+        wait = WebDriverWait(
+            driver, PAGE_TIMEOUT_S, poll_frequency=0.5, ignored_exceptions=(StaleElementReferenceException,)
+        )
+        return wait.until(condition)
     except TimeoutException:
         path = screenshot(driver, f"{name}_failed")
         body = driver.find_element(By.TAG_NAME, "body").text
@@ -340,8 +344,11 @@ def drawn_runs(driver: webdriver.Chrome, metric: str) -> dict[str, tuple[int, bo
 
 
 def drawn_colours(driver: webdriver.Chrome, metric: str) -> dict[str, str]:
-    """The colour each run is drawn in on ``metric``'s chart (lower case ``#rrggbb``)."""
-    return {t["run"]: str(t["colour"]).lower() for t in driver.execute_script(DRAWN_TRACES) if t["metric"] == metric}
+    """The colour each run is drawn in on ``metric``'s chart (lower case ``#rrggbb``; a faded trace of the run,
+    ``#rrggbbaa``, is the same colour)."""
+    return {
+        t["run"]: str(t["colour"]).lower()[:7] for t in driver.execute_script(DRAWN_TRACES) if t["metric"] == metric
+    }
 
 
 def printed_links(output: str) -> tuple[str, str]:
@@ -409,7 +416,7 @@ def test_the_runs_table_link_shows_the_headline_columns_best_first(study_project
     _, table = printed_links((study_project / RUN_OUTPUT).read_text())
     no_assistant_panel(browser)
     browser.get(table.replace("http://127.0.0.1:5000", study_ui))
-    headers = ("final/top1", "final/top5", "baseline.epochs", "thor.epochs", "seed")
+    headers = ("final/top1", "final/top5", "target/epochs", "target/time_s", "baseline.epochs", "thor.epochs", "seed")
 
     def columns(driver) -> list[str] | None:
         shown = [h.text.strip() for h in driver.find_elements(By.CSS_SELECTOR, "[role=columnheader]")]
