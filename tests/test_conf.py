@@ -107,16 +107,23 @@ def test_the_machine_is_described_by_its_widest_vector_extension_and_the_onednn_
     cpuinfo.write_text(
         "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) CPU E5-2680 v3\nflags\t\t: fpu sse avx avx2 fma\n"
     )
+    caches = tmp_path / "cache"
+    for index, (level, size) in enumerate([("1", "32K"), ("1", "32K"), ("2", "256K"), ("3", "30720K")]):
+        (caches / f"index{index}").mkdir(parents=True)
+        (caches / f"index{index}" / "level").write_text(f"{level}\n")
+        (caches / f"index{index}" / "size").write_text(f"{size}\n")
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
-    machine = describe_machine(cpuinfo)
-    assert (machine["cpu"], machine["isa"], machine["onednn_isa"]) == (
+    machine = describe_machine(cpuinfo, caches)
+    assert (machine["cpu"], machine["isa"], machine["onednn_isa"], machine["l2_cache"]) == (
         "Intel(R) Xeon(R) CPU E5-2680 v3",
         "avx2",
         "unset",
+        "256K",
     )
     cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: avx avx2 avx512f avx512bw\n")
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
-    assert (describe_machine(cpuinfo)["isa"], describe_machine(cpuinfo)["onednn_isa"]) == ("avx512f", "AVX2")
+    machine = describe_machine(cpuinfo, tmp_path / "no caches")
+    assert (machine["isa"], machine["onednn_isa"], machine["l2_cache"]) == ("avx512f", "AVX2", "unknown")
 
 
 @pytest.mark.parametrize("env", ["ascend", "gpu"])

@@ -38,11 +38,22 @@ def _cpuinfo_field(text: str, field: str) -> str | None:
     return None
 
 
-def describe_machine(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+def _l2_cache_per_core(caches: Path) -> str:
+    """The L2 cache of one core as Linux reports it (``1024K``), or ``unknown``."""
+    for index in sorted(caches.glob("index*")):
+        if (index / "level").is_file() and (index / "level").read_text().strip() == "2":
+            return (index / "size").read_text().strip()
+    return "unknown"
+
+
+def describe_machine(
+    cpuinfo: Path = Path("/proc/cpuinfo"), caches: Path = Path("/sys/devices/system/cpu/cpu0/cache")
+) -> dict[str, str]:
     """What a run's figures may depend on, without loading MindSpore: the CPU model, its widest vector extension
     (``isa``: avx512f, avx2, avx or none), the ``ONEDNN_MAX_CPU_ISA`` in force (``onednn_isa``, ``unset``),
-    the cores, and the MindSpore, Python and OS versions. THOR's figures differ between an AVX-512 and an AVX2
-    CPU (docs/troubleshooting.md), so a figure is only comparable with one from the same kind of machine."""
+    the cores, the L2 cache per core, and the MindSpore, Python and OS versions. THOR's statistics depend on the
+    cores and the L2 cache, through oneDNN's thread count (docs/troubleshooting.md#thor-cpu), so a THOR figure is
+    only comparable with one from the same kind of machine."""
     text = cpuinfo.read_text() if cpuinfo.is_file() else ""
     flags = set((_cpuinfo_field(text, "flags") or "").split())
     try:
@@ -54,6 +65,7 @@ def describe_machine(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
         "isa": next((flag for flag in ISA_FLAGS if flag in flags), "none"),
         "onednn_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "unset"),
         "cores": str(os.cpu_count()),
+        "l2_cache": _l2_cache_per_core(caches),
         "mindspore": mindspore,
         "python": platform.python_version(),
         "os": f"{platform.system()} {platform.release()}",
