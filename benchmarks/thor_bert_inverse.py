@@ -4,11 +4,11 @@ One process prepares thor_bert's text and initial weights as the pipeline does (
 overrides, dotted keys as ``kedro run --params`` takes them), then trains THOR step by step on the pipeline's
 batches in the pipeline's order. At every second-order step (each ``thor_bert.thor.frequency``-th, where THOR takes
 its statistics) and at the step that fails, it prints per captured layer: the trace and the smallest and largest
-eigenvalue (float64) of A and G, the shift ``sqrt(damping / P)`` added to both, the ratio of G's largest
-eigenvalue to the shift, and the largest absolute input activation of the layer on that step's batch; then the loss
-so far (every 10th step, and the last 10). A failed step's statistics are the ones it took before its inverse
-failed. The run stops at the first error (``ThorInverseError``, ``ThorDivergenceError``, a non-finite loss) or
-after ``--steps``.
+eigenvalue (float64) of A and G, the shifts added to A and G (``sqrt(damping / P)`` to both, or split by pi under
+``damping_method: factored``), the ratio of G's largest eigenvalue to G's shift, and the largest absolute input
+activation of the layer on that step's batch; then the loss so far (every 10th step, and the last 10). A failed
+step's statistics are the ones it took before its inverse failed. The run stops at the first error
+(``ThorInverseError``, ``ThorDivergenceError``, a non-finite loss) or after ``--steps``.
 
     .venv/bin/python benchmarks/thor_bert_inverse.py --params "thor_bert.thor.lr.peak=0.03" [--steps 400]
 """
@@ -75,20 +75,26 @@ def eigenvalues(matrix: np.ndarray) -> tuple[float, float, float]:
     return float(np.trace(matrix)), float(values[0]), float(values[-1])
 
 
-def report(step: int, preconditioner, activations: list[float], damping: float, status: str) -> None:
+def report(step: int, preconditioner, activations: list[float], damping: float, factored: bool, status: str) -> None:
+    """One row per layer; the shifts are those added to A and G (``factored``: pi sqrt(damping/P) and
+    sqrt(damping/P) / pi, pi = sqrt((tr A / dim A) / (tr G / dim G)), 1 where a trace is 0)."""
     print(f"\n== step {step} ({status}), damping {damping:.4g} ==")
     print(
         f"{'layer':52} {'tr A':>9} {'min A':>10} {'max A':>9} {'tr G':>9} {'min G':>10} {'max G':>9} "
-        f"{'shift':>7} {'maxG/shift':>10} {'max|x|':>8}"
+        f"{'shift A':>8} {'shift G':>8} {'maxG/shG':>9} {'max|x|':>8}"
     )
     for i, name in enumerate(preconditioner.layer_names):
         positions = float(preconditioner.positions[i].asnumpy())
+        a, g = preconditioner.a_stats[i].asnumpy(), preconditioner.g_stats[i].asnumpy()
+        trace_a, min_a, max_a = eigenvalues(a)
+        trace_g, min_g, max_g = eigenvalues(g)
+        pi = 1.0
+        if factored and trace_a > 0 and trace_g > 0:
+            pi = math.sqrt((trace_a / len(a)) / (trace_g / len(g)))
         shift = math.sqrt(damping / positions)
-        trace_a, min_a, max_a = eigenvalues(preconditioner.a_stats[i].asnumpy())
-        trace_g, min_g, max_g = eigenvalues(preconditioner.g_stats[i].asnumpy())
         print(
             f"{name:52} {trace_a:9.3g} {min_a:10.3g} {max_a:9.3g} {trace_g:9.3g} {min_g:10.3g} {max_g:9.3g} "
-            f"{shift:7.3g} {max_g / shift:10.3g} {activations[i]:8.3g}"
+            f"{shift * pi:8.3g} {shift / pi:8.3g} {max_g * pi / shift:9.3g} {activations[i]:8.3g}"
         )
 
 
@@ -143,7 +149,8 @@ def main() -> None:
             if second_order or error is not None:
                 activations = largest_inputs(net, preconditioner.wrappers, batch)
                 status = f"{type(error).__name__}: {error}" if error else f"second-order, loss {loss:.4g}"
-                report(global_step, preconditioner, activations, float(damping[global_step - 1]), status)
+                factored = getattr(thor, "damping_method", "mindspore") == "factored"
+                report(global_step, preconditioner, activations, float(damping[global_step - 1]), factored, status)
             if error is not None or not math.isfinite(loss):
                 break
             losses.append(loss)
