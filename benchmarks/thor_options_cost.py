@@ -1,0 +1,60 @@
+"""THOR's options (issue 29), what each costs: seconds per THOR step on resnet_narrow (the study's network, batch 64,
+32 px), by option: the second-order step (statistics, inverses or eigendecompositions, update) and the step reusing
+them; medians of interleaved repeats in one process (the options' graphs compiled first), so a shared machine's load
+falls on all alike. ``.venv/bin/python benchmarks/thor_options_cost.py`` (docs/results.md, THOR's options)."""
+
+import statistics
+import time
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn
+
+from pipelines.models.loss import CrossEntropySmooth
+from pipelines.models.resnet import create_resnet
+from pipelines.optim.thor.step import create_thor_step
+
+ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+CONFIGS = {
+    "thor": {},
+    "factored": {"damping_method": "factored"},
+    "eigen": {"compute_method": "eigen"},
+    "kl_clip": {"kl_clip": 0.001},
+    "adam_graft": {"adam_graft": (0.9, 0.999, 1e-8)},
+}
+REPEATS = 6
+steps = {}
+rng = np.random.default_rng(0)
+x = ms.Tensor(rng.standard_normal((64, 3, 32, 32)).astype(np.float32))
+y = ms.Tensor(rng.integers(0, 10, 64).astype(np.int32))
+for name, options in CONFIGS.items():
+    ms.set_seed(0)
+    net = create_resnet("resnet_narrow", 10, zero_init_last_bn_gamma=True)
+    steps[name] = create_thor_step(
+        net,
+        nn.WithLossCell(net, CrossEntropySmooth(10, 0.1)),
+        np.full(4 * REPEATS + 4, 0.05, np.float32),
+        np.full(4 * REPEATS + 4, 0.03, np.float32),
+        momentum=0.9,
+        weight_decay=5e-4,
+        loss_scale=128.0,
+        frequency=2,
+        block_size=None,
+        trace_rule=None,
+        rank_size=1,
+        inverse_method=None,
+        precondition=True,
+        **options,
+    )
+    for _ in range(2):  # compile both graphs
+        steps[name](x, y).asnumpy()
+times = {name: {"second_order": [], "reuse": []} for name in CONFIGS}
+for _ in range(REPEATS):
+    for name, step in steps.items():
+        for kind in ("second_order", "reuse"):
+            start = time.perf_counter()
+            step(x, y).asnumpy()
+            times[name][kind].append(time.perf_counter() - start)
+for name, kinds in times.items():
+    so, re_ = statistics.median(kinds["second_order"]), statistics.median(kinds["reuse"])
+    print(f"{name}: second-order {so:.3f} s, reuse {re_:.3f} s, per 50 steps (1 + 49) {so + 49 * re_:.1f} s")
