@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipelines.processes import process_alive
+
 METADATA_TYPES = (int, float, bool, str)
 # Metadata travels as one JSON string (safetensors' header holds strings only; MindSpore's .ckpt would have turned
 # numeric extras into parameters): the entry of that name in the safetensors header, a string entry in a .ckpt.
@@ -75,16 +77,6 @@ def atomic_path(path: Path) -> Path:
     return path.with_name(f".{path.stem}.{socket.gethostname()}-{os.getpid()}{TEMPORARY_MARK}{path.suffix}")
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def remove_abandoned_temporaries(directory: str | Path) -> list[Path]:
     """Remove the temporaries in ``directory`` left by a process of this host that no longer runs (a kill, or
     a full disk during a save); returns those removed. Another host's (a shared folder) and a live process's
@@ -95,7 +87,7 @@ def remove_abandoned_temporaries(directory: str | Path) -> list[Path]:
     for path in directory.glob(f".*{TEMPORARY_MARK}*") if directory.is_dir() else ():
         owner = path.name.split(TEMPORARY_MARK, 1)[0].rsplit(".", 1)[-1]
         pid = owner.removeprefix(prefix)
-        if owner.startswith(prefix) and pid.isdigit() and not _process_alive(int(pid)):
+        if owner.startswith(prefix) and pid.isdigit() and not process_alive(int(pid)):
             path.unlink(missing_ok=True)
             removed.append(path)
     return removed

@@ -42,6 +42,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from pipelines.engine.callbacks import Callback
 from pipelines.metrics import STEP_KEY, VAL_STEP_TOP1
 from pipelines.params import TuningParams, space_ranges
+from pipelines.processes import process_alive
 from pipelines.study.runner import StudyInputs, StudyPlan, StudyTracking, run_study
 from pipelines.study.statistics import first_crossing
 
@@ -274,7 +275,7 @@ def _release_abandoned(study: optuna.Study) -> None:
     values enqueued again (the next trial trains them, resuming from the killed training's checkpoints)."""
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         pid = trial.user_attrs.get("pid")
-        if trial.user_attrs.get("host") == HOST and isinstance(pid, int) and not _alive(pid):
+        if trial.user_attrs.get("host") == HOST and isinstance(pid, int) and not process_alive(pid):
             study.tell(trial.number, state=TrialState.FAIL)
             study.enqueue_trial(trial.params, skip_if_exists=False)
             logger.info(
@@ -283,16 +284,6 @@ def _release_abandoned(study: optuna.Study) -> None:
                 study.study_name,
                 pid,
             )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _run_trial(

@@ -15,6 +15,7 @@ import mlflow
 from mlflow.entities import RunStatus
 
 from pipelines.engine.runtime import describe_machine
+from pipelines.processes import process_alive
 
 # MLflow refuses longer tag values (mlflow.utils.validation.MAX_TAG_VAL_LENGTH)
 TAG_VALUE_LIMIT = 8000
@@ -45,16 +46,6 @@ def run_identity() -> dict[str, str]:
     return {"pid": str(os.getpid()), "host": socket.gethostname(), **machine_tags()}
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def mark_orphaned_runs_killed() -> None:
     """Runs left RUNNING by a process of this host that no longer exists (kill -9) end KILLED."""
     active = mlflow.active_run()
@@ -66,7 +57,7 @@ def mark_orphaned_runs_killed() -> None:
         pid = run.data.tags.get("pid")
         if run.info.run_id == active.info.run_id or run.data.tags.get("host") != host or not (pid or "").isdigit():
             continue
-        if not _process_alive(int(pid)):
+        if not process_alive(int(pid)):
             client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.KILLED))
 
 
