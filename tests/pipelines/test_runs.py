@@ -275,6 +275,10 @@ def test_study_pipeline(workspace):
     names = {child.info.run_name: child for child in runs}
     assert set(names) == {"seed0 baseline", "seed0 thor", "seed0 thor_first_order"}  # the seed first, readable
     assert names["seed0 thor_first_order"].data.params["thor.precondition"] == "false"
+    # the preconditioner changes the training: second-order steps in thor's, none in its first-order twin's
+    thor, first_order = names["seed0 thor"].data.metrics, names["seed0 thor_first_order"].data.metrics
+    assert thor["thor/second_order_steps"] > 0 and first_order["thor/second_order_steps"] == 0
+    assert thor["train/loss"] != first_order["train/loss"]
     # each training's run says when it first reached the target (a low one: every training reaches it), as the
     # study's own table does
     table = outputs["study.runs"].set_index("recipe")
