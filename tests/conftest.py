@@ -27,8 +27,14 @@ SLOW_FOLDERS = ("e2e", "distributed", "ui")
 # The slow tier runs two tests at a time, grouped by ``xdist_group`` (``--dist loadgroup``): the tests of an
 # expensive session set-up share the worker that builds it once, and so do the tests of a module-scoped set-up
 SHARED_SETUPS = ("recipe_store", "viz_site")
-# The fast tier's modules of the longest tests (each 10-30 s: whole pipelines, P-BFGS's compiled steps)
-LONGEST_FIRST = ("tests/pipelines/test_runs.py", "tests/optim/dim_reduce/test_pbfgs.py")
+# The fast tier's modules of the longest tests (each 10-30 s: whole pipelines, a tuned study, P-BFGS's compiled steps,
+# THOR's options), started first so that the two workers end together on short ones
+LONGEST_FIRST = (
+    "tests/pipelines/test_runs.py",
+    "tests/study/test_tuning.py",
+    "tests/optim/dim_reduce/test_pbfgs.py",
+    "tests/optim/thor/test_options.py",
+)
 
 
 def setup_group(item: pytest.Item) -> str | None:
