@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import optuna
+import sqlalchemy.exc
 from matplotlib.figure import Figure
 from optuna.trial import FrozenTrial, Trial, TrialState
 
@@ -56,6 +57,7 @@ SECTION = {"baseline": "baseline", "thor": "thor", "thor_first_order": "thor"}
 # what makes a trial FAIL and lets the tuning go on: the training diverged (a bug still stops the study)
 TRIAL_FAILURES = (FloatingPointError,)
 HOST = socket.gethostname()
+SCHEMA_ATTEMPTS = 5  # opening a new storage that other processes create at the same moment
 ERROR_ATTR = "error"  # a trial's user attribute: the name of the error that failed its training
 _STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)  # the states reported
 
@@ -403,9 +405,17 @@ def _pruner(tuning: TuningParams) -> optuna.pruners.BasePruner:
 
 
 def _storage(url: str) -> optuna.storages.RDBStorage:
-    """An Optuna RDB storage; a SQLite file's folder is made, and its writers wait for each other's locks."""
+    """An Optuna RDB storage; a SQLite file's folder is made, and its writers wait for each other's locks.
+
+    Processes started together on a new storage all create its schema: the ones that lose that race get
+    ``IntegrityError`` (``alembic_version``) or "table already exists", and open the storage the winner made."""
     engine = {}
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         engine = {"connect_args": {"timeout": 60}}
+    for _ in range(SCHEMA_ATTEMPTS - 1):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine)
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError):
+            continue
     return optuna.storages.RDBStorage(url, engine_kwargs=engine)
