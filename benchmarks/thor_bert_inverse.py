@@ -36,7 +36,8 @@ def load_conf(overrides: str):
         key, value = item.split("=", 1)
         *parents, leaf = key.split(".")
         section = params
-        for parent in parents:
+        for parent in parents:  # a section that is null by default (an option: adam_graft) gets its keys
+            section[parent] = section.get(parent) or {}
             section = section[parent]
         section[leaf] = yaml.safe_load(value)
     return validate_parameters(params)

@@ -1,0 +1,173 @@
+"""THOR's options on the BERT default over seeds (issue 29, item 8): each option at the documented lr and at the lrs
+where the documented THOR fails, beside the AdamWeightDecay baseline and the unigram baseline, all on one set of
+examples.
+
+One process prepares thor_bert's text as the pipeline does (``conf/base`` plus ``--params``), then trains each row of
+``ROWS`` on each seed through the recipe's own functions (``train_bert_thor``, ``train_bert_baseline``: the
+engine, its evaluations and ``CollapseWatch``), each from that seed's initial weights. A row that stops on
+``ThorInverseError`` or ``ThorDivergenceError`` is recorded with its error. Each finished training is appended to
+``--out`` at once; a second call skips the (row, seed) pairs already there, so a long grid can be stopped and
+resumed (the examples' digest is in every line: a resumed grid on other examples says so and stops).
+
+    .venv/bin/python benchmarks/thor_bert_options.py --seeds 0 1 2 [--rows baseline thor kl_clip_0.03] \
+        [--out data/08_reporting/benchmarks/thor_bert_options.csv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+from thor_bert_inverse import load_conf
+from thor_vs_momentum import PROJECT
+
+import pipelines  # noqa: F401  (sets the CPU speed environment before MindSpore loads)
+
+DOCUMENTED_LR = 0.006464
+KL_CLIP = "thor_bert.thor.kl_clip=0.001"
+FACTORED = "thor_bert.thor.damping_method=factored"
+EIGEN = "thor_bert.thor.compute_method=eigen"
+GRAFT = ",".join(
+    f"thor_bert.thor.adam_graft.{key}={value}"
+    for key, value in (("beta1", "0.9"), ("beta2", "0.999"), ("eps", "1.0e-8"))
+)
+
+
+def thor_row(lr: float, option: str = "") -> str:
+    return ",".join(filter(None, (f"thor_bert.thor.lr.peak={lr}", option)))
+
+
+# name -> (training, --params overrides), in the order a grid runs them: the references and the options at the
+# documented lr first, then the lrs where the documented THOR stops with an inverse error
+ROWS = {
+    "baseline": ("baseline", ""),
+    "thor": ("thor", thor_row(DOCUMENTED_LR)),
+    "kl_clip": ("thor", thor_row(DOCUMENTED_LR, KL_CLIP)),
+    "factored": ("thor", thor_row(DOCUMENTED_LR, FACTORED)),
+    "eigen": ("thor", thor_row(DOCUMENTED_LR, EIGEN)),
+    "adam_graft": ("thor", thor_row(DOCUMENTED_LR, GRAFT)),
+    **{
+        f"{name}_lr{lr}": ("thor", thor_row(lr, option))
+        for lr in (0.03, 0.1, 0.015)
+        for name, option in (("kl_clip", KL_CLIP), ("factored", FACTORED), ("eigen", EIGEN), ("adam_graft", GRAFT))
+    },
+}
+
+
+def digest(examples: dict) -> str:
+    hashed = hashlib.sha256()
+    for name in sorted(examples):
+        hashed.update(examples[name].tobytes())
+    return hashed.hexdigest()[:12]
+
+
+def prepared_text(conf, saved: Path):
+    """thor_bert's examples as the pipeline prepares them, saved to ``saved`` the first time and read from it after:
+    the WordPiece trainer does not give the same pieces in every process, and a resumed grid must train on the
+    examples of the trainings it continues."""
+    import numpy as np
+
+    from pipelines.recipes.context import LanguageModelContext
+    from pipelines.recipes.language_model import prepare_language_model
+
+    bert = conf.thor_bert
+    if not saved.is_file():
+        context = prepare_language_model(bert, conf.runtime, conf.distributed)
+        columns = {f"train.{k}": v for k, v in context.train_examples.items()}
+        columns |= {f"held_out.{k}": v for k, v in context.held_out_examples.items()}
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(saved, vocab_size=context.vocab_size, **columns)
+    with np.load(saved) as arrays:
+        split = {
+            part: {k.split(".", 1)[1]: arrays[k] for k in arrays if k.startswith(part + ".")}
+            for part in ("train", "held_out")
+        }
+        vocab_size = int(arrays["vocab_size"])
+    return LanguageModelContext(
+        split["train"],
+        split["held_out"],
+        vocab_size,
+        bert.network,
+        bert.eval_batch_size,
+        bert.step_eval_examples,
+        conf.runtime,
+        conf.distributed,
+    )
+
+
+def train_row(context, conf, training: str, checkpoint_dir: str) -> dict:
+    """One training of ``training`` (thor | baseline) from the seed's initial weights; its figures or its error."""
+    from pipelines.metrics import TRAIN_LOSS, VAL_MLM_ACCURACY
+    from pipelines.recipes.language_model import COLLAPSE_STEP, COLLAPSED, UNIGRAM_MLM_ACCURACY, build_bert
+    from pipelines.recipes.thor_bert import train_bert_baseline, train_bert_thor
+
+    bert = conf.thor_bert
+    section = getattr(bert, training).model_copy(
+        update={"checkpoint": getattr(bert, training).checkpoint.model_copy(update={"dir": checkpoint_dir})}
+    )
+    start = build_bert(bert.network, context.vocab_size, conf.runtime)
+    train = train_bert_thor if training == "thor" else train_bert_baseline
+    started = time.perf_counter()
+    try:
+        result = train(context, start, section)
+    except FloatingPointError as error:  # ThorInverseError, ThorDivergenceError
+        return {"error": f"{type(error).__name__}: {error}"[:300], "wall_s": time.perf_counter() - started}
+    history = pd.DataFrame(result.history)
+    figures = {
+        "error": "",
+        "wall_s": time.perf_counter() - started,
+        "train_s": float(history["train/epoch_time_s"].sum()),
+        "steps": int(result.steps_per_epoch * len(history)),
+        "final_loss": float(history[TRAIN_LOSS].iloc[-1]),
+        "mlm_accuracy": float(history[VAL_MLM_ACCURACY].iloc[-1]),
+        "unigram": float(result.summary[UNIGRAM_MLM_ACCURACY]),
+        "collapsed": bool(result.summary[COLLAPSED]),
+        "collapse_step": result.summary.get(COLLAPSE_STEP, math.nan),
+    }
+    figures |= {f"mlm_accuracy_epoch{int(row.epoch)}": row[VAL_MLM_ACCURACY] for _, row in history.iterrows()}
+    nsp = [column for column in history if column.endswith("nsp_accuracy")]
+    return figures | ({"nsp_accuracy": float(history[nsp[0]].iloc[-1])} if nsp else {})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("--params", default="", help="overrides of conf/base for every row (dotted keys)")
+    parser.add_argument("--out", type=Path, default=PROJECT / "data/08_reporting/benchmarks/thor_bert_options.csv")
+    args = parser.parse_args()
+
+    from pipelines.recipes.classifier import configure
+
+    common = load_conf(args.params)
+    configure(common.runtime)
+    context = prepared_text(common, args.out.with_suffix(".examples.npz"))
+    examples = digest(context.train_examples)
+    done = pd.read_csv(args.out) if args.out.is_file() else pd.DataFrame(columns=["row", "seed", "examples"])
+    if len(done) and set(done["examples"]) != {examples}:
+        sys.exit(f"{args.out} holds trainings on other examples ({set(done['examples'])}, now {examples})")
+    finished = set(zip(done["row"], done["seed"], strict=True))
+    print(f"{len(context.train_examples['input_ids'])} train examples (digest {examples}); rows {args.rows}")
+    for name in args.rows:
+        training, overrides = ROWS[name]
+        for seed in args.seeds:
+            if (name, seed) in finished:
+                continue
+            conf = load_conf(",".join(filter(None, (args.params, overrides, f"runtime.seed={seed}"))))
+            with tempfile.TemporaryDirectory(prefix="thor-bert-options-") as checkpoint_dir:
+                figures = train_row(context.with_seed(seed), conf, training, checkpoint_dir)
+            line = {"row": name, "seed": seed, "examples": examples, "overrides": overrides, **figures}
+            print(" ".join(f"{key}={value}" for key, value in line.items()), flush=True)
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            frame = pd.concat([pd.read_csv(args.out), pd.DataFrame([line])]) if args.out.is_file() else None
+            (frame if frame is not None else pd.DataFrame([line])).to_csv(args.out, index=False)
+
+
+if __name__ == "__main__":
+    main()
