@@ -699,12 +699,22 @@ class TrackingParams(Section):
 StudyRecipe = Literal["baseline", "thor", "thor_first_order", "dim_reduce", "adasum", "thor_bert"]
 
 
-# The recipes a study can tune (study.tuning): each has one image section (thor_first_order: the thor section)
-TunedRecipe = Literal["baseline", "thor", "thor_first_order"]
-# [low, high] of a knob a tuning samples: log-uniform (learning rates, damping, weight decay), uniform (warm-up),
-# integers (THOR's frequency)
+# The trainings a study can tune (study.tuning), each named by its result row and with one section of its own:
+# thor_first_order the thor section; thor_bert (THOR) thor_bert.thor, thor_bert_baseline thor_bert.baseline
+TunedRecipe = Literal["baseline", "thor", "thor_first_order", "thor_bert", "thor_bert_baseline"]
+# The study recipes a tuning covers, and the trainings each gives (thor_bert: its two, each with its own trials)
+TUNED_TRAININGS: dict[str, tuple[TunedRecipe, ...]] = {
+    "baseline": ("baseline",),
+    "thor": ("thor",),
+    "thor_first_order": ("thor_first_order",),
+    "thor_bert": ("thor_bert", "thor_bert_baseline"),
+}
+PRECONDITIONED: tuple[TunedRecipe, ...] = ("thor", "thor_bert")  # the trainings with THOR's damping and frequency
+# [low, high] of a knob a tuning samples: log-uniform (learning rates, damping, weight decay), uniform (warm-up
+# epochs), integers (warm-up steps, THOR's frequency)
 LogRange = Annotated[list[PositiveFloat], Field(min_length=2, max_length=2)]
 LinearRange = Annotated[list[NonNegativeFloat], Field(min_length=2, max_length=2)]
+StepRange = Annotated[list[NonNegativeInt], Field(min_length=2, max_length=2)]
 FrequencyRange = Annotated[list[Annotated[int, Field(ge=2)]], Field(min_length=2, max_length=2)]
 
 
@@ -713,15 +723,16 @@ class ScheduleSpace(Section):
 
     peak: LogRange | None = None
     warmup_epochs: LinearRange | None = None  # the Momentum schedules' warm-up (shapes with warmup_epochs)
+    warmup_steps: StepRange | None = None  # the BERT schedules' warm-up (shape polynomial)
 
 
 class RecipeSpace(Section):
-    """A recipe's search space: ranges over the keys of its own section (null: the section's value)."""
+    """A training's search space: ranges over the keys of its own section (null: the section's value)."""
 
     lr: ScheduleSpace | None = None
     weight_decay: LogRange | None = None
-    damping: ScheduleSpace | None = None  # THOR's (thor only: thor_first_order has no preconditioner)
-    frequency: FrequencyRange | None = None  # THOR's statistics and inverses every N steps (thor only)
+    damping: ScheduleSpace | None = None  # THOR's (thor, thor_bert: thor_first_order has no preconditioner)
+    frequency: FrequencyRange | None = None  # THOR's statistics and inverses every N steps (thor, thor_bert)
 
 
 class TuningParams(Section):
@@ -748,7 +759,7 @@ class TuningParams(Section):
                         (f"study.tuning.spaces.{recipe}.{key}", f"is {[low, high]}; give [low, high] with low < high")
                     )
             thor_only = [key for key in ("damping", "frequency") if getattr(space, key) is not None]
-            if recipe != "thor" and thor_only:
+            if recipe not in PRECONDITIONED and thor_only:
                 problems.append(
                     (
                         f"study.tuning.spaces.{recipe}.{thor_only[0]}",
@@ -805,19 +816,24 @@ class StudyParams(Section):
             )
         if self.tuning.trials:
             for recipe in self.recipes:
-                space = self.tuning.spaces.get(recipe)
-                if recipe not in get_args(TunedRecipe):
+                if recipe not in TUNED_TRAININGS:
                     problems.append(
                         (
                             "study.recipes",
                             f"has {recipe}, which study.tuning does not tune (it tunes "
-                            f"{', '.join(get_args(TunedRecipe))}); set study.tuning.trials: 0 or take it out",
+                            f"{', '.join(TUNED_TRAININGS)}); set study.tuning.trials: 0 or take it out",
                         )
                     )
-                elif space is None or not space_ranges(space):
-                    problems.append(
-                        (f"study.tuning.spaces.{recipe}", "is missing or empty: give the ranges its trials draw from")
-                    )
+                    continue
+                for training in TUNED_TRAININGS[recipe]:
+                    space = self.tuning.spaces.get(training)
+                    if space is None or not space_ranges(space):
+                        problems.append(
+                            (
+                                f"study.tuning.spaces.{training}",
+                                "is missing or empty: give the ranges its trials draw from",
+                            )
+                        )
         CrossKeyProblems.raise_if_any(problems)
         return self
 
@@ -937,18 +953,26 @@ class Parameters(Section):
 
     @model_validator(mode="after")
     def _tuning_spaces_fit_their_sections(self) -> Parameters:
-        """A tuned warm-up needs a learning-rate schedule with one (THOR's ResNet schedule has none)."""
+        """A tuned warm-up needs a learning-rate schedule with one in that unit (THOR's ResNet schedule has none;
+        the Momentum schedules count epochs, the BERT ones steps)."""
+        sections = {
+            "baseline": self.baseline,
+            "thor": self.thor,
+            "thor_first_order": self.thor,
+            "thor_bert": self.thor_bert.thor,
+            "thor_bert_baseline": self.thor_bert.baseline,
+        }
         problems = []
         for recipe, space in self.study.tuning.spaces.items():
-            section = self.baseline if recipe == "baseline" else self.thor
-            warmup = space.lr is not None and space.lr.warmup_epochs is not None
-            if warmup and not isinstance(section.lr, WarmupSchedule):
-                problems.append(
-                    (
-                        f"study.tuning.spaces.{recipe}.lr.warmup_epochs",
-                        f"is set, but {recipe}'s lr schedule (shape {section.lr.shape}) has no warmup_epochs",
+            lr = sections[recipe].lr
+            for warmup, schedule in (("warmup_epochs", WarmupSchedule), ("warmup_steps", PolynomialSchedule)):
+                if space.lr is not None and getattr(space.lr, warmup) is not None and not isinstance(lr, schedule):
+                    problems.append(
+                        (
+                            f"study.tuning.spaces.{recipe}.lr.{warmup}",
+                            f"is set, but {recipe}'s lr schedule (shape {lr.shape}) has no {warmup}",
+                        )
                     )
-                )
         CrossKeyProblems.raise_if_any(problems)
         return self
 

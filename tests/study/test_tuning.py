@@ -1,6 +1,7 @@
 """Tuning at equal effort (``study.tuning``): the study pipeline in this process with a tiny budget, its Optuna
 study, its MLflow child runs (one per trial and per fresh-seed training), a failed trial that does not stop it,
-the chosen values; and the checks of its parameters before any work."""
+the chosen values, for an image recipe and for thor_bert's two trainings; and the checks of its parameters before
+any work."""
 
 from __future__ import annotations
 
@@ -17,20 +18,22 @@ from tests.support.trees import write_image_tree
 DIVERGING_LR = 1e30  # blows the weights up at the first step: the training raises NonFiniteLossError
 
 
-def tuned(storage: str, **tuning) -> dict:
+BASELINE_SPACE = {"baseline": {"lr": {"peak": [0.01, 0.2], "warmup_epochs": None}, "weight_decay": None}}
+# thor_bert's two trainings over every key of their default spaces, at the tiny BERT's scale (a few steps an epoch)
+THOR_BERT_SPACES = {
+    "thor_bert": {"lr": {"peak": [0.001, 0.05]}, "frequency": [2, 4]},
+    "thor_bert_baseline": {"lr": {"warmup_steps": [0, 3]}},
+}
+
+
+def tuned(storage: str, recipes=("baseline",), spaces=BASELINE_SPACE, **tuning) -> dict:
     return {
         "study": {
-            "recipes": ["baseline"],
+            "recipes": list(recipes),
             "seeds": [0],
             "epochs": 1,
             "eval_every_steps": 2,
-            "tuning": {
-                "trials": 2,
-                "seeds": [100],
-                "storage": storage,
-                "spaces": {"baseline": {"lr": {"peak": [0.01, 0.2], "warmup_epochs": None}, "weight_decay": None}},
-                **tuning,
-            },
+            "tuning": {"trials": 2, "seeds": [100], "storage": storage, "spaces": spaces, **tuning},
         }
     }
 
@@ -88,6 +91,80 @@ def test_tuned_study_records_every_trial_and_trains_the_best_on_fresh_seeds(tmp_
         assert runs_to_compare(study_run.info.run_id) == [fresh[0].info.run_id]
 
 
+def test_thor_bert_tunes_each_training_at_equal_effort_and_trains_both_bests_on_fresh_seeds(tmp_path):
+    """thor_bert's THOR and AdamWeightDecay trainings: ``trials`` trials each, each trial training its own row alone
+    from its own space over its own section, on the masked-LM target; then both bests on the fresh seed."""
+    tree = write_image_tree(tmp_path / "tree", classes=("cat", "dog"), per_class={"train": 2, "val": 1})
+    project = session_project(tmp_path / "project")
+    storage = f"sqlite:///{tmp_path / 'tuning.db'}"
+    # the baseline's first trial diverges (AdamWeightDecay: its graph compiles in a third of THOR's time): it fails
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.create_study(storage=storage, study_name="study/thor_bert_baseline").enqueue_trial({"lr.peak": DIVERGING_LR})
+    # a target no trial reaches: each trial's value is then its steps + 1 + (1 - final masked-LM accuracy)
+    params = tuned(storage, recipes=["thor_bert"], spaces=THOR_BERT_SPACES) | {
+        "thor_bert": {"target_mlm_accuracy": 0.99}
+    }
+    with pytest.warns(UserWarning, match="out of range"):
+        outputs = run_pipeline("study", tiny_params(tree, params), project)
+
+    trials = {
+        training: optuna.load_study(study_name=f"study/{training}", storage=storage).trials
+        for training in ("thor_bert", "thor_bert_baseline")
+    }
+    assert [t.state.name for t in trials["thor_bert"]] == ["COMPLETE", "COMPLETE"]
+    assert [t.state.name for t in trials["thor_bert_baseline"]] == ["FAIL", "COMPLETE"]  # the failure counted
+    assert trials["thor_bert_baseline"][0].user_attrs["error"] == "NonFiniteLossError"
+    assert set(trials["thor_bert"][1].params) == {"lr.peak", "weight_decay", "damping.peak", "frequency"}
+    assert set(trials["thor_bert_baseline"][0].params) == {"lr.peak", "lr.warmup_steps", "weight_decay"}
+
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri(project))
+    (study_run,) = client.search_runs(
+        [client.get_experiment_by_name("resnet-recipes").experiment_id], "tags.pipeline = 'study'"
+    )
+    children = client.search_runs(
+        [study_run.info.experiment_id], f"tags.mlflow.parentRunId = '{study_run.info.run_id}'"
+    )
+    fresh = {child.data.tags["result"]: child for child in children if "trial" not in child.data.tags}
+    steps = outputs["study.runs"].set_index("recipe")["steps_per_epoch"]
+    for training, training_trials in trials.items():
+        runs = {
+            int(child.data.tags["trial"]): child
+            for child in children
+            if child.data.tags.get("tuning_study") == f"study/{training}"
+        }
+        assert sorted(runs) == [0, 1]  # one child run per trial, each training only its own row
+        assert {run.data.tags["result"] for run in runs.values()} == {training}
+        for number, run in runs.items():
+            trial = training_trials[number]
+            assert run.data.tags["seed"] == "100" and run.data.tags["trial_state"] == trial.state.name
+            if trial.state.name == "COMPLETE":  # the masked-LM objective, missed: steps + 1 + (1 - final)
+                final = run.data.metrics["final/mlm_accuracy"]
+                assert trial.value == pytest.approx(steps[training] + 2 - final)
+        # the fresh seed trains the best trial's values in the training's own section
+        best = min((t for t in training_trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
+        section = "thor_bert.thor" if training == "thor_bert" else "thor_bert.baseline"
+        for key, value in best.params.items():
+            assert float(fresh[training].data.params[f"{section}.{key}"]) == value
+    assert [(run.data.tags["seed"], result) for result, run in sorted(fresh.items())] == [
+        ("0", "thor_bert"),
+        ("0", "thor_bert_baseline"),
+    ]
+    assert len(children) == 6  # 2 + 2 trials, 2 fresh-seed trainings
+
+    choices = outputs["study.tuning_choices"]
+    assert choices[["recipe", "key", "documented"]].values.tolist() == [
+        ["thor_bert", "lr.peak", 0.006464],
+        ["thor_bert", "weight_decay", 1e-5],
+        ["thor_bert", "damping.peak", 0.007035],
+        ["thor_bert", "frequency", 3],
+        ["thor_bert_baseline", "lr.peak", 0.001],
+        ["thor_bert_baseline", "lr.warmup_steps", 2],
+        ["thor_bert_baseline", "weight_decay", 1e-5],
+    ]
+    assert choices.groupby("recipe")["trials"].max().to_dict() == {"thor_bert": 2, "thor_bert_baseline": 2}
+    assert list(outputs["study.runs"]["recipe"]) == ["thor_bert", "thor_bert_baseline"]  # fresh seed only
+
+
 def test_objective_ranks_every_trial_that_reached_the_target_first():
     def record(top1s, final):
         rows = [{"step": 2 * (i + 1), "val/step_top1": top1} for i, top1 in enumerate(top1s)]
@@ -126,3 +203,33 @@ def test_a_tuned_recipe_needs_a_space_and_a_warmup_needs_a_schedule_with_one(tmp
         run_pipeline(
             "study", {"study": {"tuning": {"spaces": {"thor": {"lr": {"warmup_epochs": [0.0, 1.0]}}}}}}, project
         )
+
+
+def test_thor_bert_needs_a_space_for_each_training_and_each_key_in_its_own_section(tmp_path):
+    """thor_bert's two trainings each need a space; the baseline's holds no THOR keys, and a warm-up in steps needs
+    a schedule counting them (the BERT ones), a warm-up in epochs one counting those (the Momentum ones)."""
+    project = session_project(tmp_path / "project")
+    empty = {"lr": {"peak": None, "warmup_steps": None}, "weight_decay": None}
+    with pytest.raises(click.ClickException) as error:
+        run_pipeline(
+            "study",
+            {"study": {"recipes": ["thor_bert"], "tuning": {"trials": 2, "spaces": {"thor_bert_baseline": empty}}}},
+            project,
+        )
+    assert "study.tuning.spaces.thor_bert_baseline is missing or empty" in str(error.value)
+    assert str(error.value).endswith("(--params)")  # where it was set
+    thor_keys = {"thor_bert_baseline": {"frequency": [2, 10]}}
+    with pytest.raises(click.ClickException) as error:
+        run_pipeline("study", {"study": {"tuning": {"spaces": thor_keys}}}, project)
+    message = str(error.value)
+    assert "study.tuning.spaces.thor_bert_baseline.frequency is set, but thor_bert_baseline has no preconditioner" in (
+        message
+    )
+    warmups = {"thor_bert": {"lr": {"warmup_epochs": [0.0, 1.0]}}, "baseline": {"lr": {"warmup_steps": [0, 10]}}}
+    with pytest.raises(click.ClickException) as error:
+        run_pipeline("study", {"study": {"tuning": {"spaces": warmups}}}, project)
+    message = str(error.value)
+    assert "study.tuning.spaces.thor_bert.lr.warmup_epochs is set, but thor_bert's lr schedule (shape polynomial)" in (
+        message
+    )
+    assert "study.tuning.spaces.baseline.lr.warmup_steps is set, but baseline's lr schedule (shape cosine)" in message

@@ -115,6 +115,9 @@ class StudyPlan:
     eval_every_steps: int
     directory: Path
     adasum_workers: int = 2  # msrun ranks of adasum's two trainings (on this node)
+    # the result rows to train, None: every row of each recipe; a tuning trial of one of thor_bert's two trainings
+    # trains that one alone (the other rows' recipes give one row, or all of theirs)
+    results: Sequence[str] | None = None
 
 
 def run_study(inputs: StudyInputs, plan: StudyPlan, tracking: StudyTracking) -> list[dict]:
@@ -138,7 +141,7 @@ def run_study(inputs: StudyInputs, plan: StudyPlan, tracking: StudyTracking) -> 
     for recipe in plan.recipes:
         for seed in plan.seeds:
             key = f"{recipe}-seed{seed}-{_configuration(inputs, plan, recipe, seed)}"
-            paths = {row: results / f"{key}.{row}.json" for row in RESULT_ROWS[recipe]}
+            paths = {row: results / f"{key}.{row}.json" for row in RESULT_ROWS[recipe] if _trains(plan, row)}
             if all(path.exists() for path in paths.values()):
                 logger.info("study: %s finished earlier (%s), not run again", key, results)
                 records += [json.loads(path.read_text()) for path in paths.values()]
@@ -178,6 +181,10 @@ def _configuration(inputs: StudyInputs, plan: StudyPlan, recipe: str, seed: int)
         ),
     }[recipe]
     return fingerprint(recipe, inputs.context.model, inputs.context.data, seed, *sections)
+
+
+def _trains(plan: StudyPlan, row: str) -> bool:
+    return plan.results is None or row in plan.results
 
 
 def _baseline(inputs: StudyInputs, plan: StudyPlan) -> BaselineParams:
@@ -342,13 +349,16 @@ def _train_adasum(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str, tra
 
 
 def _train_thor_bert(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str, tracking: StudyTracking):
-    """BERT with THOR and with its first-order baseline from the same initial weights, each a child run."""
+    """BERT with THOR and with its first-order baseline from the same initial weights, each a child run (those of
+    ``plan.results``)."""
     context = inputs.language.with_seed(seed)
     initial = build_bert(context.network, context.vocab_size, context.runtime)
     records, finals = {}, []
     trainings = {"thor_bert": (inputs.thor_bert.thor, train_bert_thor)}
     trainings["thor_bert_baseline"] = (inputs.thor_bert.baseline, train_bert_baseline)
     for row, (configured, train) in trainings.items():
+        if not _trains(plan, row):
+            continue
         budgeted = _bert(configured, plan)
         section = budgeted.model_copy(
             update={"checkpoint": _checkpoint_dir(budgeted, plan.directory / "checkpoints" / key / row)}

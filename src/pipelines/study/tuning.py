@@ -1,18 +1,21 @@
 """Tuning at equal effort inside the study (AlgoPerf's external tuning, with Optuna).
 
-Every tuned recipe gets the same number of trials (``TuningParams.trials``), each drawn by a seeded sampler from
-the recipe's own search space (``TuningParams.spaces``: ranges over keys of its section, ``lr.peak``,
-``weight_decay``, ...). A trial is an ordinary study training of the recipe whose section holds the sampled values,
-on the tuning seeds (never the study's): its result files make a killed run resume, and its MLflow child run is
-tagged ``trial``, ``trial_state`` and, for a failure, ``trial_error``. Its value, minimised, is the steps to the
-study's target, averaged over the tuning seeds; a seed that misses the target counts ``total steps + 1 + (1 -
-final accuracy)``, so every trial that reached the target ranks first, the rest by their final accuracy. A trial
+Every tuned training gets the same number of trials (``TuningParams.trials``), each drawn by a seeded sampler from
+its own search space (``TuningParams.spaces``: ranges over keys of its section, ``lr.peak``, ``weight_decay``,
+...). A tuned training is named by its result row: the image recipes' one each, and thor_bert's two (``thor_bert``,
+THOR, and ``thor_bert_baseline``), tuned one after the other, each with its own trials and Optuna study. A trial is
+an ordinary study training of the recipe whose section holds the sampled values (thor_bert's trials train their own
+row alone), on the tuning seeds (never the study's): its result files make a killed run resume, and its MLflow
+child run is tagged ``trial``, ``trial_state`` and, for a failure, ``trial_error``. Its value, minimised, is the
+steps to the study's target (``target.top1``; thor_bert's: ``thor_bert.target_mlm_accuracy``, masked-LM accuracy),
+averaged over the tuning seeds; a seed that misses the target counts ``total steps + 1 + (1 - final accuracy)``, so
+every trial that reached the target ranks first, the rest by their final accuracy. A trial
 whose training diverges (``FloatingPointError``: ``NonFiniteLossError``, THOR's ``ThorInverseError`` and
 ``ThorDivergenceError``) is a FAIL trial naming its error and the tuning goes on; a pruned one stops at a step
-evaluation behind the median of earlier trials (``pruner: median``). The best trial's values are then trained on
-the study's seeds, fresh, for the paired intervals the study reports.
+evaluation behind the median of earlier trials (``pruner: median``). The best trial's values (thor_bert: both
+trainings' best) are then trained on the study's seeds, fresh, for the paired intervals the study reports.
 
-Each recipe's trials are one Optuna study, ``<name>/<recipe>``, in ``storage`` (an RDB URL): any number of
+Each tuned training's trials are one Optuna study, ``<name>/<recipe>``, in ``storage`` (an RDB URL): any number of
 processes, on any machines, given the same storage share it and split its budget. The budget counts every
 COMPLETE, PRUNED, RUNNING and failed trial across the processes (a process starts a trial only while fewer than
 ``trials`` are counted, and gives back one that raced past the budget); a trial left RUNNING by a killed process
@@ -41,8 +44,8 @@ from matplotlib.figure import Figure
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from pipelines.engine.callbacks import Callback
-from pipelines.metrics import STEP_KEY, VAL_STEP_TOP1
-from pipelines.params import TuningParams, space_ranges
+from pipelines.metrics import STEP_KEY, VAL_STEP_MLM_ACCURACY, VAL_STEP_TOP1
+from pipelines.params import TUNED_TRAININGS, TuningParams, space_ranges
 from pipelines.processes import process_alive
 from pipelines.study.runner import StudyInputs, StudyPlan, StudyTracking, run_study
 from pipelines.study.statistics import first_crossing
@@ -51,9 +54,24 @@ logger = logging.getLogger(__name__)
 
 # keys sampled on a log scale, and as integers; the rest (warm-up epochs) uniformly
 LOG_SCALE = ("lr.peak", "damping.peak", "weight_decay")
-INTEGER = ("frequency",)
-# the section a recipe's values go into: thor_first_order is the thor section without its preconditioner
-SECTION = {"baseline": "baseline", "thor": "thor", "thor_first_order": "thor"}
+INTEGER = ("frequency", "lr.warmup_steps")
+# the section a tuned training's values go into (dotted in StudyInputs): thor_first_order is the thor section
+# without its preconditioner
+SECTION = {
+    "baseline": "baseline",
+    "thor": "thor",
+    "thor_first_order": "thor",
+    "thor_bert": "thor_bert.thor",
+    "thor_bert_baseline": "thor_bert.baseline",
+}
+# the study recipe that trains a tuned training
+RECIPE = {training: recipe for recipe, trainings in TUNED_TRAININGS.items() for training in trainings}
+# the step evaluation whose target a tuned training's objective counts steps to, and the final figure that orders
+# the trials that missed it
+STEP_METRIC = {
+    training: VAL_STEP_MLM_ACCURACY if RECIPE[training] == "thor_bert" else VAL_STEP_TOP1 for training in RECIPE
+}
+FINAL_ACCURACY = {VAL_STEP_TOP1: "final_top1", VAL_STEP_MLM_ACCURACY: "final_mlm_accuracy"}
 # what makes a trial FAIL and lets the tuning go on: the training diverged (a bug still stops the study)
 TRIAL_FAILURES = (FloatingPointError,)
 HOST = socket.gethostname()
@@ -79,33 +97,43 @@ class RecipeTuning:
 
 
 def run_tuned_study(
-    inputs: StudyInputs, plan: StudyPlan, tracking: StudyTracking, *, tuning: TuningParams, target: float
+    inputs: StudyInputs,
+    plan: StudyPlan,
+    tracking: StudyTracking,
+    *,
+    tuning: TuningParams,
+    targets: Mapping[str, float],
 ) -> tuple[list[dict], list[RecipeTuning]]:
-    """Tune every recipe of the plan, then train each one's best values on the plan's seeds: the study's records
-    (``run_study``'s, fresh seeds only) and each recipe's tuning."""
+    """Tune every training of the plan's recipes (``targets``: each step metric's target), then train each recipe
+    with its trainings' best values on the plan's seeds: the study's records (``run_study``'s, fresh seeds only)
+    and each training's tuning."""
     records, tunings = [], []
     for recipe in plan.recipes:
-        tuned = tune_recipe(recipe, inputs, plan, tracking, tuning=tuning, target=target)
-        logger.info(
-            "tuning %s: trial %d of %d chose %s (documented %s); %s; %.0f s here, %.0f s in all trials",
-            recipe,
-            tuned.best_trial,
-            tuning.trials,
-            _values_text(tuned.chosen),
-            _values_text(tuned.documented),
-            ", ".join(f"{n} {state}" for state, n in tuned.trials.items() if n),
-            tuned.wall_time_s,
-            tuned.trials_time_s,
-        )
-        tunings.append(tuned)
-        records += run_study(with_values(inputs, recipe, tuned.chosen), replace(plan, recipes=[recipe]), tracking)
+        chosen = inputs
+        for training in TUNED_TRAININGS[recipe]:
+            tuned = tune_recipe(training, inputs, plan, tracking, tuning=tuning, target=targets[STEP_METRIC[training]])
+            logger.info(
+                "tuning %s: trial %d of %d chose %s (documented %s); %s; %.0f s here, %.0f s in all trials",
+                training,
+                tuned.best_trial,
+                tuning.trials,
+                _values_text(tuned.chosen),
+                _values_text(tuned.documented),
+                ", ".join(f"{n} {state}" for state, n in tuned.trials.items() if n),
+                tuned.wall_time_s,
+                tuned.trials_time_s,
+            )
+            tunings.append(tuned)
+            chosen = with_values(chosen, training, tuned.chosen)
+        records += run_study(chosen, replace(plan, recipes=[recipe]), tracking)
     return records, tunings
 
 
 def tune_recipe(
     recipe: str, inputs: StudyInputs, plan: StudyPlan, tracking: StudyTracking, *, tuning: TuningParams, target: float
 ) -> RecipeTuning:
-    """Run trials of ``recipe`` until its Optuna study counts ``tuning.trials`` (every process's), then its best."""
+    """Run trials of ``recipe`` (a tuned training, ``SECTION``) until its Optuna study counts ``tuning.trials``
+    (every process's), then its best."""
     ranges = space_ranges(tuning.spaces[recipe])
     study = open_study(recipe, tuning=tuning)
     _release_abandoned(study)
@@ -135,7 +163,7 @@ def tune_recipe(
             "tuning %s: %d trials still run in other processes; the best finished one is chosen", recipe, running
         )
     best = min(complete, key=lambda t: t.value)
-    section = getattr(inputs, SECTION[recipe])
+    section = _section(inputs, recipe)
     return RecipeTuning(
         recipe=recipe,
         study_name=study.study_name,
@@ -172,25 +200,31 @@ def load_study(recipe: str, *, tuning: TuningParams) -> optuna.Study:
 
 
 def objective(records: Sequence[Mapping], *, target: float, epochs: int) -> float:
-    """Mean over the tuning seeds' records of the steps to ``target``; a seed that missed it counts its total steps
-    + 1 + (1 - final top-1), after every seed that reached it, ordered by its final accuracy."""
+    """Mean over the tuning seeds' records of the steps to ``target`` (of each record's ``step_metric``: top-1, or
+    masked-LM accuracy); a seed that missed it counts its total steps + 1 + (1 - final accuracy), after every seed
+    that reached it, ordered by its final accuracy."""
     values = []
     for record in records:
-        crossing = first_crossing(record["step_history"], target, record.get("step_metric", VAL_STEP_TOP1))
+        metric = record.get("step_metric", VAL_STEP_TOP1)
+        crossing = first_crossing(record["step_history"], target, metric)
         total = record["steps_per_epoch"] * epochs
-        values.append(float(crossing[STEP_KEY]) if crossing else total + 1 + (1 - record["final_top1"]))
+        values.append(float(crossing[STEP_KEY]) if crossing else total + 1 + (1 - record[FINAL_ACCURACY[metric]]))
     return sum(values) / len(values)
 
 
 def with_values(inputs: StudyInputs, recipe: str, values: Mapping[str, float]) -> StudyInputs:
-    """The study's inputs with ``values`` (dotted keys of the recipe's section: ``lr.peak``) in that section."""
-    name = SECTION[recipe]
-    section = getattr(inputs, name)
+    """The study's inputs with ``values`` (dotted keys of the tuned training's section: ``lr.peak``) in that
+    section (``SECTION``: ``thor_bert.thor`` is the thor section of ``inputs.thor_bert``)."""
+    section = _section(inputs, recipe)
     update: dict = {}
     for key, value in values.items():
         head, _, leaf = key.partition(".")
         update[head] = update.get(head, getattr(section, head)).model_copy(update={leaf: value}) if leaf else value
-    return replace(inputs, **{name: section.model_copy(update=update)})
+    updated = section.model_copy(update=update)
+    outer, _, inner = SECTION[recipe].partition(".")
+    if inner:
+        updated = getattr(inputs, outer).model_copy(update={inner: updated})
+    return replace(inputs, **{outer: updated})
 
 
 def choices_rows(tunings: Sequence[RecipeTuning], *, tuning: TuningParams) -> list[dict]:
@@ -300,8 +334,10 @@ def _run_trial(
     tuning: TuningParams,
     target: float,
 ) -> None:
-    trial_tracking = TrialTracking(tracking, trial, values, pruning=tuning.pruner != "none")
-    trial_plan = replace(plan, recipes=[recipe], seeds=list(tuning.seeds))
+    trial_tracking = TrialTracking(
+        tracking, trial, values, pruning=tuning.pruner != "none", step_metric=STEP_METRIC[recipe]
+    )
+    trial_plan = replace(plan, recipes=[RECIPE[recipe]], seeds=list(tuning.seeds), results=[recipe])
     try:
         records = run_study(with_values(inputs, recipe, values), trial_plan, trial_tracking)
     except optuna.TrialPruned:
@@ -325,10 +361,13 @@ class TrialTracking:
     """A study's tracking for one trial's trainings: each child run named ``<recipe>/trial<N>/seed<S>``, with the
     sampled values as ``tuning.<key>`` parameters and the tags ``trial``, ``tuning_study``, ``trial_state``
     (COMPLETE, PRUNED, FAIL) and ``trial_error`` (a failure's error name); the pruner's reports on the first
-    training's step evaluations."""
+    training's step evaluations of ``step_metric``."""
 
-    def __init__(self, tracking: StudyTracking, trial: Trial, values: Mapping[str, float], *, pruning: bool):
+    def __init__(
+        self, tracking: StudyTracking, trial: Trial, values: Mapping[str, float], *, pruning: bool, step_metric: str
+    ):
         self._tracking, self._trial, self._values, self._pruning = tracking, trial, dict(values), pruning
+        self._step_metric = step_metric
         self._trainings = 0
 
     @contextmanager
@@ -350,7 +389,7 @@ class TrialTracking:
         self._trainings += 1
 
     def callbacks(self) -> list[Callback]:
-        pruning = [_Pruning(self._trial)] if self._pruning and self._trainings == 0 else []
+        pruning = [_Pruning(self._trial, self._step_metric)] if self._pruning and self._trainings == 0 else []
         return [*self._tracking.callbacks(), *pruning]
 
     def log_final(self, accuracy: Mapping[str, float]) -> None:
@@ -361,14 +400,15 @@ class TrialTracking:
 
 
 class _Pruning(Callback):
-    """Reports each step evaluation's error (1 - top-1) to the trial; stops the training when the pruner says."""
+    """Reports each step evaluation's error (1 - its accuracy ``step_metric``) to the trial; stops the training when
+    the pruner says."""
 
-    def __init__(self, trial: Trial):
-        self._trial = trial
+    def __init__(self, trial: Trial, step_metric: str):
+        self._trial, self._step_metric = trial, step_metric
 
     def on_step_evaluation(self, row: Mapping[str, float]) -> None:
         step = int(row[STEP_KEY])
-        self._trial.report(1 - row[VAL_STEP_TOP1], step)
+        self._trial.report(1 - row[self._step_metric], step)
         if self._trial.should_prune():
             raise optuna.TrialPruned(f"trial {self._trial.number} at step {step}")
 
@@ -377,6 +417,14 @@ def _suggest(trial: Trial, key: str, low: float, high: float) -> float:
     if key in INTEGER:
         return trial.suggest_int(key, int(low), int(high))
     return trial.suggest_float(key, low, high, log=key in LOG_SCALE)
+
+
+def _section(inputs: StudyInputs, recipe: str):
+    """The tuned training's section in ``inputs``."""
+    section = inputs
+    for name in SECTION[recipe].split("."):
+        section = getattr(section, name)
+    return section
 
 
 def _value_of(section, key: str) -> float:

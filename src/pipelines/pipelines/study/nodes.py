@@ -61,8 +61,8 @@ def run_recipes(
     target: TargetParams,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Every recipe of ``study.recipes`` over every seed of ``study.seeds`` (those not finished earlier); with
-    ``study.tuning.trials`` > 0 each recipe is first tuned (``study.tuning``) and its best values train on those
-    seeds.
+    ``study.tuning.trials`` > 0 each recipe's trainings are first tuned (``study.tuning``; thor_bert's two each
+    with their own trials, on ``thor_bert.target_mlm_accuracy``) and their best values train on those seeds.
 
     Returns one row per result (``RUN_COLUMNS``: final top-1/top-5 on val after the last epoch, time, steps and
     epochs to ``target.top1`` at step resolution, training seconds; thor_bert's rows: the held-out masked-LM
@@ -80,7 +80,7 @@ def run_recipes(
     tunings = []
     study_runs = tracking.StudyRuns({"top1": target.top1, "mlm_accuracy": thor_bert.target_mlm_accuracy})
     if study.tuning.trials:
-        records, tunings = run_tuned_study(inputs, plan, study_runs, tuning=study.tuning, target=target.top1)
+        records, tunings = run_tuned_study(inputs, plan, study_runs, tuning=study.tuning, targets=targets)
     else:
         records = run_study(inputs, plan, study_runs)
     runs = [
