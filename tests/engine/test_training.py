@@ -613,26 +613,3 @@ def test_thor_announces_its_two_compiled_steps_once_each(caplog):
         "Compiling the training graph (THOR, step reusing the inverses)…",
     ]
     assert step.recipe == "THOR"
-
-
-def test_pbfgs_announces_its_graphs_once_and_starts_with_its_line_search_lr(caplog):
-    from dataclasses import replace
-
-    import mindspore as ms
-
-    from pipelines.models.loss import CrossEntropySmooth
-    from pipelines.optim.dim_reduce.pbfgs import PBFGS
-    from pipelines.recipes.dim_reduce.stage2 import PBFGSStep
-    from tests.support.pbfgs import IN, OUT, RECIPE, batches, dense_net, orthonormal_rows
-
-    config = replace(RECIPE, rho=0.5, max_trials=3)
-    trainer = PBFGS(
-        dense_net(), CrossEntropySmooth(OUT, 0.0), orthonormal_rows(3, OUT * IN + OUT, 2), config, rank_size=1
-    )
-    step = PBFGSStep(trainer, steps_per_epoch=3)
-    with caplog.at_level("INFO", logger="pipelines.engine"):
-        for x, y in batches(3):
-            step(ms.Tensor(x), ms.Tensor(y))
-    assert compile_lines(caplog) == ["Compiling the training graph (P-BFGS: gradient, line search, update)…"]
-    assert step.lr_summary(0, 2) == "lr: the step size each step's line search accepts, 0.5^k with k < 3"
-    assert step.lr(2) == step.trainer.last_result.step_size  # what train/lr and the progress line show

@@ -102,6 +102,8 @@ def test_every_registered_pipeline_has_a_run_here():
         for name in globals()
         if name.startswith("test_") and name.endswith("_pipeline")
     }
+    for test in globals().values():  # a test running several pipelines names them in its ``pipelines`` mark
+        tested.update(*(mark.args for mark in getattr(test, "pytestmark", []) if mark.name == "pipelines"))
     assert set(PIPELINE_NAMES) == tested
 
 
@@ -141,11 +143,22 @@ def test_the_default_pipelines_run_has_its_real_name_in_a_model_training_experim
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
 
 
-def test_baseline_pipeline(workspace, tmp_path):
+@pytest.mark.pipelines("baseline", "thor", "report")
+def test_baseline_thor_and_report_pipelines(workspace, tmp_path):
+    """The baseline's and thor's runs, each checked as its pipeline's, then the report over the two runs they logged
+    (thor trains 1 epoch and the baseline 2: an unequal budget the report must refuse to compare)."""
     tree, project = workspace
     uri = tracking_uri(project)
-    params = tiny_params(tree, {"model": {"register": True}, "target": {"top1": 0.01}})
-    outputs = run_audited("baseline", params, project, tmp_path / "graphs")
+    params = tiny_params(
+        tree,
+        {
+            "model": {"register": True},
+            "target": {"top1": 0.01},
+            "thor": {"epochs": 1},
+            "report": {"recipes": ["baseline", "thor"]},
+        },
+    )
+    outputs = run_audited("baseline", params, project, tmp_path / "baseline_graphs")
     assert_trained(outputs, "baseline", epochs=2)
     run = only_run(uri, "baseline")
     assert run.data.metrics[FINAL_TOP1] == pytest.approx(outputs["baseline.eval_report"]["top1"])
@@ -164,6 +177,38 @@ def test_baseline_pipeline(workspace, tmp_path):
     assert (project / "data/06_models/baseline/model/network.mindir").is_file()
     (version,) = client(uri).search_model_versions("name = 'baseline'")
     assert version.run_id == run.info.run_id
+
+    outputs = run_audited("thor", params, project, tmp_path / "thor_graphs", **up_to("thor.evaluate"))
+    assert_trained(outputs, "thor", epochs=1)
+    # 24 images in batches of 4: 6 steps, the inverses refreshed every 2
+    history = outputs["thor.history"]
+    assert list(history["thor/second_order_steps"]) == [3] and history["thor/inverses_computed"].iloc[-1] > 0
+    assert outputs["thor.final_checkpoint"].metadata["epoch"] == 1
+
+    outputs = run_pipeline("report", params, project)
+    table = outputs["report.table"].set_index("recipe")
+    for recipe in ("baseline", "thor"):
+        assert table.at[recipe, "top1"] == pytest.approx(only_run(uri, recipe).data.metrics[FINAL_TOP1])
+    histories = outputs["report.histories"]
+    assert sorted(histories.groupby("recipe")["epoch"].max().items()) == [("baseline", 2), ("thor", 1)]
+    # thor trained 1 epoch, the baseline 2: not compared (no study in this store), and the summary says why
+    assert outputs["report.differences"].empty
+    assert table.at["thor", "left_out"] == "unequal budget to baseline's run: epochs 1 vs 2"
+    summary = outputs["report.summary"]
+    assert summary.startswith("No verdict: no study in the experiment and no pair of single runs at equal budget")
+    assert "- thor vs baseline (single runs): unequal budget: epochs 1 vs 2; not compared side by side." in summary
+    axes = outputs["report.top1_vs_epoch_plot"].axes[0]
+    assert [line.get_label() for line in axes.get_lines()] == ["baseline", "_target"]  # thor is not drawn beside it
+    # no dim_reduce run: no explained-variance figure, on disk or in MLflow
+    assert outputs["report.explained_variance_plot"] == {}
+    assert not list((project / "data/08_reporting/report").rglob("explained_variance.png"))
+    # the runs the closing link compares: the recipes' runs the report read
+    report_run = only_run(uri, "report")
+    assert set(report_run.data.tags["compared_runs"].split(",")) == {
+        only_run(uri, r).info.run_id for r in ("baseline", "thor")
+    }
+    logged = {artifact.path for artifact in client(uri).list_artifacts(report_run.info.run_id, "report")}
+    assert "report/summary.md" in logged and "report/explained_variance.png" not in logged
 
 
 def test_predict_pipeline(workspace, tmp_path):
@@ -210,16 +255,6 @@ def test_predict_pipeline(workspace, tmp_path):
     assert run.data.metrics["predict/top1"] == pytest.approx(top1)
     assert run.data.metrics["predict/images"] == len(val) + 1 and run.data.metrics["predict/bad_images"] == 1
     assert (project / "data/07_model_output/predictions.csv").is_file()
-
-
-def test_thor_pipeline(workspace, tmp_path):
-    tree, project = workspace
-    outputs = run_audited("thor", tiny_params(tree), project, tmp_path / "graphs", **up_to("thor.evaluate"))
-    assert_trained(outputs, "thor", epochs=2)
-    history = outputs["thor.history"]
-    # 24 images in batches of 4: 12 steps, the inverses refreshed every 2
-    assert list(history["thor/second_order_steps"]) == [3, 6] and history["thor/inverses_computed"].iloc[-1] > 0
-    assert outputs["thor.final_checkpoint"].metadata["epoch"] == 2
 
 
 def test_adasum_pipeline(workspace, tmp_path):
@@ -326,38 +361,6 @@ def test_thor_bert_pipeline(workspace):
         assert (run.data.metrics["target/reached"], run.data.metrics["target/epochs"]) == (1, 1)
     assert only_run(uri, "thor_bert").data.metrics[UNIGRAM_MLM_ACCURACY] == pytest.approx(unigram)
     assert runs["baseline"].data.params["thor_bert.baseline.optimizer"] == "adamweightdecay"
-
-
-def test_report_pipeline(workspace):
-    tree, project = workspace
-    uri = tracking_uri(project)
-    params = tiny_params(tree, {"report": {"recipes": ["baseline", "thor"]}, "thor": {"epochs": 1}})
-    for recipe in ("baseline", "thor"):
-        run_pipeline(recipe, params, project, **up_to(f"{recipe}.evaluate"))
-    outputs = run_pipeline("report", params, project)
-    table = outputs["report.table"].set_index("recipe")
-    for recipe in ("baseline", "thor"):
-        assert table.at[recipe, "top1"] == pytest.approx(only_run(uri, recipe).data.metrics[FINAL_TOP1])
-    histories = outputs["report.histories"]
-    assert sorted(histories.groupby("recipe")["epoch"].max().items()) == [("baseline", 2), ("thor", 1)]
-    # thor trained 1 epoch, the baseline 2: not compared (no study in this store), and the summary says why
-    assert outputs["report.differences"].empty
-    assert table.at["thor", "left_out"] == "unequal budget to baseline's run: epochs 1 vs 2"
-    summary = outputs["report.summary"]
-    assert summary.startswith("No verdict: no study in the experiment and no pair of single runs at equal budget")
-    assert "- thor vs baseline (single runs): unequal budget: epochs 1 vs 2; not compared side by side." in summary
-    axes = outputs["report.top1_vs_epoch_plot"].axes[0]
-    assert [line.get_label() for line in axes.get_lines()] == ["baseline", "_target"]  # thor is not drawn beside it
-    # no dim_reduce run: no explained-variance figure, on disk or in MLflow
-    assert outputs["report.explained_variance_plot"] == {}
-    assert not list((project / "data/08_reporting/report").rglob("explained_variance.png"))
-    # the runs the closing link compares: the recipes' runs the report read
-    report_run = only_run(uri, "report")
-    assert set(report_run.data.tags["compared_runs"].split(",")) == {
-        only_run(uri, r).info.run_id for r in ("baseline", "thor")
-    }
-    logged = {artifact.path for artifact in client(uri).list_artifacts(report_run.info.run_id, "report")}
-    assert "report/summary.md" in logged and "report/explained_variance.png" not in logged
 
 
 def test_migrate_pipeline(workspace, tmp_path):
