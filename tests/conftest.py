@@ -17,6 +17,7 @@ from __future__ import annotations
 import pipelines  # noqa: F401  (sets ONEDNN_MAX_CPU_ISA: must come before any mindspore import)
 
 # isort: on
+import gc
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,11 @@ def viz_site(tmp_path_factory):
     result = kedro(project, "viz", "build", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return project
+
+
+def pytest_collection_finish(session):
+    """Every module the tests import is loaded now: move its objects out of the garbage collector's reach.
+    MindSpore runs a full collection before compiling each graph (``graph/api.py``), a quarter of a second each in
+    a process holding MindSpore, Kedro and MLflow; frozen objects are not scanned again."""
+    gc.collect()
+    gc.freeze()
