@@ -135,13 +135,54 @@ def train_row(context, conf, training: str, checkpoint_dir: str) -> dict:
     return figures | ({"nsp_accuracy": float(history[nsp[0]].iloc[-1])} if nsp else {})
 
 
+def print_table(frame: pd.DataFrame) -> None:
+    """Per row: final masked-LM accuracy per seed, mean [95 % CI], the difference to AdamWeightDecay on the same
+    seeds (paired), collapsed runs, errors, training seconds per step; markdown, for docs/results.md."""
+    from pipelines.study.statistics import t_interval
+
+    baseline = frame[frame["row"] == "baseline"].set_index("seed")["mlm_accuracy"]
+    print(
+        "| row | seeds | final masked-LM accuracy % per seed | mean [95 % CI] | vs AdamWeightDecay, paired (pt) "
+        "| collapsed (step) | error | training ms per step |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, group in frame.groupby("row", sort=False):
+        rows = group.sort_values("seed")
+        accuracy = rows["mlm_accuracy"].astype(float)
+        mean, low, high, n = t_interval(100 * accuracy)
+        paired = [
+            100 * (a - baseline[s])
+            for s, a in zip(rows["seed"], accuracy, strict=True)
+            if s in baseline and name != "baseline"
+        ]
+        d_mean, d_low, d_high, d_n = t_interval(paired)
+        collapsed = [
+            f"{s} ({int(c)})"
+            for s, k, c in zip(rows["seed"], rows["collapsed"], rows["collapse_step"], strict=True)
+            if k is True or k == "True"
+        ]
+        errors = [f"{s}: {e.split(':')[0]}" for s, e in zip(rows["seed"], rows["error"].fillna(""), strict=True) if e]
+        per_step = 1000 * rows["train_s"] / rows["steps"]
+        print(
+            f"| {name} | {', '.join(map(str, rows['seed']))} | {' / '.join(f'{100 * a:.2f}' for a in accuracy)} "
+            f"| {mean:.2f} [{low:.2f}, {high:.2f}] | "
+            + (f"{d_mean:+.2f} [{d_low:+.2f}, {d_high:+.2f}] (n={d_n})" if d_n else "")
+            + f" | {', '.join(collapsed) or 'none'} | {', '.join(errors) or 'none'} | {per_step.median():.0f} |"
+        )
+    print(f"unigram baseline: {100 * frame['unigram'].dropna().iloc[0]:.2f} %")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--params", default="", help="overrides of conf/base for every row (dotted keys)")
     parser.add_argument("--out", type=Path, default=PROJECT / "data/08_reporting/benchmarks/thor_bert_options.csv")
+    parser.add_argument("--table", action="store_true", help="print the table of --out's trainings and stop")
     args = parser.parse_args()
+    if args.table:
+        print_table(pd.read_csv(args.out))
+        return
 
     from pipelines.recipes.classifier import configure
 
