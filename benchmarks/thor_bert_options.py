@@ -206,8 +206,8 @@ def main() -> None:
             line = {"row": name, "seed": seed, "examples": examples, "overrides": overrides, **figures}
             print(" ".join(f"{key}={value}" for key, value in line.items()), flush=True)
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            frame = pd.concat([pd.read_csv(args.out), pd.DataFrame([line])]) if args.out.is_file() else None
-            (frame if frame is not None else pd.DataFrame([line])).to_csv(args.out, index=False)
+            earlier = [pd.read_csv(args.out)] if args.out.is_file() else []  # rows differ in columns: no plain append
+            pd.concat([*earlier, pd.DataFrame([line])]).to_csv(args.out, index=False)
 
 
 if __name__ == "__main__":
