@@ -15,22 +15,7 @@ from pipelines.migrate.convert import (
     require_parity,
 )
 from pipelines.migrate.torch_resnet import TorchResNet
-from pipelines.params import MigrationParity
-from tests.support.torch_weights import IMAGE_SIZE, random_torch_resnet, save_state_dict
-
-PARITY = MigrationParity(
-    image_size=IMAGE_SIZE,
-    batch_size=4,
-    # With seed 0 one ReLU input of the random resnet18 lies 1.2e-8 from zero: the loss has a kink there
-    # (one-sided finite differences: PyTorch takes the right derivative, MindSpore the left, 8 % apart for
-    # layers.0.bn1.beta), so no float32 implementation can be held to 1e-3 on that batch.
-    seed=1,
-    lr=0.1,
-    forward_tolerance=1e-4,
-    step_weight_tolerance=1e-4,
-    step_update_tolerance=1e-3,
-    step_noise_factor=2.0,
-)
+from tests.support.torch_weights import IMAGE_SIZE, PARITY, random_torch_resnet, save_state_dict
 
 
 @pytest.fixture(scope="module")
