@@ -44,7 +44,8 @@ def thor_row(lr: float, option: str = "") -> str:
 
 
 # name -> (training, --params overrides), in the order a grid runs them: the references and the options at the
-# documented lr first, then the lrs where the documented THOR stops with an inverse error
+# documented lr first, then the lrs where the documented THOR stops with an inverse error, then the graft at a
+# smaller lr and options combined
 ROWS = {
     "baseline": ("baseline", ""),
     "thor": ("thor", thor_row(DOCUMENTED_LR)),
@@ -57,6 +58,11 @@ ROWS = {
         for lr in (0.03, 0.1, 0.015)
         for name, option in (("kl_clip", KL_CLIP), ("factored", FACTORED), ("eigen", EIGEN), ("adam_graft", GRAFT))
     },
+    # the graft at AdamWeightDecay's own peak lr: the graft gives each layer the size of an Adam step
+    "adam_graft_lr0.001": ("thor", thor_row(0.001, GRAFT)),
+    # the step-size bound on the two options that collapse at the documented lr
+    "factored+kl_clip": ("thor", thor_row(DOCUMENTED_LR, f"{FACTORED},{KL_CLIP}")),
+    "eigen+kl_clip": ("thor", thor_row(DOCUMENTED_LR, f"{EIGEN},{KL_CLIP}")),
 }
 
 
