@@ -9,8 +9,10 @@ engine, its evaluations and ``CollapseWatch``), each from that seed's initial we
 ``--out`` at once; a second call skips the (row, seed) pairs already there, so a long grid can be stopped and
 resumed (the examples' digest is in every line: a resumed grid on other examples says so and stops).
 
-    .venv/bin/python benchmarks/thor_bert_options.py --seeds 0 1 2 [--rows baseline thor kl_clip_0.03] \
+    .venv/bin/python benchmarks/thor_bert_options.py --seeds 0 1 2 [--rows baseline thor kl_clip_lr0.03] \
         [--out data/08_reporting/benchmarks/thor_bert_options.csv]
+    .venv/bin/python benchmarks/thor_bert_options.py --table      # the markdown table of --out
+    .venv/bin/python benchmarks/thor_bert_options.py --cost 6     # ms per THOR step by option, side by side
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import math
+import re
 import sys
 import tempfile
 import time
@@ -64,6 +67,9 @@ ROWS = {
     "factored+kl_clip": ("thor", thor_row(DOCUMENTED_LR, f"{FACTORED},{KL_CLIP}")),
     "eigen+kl_clip": ("thor", thor_row(DOCUMENTED_LR, f"{EIGEN},{KL_CLIP}")),
 }
+
+
+COST_ROWS = ("thor", "kl_clip", "factored", "eigen", "adam_graft")
 
 
 def digest(examples: dict) -> str:
@@ -142,40 +148,90 @@ def train_row(context, conf, training: str, checkpoint_dir: str) -> dict:
 
 
 def print_table(frame: pd.DataFrame) -> None:
-    """Per row: final masked-LM accuracy per seed, mean [95 % CI], the difference to AdamWeightDecay on the same
-    seeds (paired), collapsed runs, errors, training seconds per step; markdown, for docs/results.md."""
+    """Per row: final masked-LM accuracy per seed (or the step its training stopped at), mean [95 % CI] of the
+    finished seeds, the paired differences to AdamWeightDecay and to the documented THOR on the same seeds, collapsed
+    runs, stopped runs, training ms per step; markdown, for docs/results.md."""
     from pipelines.study.statistics import t_interval
 
-    baseline = frame[frame["row"] == "baseline"].set_index("seed")["mlm_accuracy"]
+    def paired(rows: pd.DataFrame, reference: str) -> str:
+        other = frame[frame["row"] == reference].set_index("seed")["mlm_accuracy"]
+        mean, low, high, n = t_interval(
+            [100 * (a - other[s]) for s, a in zip(rows["seed"], rows["mlm_accuracy"], strict=True) if s in other]
+        )
+        if n == 0 or rows["row"].iloc[0] == reference:
+            return ""
+        return f"{mean:+.2f} [{low:+.2f}, {high:+.2f}] (n={n})" if n > 1 else f"{mean:+.2f} (n=1)"
+
+    def final(accuracy: float, error: str) -> str:
+        stopped = re.search(r"step (\d+)", error)
+        return f"{100 * accuracy:.2f}" if not error else f"stopped at {stopped[1] if stopped else '?'}"
+
     print(
         "| row | seeds | final masked-LM accuracy % per seed | mean [95 % CI] | vs AdamWeightDecay, paired (pt) "
-        "| collapsed (step) | error | training ms per step |"
+        "| vs THOR, paired (pt) | collapsed (step) | stopped by | training ms per step |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, group in frame.groupby("row", sort=False):
         rows = group.sort_values("seed")
-        accuracy = rows["mlm_accuracy"].astype(float)
-        mean, low, high, n = t_interval(100 * accuracy)
-        paired = [
-            100 * (a - baseline[s])
-            for s, a in zip(rows["seed"], accuracy, strict=True)
-            if s in baseline and name != "baseline"
-        ]
-        d_mean, d_low, d_high, d_n = t_interval(paired)
+        errors = rows["error"].fillna("")
+        mean, low, high, n = t_interval(100 * rows["mlm_accuracy"].astype(float))
         collapsed = [
             f"{s} ({int(c)})"
             for s, k, c in zip(rows["seed"], rows["collapsed"], rows["collapse_step"], strict=True)
             if k is True or k == "True"
         ]
-        errors = [f"{s}: {e.split(':')[0]}" for s, e in zip(rows["seed"], rows["error"].fillna(""), strict=True) if e]
+        stopped_by = sorted({e.split(":")[0] for e in errors if e})
         per_step = 1000 * rows["train_s"] / rows["steps"]
         print(
-            f"| {name} | {', '.join(map(str, rows['seed']))} | {' / '.join(f'{100 * a:.2f}' for a in accuracy)} "
-            f"| {mean:.2f} [{low:.2f}, {high:.2f}] | "
-            + (f"{d_mean:+.2f} [{d_low:+.2f}, {d_high:+.2f}] (n={d_n})" if d_n else "")
-            + f" | {', '.join(collapsed) or 'none'} | {', '.join(errors) or 'none'} | {per_step.median():.0f} |"
+            f"| {name} | {', '.join(map(str, rows['seed']))} "
+            f"| {' / '.join(final(a, e) for a, e in zip(rows['mlm_accuracy'], errors, strict=True))} "
+            f"| {'' if n == 0 else f'{mean:.2f}' if n == 1 else f'{mean:.2f} [{low:.2f}, {high:.2f}]'} "
+            f"| {paired(rows, 'baseline')} | {paired(rows, 'thor')} | {', '.join(collapsed) or 'none'} "
+            f"| {', '.join(stopped_by) or 'none'} | {'' if per_step.isna().all() else f'{per_step.median():.0f}'} |"
         )
     print(f"unigram baseline: {100 * frame['unigram'].dropna().iloc[0]:.2f} %")
+
+
+def print_cost(context, common, params: str, repeats: int) -> None:
+    """Training ms per THOR step on the BERT default by option at the documented lr, the second-order step and the
+    step reusing its inverses: medians of ``repeats`` interleaved repeats on one batch in one process (every option's
+    graphs compiled first), so the machine's load falls on all alike; ratios against the documented THOR."""
+    import statistics
+
+    import mindspore as ms
+
+    from pipelines.recipes.language_model import bert_from_checkpoint, build_bert
+    from pipelines.recipes.thor_bert import thor_step_of
+    from pipelines.text.examples import COLUMNS
+
+    batch_size = common.thor_bert.thor.batch_size
+    batch = [ms.Tensor(context.train_examples[name][:batch_size]) for name in COLUMNS]
+    start = build_bert(common.thor_bert.network, context.vocab_size, common.runtime)
+    steps = {}
+    for name in COST_ROWS:
+        # frequency 2: second-order and reuse steps alternate
+        conf = load_conf(",".join(filter(None, (params, ROWS[name][1], "thor_bert.thor.frequency=2"))))
+        net = bert_from_checkpoint(conf.thor_bert.network, context.vocab_size, start, "start checkpoint")
+        steps[name] = thor_step_of(conf.thor_bert.thor, net, 4 * repeats + 4, rank_size=1)
+        for _ in range(2):
+            steps[name](*batch).asnumpy()
+    times = {name: {"second-order": [], "reuse": []} for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            for kind in ("second-order", "reuse"):
+                started = time.perf_counter()
+                step(*batch).asnumpy()
+                times[name][kind].append(1000 * (time.perf_counter() - started))
+    medians = {
+        name: {kind: statistics.median(values) for kind, values in kinds.items()} for name, kinds in times.items()
+    }
+    frequency = common.thor_bert.thor.frequency
+    per_cycle = {name: m["second-order"] + (frequency - 1) * m["reuse"] for name, m in medians.items()}
+    for name, m in medians.items():
+        print(
+            f"{name}: second-order {m['second-order']:.0f} ms, reuse {m['reuse']:.0f} ms, mean over a cycle of "
+            f"{frequency} steps {per_cycle[name] / frequency:.0f} ms ({per_cycle[name] / per_cycle['thor']:.2f} x thor)"
+        )
 
 
 def main() -> None:
@@ -185,6 +241,9 @@ def main() -> None:
     parser.add_argument("--params", default="", help="overrides of conf/base for every row (dotted keys)")
     parser.add_argument("--out", type=Path, default=PROJECT / "data/08_reporting/benchmarks/thor_bert_options.csv")
     parser.add_argument("--table", action="store_true", help="print the table of --out's trainings and stop")
+    parser.add_argument(
+        "--cost", type=int, metavar="REPEATS", help="time each option's THOR steps side by side (REPEATS) and stop"
+    )
     args = parser.parse_args()
     if args.table:
         print_table(pd.read_csv(args.out))
@@ -195,6 +254,9 @@ def main() -> None:
     common = load_conf(args.params)
     configure(common.runtime)
     context = prepared_text(common, args.out.with_suffix(".examples.npz"))
+    if args.cost:
+        print_cost(context.with_seed(0), common, args.params, args.cost)
+        return
     examples = digest(context.train_examples)
     done = pd.read_csv(args.out) if args.out.is_file() else pd.DataFrame(columns=["row", "seed", "examples"])
     if len(done) and set(done["examples"]) != {examples}:
