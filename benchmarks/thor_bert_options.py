@@ -66,6 +66,7 @@ ROWS = {
     # the step-size bound on the two options that collapse at the documented lr
     "factored+kl_clip": ("thor", thor_row(DOCUMENTED_LR, f"{FACTORED},{KL_CLIP}")),
     "eigen+kl_clip": ("thor", thor_row(DOCUMENTED_LR, f"{EIGEN},{KL_CLIP}")),
+    "factored+kl_clip_lr0.015": ("thor", thor_row(0.015, f"{FACTORED},{KL_CLIP}")),
 }
 
 
