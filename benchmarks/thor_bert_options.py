@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 from thor_bert_inverse import load_conf
+from thor_options_cost import interleaved_medians
 from thor_vs_momentum import PROJECT
 
 import pipelines  # noqa: F401  (sets the CPU speed environment before MindSpore loads)
@@ -197,8 +198,6 @@ def print_cost(context, common, params: str, repeats: int) -> None:
     """Training ms per THOR step on the BERT default by option at the documented lr, the second-order step and the
     step reusing its inverses: medians of ``repeats`` interleaved repeats on one batch in one process (every option's
     graphs compiled first), so the machine's load falls on all alike; ratios against the documented THOR."""
-    import statistics
-
     import mindspore as ms
 
     from pipelines.recipes.language_model import bert_from_checkpoint, build_bert
@@ -214,23 +213,15 @@ def print_cost(context, common, params: str, repeats: int) -> None:
         conf = load_conf(",".join(filter(None, (params, ROWS[name][1], "thor_bert.thor.frequency=2"))))
         net = bert_from_checkpoint(conf.thor_bert.network, context.vocab_size, start, "start checkpoint")
         steps[name] = thor_step_of(conf.thor_bert.thor, net, 4 * repeats + 4, rank_size=1)
-        for _ in range(2):
-            steps[name](*batch).asnumpy()
-    times = {name: {"second-order": [], "reuse": []} for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            for kind in ("second-order", "reuse"):
-                started = time.perf_counter()
-                step(*batch).asnumpy()
-                times[name][kind].append(1000 * (time.perf_counter() - started))
     medians = {
-        name: {kind: statistics.median(values) for kind, values in kinds.items()} for name, kinds in times.items()
+        name: {kind: 1000 * seconds for kind, seconds in kinds.items()}
+        for name, kinds in interleaved_medians(steps, batch, repeats).items()
     }
     frequency = common.thor_bert.thor.frequency
-    per_cycle = {name: m["second-order"] + (frequency - 1) * m["reuse"] for name, m in medians.items()}
+    per_cycle = {name: m["second_order"] + (frequency - 1) * m["reuse"] for name, m in medians.items()}
     for name, m in medians.items():
         print(
-            f"{name}: second-order {m['second-order']:.0f} ms, reuse {m['reuse']:.0f} ms, mean over a cycle of "
+            f"{name}: second-order {m['second_order']:.0f} ms, reuse {m['reuse']:.0f} ms, mean over a cycle of "
             f"{frequency} steps {per_cycle[name] / frequency:.0f} ms ({per_cycle[name] / per_cycle['thor']:.2f} x thor)"
         )
 

@@ -14,7 +14,6 @@ from pipelines.models.loss import CrossEntropySmooth
 from pipelines.models.resnet import create_resnet
 from pipelines.optim.thor.step import create_thor_step
 
-ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 CONFIGS = {
     "thor": {},
     "factored": {"damping_method": "factored"},
@@ -23,38 +22,54 @@ CONFIGS = {
     "adam_graft": {"adam_graft": (0.9, 0.999, 1e-8)},
 }
 REPEATS = 6
-steps = {}
-rng = np.random.default_rng(0)
-x = ms.Tensor(rng.standard_normal((64, 3, 32, 32)).astype(np.float32))
-y = ms.Tensor(rng.integers(0, 10, 64).astype(np.int32))
-for name, options in CONFIGS.items():
-    ms.set_seed(0)
-    net = create_resnet("resnet_narrow", 10, zero_init_last_bn_gamma=True)
-    steps[name] = create_thor_step(
-        net,
-        nn.WithLossCell(net, CrossEntropySmooth(10, 0.1)),
-        np.full(4 * REPEATS + 4, 0.05, np.float32),
-        np.full(4 * REPEATS + 4, 0.03, np.float32),
-        momentum=0.9,
-        weight_decay=5e-4,
-        loss_scale=128.0,
-        frequency=2,
-        block_size=None,
-        trace_rule=None,
-        rank_size=1,
-        inverse_method=None,
-        precondition=True,
-        **options,
-    )
-    for _ in range(2):  # compile both graphs
-        steps[name](x, y).asnumpy()
-times = {name: {"second_order": [], "reuse": []} for name in CONFIGS}
-for _ in range(REPEATS):
-    for name, step in steps.items():
-        for kind in ("second_order", "reuse"):
-            start = time.perf_counter()
-            step(x, y).asnumpy()
-            times[name][kind].append(time.perf_counter() - start)
-for name, kinds in times.items():
-    so, re_ = statistics.median(kinds["second_order"]), statistics.median(kinds["reuse"])
-    print(f"{name}: second-order {so:.3f} s, reuse {re_:.3f} s, per 50 steps (1 + 49) {so + 49 * re_:.1f} s")
+
+
+def interleaved_medians(steps: dict, batch: tuple, repeats: int) -> dict[str, dict[str, float]]:
+    """Seconds of each THOR step of ``steps`` (built with frequency 2: second-order and reuse steps alternate) on
+    ``batch``, by kind: every step is called twice first (both graphs compiled), then ``repeats`` rounds call each
+    step once per kind in turn, so the machine's load falls on all alike; the medians."""
+    for step in steps.values():
+        for _ in range(2):
+            step(*batch).asnumpy()
+    times = {name: {"second_order": [], "reuse": []} for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            for kind in ("second_order", "reuse"):
+                started = time.perf_counter()
+                step(*batch).asnumpy()
+                times[name][kind].append(time.perf_counter() - started)
+    return {name: {kind: statistics.median(values) for kind, values in kinds.items()} for name, kinds in times.items()}
+
+
+def main() -> None:
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    steps = {}
+    rng = np.random.default_rng(0)
+    x = ms.Tensor(rng.standard_normal((64, 3, 32, 32)).astype(np.float32))
+    y = ms.Tensor(rng.integers(0, 10, 64).astype(np.int32))
+    for name, options in CONFIGS.items():
+        ms.set_seed(0)
+        net = create_resnet("resnet_narrow", 10, zero_init_last_bn_gamma=True)
+        steps[name] = create_thor_step(
+            net,
+            nn.WithLossCell(net, CrossEntropySmooth(10, 0.1)),
+            np.full(4 * REPEATS + 4, 0.05, np.float32),
+            np.full(4 * REPEATS + 4, 0.03, np.float32),
+            momentum=0.9,
+            weight_decay=5e-4,
+            loss_scale=128.0,
+            frequency=2,
+            block_size=None,
+            trace_rule=None,
+            rank_size=1,
+            inverse_method=None,
+            precondition=True,
+            **options,
+        )
+    for name, medians in interleaved_medians(steps, (x, y), REPEATS).items():
+        so, re_ = medians["second_order"], medians["reuse"]
+        print(f"{name}: second-order {so:.3f} s, reuse {re_:.3f} s, per 50 steps (1 + 49) {so + 49 * re_:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
