@@ -39,7 +39,7 @@ from pipelines.models.loss import CrossEntropySmooth
 from pipelines.optim.schedules import per_step
 from pipelines.optim.thor.capture import is_statistic
 from pipelines.optim.thor.step import ThorStep, create_thor_step
-from pipelines.params import ThorOptions, ThorParams
+from pipelines.params import BertThorTraining, ThorParams
 from pipelines.recipes import classifier
 from pipelines.recipes.context import TrainingContext
 
@@ -53,17 +53,23 @@ THOR_TRACE_SKIPS = "thor/trace_skips"  # (layer, second-order step) pairs that k
 THOR_INVERSES_COMPUTED = "thor/inverses_computed"  # (layer, second-order step) pairs that computed inverses
 
 
-def thor_schedules(thor: ThorParams, steps_per_epoch: int) -> tuple[np.ndarray, np.ndarray]:
+def thor_schedules(thor: ThorParams | BertThorTraining, steps_per_epoch: int) -> tuple[np.ndarray, np.ndarray]:
     """Per-step learning rate and damping of ``thor.epochs`` epochs of ``steps_per_epoch`` steps."""
     lr = per_step(thor.lr, epochs=thor.epochs, steps_per_epoch=steps_per_epoch)
     damping = per_step(thor.damping, epochs=thor.epochs, steps_per_epoch=steps_per_epoch)
     return lr, damping
 
 
-def thor_options(section: ThorOptions) -> dict:
-    """The options of ``section`` (``thor`` or ``thor_bert.thor``) as ``create_thor_step``'s keyword arguments."""
+def thor_step_settings(section: ThorParams | BertThorTraining) -> dict:
+    """What the ResNet (``thor``) and BERT (``thor_bert.thor``) sections set alike, as ``create_thor_step``'s
+    keyword arguments: the shared optimizer's settings, the statistics' cadence and the options."""
     graft = section.adam_graft
     return {
+        "momentum": section.momentum,
+        "weight_decay": section.weight_decay,
+        "loss_scale": section.loss_scale,
+        "frequency": section.frequency,
+        "block_size": section.block_size,
         "damping_method": section.damping_method,
         "compute_method": section.compute_method,
         "kl_clip": section.kl_clip,
@@ -80,16 +86,11 @@ def own_thor_step(
         nn.WithLossCell(net, loss_fn),
         lr_per_step,
         damping,
-        momentum=thor.momentum,
-        weight_decay=thor.weight_decay,
-        loss_scale=thor.loss_scale,
-        frequency=thor.frequency,
-        block_size=thor.block_size,
         trace_rule=tuple(thor.trace_rule) if thor.trace_rule else None,
         rank_size=rank_size,
         inverse_method=None,  # Cholesky, or MatrixInverse on Ascend (linalg.block_inverse)
         precondition=thor.precondition,
-        **thor_options(thor),
+        **thor_step_settings(thor),
     )
     return OwnThorStep(step)
 

@@ -47,7 +47,7 @@ from pipelines.params import BertBaselineTraining, BertThorTraining
 from pipelines.recipes.classifier import configure
 from pipelines.recipes.context import LanguageModelContext
 from pipelines.recipes.language_model import NETWORK_NAME, CollapseWatch, bert_from_checkpoint, held_out_dataset
-from pipelines.recipes.thor import OwnThorStep, ThorFigures, thor_options
+from pipelines.recipes.thor import OwnThorStep, ThorFigures, thor_schedules, thor_step_settings
 from pipelines.text.dataset import create_text_dataset
 from pipelines.text.examples import unigram_baseline
 
@@ -127,8 +127,7 @@ def _train(
 def thor_step_of(thor: BertThorTraining, net: BertPreTraining, steps_per_epoch: int, *, rank_size: int) -> ThorStep:
     """THOR's step for ``net`` (every Dense layer preconditioned, then Momentum) with ``thor``'s schedules over
     ``thor.epochs`` epochs of ``steps_per_epoch`` steps."""
-    lr_per_step = per_step(thor.lr, epochs=thor.epochs, steps_per_epoch=steps_per_epoch)
-    damping = per_step(thor.damping, epochs=thor.epochs, steps_per_epoch=steps_per_epoch)
+    lr_per_step, damping = thor_schedules(thor, steps_per_epoch)
     logger.info(
         "THOR on BERT: frequency %d, lr %.4g -> %.4g, damping %.4g -> %.4g over %d steps",
         thor.frequency,
@@ -143,17 +142,12 @@ def thor_step_of(thor: BertThorTraining, net: BertPreTraining, steps_per_epoch: 
         BertNetworkWithLoss(net),
         lr_per_step,
         damping,
-        momentum=thor.momentum,
-        weight_decay=thor.weight_decay,
-        loss_scale=thor.loss_scale,
-        frequency=thor.frequency,
-        block_size=thor.block_size,
         trace_rule=None,
         rank_size=rank_size,
         inverse_method=None,  # Cholesky, or MatrixInverse on Ascend (linalg.block_inverse)
         precondition=True,
         decays=decays_unless_layernorm_or_bias,
-        **thor_options(thor),
+        **thor_step_settings(thor),
     )
 
 

@@ -251,7 +251,7 @@ def test_factored_damping_under_the_trace_rule():
 
 def test_the_recipe_passes_each_option_to_the_library():
     """``recipes.thor.own_thor_step`` builds THOR with the section's keys (the thor_bert recipe shares
-    ``thor_options``); no step runs, nothing compiles."""
+    ``thor_step_settings``); no step runs, nothing compiles."""
     import yaml
 
     from pipelines.models.loss import CrossEntropySmooth
