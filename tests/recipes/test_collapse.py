@@ -43,8 +43,8 @@ def test_a_training_back_at_the_unigram_baseline_is_collapsed_since_the_first_st
     with caplog.at_level(logging.WARNING):
         watch.on_train_end()
     assert (
-        "thor_bert thor collapsed: its held-out masked-LM accuracy has been at the unigram baseline (5.00%, "
-        "always token 11) since step 150" in caplog.text
+        "thor_bert thor collapsed: its held-out masked-LM accuracy has been at most 0.5 points above the unigram "
+        "baseline (5.00%, always token 11) since step 150" in caplog.text
     )
 
 

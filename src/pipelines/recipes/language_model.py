@@ -115,9 +115,10 @@ class CollapseWatch(Callback):
         since = self.collapse_step()
         if since is not None:
             logger.warning(
-                "%s collapsed: its held-out masked-LM accuracy has been at the unigram baseline (%.2f%%, always "
-                "token %d) since step %d",
+                "%s collapsed: its held-out masked-LM accuracy has been at most %.1f points above the unigram "
+                "baseline (%.2f%%, always token %d) since step %d",
                 self.label,
+                100 * COLLAPSE_MARGIN,
                 100 * self.unigram.accuracy,
                 self.unigram.token_id,
                 since,
