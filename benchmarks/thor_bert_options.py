@@ -43,6 +43,9 @@ GRAFT = ",".join(
 )
 
 
+WARMUP_100 = "thor_bert.thor.lr.warmup_steps=100"
+
+
 def thor_row(lr: float, option: str = "") -> str:
     return ",".join(filter(None, (f"thor_bert.thor.lr.peak={lr}", option)))
 
@@ -64,6 +67,8 @@ ROWS = {
     },
     # the graft at AdamWeightDecay's own peak lr: the graft gives each layer the size of an Adam step
     "adam_graft_lr0.001": ("thor", thor_row(0.001, GRAFT)),
+    # ... and with AdamWeightDecay's warm-up (100 steps), there and at an lr between it and THOR's documented one
+    **{f"adam_graft_lr{lr}_warmup100": ("thor", thor_row(lr, f"{GRAFT},{WARMUP_100}")) for lr in (0.003, 0.001)},
     # the step-size bound on the two options that collapse at the documented lr
     "factored+kl_clip": ("thor", thor_row(DOCUMENTED_LR, f"{FACTORED},{KL_CLIP}")),
     "eigen+kl_clip": ("thor", thor_row(DOCUMENTED_LR, f"{EIGEN},{KL_CLIP}")),
