@@ -59,7 +59,7 @@ def communication_bytes_per_step(
     parallel), ``adasum_exchange`` (half swaps), ``adasum_scalars`` (per-tensor dot products and
     norms), ``adasum_allgather`` (final assembly), ``batchnorm``, ``adasum`` (sum of the four).
     """
-    from pipelines.optim.adasum.combine import EXCHANGES, check_rank_size
+    from trainlib.optim.adasum.combine import EXCHANGES, check_rank_size
 
     check_rank_size(rank_size)
     if exchange not in EXCHANGES:
@@ -96,8 +96,8 @@ def parameter_layout(name: str) -> tuple[list[int], int]:
     """Element counts of the trainable tensors and the number of BatchNorm statistic elements."""
     import numpy as np
 
-    from pipelines.models.resnet import create_resnet
-    from pipelines.optim.adasum.step import batchnorm_statistics
+    from trainlib.models.resnet import create_resnet
+    from trainlib.optim.adasum.step import batchnorm_statistics
 
     net = create_resnet(name, NUM_CLASSES[name])
     sizes = [int(np.prod(p.shape)) for p in net.trainable_params()]
@@ -137,8 +137,8 @@ def build_steps(rank_size: int, batch: int, image_size: int):
     import mindspore as ms
     from mindspore import nn
 
-    from pipelines.models.resnet import create_resnet
-    from pipelines.optim.adasum.step import AdasumTrainStep
+    from trainlib.models.resnet import create_resnet
+    from trainlib.optim.adasum.step import AdasumTrainStep
 
     steps = {}
     for mode in ("plain", "adasum"):
@@ -162,7 +162,7 @@ def run_worker(out: Path, batch: int, image_size: int, epochs: int, steps_per_ep
     import numpy as np
     from mindspore import Tensor
 
-    from pipelines.engine.runtime import configure_mindspore
+    from trainlib.engine.runtime import configure_mindspore
 
     configure_mindspore("CPU", "graph", 0)
     rank, rank_size = 0, 1
@@ -233,7 +233,7 @@ def main() -> None:
     print_computed()
     if args.skip_measured:
         return
-    from pipelines.optim.adasum.combine import default_exchange
+    from trainlib.optim.adasum.combine import default_exchange
 
     sizes, stats = parameter_layout("resnet_narrow")
     worker_args = ["--batch-size", str(args.batch_size), "--image-size", str(args.image_size)]

@@ -73,7 +73,7 @@ class AnonymousPeak:
 def large_checkpoint(side: int, pieces: int):
     import numpy as np
 
-    from pipelines.engine.checkpoint import Checkpoint
+    from trainlib.engine.checkpoint import Checkpoint
 
     weight = np.random.default_rng(0).standard_normal((side, side), dtype=np.float32)
     if pieces > 1:
@@ -95,7 +95,7 @@ def phase(name: str, path: Path, side: int, pieces: int) -> dict:
     """One measurement, in this process: seconds and peak resident memory before and after it."""
     import mindspore as ms
 
-    from pipelines.engine.checkpoint import load_checkpoint, save_checkpoint
+    from trainlib.engine.checkpoint import load_checkpoint, save_checkpoint
 
     result: dict = {"phase": name, "file": str(path)}
     if name in ("write", "mindspore-write"):
@@ -145,9 +145,9 @@ def small(folder: Path, repeats: int) -> None:
     """Both formats on ResNet-50's parameters and Momentum moments: median save and load seconds."""
     import mindspore as ms
 
-    from pipelines.engine.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-    from pipelines.engine.state import network_state
-    from pipelines.models.resnet import create_resnet
+    from trainlib.engine.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+    from trainlib.engine.state import network_state
+    from trainlib.models.resnet import create_resnet
 
     params = network_state(create_resnet("resnet50", 1000))
     params |= {f"optimizer.moments.{k}": v.copy() for k, v in params.items()}

@@ -96,7 +96,7 @@ def run_ops(out_dir: Path, mode: str) -> None:
     import mindspore as ms
     from mindspore import nn, ops
 
-    from pipelines.optim.thor.linalg import apply_left, apply_right, block_inverse
+    from trainlib.optim.thor.linalg import apply_left, apply_right, block_inverse
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)

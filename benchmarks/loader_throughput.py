@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 import pipelines  # noqa: F401  (sets the CPU speed environment before MindSpore loads)
-from pipelines.data.verify import worker_count
+from trainlib.data.verify import worker_count
 
 SPLIT_DIRS = {"train": "ilsvrc", "val": "ilsvrc_eval"}
 VAL_EVERY = 26  # one val image per 25 train ones
@@ -159,7 +159,7 @@ class _DescendantPeak:
 def stage_scan(args: argparse.Namespace) -> dict:
     import pandas as pd
 
-    from pipelines.data.folder import scan_image_tree
+    from trainlib.data.folder import scan_image_tree
 
     pd.array(["loaded"], dtype="str")  # pandas loads pyarrow for its first string column: not the manifest's memory
     before = current_rss_mb()
@@ -187,7 +187,7 @@ def stage_convert(args: argparse.Namespace) -> dict:
     import mindspore.dataset  # noqa: F401  (loaded before the clock starts: seconds, not the build's)
     import pandas as pd
 
-    from pipelines.data.folder import create_dataset
+    from trainlib.data.folder import create_dataset
 
     manifest = pd.read_pickle(args.cache / "manifest.pkl")
     train = manifest[manifest["split"] == "train"]
@@ -214,7 +214,7 @@ def stage_convert(args: argparse.Namespace) -> dict:
 def _image_ops():
     from mindspore.dataset import vision
 
-    from pipelines.data.folder import MEAN, STD
+    from trainlib.data.folder import MEAN, STD
 
     return [
         vision.RandomCropDecodeResize(224, scale=(0.08, 1.0), ratio=(0.75, 1.333)),
@@ -229,7 +229,7 @@ def _loader(args: argparse.Namespace, which: str, decode: bool):
     import mindspore.dataset as ds
     import pandas as pd
 
-    from pipelines.data.folder import create_dataset
+    from trainlib.data.folder import create_dataset
 
     if which == "ours":
         manifest = pd.read_pickle(args.cache / "manifest.pkl")

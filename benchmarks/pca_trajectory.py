@@ -108,7 +108,7 @@ def child(task: dict) -> dict:
     # Every child imports the same modules, so the baseline child accounts for them.
     from sklearn.decomposition import PCA
 
-    from pipelines.optim.dim_reduce.pca import fit_pca
+    from trainlib.optim.dim_reduce.pca import fit_pca
 
     paths, n, k, method = [Path(p) for p in task["paths"]], task["n"], task["k"], task["method"]
     full = n == task["n_file"]

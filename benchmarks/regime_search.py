@@ -90,7 +90,7 @@ def run_setting(grid: str, name: str, overrides: dict[str, object], seeds: list[
 def markdown(grid: str, done: pd.DataFrame) -> str:
     """Each setting's paired comparisons, recomputed from its per-run table with the study's own statistics;
     a setting's overrides are shown as its changes to the grid's ``small`` setting."""
-    from pipelines.study.statistics import paired_differences
+    from trainlib.study.statistics import paired_differences
 
     lines = [
         "| setting | overrides | comparison | measure | mean [95 % CI] | n | goal | study wall (s) |",
@@ -117,7 +117,7 @@ def against_small(grid: str, row: str) -> str:
     """Each setting's ``row`` (thor, stage2) against the grid's ``small`` setting's on the same seeds: the
     per-seed differences of final top-1 and ratios of time to target, mean [95 % CI] (e.g. the trace rule's
     cost in accuracy)."""
-    from pipelines.study.statistics import t_interval
+    from trainlib.study.statistics import t_interval
 
     def runs_of(setting: str) -> pd.DataFrame:
         runs = pd.read_csv(RESULTS / grid / setting / "runs.csv")

@@ -27,7 +27,7 @@ import pipelines  # noqa: F401  (sets the CPU speed environment before MindSpore
 
 def load_conf(overrides: str):
     """conf/base validated, with ``key=value,key=value`` overrides (values parsed as YAML)."""
-    from pipelines.params import validate_parameters
+    from trainlib.params import validate_parameters
 
     params: dict = {}
     for path in sorted((PROJECT / "conf/base").glob("parameters*.yml")):
@@ -108,11 +108,11 @@ def main() -> None:
     import mindspore as ms
     import mindspore.dataset as ds
 
-    from pipelines.optim.schedules import per_step
-    from pipelines.recipes.classifier import configure
-    from pipelines.recipes.language_model import bert_from_checkpoint, build_bert, prepare_language_model
-    from pipelines.recipes.thor_bert import thor_step_of
-    from pipelines.text.dataset import create_text_dataset
+    from trainlib.optim.schedules import per_step
+    from trainlib.recipes.classifier import configure
+    from trainlib.recipes.language_model import bert_from_checkpoint, build_bert, prepare_language_model
+    from trainlib.recipes.thor_bert import thor_step_of
+    from trainlib.text.dataset import create_text_dataset
 
     conf = load_conf(args.params)
     bert, runtime = conf.thor_bert, conf.runtime

@@ -92,8 +92,8 @@ def prepared_text(conf, saved: Path):
     examples of the trainings it continues."""
     import numpy as np
 
-    from pipelines.recipes.context import LanguageModelContext
-    from pipelines.recipes.language_model import prepare_language_model
+    from trainlib.recipes.context import LanguageModelContext
+    from trainlib.recipes.language_model import prepare_language_model
 
     bert = conf.thor_bert
     if not saved.is_file():
@@ -122,9 +122,9 @@ def prepared_text(conf, saved: Path):
 
 def train_row(context, conf, training: str, checkpoint_dir: str) -> dict:
     """One training of ``training`` (thor | baseline) from the seed's initial weights; its figures or its error."""
-    from pipelines.metrics import TRAIN_LOSS, VAL_MLM_ACCURACY
-    from pipelines.recipes.language_model import COLLAPSE_STEP, COLLAPSED, UNIGRAM_MLM_ACCURACY, build_bert
-    from pipelines.recipes.thor_bert import train_bert_baseline, train_bert_thor
+    from trainlib.metrics import TRAIN_LOSS, VAL_MLM_ACCURACY
+    from trainlib.recipes.language_model import COLLAPSE_STEP, COLLAPSED, UNIGRAM_MLM_ACCURACY, build_bert
+    from trainlib.recipes.thor_bert import train_bert_baseline, train_bert_thor
 
     bert = conf.thor_bert
     section = getattr(bert, training).model_copy(
@@ -158,7 +158,7 @@ def print_table(frame: pd.DataFrame) -> None:
     """Per row: final masked-LM accuracy per seed (or the step its training stopped at), mean [95 % CI] of the
     finished seeds, the paired differences to AdamWeightDecay and to the documented THOR on the same seeds, collapsed
     runs, stopped runs, training ms per step; markdown, for docs/results.md."""
-    from pipelines.study.statistics import t_interval
+    from trainlib.study.statistics import t_interval
 
     def paired(rows: pd.DataFrame, reference: str) -> str:
         other = frame[frame["row"] == reference].set_index("seed")["mlm_accuracy"]
@@ -205,9 +205,9 @@ def print_cost(context, common, params: str, repeats: int) -> None:
     graphs compiled first), so the machine's load falls on all alike; ratios against the documented THOR."""
     import mindspore as ms
 
-    from pipelines.recipes.language_model import bert_from_checkpoint, build_bert
-    from pipelines.recipes.thor_bert import thor_step_of
-    from pipelines.text.examples import COLUMNS
+    from trainlib.recipes.language_model import bert_from_checkpoint, build_bert
+    from trainlib.recipes.thor_bert import thor_step_of
+    from trainlib.text.examples import COLUMNS
 
     batch_size = common.thor_bert.thor.batch_size
     batch = [ms.Tensor(context.train_examples[name][:batch_size]) for name in COLUMNS]
@@ -246,7 +246,7 @@ def main() -> None:
         print_table(pd.read_csv(args.out))
         return
 
-    from pipelines.recipes.classifier import configure
+    from trainlib.recipes.classifier import configure
 
     common = load_conf(args.params)
     configure(common.runtime)

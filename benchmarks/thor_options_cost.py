@@ -10,9 +10,9 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from pipelines.models.loss import CrossEntropySmooth
-from pipelines.models.resnet import create_resnet
-from pipelines.optim.thor.step import create_thor_step
+from trainlib.models.loss import CrossEntropySmooth
+from trainlib.models.resnet import create_resnet
+from trainlib.optim.thor.step import create_thor_step
 
 CONFIGS = {
     "thor": {},

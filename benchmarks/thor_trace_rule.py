@@ -31,13 +31,13 @@ def main() -> None:
 
     import mindspore as ms
 
-    from pipelines.data import fashion_mnist
-    from pipelines.data.folder import scan_image_tree, subset_manifest
-    from pipelines.engine.runtime import configure_mindspore
-    from pipelines.engine.state import capture_state, restore_network
-    from pipelines.models.loss import CrossEntropySmooth
-    from pipelines.recipes.classifier import create_network, train_data
-    from pipelines.recipes.thor import own_thor_step, thor_schedules
+    from trainlib.data import fashion_mnist
+    from trainlib.data.folder import scan_image_tree, subset_manifest
+    from trainlib.engine.runtime import configure_mindspore
+    from trainlib.engine.state import capture_state, restore_network
+    from trainlib.models.loss import CrossEntropySmooth
+    from trainlib.recipes.classifier import create_network, train_data
+    from trainlib.recipes.thor import own_thor_step, thor_schedules
 
     conf = load_conf()
     data = conf.data

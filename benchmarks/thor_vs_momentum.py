@@ -28,10 +28,10 @@ PROJECT = Path(__file__).resolve().parents[1]
 
 
 def load_conf():
-    """The CPU default configuration (``conf/base``), validated into ``pipelines.params.Parameters``."""
+    """The CPU default configuration (``conf/base``), validated into ``trainlib.params.Parameters``."""
     import yaml
 
-    from pipelines.params import validate_parameters
+    from trainlib.params import validate_parameters
 
     params = {}
     for path in sorted((PROJECT / "conf/base").glob("parameters*.yml")):
@@ -54,15 +54,15 @@ def main() -> None:
     import mindspore as ms
     from mindspore import nn
 
-    from pipelines.data import fashion_mnist
-    from pipelines.data.folder import scan_image_tree, subset_manifest
-    from pipelines.engine.runtime import configure_mindspore
-    from pipelines.engine.state import capture_state, restore_network
-    from pipelines.models.loss import CrossEntropySmooth
-    from pipelines.optim.momentum import create_momentum
-    from pipelines.optim.schedules import per_step
-    from pipelines.recipes.classifier import create_network, train_data
-    from pipelines.recipes.thor import own_thor_step, thor_schedules
+    from trainlib.data import fashion_mnist
+    from trainlib.data.folder import scan_image_tree, subset_manifest
+    from trainlib.engine.runtime import configure_mindspore
+    from trainlib.engine.state import capture_state, restore_network
+    from trainlib.models.loss import CrossEntropySmooth
+    from trainlib.optim.momentum import create_momentum
+    from trainlib.optim.schedules import per_step
+    from trainlib.recipes.classifier import create_network, train_data
+    from trainlib.recipes.thor import own_thor_step, thor_schedules
 
     conf = load_conf()
     data, model, baseline = conf.data, conf.model, conf.baseline

@@ -3,7 +3,7 @@
 Both train the same network (fresh copies of one initialisation) on the same Fashion-MNIST
 subset through the same input pipeline; they differ only in the loop:
 
-- pipeline: ``pipelines.engine.loop.train`` with the callbacks the baseline node uses (progress display,
+- pipeline: ``trainlib.engine.loop.train`` with the callbacks the baseline node uses (progress display,
   ``tracking.EpochMetrics`` into a real run in a temporary store, periodic checkpoints), one epoch a call;
 - bare: ``mindspore.Model.train`` with ``FixedLossScaleManager`` and no callbacks.
 
@@ -38,19 +38,19 @@ def main() -> None:
     from mindspore import nn
     from mindspore.train import FixedLossScaleManager, Model
 
-    from pipelines.data import fashion_mnist
-    from pipelines.data.folder import create_dataset, scan_image_tree, subset_manifest
-    from pipelines.engine.callbacks import PeriodicCheckpoint
-    from pipelines.engine.epochs import TrainingSpec
-    from pipelines.engine.loop import train
-    from pipelines.engine.runtime import configure_mindspore
-    from pipelines.engine.state import capture_state, restore_state
-    from pipelines.engine.step import TrainStep
-    from pipelines.models.loss import CrossEntropySmooth
-    from pipelines.models.resnet import create_resnet
-    from pipelines.optim.momentum import create_momentum
-    from pipelines.optim.schedules import warmup_schedule
     from pipelines.tracking.writer import EpochMetrics
+    from trainlib.data import fashion_mnist
+    from trainlib.data.folder import create_dataset, scan_image_tree, subset_manifest
+    from trainlib.engine.callbacks import PeriodicCheckpoint
+    from trainlib.engine.epochs import TrainingSpec
+    from trainlib.engine.loop import train
+    from trainlib.engine.runtime import configure_mindspore
+    from trainlib.engine.state import capture_state, restore_state
+    from trainlib.engine.step import TrainStep
+    from trainlib.models.loss import CrossEntropySmooth
+    from trainlib.models.resnet import create_resnet
+    from trainlib.optim.momentum import create_momentum
+    from trainlib.optim.schedules import warmup_schedule
 
     configure_mindspore("CPU", "graph", 0)
     fashion_mnist.materialise(args.data_root)

@@ -15,7 +15,7 @@ if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist
 fi
 
-# The thor_bert pipeline pre-trains BERT on the prose of the Python 3.11 docs' reST sources (pipelines.text.corpus)
+# The thor_bert pipeline pre-trains BERT on the prose of the Python 3.11 docs' reST sources (trainlib.text.corpus)
 if [ ! -f /usr/share/doc/python3.11/html/_sources/library/index.rst.txt ]; then
   sudo=""
   if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi

@@ -83,7 +83,7 @@ def mindspore_cpu():
     accepts a repeated call, also after networks have run), so tests or nodes that configure
     MindSpore themselves do not clash with this fixture.
     """
-    from pipelines.engine.runtime import configure_mindspore
+    from trainlib.engine.runtime import configure_mindspore
 
     configure_mindspore("CPU", "graph", 0)
     import mindspore as ms

@@ -1,7 +1,8 @@
-"""The layers of the package hold (import-linter's contracts in pyproject.toml: pipeline folders -> node glue ->
-recipes -> engine, optimizers, distributed -> models, images, and the library loads neither Kedro nor MLflow),
-every top-level module is placed in a layer, and no module of ``pipelines`` imports itself through a cycle
-(imports under ``TYPE_CHECKING`` only name types and are not followed)."""
+"""The layers hold (import-linter's contracts in pyproject.toml: the Kedro project ``pipelines`` -- pipeline folders,
+node glue, tracking -- above the training library ``trainlib`` -- recipes, engine, optimizers, distributed, models,
+images -- which loads neither Kedro, MLflow nor the project), every top-level module is placed in a layer, and no
+module of either package imports itself through a cycle, imports under ``TYPE_CHECKING`` included: a type-only import
+still makes one module's reader read the other first."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ from pathlib import Path
 import grimp
 
 import pipelines
+import trainlib
 
 PROJECT = Path(__file__).resolve().parents[1]
+PACKAGES = ("pipelines", "trainlib")
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 
@@ -46,19 +49,24 @@ def test_the_layer_contracts_hold():
 def test_every_top_level_module_has_a_layer():
     (layers,) = [c["layers"] for c in contracts() if c["type"] == "layers"]
     names = (name for layer in layers for name in layer.replace(":", "|").split("|"))
-    placed = {name.strip().removeprefix("pipelines.").split(".")[0] for name in names}
-    top_level = {info.name for info in pkgutil.iter_modules(pipelines.__path__)}
+    placed = {".".join(name.strip().split(".")[:2]) for name in names}
+    top_level = {
+        f"{package.__name__}.{info.name}"
+        for package in (pipelines, trainlib)
+        for info in pkgutil.iter_modules(package.__path__)
+    }
     assert top_level - placed == set(), "modules without a layer in pyproject.toml [tool.importlinter]"
 
 
 def test_the_contracts_catch_the_library_loading_mlflow(tmp_path):
     """A copy of the package in which the engine imports MLflow breaks the library contract, naming the import."""
-    shutil.copytree(PROJECT / "src" / "pipelines", tmp_path / "pipelines")
-    leak = tmp_path / "pipelines" / "engine" / "leak.py"
+    for package in PACKAGES:
+        shutil.copytree(PROJECT / "src" / package, tmp_path / package)
+    leak = tmp_path / "trainlib" / "engine" / "leak.py"
     leak.write_text("import mlflow\n")
     result = lint_imports(tmp_path)
     assert result.returncode != 0
-    assert "pipelines.engine.leak -> mlflow" in result.stdout
+    assert "trainlib.engine.leak -> mlflow" in result.stdout
 
 
 def strongly_connected(graph: grimp.ImportGraph) -> list[list[str]]:
@@ -97,8 +105,23 @@ def strongly_connected(graph: grimp.ImportGraph) -> list[list[str]]:
 
 
 def test_no_module_imports_itself_through_a_cycle():
-    graph = grimp.build_graph("pipelines", exclude_type_checking_imports=True)
+    graph = grimp.build_graph(*PACKAGES, exclude_type_checking_imports=False)
     assert strongly_connected(graph) == []
+
+
+def test_the_cycle_check_counts_type_checking_imports(tmp_path):
+    """A cycle closed only by an import under ``TYPE_CHECKING`` is a cycle."""
+    package = tmp_path / "typecycle"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from typecycle import b\n")
+    (package / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from typecycle import a\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        graph = grimp.build_graph("typecycle", exclude_type_checking_imports=False, cache_dir=None)
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert strongly_connected(graph) == [["typecycle.a", "typecycle.b"]]
 
 
 def test_the_cycle_check_finds_a_cycle():
@@ -112,14 +135,14 @@ def test_the_cycle_check_finds_a_cycle():
 
 
 def project_import_renames(source: str) -> list[str]:
-    """``from pipelines… import name as other`` and ``import pipelines… as other`` in one module's source: a
+    """``from pipelines… import name as other`` and ``import trainlib… as other`` in one module's source: a
     project function or module read under a second name."""
     renames = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "pipelines":
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PACKAGES:
             renames += [f"{node.module}.{a.name} as {a.asname}" for a in node.names if a.asname not in (None, a.name)]
         elif isinstance(node, ast.Import):
-            project = [a for a in node.names if a.name.split(".")[0] == "pipelines"]
+            project = [a for a in node.names if a.name.split(".")[0] in PACKAGES]
             renames += [f"{a.name} as {a.asname}" for a in project if a.asname]
     return renames
 
@@ -134,5 +157,5 @@ def test_no_import_renames_a_project_name():
 
 
 def test_the_rename_check_finds_a_rename():
-    source = "from pipelines.recipes import dim_reduce as recipe\nimport pipelines.tracking as t\nimport numpy as np\n"
-    assert project_import_renames(source) == ["pipelines.recipes.dim_reduce as recipe", "pipelines.tracking as t"]
+    source = "from trainlib.recipes import dim_reduce as recipe\nimport pipelines.tracking as t\nimport numpy as np\n"
+    assert project_import_renames(source) == ["trainlib.recipes.dim_reduce as recipe", "pipelines.tracking as t"]

@@ -10,12 +10,6 @@ import numpy as np
 import pytest
 from mindspore import nn
 
-from pipelines.boost.options import build_train_step
-from pipelines.models.loss import CrossEntropySmooth
-from pipelines.models.resnet import ResNet, ResNetLayout
-from pipelines.optim.momentum import create_momentum
-from pipelines.optim.thor.linalg import block_inverse
-from pipelines.params import BoostParams
 from tests.support.backends import (
     DEVICE_PATHS,
     KNOWN_GAPS,
@@ -29,6 +23,12 @@ from tests.support.backends import (
     undeclared,
 )
 from tests.support.config import load_config
+from trainlib.boost.options import build_train_step
+from trainlib.models.loss import CrossEntropySmooth
+from trainlib.models.resnet import ResNet, ResNetLayout
+from trainlib.optim.momentum import create_momentum
+from trainlib.optim.thor.linalg import block_inverse
+from trainlib.params import BoostParams
 
 
 class Inverse(nn.Cell):
@@ -70,7 +70,7 @@ def test_the_audit_reads_the_primitives_of_a_training_step(tmp_path):
 
 
 def test_the_audit_reads_an_export_for_any_batch_size_without_its_symbolic_shapes(tmp_path):
-    from pipelines.models.resnet import create_resnet
+    from trainlib.models.resnet import create_resnet
 
     net = create_resnet("resnet_narrow", 2)
     net.set_train(False)

@@ -180,7 +180,7 @@ def test_log_records_keep_one_line_when_piped_and_richs_layout_in_a_terminal(tmp
 
 
 def test_the_reports_markdown_table_is_not_wrapped_when_piped(tmp_path):
-    """The report logs its summary as one multi-line record (pipelines.pipelines.report.nodes): piped, every table row
+    """The report logs its summary as one multi-line record (pipelines.report.nodes): piped, every table row
     stays one line, however wide (Rich's handler cut it at 80 columns)."""
     row = (
         "| thor vs baseline | final_top1_difference | +18.50 pt [+12.15, +24.85] | 2 | 2 epochs each |" + " " * 10 + "|"

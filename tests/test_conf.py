@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.engine.runtime import DeviceUnavailableError, device_available, require_device
 from pipelines.hooks.configuration import rehearsal_command
 from tests.support.config import load_config
+from trainlib.engine.runtime import DeviceUnavailableError, device_available, require_device
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def test_unknown_device_target():
 
 
 def test_cpu_speed_settings_respect_the_user(monkeypatch):
-    from pipelines.engine import runtime
+    from trainlib.engine import runtime
 
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
     monkeypatch.delenv("GLOG_v", raising=False)
@@ -101,7 +101,7 @@ def test_cpu_speed_settings_respect_the_user(monkeypatch):
 
 
 def test_the_machine_is_described_by_its_widest_vector_extension_and_the_onednn_limit_in_force(tmp_path, monkeypatch):
-    from pipelines.engine.runtime import describe_machine
+    from trainlib.engine.runtime import describe_machine
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(
@@ -165,16 +165,16 @@ def test_parameter_choices_match_the_library():
     """params.py cannot import the library (MindSpore); its Literals must name what the library accepts."""
     from typing import get_args
 
-    from pipelines import params
-    from pipelines.boost.options import FREEZE_TYPES, GRAD_CENTRALIZATION_MODES, GRAD_CENTRALIZATION_TARGETS
-    from pipelines.data.folder import BAD_FILE_POLICIES, VERIFY_MODES
-    from pipelines.engine.runtime import DEVICE_TARGETS
-    from pipelines.migrate.layouts import TORCHVISION_ARCHITECTURES
-    from pipelines.models.resnet import CONV_INITS, DENSE_INITS, RESNET_LAYOUTS
-    from pipelines.optim.adasum.combine import EXCHANGES
-    from pipelines.optim.schedules import SHAPES
-    from pipelines.optim.thor.linalg import COMPUTE_METHODS, DAMPING_METHODS
-    from pipelines.report.compare import RECIPES
+    from trainlib import params
+    from trainlib.boost.options import FREEZE_TYPES, GRAD_CENTRALIZATION_MODES, GRAD_CENTRALIZATION_TARGETS
+    from trainlib.data.folder import BAD_FILE_POLICIES, VERIFY_MODES
+    from trainlib.engine.runtime import DEVICE_TARGETS
+    from trainlib.migrate.layouts import TORCHVISION_ARCHITECTURES
+    from trainlib.models.resnet import CONV_INITS, DENSE_INITS, RESNET_LAYOUTS
+    from trainlib.optim.adasum.combine import EXCHANGES
+    from trainlib.optim.schedules import SHAPES
+    from trainlib.optim.thor.linalg import COMPUTE_METHODS, DAMPING_METHODS
+    from trainlib.report.compare import RECIPES
 
     assert get_args(params.DeviceTarget) == DEVICE_TARGETS
     assert get_args(params.VerifyMode) == VERIFY_MODES

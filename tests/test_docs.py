@@ -74,15 +74,17 @@ def test_relative_links_point_to_existing_files_and_anchors(page):
     assert not broken, f"{page.relative_to(ROOT)} links to what does not exist: " + "; ".join(broken)
 
 
-def test_every_top_level_module_has_an_api_page():
-    package = ROOT / "src" / "pipelines"
+@pytest.mark.parametrize("package", ["trainlib", "pipelines"])
+def test_every_top_level_module_has_an_api_page(package):
     modules = {
         path.stem
-        for path in package.iterdir()
+        for path in (ROOT / "src" / package).iterdir()
         if (path.suffix == ".py" and not path.name.startswith("__")) or (path / "__init__.py").is_file()
     }
-    pages = {page.stem for page in (DOCS / "api").glob("*.md")}
-    assert modules <= pages, f"add docs/api/<name>.md (and its mkdocs.yml nav entry) for {sorted(modules - pages)}"
-    assert pages <= modules, f"docs/api/ has pages of modules that no longer exist: {sorted(pages - modules)}"
+    pages = {page.stem for page in (DOCS / "api" / package).glob("*.md")}
+    assert modules <= pages, (
+        f"add docs/api/{package}/<name>.md (and its mkdocs.yml nav entry) for {sorted(modules - pages)}"
+    )
+    assert pages <= modules, f"docs/api/{package}/ has pages of modules that no longer exist: {sorted(pages - modules)}"
     for name in modules:
-        assert f"::: pipelines.{name}" in (DOCS / "api" / f"{name}.md").read_text(encoding="utf-8")
+        assert f"::: {package}.{name}" in (DOCS / "api" / package / f"{name}.md").read_text(encoding="utf-8")

@@ -1,13 +1,13 @@
-"""pipelines.fast_dev_run: the substitutions that rehearse an environment's recipe on CPU (pure, milliseconds)."""
+"""trainlib.fast_dev_run: the substitutions that rehearse an environment's recipe on CPU (pure, milliseconds)."""
 
 from __future__ import annotations
 
 import pytest
 from omegaconf import OmegaConf
 
-from pipelines.fast_dev_run import TAG, fast_dev_run_overrides, relocated
-from pipelines.params import validate_parameters
 from tests.support.config import load_config
+from trainlib.fast_dev_run import TAG, fast_dev_run_overrides, relocated
+from trainlib.params import validate_parameters
 
 DEFAULT_DATA = {
     "source": "fashion_mnist",

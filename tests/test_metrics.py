@@ -3,7 +3,7 @@ deliberate one (the MLflow UI and every report overlay runs by these names)."""
 
 from __future__ import annotations
 
-from pipelines import metrics
+from trainlib import metrics
 
 
 def test_the_schema_keys_are_the_documented_ones():
@@ -24,5 +24,5 @@ def test_the_schema_module_loads_without_mindspore():
     import subprocess
     import sys
 
-    code = "import sys, pipelines.metrics; sys.exit('mindspore' in sys.modules)"
+    code = "import sys, trainlib.metrics; sys.exit('mindspore' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -1,4 +1,4 @@
-"""Parameter validation (pipelines.params): typos, types, choices, ranges and cross-key rules, each
+"""Parameter validation (trainlib.params): typos, types, choices, ranges and cross-key rules, each
 named with its dotted key and the file (or --params) it came from, every problem at once."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from pipelines.hooks.config_files import parameter_sources
-from pipelines.params import BaselineParams, ParameterError, Parameters, ThorParams, validate_parameters
 from tests.support.config import CONF, changed, load_config
+from trainlib.params import BaselineParams, ParameterError, Parameters, ThorParams, validate_parameters
 
 
 @pytest.mark.parametrize("env", ["local", "ascend", "gpu"])
@@ -236,13 +236,13 @@ loader = OmegaConfigLoader({str(CONF)!r}, env="local", base_env="base", merge_st
 params = loader["parameters"]
 params["baseline"]["epoch"] = 3
 before = set(sys.modules)
-from pipelines.params import ParameterError, validate_parameters
+from trainlib.params import ParameterError, validate_parameters
 try:
     validate_parameters(params)
 except ParameterError as error:
     assert "did you mean baseline.epochs?" in str(error)
 loaded = sorted(name for name in set(sys.modules) - before if name.split(".")[0] in ("mindspore", "mlflow", "kedro"))
-assert "pipelines.params" not in before and not loaded, loaded
+assert "trainlib.params" not in before and not loaded, loaded
 """
     result = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -34,8 +34,8 @@ import click
 from kedro.framework.cli.project import run as kedro_run
 from kedro.framework.cli.utils import CONTEXT_SETTINGS
 
-from pipelines.errors import Failure, RunFailed
-from pipelines.signals import Interrupted
+from trainlib.errors import Failure, RunFailed
+from trainlib.signals import Interrupted
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ def register_pipelines() -> dict[str, Pipeline]:
     """Each recipe after the data pipeline; ``__default__`` is ``baseline``."""
     # Imported here, not at the top: ``pipelines_named_by`` serves the command line before any run, and the
     # pipeline modules load MindSpore through their nodes.
-    created = {name: import_module(f"pipelines.pipelines.{name}.pipeline").create_pipeline() for name in PIPELINE_NAMES}
+    created = {name: import_module(f"pipelines.{name}.pipeline").create_pipeline() for name in PIPELINE_NAMES}
     data = created["data"]
     baseline = data + created["baseline"]
     return {

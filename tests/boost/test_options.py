@@ -7,11 +7,11 @@ import copy
 import numpy as np
 import pytest
 
-from pipelines.boost.options import build_train_step, grad_centralization_enabled, validate_boost
 from pipelines.hooks.config_files import parameter_sources
-from pipelines.optim.momentum import create_momentum
-from pipelines.params import BoostParams, ParameterError, validate_parameters
 from tests.support.config import CONF, load_config
+from trainlib.boost.options import build_train_step, grad_centralization_enabled, validate_boost
+from trainlib.optim.momentum import create_momentum
+from trainlib.params import BoostParams, ParameterError, validate_parameters
 
 OFF = load_config()["boost"]
 LOSS_SCALE = 8.0
@@ -159,7 +159,7 @@ def test_too_many_freeze_groups_are_refused():
 def tiny_resnet(seed: int = 3):
     import mindspore as ms
 
-    from pipelines.models.resnet import ResNet, ResNetLayout
+    from trainlib.models.resnet import ResNet, ResNetLayout
 
     ms.set_seed(seed)
     return ResNet(ResNetLayout("basic", (2,), base_width=4, small_input_stem=True), 3)

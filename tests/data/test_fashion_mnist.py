@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.data import fashion_mnist
-from pipelines.data.fashion_mnist import CLASS_NAMES, COMPLETE_MARKER, SPLIT_FILES, is_materialised, materialise
+from trainlib.data import fashion_mnist
+from trainlib.data.fashion_mnist import CLASS_NAMES, COMPLETE_MARKER, SPLIT_FILES, is_materialised, materialise
 
 COUNTS = {"train": 13, "val": 7}
 

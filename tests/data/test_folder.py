@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.data.folder import (
+from tests.support.trees import class_colour
+from trainlib.data.folder import (
     MANIFEST_COLUMNS,
     MEAN,
     STD,
@@ -18,7 +19,6 @@ from pipelines.data.folder import (
     scan_image_tree,
     subset_manifest,
 )
-from tests.support.trees import class_colour
 
 SPLITS = {"train": "train", "val": "val"}
 # Class folder names whose sorted order differs from the order they are written in.

@@ -19,11 +19,11 @@ import pytest
 from mindspore import nn
 from PIL import Image
 
-from pipelines.data import verify as verify_module
-from pipelines.data.folder import InputPipelineError, checked_batches, create_dataset, scan_image_tree
-from pipelines.data.links import ChangedImageError, link_split
-from pipelines.data.verify import FolderFiles, verify_files
 from tests.support.trees import class_colour
+from trainlib.data import verify as verify_module
+from trainlib.data.folder import InputPipelineError, checked_batches, create_dataset, scan_image_tree
+from trainlib.data.links import ChangedImageError, link_split
+from trainlib.data.verify import FolderFiles, verify_files
 
 SPLITS = {"train": "train", "val": "val"}
 CLASSES = ("ant", "bee")
@@ -126,7 +126,7 @@ def test_a_training_epoch_over_the_rest_completes(fault_tree, tmp_path):
 
 def test_the_log_gives_per_class_counts_and_the_excluded_files(fault_tree, caplog):
     root, faults, loads = fault_tree
-    with caplog.at_level(logging.INFO, logger="pipelines.data"):
+    with caplog.at_level(logging.INFO, logger="trainlib.data"):
         scan_image_tree(root, SPLITS, on_bad_file="exclude")
     per_class = {name: sum(f"/train/{name}/" in p for p in loads) for name in CLASSES}
     assert f"train: {sum(per_class.values())} images in 2 classes: ant {per_class['ant']}, bee {per_class['bee']}" in (
@@ -140,7 +140,7 @@ def test_the_log_gives_per_class_counts_and_the_excluded_files(fault_tree, caplo
 
 def test_verification_reports_progress_with_rate_and_eta(jpeg_tree, caplog, monkeypatch):
     monkeypatch.setattr(verify_module._Progress, "LOG_EVERY_S", 0.0)  # a line per batch, not every 10 s
-    with caplog.at_level(logging.INFO, logger="pipelines.data.verify"):
+    with caplog.at_level(logging.INFO, logger="trainlib.data.verify"):
         scan_image_tree(jpeg_tree, SPLITS)
     assert re.search(r"Verifying images \(decode\): 14/14 files \(100\.0%\), \d+ files/s, ETA 0:00", caplog.text)
 
@@ -333,7 +333,7 @@ _POOL_SCRIPT = """
 import sys
 import pipelines  # noqa: F401  (sets MindSpore's environment first, as every entry point does)
 from pathlib import Path
-from pipelines.data.verify import FileState, check_contents
+from trainlib.data.verify import FileState, check_contents
 paths = sorted(Path(sys.argv[1]).rglob("*.png"))
 files = [FileState(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
 batches = check_contents(iter(files), len(files), "decode", workers=2)

@@ -21,10 +21,10 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 from mindspore.communication import get_group_size, get_rank, init
 
-from pipelines.engine.runtime import configure_mindspore
-from pipelines.models.resnet import create_resnet
-from pipelines.optim.adasum.combine import Adasum
-from pipelines.optim.adasum.step import AdasumTrainStep, batchnorm_statistics
+from trainlib.engine.runtime import configure_mindspore
+from trainlib.models.resnet import create_resnet
+from trainlib.optim.adasum.combine import Adasum
+from trainlib.optim.adasum.step import AdasumTrainStep, batchnorm_statistics
 
 LR, MOMENTUM, LOSS_SCALE, STEPS = 0.05, 0.9, 1024.0, 3
 

@@ -1,6 +1,6 @@
 """A job for ``launch`` whose rank 1 raises (tests/test_distributed.py)."""
 
-from pipelines.distributed.launch import rank_context
+from trainlib.distributed.launch import rank_context
 
 
 def fail_on_rank_1(distributed, runtime) -> int:

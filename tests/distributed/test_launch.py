@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.distributed.launch import DistributedTrainingError, launch
-from pipelines.engine.checkpoint import load_checkpoint
 from tests.support.config import distributed_params
 from tests.support.processes import Watched, wait_until_gone
 from tests.support.projects import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project, runs
 from tests.support.servers import free_port
 from tests.support.trees import write_image_tree
+from trainlib.distributed.launch import DistributedTrainingError, launch
+from trainlib.engine.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
 

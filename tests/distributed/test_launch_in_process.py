@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from pipelines.distributed.launch import _failure_message, _Job, msrun_command
-from pipelines.params import DistributedParams
 from tests.support.config import distributed_params
+from trainlib.distributed.launch import _failure_message, _Job, msrun_command
+from trainlib.params import DistributedParams
 
 pytestmark = pytest.mark.fast
 
@@ -57,7 +57,7 @@ def test_two_nodes_of_eight_are_valid_and_launch_their_own_workers(tmp_path):
     assert command[0] == "msrun"
     for flag in ("--worker_num=16", "--local_worker_num=8", "--master_addr=10.0.0.1", "--node_rank=1"):
         assert flag in command
-    assert command[-4:] == ["python", "-m", "pipelines.distributed.worker", str(tmp_path)]
+    assert command[-4:] == ["python", "-m", "trainlib.distributed.worker", str(tmp_path)]
 
 
 def dead_pid() -> int:

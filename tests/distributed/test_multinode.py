@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.engine.checkpoint import load_checkpoint
 from tests.support.projects import TINY_PARAMS, kedro, make_project
 from tests.support.trees import write_image_tree
+from trainlib.engine.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
 

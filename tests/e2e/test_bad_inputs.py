@@ -10,17 +10,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.data.folder import BadImageError, DataLayoutError, create_dataset, scan_image_tree
-from pipelines.engine.checkpoint import Checkpoint, CheckpointError, save_checkpoint
-from pipelines.engine.epochs import NonFiniteLossError, TrainingSpec
-from pipelines.engine.loop import Checkpointing, train
-from pipelines.engine.resume import find_resume_checkpoint
-from pipelines.engine.step import TrainStep
-from pipelines.params import DataParams
 from tests.support.config import load_config
 from tests.support.projects import TINY_PARAMS, kedro, make_project, runs
 from tests.support.training import build
 from tests.support.trees import write_image_tree
+from trainlib.data.folder import BadImageError, DataLayoutError, create_dataset, scan_image_tree
+from trainlib.engine.checkpoint import Checkpoint, CheckpointError, save_checkpoint
+from trainlib.engine.epochs import NonFiniteLossError, TrainingSpec
+from trainlib.engine.loop import Checkpointing, train
+from trainlib.engine.resume import find_resume_checkpoint
+from trainlib.engine.step import TrainStep
+from trainlib.params import DataParams
 
 SPLITS = {"train": "train", "val": "val"}
 
@@ -47,7 +47,7 @@ def tree(root: Path) -> Path:
 
 
 def build_manifest_node(image_root: Path) -> Callable[[], object]:
-    from pipelines.pipelines.data.nodes import build_manifest
+    from pipelines.data.nodes import build_manifest
 
     data = load_config()["data"]
     return lambda: build_manifest(str(image_root), DataParams(**{**data, "on_bad_file": "fail"}))
@@ -166,8 +166,8 @@ def n_components_too_large(root: Path):
 
 
 def checkpoints_of_a_different_network(root: Path):
-    from pipelines.models.resnet import create_resnet
-    from pipelines.pipelines.dim_reduce.nodes import collect_trajectory
+    from pipelines.dim_reduce.nodes import collect_trajectory
+    from trainlib.models.resnet import create_resnet
 
     five_classes = create_resnet("resnet_narrow", 5)
     paths = []
@@ -176,7 +176,7 @@ def checkpoints_of_a_different_network(root: Path):
         trainable = {p.name: p.asnumpy().copy() for p in five_classes.trainable_params()}
         save_checkpoint(Checkpoint(trainable, {"global_step": step}), paths[-1])
     index = pd.DataFrame({"path": [str(p) for p in paths], "epoch": 1, "step": 1, "global_step": [10, 20, 30]})
-    from pipelines.params import DimReduceParams, ModelParams
+    from trainlib.params import DimReduceParams, ModelParams
 
     base = load_config()["dim_reduce"]
     dim_reduce = DimReduceParams(**{**base, "collect": {"n_files": None}, "pca": {"n_components": 2}})

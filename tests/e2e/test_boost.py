@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, load_checkpoint
 from tests.support.config import load_config
 from tests.support.projects import TINY_PARAMS, run_on_tiny_tree
+from trainlib.engine.checkpoint import OPTIMIZER_PREFIX, load_checkpoint
 
 OFF = load_config()["boost"]
 

@@ -111,7 +111,7 @@ def corrupt_checkpoint(root: Path):
 
 
 def missing_device(root: Path):
-    from pipelines.engine.runtime import device_available
+    from trainlib.engine.runtime import device_available
 
     if device_available("GPU"):
         pytest.skip("this machine has a GPU")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipelines.engine.checkpoint import load_checkpoint
 from tests.support.projects import TINY_PARAMS, kedro, make_project
 from tests.support.trees import write_image_tree
+from trainlib.engine.checkpoint import load_checkpoint
 
 # wall-clock figures, the only columns that may differ
 TIMINGS = ["train/epoch_time_s", "train/compile_s", "train/images_per_s"]

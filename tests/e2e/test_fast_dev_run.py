@@ -22,8 +22,6 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from pipelines.engine.runtime import device_available
-from pipelines.fast_dev_run import ROOT, TAG
 from pipelines.hooks.rehearsal import rehearsal_substitutions
 from pipelines.pipeline_registry import register_pipelines
 from tests.support.config import load_config
@@ -31,6 +29,8 @@ from tests.support.projects import kedro, make_project, runs
 from tests.support.servers import free_port
 from tests.support.trees import write_image_tree
 from tests.support.views import charted, linked_view
+from trainlib.engine.runtime import device_available
+from trainlib.fast_dev_run import ROOT, TAG
 
 # THOR's first, every environment's: ResNet-50's THOR compiles on one core, and scripts/test.sh --all runs the fast tier
 # beside it

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.engine.checkpoint import is_safetensors, load_metadata
 from tests.support.large_checkpoint_job import EPOCHS, SIDE
 from tests.support.processes import Watched
+from trainlib.engine.checkpoint import is_safetensors, load_metadata
 
 pytestmark = [pytest.mark.slow, pytest.mark.large_memory]
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 
-from pipelines.metrics import TRAINING_KEYS
 from tests.support.projects import DIM_REDUCE_PARAMS, TINY_PARAMS
 from tests.support.stores import complete_run, tracking_uri
+from trainlib.metrics import TRAINING_KEYS
 
 EPOCHS = TINY_PARAMS["baseline"]["epochs"]
 

@@ -9,13 +9,13 @@ import sys
 import numpy as np
 import pytest
 
-from pipelines.engine.checkpoint import load_checkpoint
-from pipelines.migrate.convert import (
+from tests.support.projects import kedro, make_project, runs
+from tests.support.torch_weights import PARITY, random_torch_resnet, save_state_dict
+from trainlib.engine.checkpoint import load_checkpoint
+from trainlib.migrate.convert import (
     TORCH_INSTALL_HINT,
     load_state_dict,
 )
-from tests.support.projects import kedro, make_project, runs
-from tests.support.torch_weights import PARITY, random_torch_resnet, save_state_dict
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ class NoTorch(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, NoTorch())
 from pipelines.pipeline_registry import register_pipelines
 assert "migrate" in register_pipelines()
-from pipelines.migrate.convert import load_state_dict
+from trainlib.migrate.convert import load_state_dict
 try:
     load_state_dict({str(tmp_path / "x.pth")!r})
 except ImportError as error:

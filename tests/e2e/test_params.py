@@ -18,5 +18,5 @@ def test_kedro_run_with_a_typo_stops_before_mindspore_loads(tmp_path):
     assert result.returncode == 1
     assert "baseline.epoch is not a known parameter; did you mean baseline.epochs? (--params)" in result.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import")}
-    assert {"kedro", "pipelines.params", "pipelines.hooks"} <= imported
+    assert {"kedro", "trainlib.params", "pipelines.hooks"} <= imported
     assert not {name for name in imported if name.split(".")[0] == "mindspore"}

@@ -13,9 +13,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.engine.checkpoint import load_checkpoint
-from pipelines.metrics import EPOCH_KEYS
-from pipelines.predict.classifier import MindirClassifier
 from tests.support.projects import (
     DIM_REDUCE_PARAMS,
     EPOCHS,
@@ -30,6 +27,9 @@ from tests.support.projects import (
 )
 from tests.support.servers import model_server
 from tests.support.trees import write_image_tree
+from trainlib.engine.checkpoint import load_checkpoint
+from trainlib.metrics import EPOCH_KEYS
+from trainlib.predict.classifier import MindirClassifier
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +206,7 @@ def test_adasum_on_one_worker_trains_the_momentum_recipe(tmp_path):
 
 
 def test_missing_device_fails_before_any_work(tmp_path):
-    from pipelines.engine.runtime import device_available
+    from trainlib.engine.runtime import device_available
 
     if device_available("GPU"):
         pytest.skip("this machine has a GPU")

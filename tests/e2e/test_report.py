@@ -10,14 +10,14 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from pipelines.metrics import EPOCH_KEYS
-from pipelines.report.compare import (
-    compare,
-    figures,
-)
 from pipelines.tracking.reader import MlflowRunReader
 from tests.support.projects import kedro, make_project
 from tests.support.stores import EXPERIMENT, recipe_runs, tracking_uri, trainings
+from trainlib.metrics import EPOCH_KEYS
+from trainlib.report.compare import (
+    compare,
+    figures,
+)
 
 TARGET = 0.5
 

@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.engine.checkpoint import load_checkpoint
-from pipelines.pipelines.dim_reduce.pipeline import create_pipeline
+from pipelines.dim_reduce.pipeline import create_pipeline
 from tests.support.processes import kill_kedro_in_epoch
 from tests.support.projects import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project, runs
 from tests.support.trees import write_image_tree
+from trainlib.engine.checkpoint import load_checkpoint
 
 EPOCHS = 6
 CHECKPOINTS = "data/06_models/baseline/epochs"

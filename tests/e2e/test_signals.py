@@ -79,7 +79,7 @@ def test_signal_stops_the_run_killed_and_the_rerun_resumes(tmp_path, tree, signu
 
 def test_a_stop_signal_inside_the_graph_compiler_waits_until_it_returns():
     """The stop is raised in the code that called the compiler, not in the compiler's Python callbacks."""
-    from pipelines import signals
+    from trainlib import signals
 
     # a function of MindSpore's compiler: `compile` of a mindspore module; Python runs the handler at once, inside it
     compiler = {"__name__": "mindspore.graph.api", "os": os, "signal": signal}

@@ -12,10 +12,10 @@ import mlflow
 import numpy as np
 import pandas as pd
 
-from pipelines.engine.checkpoint import load_checkpoint
 from tests.support.processes import Watched
 from tests.support.stage2_job import EPOCHS, STAGE1_EPOCH, tracking_uri
 from tests.support.trees import write_image_tree
+from trainlib.engine.checkpoint import load_checkpoint
 
 JOB = [sys.executable, str(Path(__file__).parents[1] / "support" / "stage2_job.py")]
 STOP = STAGE1_EPOCH + EPOCHS

@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, load_checkpoint
-from pipelines.recipes.thor import THOR_SECOND_ORDER_STEPS
 from tests.support.processes import kill_kedro_in_epoch
 from tests.support.projects import TINY_PARAMS, kedro, make_project, runs
 from tests.support.trees import write_image_tree
+from trainlib.engine.checkpoint import OPTIMIZER_PREFIX, load_checkpoint
+from trainlib.recipes.thor import THOR_SECOND_ORDER_STEPS
 
 EPOCHS = 4
 CHECKPOINTS = "data/06_models/thor/epochs"

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.engine.checkpoint import (
+from tests.support.checkpoints import save_mindspore_ckpt
+from trainlib.engine.checkpoint import (
     METADATA_KEY,
     Checkpoint,
     CheckpointError,
@@ -27,8 +28,7 @@ from pipelines.engine.checkpoint import (
     remove_abandoned_temporaries,
     save_checkpoint,
 )
-from pipelines.engine.resume import find_resume_checkpoint
-from tests.support.checkpoints import save_mindspore_ckpt
+from trainlib.engine.resume import find_resume_checkpoint
 
 
 @pytest.fixture
@@ -208,8 +208,8 @@ def test_corrupt_file_raises_checkpoint_error_naming_the_path(tmp_path, content)
 
 
 def test_an_intact_file_larger_than_the_available_memory_is_not_called_corrupt(tmp_path, checkpoint, monkeypatch):
-    from pipelines.engine import checkpoint as checkpoints
-    from pipelines.errors import Failure
+    from trainlib.engine import checkpoint as checkpoints
+    from trainlib.errors import Failure
 
     path = tmp_path / "model.ckpt"
     save_checkpoint(checkpoint, path)

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from mindspore import nn
 
-from pipelines.engine.epochs import LossScaleOverflowError, NonFiniteLossError, TrainingSpec
-from pipelines.engine.loop import train
-from pipelines.engine.step import TrainStep
-from pipelines.models.loss import CrossEntropySmooth
-from pipelines.optim.dim_reduce.pbfgs import PBFGS
-from pipelines.optim.momentum import create_momentum
-from pipelines.recipes.context import TrainingContext
+from trainlib.engine.epochs import LossScaleOverflowError, NonFiniteLossError, TrainingSpec
+from trainlib.engine.loop import train
+from trainlib.engine.step import TrainStep
+from trainlib.models.loss import CrossEntropySmooth
+from trainlib.optim.dim_reduce.pbfgs import PBFGS
+from trainlib.optim.momentum import create_momentum
+from trainlib.recipes.context import TrainingContext
 
 IN, OUT, BATCH, STEPS = 8, 3, 4, 5
 # Inputs of magnitude ~1000 give gradients of ~100, which this scale pushes past float32's 3.4e38;
@@ -84,13 +84,13 @@ def test_pbfgs_skips_an_overflowing_step_and_says_so():
 
 
 def test_stage2_with_too_large_a_loss_scale_stops_as_a_loss_scale_error(tmp_path):
-    from pipelines.data.folder import scan_image_tree
-    from pipelines.engine.state import capture_state
-    from pipelines.params import DataParams, DimReduceParams, DistributedParams, ModelParams, RuntimeParams
-    from pipelines.recipes.classifier import create_network
-    from pipelines.recipes.dim_reduce import train_stage2
     from tests.support.config import load_config
     from tests.support.trees import write_image_tree
+    from trainlib.data.folder import scan_image_tree
+    from trainlib.engine.state import capture_state
+    from trainlib.params import DataParams, DimReduceParams, DistributedParams, ModelParams, RuntimeParams
+    from trainlib.recipes.classifier import create_network
+    from trainlib.recipes.dim_reduce import train_stage2
 
     tree = write_image_tree(tmp_path / "tree", classes=("a", "b", "c"), per_class={"train": 6, "val": 2})
     scanned = scan_image_tree(tree, {"train": "train", "val": "val"})

@@ -8,13 +8,13 @@ import time
 import numpy as np
 import pytest
 
-from pipelines.data.folder import create_dataset, scan_image_tree
-from pipelines.engine.callbacks import Callback
-from pipelines.engine.checkpoint import Checkpoint
-from pipelines.engine.epochs import TrainingSpec
-from pipelines.engine.loop import Checkpointing, train
-from pipelines.engine.step import TrainStep
-from pipelines.metrics import EVAL_TIME_S, STEP_KEY, TRAIN_ELAPSED_S, TRAIN_EPOCH_TIME_S, VAL_STEP_TOP1
+from trainlib.data.folder import create_dataset, scan_image_tree
+from trainlib.engine.callbacks import Callback
+from trainlib.engine.checkpoint import Checkpoint
+from trainlib.engine.epochs import TrainingSpec
+from trainlib.engine.loop import Checkpointing, train
+from trainlib.engine.step import TrainStep
+from trainlib.metrics import EVAL_TIME_S, STEP_KEY, TRAIN_ELAPSED_S, TRAIN_EPOCH_TIME_S, VAL_STEP_TOP1
 
 BATCH = 4
 STEPS_PER_EPOCH = 4  # 18 train images -> 4 full batches

@@ -8,21 +8,21 @@ import math
 import numpy as np
 import pytest
 
-from pipelines.data.folder import create_dataset, scan_image_tree
-from pipelines.engine.callbacks import Callback, PeriodicCheckpoint
-from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
-from pipelines.engine.epochs import NonFiniteLossError, TrainingSpec
-from pipelines.engine.evaluation import evaluate
-from pipelines.engine.loop import Checkpointing, train
-from pipelines.engine.model_bridge import ModelTrainStep
-from pipelines.engine.resume import find_resume_checkpoint, fingerprint, remove_finished_checkpoints
-from pipelines.engine.state import capture_state, history_of, restore_state
-from pipelines.engine.step import TrainStep
-from pipelines.metrics import EPOCH_KEYS, TIMESTAMP_KEY, history_table
-from pipelines.models.loss import CrossEntropySmooth
-from pipelines.models.resnet import create_resnet
-from pipelines.optim.schedules import warmup_schedule
 from tests.support.training import CLASSES, build
+from trainlib.data.folder import create_dataset, scan_image_tree
+from trainlib.engine.callbacks import Callback, PeriodicCheckpoint
+from trainlib.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
+from trainlib.engine.epochs import NonFiniteLossError, TrainingSpec
+from trainlib.engine.evaluation import evaluate
+from trainlib.engine.loop import Checkpointing, train
+from trainlib.engine.model_bridge import ModelTrainStep
+from trainlib.engine.resume import find_resume_checkpoint, fingerprint, remove_finished_checkpoints
+from trainlib.engine.state import capture_state, history_of, restore_state
+from trainlib.engine.step import TrainStep
+from trainlib.metrics import EPOCH_KEYS, TIMESTAMP_KEY, history_table
+from trainlib.models.loss import CrossEntropySmooth
+from trainlib.models.resnet import create_resnet
+from trainlib.optim.schedules import warmup_schedule
 
 BATCH, EPOCHS, IMAGE_SIZE = 4, 2, 12
 STEPS_PER_EPOCH = (CLASSES * 6) // BATCH  # 18 train images -> 4 full batches
@@ -560,7 +560,7 @@ def test_stale_folders_beyond_keep_stale_are_removed_oldest_first(tmp_path, capl
     keep = 2
     old = [f"stale-20200101-00000{i}" for i in range(keep + 2)]
     make_stale(tmp_path, old)
-    with caplog.at_level("INFO", logger="pipelines.engine.resume"):
+    with caplog.at_level("INFO", logger="trainlib.engine.resume"):
         assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5, keep_stale=keep) is None
     assert sorted(p.name for p in tmp_path.iterdir()) == old[-keep:]
     removed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Removed ")]
@@ -586,7 +586,7 @@ def compile_lines(caplog) -> list[str]:
 
 
 def test_one_compile_line_per_compiled_cell_and_a_start_line_with_the_true_lr(tmp_path, train_data, val_data, caplog):
-    with caplog.at_level("INFO", logger="pipelines.engine"):
+    with caplog.at_level("INFO", logger="trainlib.engine"):
         momentum_training(tmp_path, train_data, val_data)  # 3 epochs, evaluated after each
     assert compile_lines(caplog) == ["Compiling the training graph…", "Compiling the evaluation graph…"]
     lr = warmup_schedule("linear", 0.01, 0.1, 0.0, 1, 3, STEPS_PER_EPOCH)
@@ -600,11 +600,11 @@ def test_one_compile_line_per_compiled_cell_and_a_start_line_with_the_true_lr(tm
 def test_thor_announces_its_two_compiled_steps_once_each(caplog):
     import mindspore as ms
 
-    from pipelines.recipes.thor import OwnThorStep
     from tests.support.thor import TinyNet, batch, make_thor
+    from trainlib.recipes.thor import OwnThorStep
 
     step = OwnThorStep(make_thor(TinyNet(), steps=5, frequency=2))
-    with caplog.at_level("INFO", logger="pipelines.engine"):
+    with caplog.at_level("INFO", logger="trainlib.engine"):
         for index in range(5):  # second-order steps 1, 3, 5; reusing steps 2, 4
             x, y = batch(index)
             step(ms.Tensor(x), ms.Tensor(y))

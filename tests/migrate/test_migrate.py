@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines.migrate.convert import (
+from tests.support.torch_weights import IMAGE_SIZE, PARITY, random_torch_resnet, save_state_dict
+from trainlib.migrate.convert import (
     MigrationError,
     check_parity,
     convert,
@@ -14,14 +15,13 @@ from pipelines.migrate.convert import (
     load_state_dict,
     require_parity,
 )
-from pipelines.migrate.torch_resnet import TorchResNet
-from tests.support.torch_weights import IMAGE_SIZE, PARITY, random_torch_resnet, save_state_dict
+from trainlib.migrate.torch_resnet import TorchResNet
 
 
 @pytest.fixture(scope="module")
 def pynative():
     """PyNative mode for this module (no graph compilation of each network), graph mode again afterwards."""
-    from pipelines.engine.runtime import configure_mindspore
+    from trainlib.engine.runtime import configure_mindspore
 
     configure_mindspore("CPU", "pynative", 0)
     yield
@@ -195,8 +195,8 @@ def test_state_dict_files(tmp_path, resnet18):
 
 
 def test_migrate_parameters_are_validated():
-    from pipelines.params import ParameterError, validate_parameters
     from tests.support.config import changed, load_config
+    from trainlib.params import ParameterError, validate_parameters
 
     params = load_config("local")
     assert validate_parameters(params).migrate.parity.batch_size == 2

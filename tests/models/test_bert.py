@@ -11,16 +11,16 @@ import pytest
 from mindspore import nn
 from mindspore.dataset import NumpySlicesDataset
 
-from pipelines.models.bert import (
+from trainlib.models.bert import (
     BertConfig,
     BertNetworkWithLoss,
     BertPreTraining,
     create_bert,
     mlm_metrics,
 )
-from pipelines.models.resnet import count_parameters
-from pipelines.optim.thor.capture import set_capture, wrap_layers
-from pipelines.text.examples import COLUMNS
+from trainlib.models.resnet import count_parameters
+from trainlib.optim.thor.capture import set_capture, wrap_layers
+from trainlib.text.examples import COLUMNS
 
 TINY = BertConfig(
     vocab_size=60,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipelines.models.loss import CrossEntropySmooth
+from trainlib.models.loss import CrossEntropySmooth
 
 
 def numpy_smoothed_ce(logits: np.ndarray, labels: np.ndarray, smooth: float) -> float:

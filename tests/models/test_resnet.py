@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from pipelines.models.resnet import (
+from trainlib.models.resnet import (
     CONV_INITS,
     RESNET_LAYOUTS,
     BasicBlock,

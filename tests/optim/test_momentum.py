@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipelines.models.resnet import create_resnet
-from pipelines.optim.momentum import create_momentum, decay_groups
+from trainlib.models.resnet import create_resnet
+from trainlib.optim.momentum import create_momentum, decay_groups
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from pipelines.optim.schedules import (
+from trainlib.optim.schedules import (
     SHAPES,
     WARMUP_SHAPES,
     exponential_schedule,
@@ -18,7 +18,7 @@ from pipelines.optim.schedules import (
     thor_schedule,
     warmup_schedule,
 )
-from pipelines.params import Schedule
+from trainlib.params import Schedule
 
 LR_INIT, LR_MAX, LR_END = 0.01, 0.8, 0.002
 EPOCHS, STEPS_PER_EPOCH, WARMUP_EPOCHS = 10, 7, 2

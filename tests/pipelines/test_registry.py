@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 from kedro.io import DataCatalog
 
-from pipelines.params import BoostParams, ImageRecipe, LanguageRecipe, Parameters
 from pipelines.pipeline_registry import DEFAULT_PIPELINE, PIPELINE_NAMES, pipelines_named_by, register_pipelines
 from tests.support.config import load_config
 from tests.support.projects import PROJECT
+from trainlib.params import BoostParams, ImageRecipe, LanguageRecipe, Parameters
 
 RECIPE_UNIONS = (ImageRecipe, LanguageRecipe)
 LAYERS = {"raw", "intermediate", "primary", "feature", "model_input", "models", "model_output", "reporting"}
 DIM_REDUCE_STAGES = {"stage1", "trajectory_pca", "stage2", "control", "comparison"}
-TEMPLATE_NODES = PROJECT / "src/pipelines/pipelines/training/nodes.py"
+TEMPLATE_NODES = PROJECT / "src/pipelines/training/nodes.py"
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_each_node_runs_its_own_function(registered):
         assert func.__qualname__ == func.__name__, node.name  # not a closure or a lambda
         source = Path(inspect.getfile(func))
         folder = node.name.split(".")[0]
-        assert source in (PROJECT / f"src/pipelines/pipelines/{folder}/nodes.py", TEMPLATE_NODES), node.name
+        assert source in (PROJECT / f"src/pipelines/{folder}/nodes.py", TEMPLATE_NODES), node.name
         assert inspect.getsource(func).startswith(f"def {func.__name__}("), node.name
 
 
@@ -194,7 +194,7 @@ def test_dataset_factories_give_each_recipe_its_files_and_artifacts(catalog, nam
 
 def test_corpus_sentences_survive_the_catalog_round_trip(catalog, tmp_path):
     """Sentences pandas would read as missing values or numbers come back as the text they are."""
-    from pipelines.text.corpus import Document, documents_from_table, documents_table
+    from trainlib.text.corpus import Document, documents_from_table, documents_table
 
     documents = [Document("a.rst.txt", ("NaN", "None", "1.0", "null", "")), Document("b.rst.txt", ("Plain text.",))]
     dataset = catalog.get("thor_bert.corpus.train_documents")

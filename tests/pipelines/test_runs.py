@@ -16,7 +16,11 @@ import mlflow
 import pandas as pd
 import pytest
 
-from pipelines.metrics import (
+from pipelines.pipeline_registry import PIPELINE_NAMES
+from tests.support.backends import assert_declared_on_every_target, dumped_graphs
+from tests.support.runner import process_state_kept, run_pipeline, session_project, tiny_params, tracking_uri
+from tests.support.trees import write_image_tree
+from trainlib.metrics import (
     EPOCH_KEYS,
     FINAL_MLM_ACCURACY,
     FINAL_TOP1,
@@ -26,11 +30,7 @@ from pipelines.metrics import (
     VAL_MLM_LOSS,
     VAL_TOP1,
 )
-from pipelines.pipeline_registry import PIPELINE_NAMES
-from pipelines.recipes.language_model import COLLAPSED, UNIGRAM_MLM_ACCURACY
-from tests.support.backends import assert_declared_on_every_target, dumped_graphs
-from tests.support.runner import process_state_kept, run_pipeline, session_project, tiny_params, tracking_uri
-from tests.support.trees import write_image_tree
+from trainlib.recipes.language_model import COLLAPSED, UNIGRAM_MLM_ACCURACY
 
 CLASSES = ("cat", "dog", "fox")
 
@@ -214,10 +214,10 @@ def test_baseline_thor_and_report_pipelines(workspace, tmp_path):
 def test_predict_pipeline(workspace, tmp_path):
     """A model logged as a training run logs it (a random network here: the trained one is the slow tier's), then
     ``kedro run --pipelines=predict`` over the tree's val folder, with an image that does not decode."""
-    from pipelines.models.resnet import create_resnet
-    from pipelines.predict.classifier import MindirClassifier
-    from pipelines.predict.export import export_classifier, save_model
     from pipelines.tracking.models import log_model
+    from trainlib.models.resnet import create_resnet
+    from trainlib.predict.classifier import MindirClassifier
+    from trainlib.predict.export import export_classifier, save_model
 
     tree, project = workspace
     uri = tracking_uri(project)

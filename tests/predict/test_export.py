@@ -11,10 +11,11 @@ import pandas as pd
 import pytest
 
 import pipelines  # noqa: F401  (the CPU defaults before MindSpore loads)
-from pipelines.data.folder import create_dataset, scan_image_tree
-from pipelines.models.resnet import create_resnet
-from pipelines.predict.classifier import MindirClassifier, padded, prediction_columns
-from pipelines.predict.export import (
+from tests.support.trees import write_image_tree
+from trainlib.data.folder import create_dataset, scan_image_tree
+from trainlib.models.resnet import create_resnet
+from trainlib.predict.classifier import MindirClassifier, padded, prediction_columns
+from trainlib.predict.export import (
     DESCRIPTION_FILE,
     EXAMPLE_FILE,
     MINDIR_FILE,
@@ -26,7 +27,6 @@ from pipelines.predict.export import (
     load_model,
     save_model,
 )
-from tests.support.trees import write_image_tree
 
 CLASSES = ("cat", "dog", "fox")
 IMAGE_SIZE = 16

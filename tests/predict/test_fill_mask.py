@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import pipelines  # noqa: F401  (the CPU defaults before MindSpore loads)
-from pipelines.models.bert import BertConfig, create_bert
-from pipelines.predict.export import export_fill_mask, save_model
-from pipelines.predict.fill_mask import MindirFillMask, masked_text
-from pipelines.text.corpus import Document
-from pipelines.text.tokenizer import MASK_ID, SEP_ID, tokenizer_to_json, train_wordpiece
+from trainlib.models.bert import BertConfig, create_bert
+from trainlib.predict.export import export_fill_mask, save_model
+from trainlib.predict.fill_mask import MindirFillMask, masked_text
+from trainlib.text.corpus import Document
+from trainlib.text.tokenizer import MASK_ID, SEP_ID, tokenizer_to_json, train_wordpiece
 
 SENTENCES = ("the cat sat on the mat", "a dog ran in the park", "the bird sang in the tree") * 4
 SEQ_LENGTH, PREDICTIONS = 16, 3

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from pipelines.predict.classifier import prediction_columns
-from pipelines.predict.images import ImageSourceError, accuracy, bad_images, classify, list_images
 from tests.support.trees import write_image_tree
+from trainlib.predict.classifier import prediction_columns
+from trainlib.predict.images import ImageSourceError, accuracy, bad_images, classify, list_images
 
 CLASSES = ("cat", "dog")
 

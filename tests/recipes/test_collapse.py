@@ -8,15 +8,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipelines.metrics import STEP_KEY, VAL_MLM_ACCURACY, VAL_STEP_MLM_ACCURACY
-from pipelines.recipes.language_model import (
+from trainlib.metrics import STEP_KEY, VAL_MLM_ACCURACY, VAL_STEP_MLM_ACCURACY
+from trainlib.recipes.language_model import (
     COLLAPSE_STEP,
     COLLAPSED,
     UNIGRAM_MLM_ACCURACY,
     CollapseWatch,
     compare_trainings,
 )
-from pipelines.text.examples import UnigramBaseline
+from trainlib.text.examples import UnigramBaseline
 
 UNIGRAM = UnigramBaseline(token_id=11, accuracy=0.05, subset_accuracy=0.06)
 

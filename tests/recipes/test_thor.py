@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 from mindspore import nn
 
-from pipelines.data.folder import scan_image_tree
-from pipelines.engine.resume import fingerprint
-from pipelines.models.loss import CrossEntropySmooth
-from pipelines.optim.momentum import create_momentum
-from pipelines.recipes.classifier import build_network, network_from_checkpoint, train_data
-from pipelines.recipes.context import TrainingContext
-from pipelines.recipes.thor import thor_schedules, train_thor
 from tests.support.runner import tiny_parameters
 from tests.support.trees import write_image_tree
+from trainlib.data.folder import scan_image_tree
+from trainlib.engine.resume import fingerprint
+from trainlib.models.loss import CrossEntropySmooth
+from trainlib.optim.momentum import create_momentum
+from trainlib.recipes.classifier import build_network, network_from_checkpoint, train_data
+from trainlib.recipes.context import TrainingContext
+from trainlib.recipes.thor import thor_schedules, train_thor
 
 CLASSES = ("cat", "dog", "fox")
 

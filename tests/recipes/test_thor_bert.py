@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipelines.engine.callbacks import Callback
-from pipelines.metrics import TIMESTAMP_KEY, TRAIN_COMPILE_S, TRAIN_EPOCH_TIME_S, TRAIN_SEQUENCES_PER_S
-from pipelines.recipes.language_model import build_bert, prepare_language_model
-from pipelines.recipes.thor_bert import train_bert_baseline, train_bert_thor
 from tests.support.runner import tiny_parameters
 from tests.support.text import read_documents
+from trainlib.engine.callbacks import Callback
+from trainlib.metrics import TIMESTAMP_KEY, TRAIN_COMPILE_S, TRAIN_EPOCH_TIME_S, TRAIN_SEQUENCES_PER_S
+from trainlib.recipes.language_model import build_bert, prepare_language_model
+from trainlib.recipes.thor_bert import train_bert_baseline, train_bert_thor
 
 TIMINGS = {TIMESTAMP_KEY, TRAIN_COMPILE_S, TRAIN_EPOCH_TIME_S, TRAIN_SEQUENCES_PER_S}
 
@@ -86,8 +86,8 @@ def assert_decay_filter(optimizer, weight_decay: float) -> None:
 def test_sentences_are_cut_by_punkt_fitted_on_the_train_documents_only(tmp_path):
     """A made-up abbreviation used only in held-out text: fitted on every document, Punkt learns it and keeps the
     sentence whole; fitted on the train documents (as split_corpus does), it cuts there."""
-    from pipelines.params import BertCorpusParams
-    from pipelines.text.pretraining import split_corpus
+    from trainlib.params import BertCorpusParams
+    from trainlib.text.pretraining import split_corpus
 
     prose = "Plain sentences about values and names. They say nothing unusual at all."
     for index in range(6):

@@ -16,9 +16,12 @@ import pandas as pd
 import pytest
 
 from pipelines.hooks.config_files import parameter_sources
-from pipelines.metrics import EPOCH_KEYS
-from pipelines.params import ParameterError, validate_parameters
-from pipelines.report.compare import (
+from pipelines.tracking.reader import MlflowRunReader
+from tests.support.config import CONF, changed, load_config
+from tests.support.stores import EXPERIMENT
+from trainlib.metrics import EPOCH_KEYS
+from trainlib.params import ParameterError, validate_parameters
+from trainlib.report.compare import (
     RECIPES,
     NoRunsError,
     compare,
@@ -30,9 +33,6 @@ from pipelines.report.compare import (
     table_row,
     time_to_target,
 )
-from pipelines.tracking.reader import MlflowRunReader
-from tests.support.config import CONF, changed, load_config
-from tests.support.stores import EXPERIMENT
 
 TARGET = 0.5
 
@@ -267,7 +267,7 @@ def hand_logged_store(tmp_path) -> tuple[str, dict[str, str]]:
 
 def test_dim_reduce_is_read_from_its_child_runs(tmp_path, caplog):
     uri, ids = hand_logged_store(tmp_path)
-    with caplog.at_level(logging.INFO, logger="pipelines.report.compare"):
+    with caplog.at_level(logging.INFO, logger="trainlib.report.compare"):
         comparison = compare(reader(uri), ["dim_reduce", "baseline", "thor"], 0.85)
     history = comparison.histories[comparison.histories["recipe"] == "dim_reduce"]
     assert list(history["training"]) == ["stage1", "stage1", "stage2", "control"]

@@ -11,8 +11,10 @@ import mlflow
 import pandas as pd
 import pytest
 
-from pipelines.report.compare import compare, compared_histories
-from pipelines.report.differences import (
+from pipelines.tracking.reader import MlflowRunReader
+from tests.support.stores import EXPERIMENT
+from trainlib.report.compare import compare, compared_histories
+from trainlib.report.differences import (
     by_how_much,
     combined,
     in_points,
@@ -22,9 +24,7 @@ from pipelines.report.differences import (
     study_differences,
     verdict,
 )
-from pipelines.study.statistics import paired_differences
-from pipelines.tracking.reader import MlflowRunReader
-from tests.support.stores import EXPERIMENT
+from trainlib.study.statistics import paired_differences
 
 FINALS = {
     "baseline": {"top1": 0.80, "top5": 0.99, "epochs": 2},
@@ -179,7 +179,7 @@ def study_and_unequal_runs(tmp_path):
 
 def test_a_study_and_single_runs_of_unequal_budget_tell_one_story(study_and_unequal_runs, caplog):
     reader, paired, ids = study_and_unequal_runs
-    with caplog.at_level(logging.INFO, logger="pipelines.report.compare"):
+    with caplog.at_level(logging.INFO, logger="trainlib.report.compare"):
         comparison = compare(reader, ["baseline", "thor", "adasum"], TARGET)  # as the report node does
     differences, left_out = by_how_much(comparison.finals, reader, settings=comparison.settings)
     summary = readable(differences, left_out, target_top1=TARGET)

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from pipelines.study.statistics import curves_figure, first_crossing, paired_differences, summarise, t_interval
+from trainlib.study.statistics import curves_figure, first_crossing, paired_differences, summarise, t_interval
 
 
 def test_t_interval_is_the_student_t_interval():
@@ -87,8 +87,8 @@ def test_summary_and_paired_differences():
 
 
 def test_run_figures_of_an_image_recipe_have_no_masked_lm_figures():
-    from pipelines.metrics import STEP_KEY, TRAIN_ELAPSED_S, VAL_STEP_TOP1
-    from pipelines.study.statistics import run_figures
+    from trainlib.metrics import STEP_KEY, TRAIN_ELAPSED_S, VAL_STEP_TOP1
+    from trainlib.study.statistics import run_figures
 
     record = {
         "final_top1": 0.5,

@@ -10,10 +10,10 @@ import mlflow
 import optuna
 import pytest
 
-from pipelines.study.tuning import objective
 from pipelines.tracking.links import runs_to_compare
 from tests.support.runner import process_state_kept, run_pipeline, session_project, tiny_params, tracking_uri
 from tests.support.trees import write_image_tree
+from trainlib.study.tuning import objective
 
 DIVERGING_LR = 1e30  # blows the weights up at the first step: the training raises NonFiniteLossError
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pipelines.optim.adasum.combine import check_rank_size
+from trainlib.optim.adasum.combine import check_rank_size
 
 
 def adasum_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""A float64 numpy forward and backward of ``pipelines.models.bert``'s pre-training network and loss, written from the
+"""A float64 numpy forward and backward of ``trainlib.models.bert``'s pre-training network and loss, written from the
 model's definition (no MindSpore autodiff), recording every Dense layer's input rows and output gradient for K-FAC.
 
 Layout as in the model: activations are ``(batch * seq, hidden)`` rows around the encoder's dense layers,

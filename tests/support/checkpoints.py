@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.engine.checkpoint import METADATA_KEY, SCALARS_KEY, Checkpoint
+from trainlib.engine.checkpoint import METADATA_KEY, SCALARS_KEY, Checkpoint
 
 
 def save_mindspore_ckpt(checkpoint: Checkpoint, path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from kedro.framework.project import configure_project
 
 from pipelines.hooks.config_files import project_config_loader
-from pipelines.params import DistributedParams
+from trainlib.params import DistributedParams
 
 PROJECT = Path(__file__).resolve().parents[2]
 CONF = PROJECT / "conf"

@@ -55,13 +55,13 @@ def main(work: Path, hold: bool) -> None:
     import mindspore.dataset as ds
     from mindspore import nn, ops
 
-    from pipelines.engine.callbacks import Callback
-    from pipelines.engine.checkpoint import save_checkpoint
-    from pipelines.engine.epochs import TrainingSpec
-    from pipelines.engine.loop import Checkpointing, train
-    from pipelines.engine.runtime import configure_mindspore
-    from pipelines.engine.state import restore_state
-    from pipelines.engine.step import TrainStep
+    from trainlib.engine.callbacks import Callback
+    from trainlib.engine.checkpoint import save_checkpoint
+    from trainlib.engine.epochs import TrainingSpec
+    from trainlib.engine.loop import Checkpointing, train
+    from trainlib.engine.runtime import configure_mindspore
+    from trainlib.engine.state import restore_state
+    from trainlib.engine.step import TrainStep
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s: %(message)s")
     configure_mindspore("CPU", "graph", 0)

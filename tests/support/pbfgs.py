@@ -6,7 +6,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from pipelines.optim.dim_reduce.pbfgs import PBFGSConfig
+from trainlib.optim.dim_reduce.pbfgs import PBFGSConfig
 
 IN, OUT, BATCH = 6, 3, 8
 # the recipe's constants (conf/base/parameters_dim_reduce.yml) with loss scale 1; tests replace what they vary

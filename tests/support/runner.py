@@ -31,8 +31,8 @@ from kedro.framework.session import KedroSession
 from kedro.runner import SequentialRunner
 from omegaconf import OmegaConf
 
-from pipelines.params import Parameters, validate_parameters
 from tests.support.config import PROJECT, load_config
+from trainlib.params import Parameters, validate_parameters
 
 STORE = "mlflow.db"  # a project's MLflow store, as conf/base/mlflow.yml names it
 

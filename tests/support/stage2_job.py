@@ -33,8 +33,8 @@ def tracking_uri(work: Path) -> str:
 
 def parameters(work: Path, implementation: str = "own"):
     """The base configuration (all of ``conf/base/parameters*.yml``), tiny, as validated ``Parameters``."""
-    from pipelines.params import validate_parameters
     from tests.support.config import load_config
+    from trainlib.params import validate_parameters
 
     raw = load_config()
     raw["model"]["name"] = "resnet_narrow"
@@ -55,13 +55,13 @@ def parameters(work: Path, implementation: str = "own"):
 def main(work: Path, tree: Path, implementation: str) -> None:
     import mlflow
 
-    from pipelines.data.folder import scan_image_tree
-    from pipelines.engine.checkpoint import save_checkpoint
-    from pipelines.engine.runtime import configure_mindspore
-    from pipelines.engine.state import capture_state
-    from pipelines.pipelines.dim_reduce.nodes import train_stage2
-    from pipelines.recipes.classifier import create_network
+    from pipelines.dim_reduce.nodes import train_stage2
     from pipelines.tracking import training_run
+    from trainlib.data.folder import scan_image_tree
+    from trainlib.engine.checkpoint import save_checkpoint
+    from trainlib.engine.runtime import configure_mindspore
+    from trainlib.engine.state import capture_state
+    from trainlib.recipes.classifier import create_network
 
     params = parameters(work, implementation)
     # its own log on stderr (the tests read it there), after reading the configuration set up Kedro's logging

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipelines.text.corpus import Document, fit_sentence_splitter, into_sentences, read_sources
+from trainlib.text.corpus import Document, fit_sentence_splitter, into_sentences, read_sources
 
 
 def read_documents(root: str | Path) -> list[Document]:

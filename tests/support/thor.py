@@ -6,8 +6,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from pipelines.models.loss import CrossEntropySmooth
-from pipelines.optim.thor.step import ThorStep, create_thor_step
+from trainlib.models.loss import CrossEntropySmooth
+from trainlib.optim.thor.step import ThorStep, create_thor_step
 
 NAMES = ("conv.weight", "fc.weight", "fc.bias")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from pipelines.migrate.torch_resnet import TorchResNet
-from pipelines.params import MigrationParity
+from trainlib.migrate.torch_resnet import TorchResNet
+from trainlib.params import MigrationParity
 
 IMAGE_SIZE = 64  # at 32 px the last stage is 1 x 1: training-mode BatchNorm over 4 values is ill-conditioned
 

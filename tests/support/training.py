@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipelines.models.loss import CrossEntropySmooth
-from pipelines.models.resnet import create_resnet
-from pipelines.optim.momentum import create_momentum
+from trainlib.models.loss import CrossEntropySmooth
+from trainlib.models.resnet import create_resnet
+from trainlib.optim.momentum import create_momentum
 
 CLASSES = 3  # classes of the engine tests' generated trees
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.text.corpus import DEBIAN_SOURCE, Document, split_documents
-from pipelines.text.tokenizer import train_wordpiece
 from tests.support.text import read_documents
+from trainlib.text.corpus import DEBIAN_SOURCE, Document, split_documents
+from trainlib.text.tokenizer import train_wordpiece
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from pipelines.text.corpus import CorpusNotFoundError, Document, split_documents
 from tests.support.text import read_documents
+from trainlib.text.corpus import CorpusNotFoundError, Document, split_documents
 
 SPHINX_PAGE = """\
     .. _target-label:
@@ -126,7 +126,7 @@ def test_real_paragraph_splits_at_sentence_ends_only(real_documents):
 def test_documents_without_prose_are_left_out_and_logged(tmp_path, caplog):
     write(tmp_path, "a.rst.txt", "Some prose here.\n")
     write(tmp_path, "sub/code_only.rst.txt", ".. code-block:: python\n\n   x = 1\n\n.. index:: x\n")
-    with caplog.at_level(logging.DEBUG, logger="pipelines.text.corpus"):
+    with caplog.at_level(logging.DEBUG, logger="trainlib.text.corpus"):
         documents = read_documents(tmp_path)
     assert documents == [Document(name="a.rst.txt", sentences=("Some prose here.",))]
     assert "sub/code_only.rst.txt" in caplog.text

@@ -6,8 +6,8 @@ import mindspore.dataset as ds
 import numpy as np
 import pytest
 
-from pipelines.text.dataset import create_text_dataset
-from pipelines.text.examples import COLUMNS
+from trainlib.text.dataset import create_text_dataset
+from trainlib.text.examples import COLUMNS
 
 ROWS, LENGTH, PREDICTIONS = 48, 8, 3
 

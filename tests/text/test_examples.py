@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipelines.text.corpus import Document
-from pipelines.text.examples import COLUMNS, create_pretraining_examples, unigram_baseline
-from pipelines.text.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, train_wordpiece
+from trainlib.text.corpus import Document
+from trainlib.text.examples import COLUMNS, create_pretraining_examples, unigram_baseline
+from trainlib.text.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, train_wordpiece
 
 SETTINGS = {
     "max_seq_length": 64,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer, models
 
-from pipelines.text.corpus import Document
-from pipelines.text.tokenizer import (
+from trainlib.text.corpus import Document
+from trainlib.text.tokenizer import (
     CLS_ID,
     MASK_ID,
     PAD_ID,

@@ -7,7 +7,7 @@ from typing import Any
 
 from kedro.io import AbstractDataset
 
-from pipelines.engine.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from trainlib.engine.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 
 
 class CheckpointDataset(AbstractDataset[Checkpoint, Checkpoint]):

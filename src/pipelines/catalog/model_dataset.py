@@ -7,11 +7,11 @@ from typing import Any
 
 from kedro.io import AbstractDataset
 
-from pipelines.predict.export import ExportedModel, load_model, save_model
+from trainlib.predict.export import ExportedModel, load_model, save_model
 
 
 class ModelDataset(AbstractDataset[ExportedModel, ExportedModel]):
-    """Loads and saves an ``ExportedModel`` as a folder (``pipelines.predict.export``), swapped in whole on save.
+    """Loads and saves an ``ExportedModel`` as a folder (``trainlib.predict.export``), swapped in whole on save.
 
     Example catalog entry::
 

@@ -6,7 +6,7 @@
 - ``MlflowRunHooks`` (``mlflow_run``): the MLflow run's name and tags, the nodes' parameters as the
   configuration's values, orphaned runs ended KILLED, the hand-off to msrun's rank 0, failure tags, the
   closing links;
-- ``SignalHooks`` (``signals``): SIGINT and SIGTERM stop the run in order (``pipelines.signals``);
+- ``SignalHooks`` (``signals``): SIGINT and SIGTERM stop the run in order (``trainlib.signals``);
 - ``CheckpointHooks`` (``checkpoints``): a training's periodic checkpoints go once its final one is stored;
 - ``ArtifactHooks`` (``artifacts``): catalog datasets marked ``mlflow_artifact`` go into the MLflow run;
 - ``ModelHooks`` (``models``): model folders marked ``mlflow_model`` become the run's MLflow model (registered

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from kedro.framework.hooks import hook_impl
 
-from pipelines.params import TrackingParams
 from pipelines.tracking.trainings import training_run
 from pipelines.tracking.writer import log_artifact, set_tags
+from trainlib.params import TrackingParams
 
 logger = logging.getLogger(__name__)
 

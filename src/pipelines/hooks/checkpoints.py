@@ -1,12 +1,12 @@
 """``CheckpointHooks``: once a training's final checkpoint is stored by the catalog, its periodic checkpoints are
-removed (``pipelines.engine.resume.remove_finished_checkpoints``): they are no longer the only copy of its state."""
+removed (``trainlib.engine.resume.remove_finished_checkpoints``): they are no longer the only copy of its state."""
 
 from __future__ import annotations
 
 from kedro.framework.hooks import hook_impl
 
-from pipelines.engine.checkpoint import Checkpoint
-from pipelines.engine.resume import remove_finished_checkpoints
+from trainlib.engine.checkpoint import Checkpoint
+from trainlib.engine.resume import remove_finished_checkpoints
 
 
 class CheckpointHooks:

@@ -1,6 +1,6 @@
 """The project's configuration files as Kedro's own loader reads them: which environments exist, which one a run's
 configuration came from, the parameters before ``--params``, and the file that set each parameter (for the
-messages of ``pipelines.params.validate_parameters``)."""
+messages of ``trainlib.params.validate_parameters``)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Before any MLflow run exists, and in well under a second: the ``--env`` names an existing environment, a
 ``runtime.fast_dev_run`` rehearsal gets its substitutions (``hooks.rehearsal``), every parameter is validated
-against ``pipelines.params`` (every problem named with its dotted key and the file, or ``--params``, it came
+against ``trainlib.params`` (every problem named with its dotted key and the file, or ``--params``, it came
 from), and the device the configuration targets exists. What it found, ``RunConfiguration``, is what the hooks
 that name and tag the MLflow run read (``ConfigurationHooks.configuration``).
 """
@@ -17,12 +17,12 @@ from typing import Any
 import click
 from kedro.framework.hooks import hook_impl
 
-from pipelines.engine.runtime import DeviceUnavailableError, require_device
-from pipelines.fast_dev_run import Substitutions
 from pipelines.hooks.command_line import requested_pipelines
 from pipelines.hooks.config_files import ParameterFiles, configuration_env, leaf_items, require_environment
 from pipelines.hooks.rehearsal import rehearse_on_cpu
-from pipelines.params import ParameterError, Parameters, validate_parameters
+from trainlib.engine.runtime import DeviceUnavailableError, require_device
+from trainlib.fast_dev_run import Substitutions
+from trainlib.params import ParameterError, Parameters, validate_parameters
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,6 @@ import click
 from kedro.framework.hooks import hook_impl
 from pydantic import BaseModel
 
-from pipelines import fast_dev_run, signals
-from pipelines.distributed.launch import hand_off_runs_with
-from pipelines.errors import Failure
 from pipelines.hooks.command_line import invoked_command
 from pipelines.hooks.config_files import leaf_items
 from pipelines.hooks.configuration import ConfigurationHooks
@@ -38,6 +35,9 @@ from pipelines.tracking.runs import (
     tag_failure,
 )
 from pipelines.tracking.writer import mark_model_training_experiment, set_tags
+from trainlib import fast_dev_run, signals
+from trainlib.distributed.launch import hand_off_runs_with
+from trainlib.errors import Failure
 
 # run_params entries that run only part of the pipelines
 NODE_FILTERS = ("node_names", "from_nodes", "to_nodes", "from_inputs", "to_outputs", "tags", "namespaces")

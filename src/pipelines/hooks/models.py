@@ -18,8 +18,8 @@ from __future__ import annotations
 from kedro.framework.hooks import hook_impl
 
 from pipelines.hooks.artifacts import declared_file, in_training_run
-from pipelines.params import ModelParams
 from pipelines.tracking.models import log_model
+from trainlib.params import ModelParams
 
 METADATA_KEY = "mlflow_model"
 

@@ -1,4 +1,4 @@
-"""``runtime.fast_dev_run`` applied to a run: ``pipelines.fast_dev_run``'s substitutions for this machine, given to
+"""``runtime.fast_dev_run`` applied to a run: ``trainlib.fast_dev_run``'s substitutions for this machine, given to
 Kedro's configuration loader as runtime parameters, and the catalog's files moved under
 ``data/fast_dev_run/<env>/``."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 from kedro.config import AbstractConfigLoader
 from omegaconf import OmegaConf
 
-from pipelines import fast_dev_run
-from pipelines.data.fashion_mnist import CLASS_NAMES
 from pipelines.hooks.command_line import requested_pipelines
 from pipelines.hooks.config_files import leaf_items
+from trainlib import fast_dev_run
+from trainlib.data.fashion_mnist import CLASS_NAMES
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ TREE_KEYS = ("data.root", "data.source")
 def rehearsal_substitutions(
     raw_params: dict, *, env: str, project: Path, base_params: dict, pipelines: list[str] | None
 ) -> fast_dev_run.Substitutions:
-    """``pipelines.fast_dev_run``'s substitutions of ``raw_params`` (``env``'s merged parameters) for this machine's
+    """``trainlib.fast_dev_run``'s substitutions of ``raw_params`` (``env``'s merged parameters) for this machine's
     cores and memory, image trees found relative to ``project``, the CPU default tree as ``base_params`` (the base
     environment's parameters) configures it."""
 
@@ -58,7 +58,7 @@ def rehearsal_substitutions(
 def rehearse_on_cpu(
     loader: AbstractConfigLoader, env: str, raw_params: dict, base_params: dict, project: Path
 ) -> fast_dev_run.Substitutions:
-    """The substitutions of ``pipelines.fast_dev_run`` for this machine, applied as runtime parameters of
+    """The substitutions of ``trainlib.fast_dev_run`` for this machine, applied as runtime parameters of
     ``loader`` (the user's ``--params`` win) and logged in one line.
 
     Applied through ``loader.runtime_params``, the public attribute of Kedro's config loader that holds

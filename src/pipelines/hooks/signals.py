@@ -1,10 +1,10 @@
-"""``SignalHooks``: during a pipeline run, SIGINT and SIGTERM stop it in order (``pipelines.signals``)."""
+"""``SignalHooks``: during a pipeline run, SIGINT and SIGTERM stop it in order (``trainlib.signals``)."""
 
 from __future__ import annotations
 
 from kedro.framework.hooks import hook_impl
 
-from pipelines import signals
+from trainlib import signals
 
 
 class SignalHooks:

@@ -10,7 +10,7 @@ from contextlib import ExitStack
 
 from kedro.framework.hooks import hook_impl
 
-from pipelines.pipelines.modular import PARAMS_PREFIX, TRAINING_RUN_TAG
+from pipelines.modular import PARAMS_PREFIX, TRAINING_RUN_TAG
 from pipelines.tracking.trainings import training_run
 
 

@@ -1,0 +1,1 @@
+"""``migrate`` pipeline: a torchvision-layout PyTorch ResNet into our MindSpore ResNet, with parity checks."""

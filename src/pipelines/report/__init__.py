@@ -1,0 +1,1 @@
+"""``report`` pipeline: compare the recipes' MLflow runs in a table and figures."""

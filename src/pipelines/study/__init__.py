@@ -1,1 +1,0 @@
-"""The multi-seed study: ``runner`` trains every (recipe, seed) once, ``statistics`` summarises them."""

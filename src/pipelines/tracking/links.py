@@ -13,7 +13,9 @@ from collections.abc import Mapping, Sequence
 
 import mlflow
 
-from pipelines.metrics import (
+from pipelines.tracking.runs import child_runs
+from pipelines.tracking.writer import set_tags
+from trainlib.metrics import (
     FINAL_PREFIX,
     TARGET_EPOCHS,
     TARGET_TIME_S,
@@ -22,8 +24,6 @@ from pipelines.metrics import (
     VAL_STEP_TOP1,
     VAL_TOP1,
 )
-from pipelines.tracking.runs import child_runs
-from pipelines.tracking.writer import set_tags
 
 # A run's tag listing, comma-separated, the runs it compared (the report's), for the closing comparison link
 COMPARED_RUNS_TAG = "compared_runs"

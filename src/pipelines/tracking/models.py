@@ -1,4 +1,4 @@
-"""MLflow models: a training's model folder (``pipelines.predict.export``) logged to its run as an MLflow pyfunc
+"""MLflow models: a training's model folder (``trainlib.predict.export``) logged to its run as an MLflow pyfunc
 model, registered under a name when asked; a logged or registered model loaded back.
 
 An image classifier's pyfunc takes a DataFrame with a binary ``image`` column (encoded images; base64 in JSON over
@@ -20,9 +20,9 @@ import pandas as pd
 from mlflow.models import ModelSignature
 from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
-from pipelines.predict.classifier import ERROR_COLUMN, MindirClassifier
-from pipelines.predict.export import DESCRIPTION_FILE, EXAMPLE_FILE, FILL_MASK, IMAGE_CLASSIFICATION, MINDIR_FILE
-from pipelines.predict.fill_mask import FILL_MASK_COLUMNS, MindirFillMask
+from trainlib.predict.classifier import ERROR_COLUMN, MindirClassifier
+from trainlib.predict.export import DESCRIPTION_FILE, EXAMPLE_FILE, FILL_MASK, IMAGE_CLASSIFICATION, MINDIR_FILE
+from trainlib.predict.fill_mask import FILL_MASK_COLUMNS, MindirFillMask
 
 MODEL_CODE = Path(__file__).with_name("pyfunc_model.py")  # what MLflow runs to build a logged model
 MODEL_NAME = "model"  # the logged model's name in its run (``runs:/<run id>/model``)

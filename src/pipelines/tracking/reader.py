@@ -1,4 +1,4 @@
-"""Reading an MLflow experiment as plain data, for ``pipelines.report.compare`` and the notebooks."""
+"""Reading an MLflow experiment as plain data, for ``trainlib.report.compare`` and the notebooks."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from mlflow.exceptions import MlflowException
 
 
 class MlflowRunReader:
-    """Read access to one MLflow experiment as plain data, for ``pipelines.report.compare`` (its
+    """Read access to one MLflow experiment as plain data, for ``trainlib.report.compare`` (its
     ``RunReader``): runs as ``RunRecord`` dicts, metric histories and CSV artifacts as DataFrames."""
 
     def __init__(self, tracking_uri: str, experiment_name: str):

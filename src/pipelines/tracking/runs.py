@@ -14,8 +14,8 @@ import socket
 import mlflow
 from mlflow.entities import RunStatus
 
-from pipelines.engine.runtime import describe_machine
-from pipelines.processes import process_alive
+from trainlib.engine.runtime import describe_machine
+from trainlib.processes import process_alive
 
 # MLflow refuses longer tag values (mlflow.utils.validation.MAX_TAG_VAL_LENGTH)
 TAG_VALUE_LIMIT = 8000

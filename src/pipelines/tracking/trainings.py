@@ -9,10 +9,10 @@ from contextlib import contextmanager
 
 import mlflow
 
-from pipelines.engine.callbacks import Callback
 from pipelines.tracking.naming import RUN_COLOUR_TAG, run_colour
 from pipelines.tracking.runs import run_identity
 from pipelines.tracking.writer import EpochMetrics, TimeToTarget, log_final, set_tags
+from trainlib.engine.callbacks import Callback
 
 
 def flat_params(sections: Mapping[str, object]) -> dict[str, str]:

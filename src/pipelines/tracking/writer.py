@@ -1,7 +1,7 @@
 """Writing to the active MLflow run: metrics, final figures, tags, artifacts and per-epoch rows.
 
 Every function here is a no-op outside an active run (library tests, ranks > 0), so the library can call
-them unconditionally. Metric keys follow the schema of ``pipelines.metrics`` (``train/loss``, ``val/top1``, …,
+them unconditionally. Metric keys follow the schema of ``trainlib.metrics`` (``train/loss``, ``val/top1``, …,
 ``final/top1``).
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import mlflow
 from mlflow.entities import Metric
 
-from pipelines.engine.callbacks import Callback
-from pipelines.metrics import (
+from trainlib.engine.callbacks import Callback
+from trainlib.metrics import (
     FINAL_PREFIX,
     STEP_KEY,
     TARGET_EPOCHS,

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from mindspore import nn
 
-from pipelines.models.resnet import create_resnet
-from pipelines.optim.adasum.combine import Adasum, check_rank_size
-from pipelines.optim.adasum.step import AdasumTrainStep
 from tests.support.adasum import adasum_pair, adasum_reference
+from trainlib.models.resnet import create_resnet
+from trainlib.optim.adasum.combine import Adasum, check_rank_size
+from trainlib.optim.adasum.step import AdasumTrainStep
 
 
 def formula(a: np.ndarray, b: np.ndarray) -> np.ndarray:

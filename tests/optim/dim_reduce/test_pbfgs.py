@@ -10,12 +10,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.engine.checkpoint import Checkpoint
-from pipelines.models.loss import CrossEntropySmooth
-from pipelines.models.resnet import create_resnet
-from pipelines.optim.dim_reduce.pbfgs import PBFGS, PBFGSConfig, bfgs_inverse_update
-from pipelines.recipes.dim_reduce.stage2 import STEP_COLUMNS, PBFGSFigures, PBFGSStep
 from tests.support.pbfgs import IN, OUT, RECIPE, batches, dense_net, orthonormal_rows
+from trainlib.engine.checkpoint import Checkpoint
+from trainlib.models.loss import CrossEntropySmooth
+from trainlib.models.resnet import create_resnet
+from trainlib.optim.dim_reduce.pbfgs import PBFGS, PBFGSConfig, bfgs_inverse_update
+from trainlib.recipes.dim_reduce.stage2 import STEP_COLUMNS, PBFGSFigures, PBFGSStep
 
 
 def numpy_loss_and_grad(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
@@ -177,10 +177,10 @@ import pipelines
 import mindspore as ms
 import mindspore.dataset as ds
 from mindspore import nn
-from pipelines.optim.dim_reduce.mindspore_dim_reduce import boost_config, boost_model
-from pipelines.engine.checkpoint import Checkpoint
-from pipelines.models.loss import CrossEntropySmooth
-from pipelines.engine.runtime import configure_mindspore
+from trainlib.optim.dim_reduce.mindspore_dim_reduce import boost_config, boost_model
+from trainlib.engine.checkpoint import Checkpoint
+from trainlib.models.loss import CrossEntropySmooth
+from trainlib.engine.runtime import configure_mindspore
 
 work = sys.argv[1]
 configure_mindspore("CPU", "graph", 0)
@@ -283,7 +283,7 @@ def test_epoch_figures_and_step_rows_for_tracking(caplog):
     logged = []
     figures = PBFGSFigures(on_steps=logged.extend)
     figures.bind(step)
-    with caplog.at_level("INFO", logger="pipelines.engine"):
+    with caplog.at_level("INFO", logger="trainlib.engine"):
         for index, (x, y) in enumerate(batches(4)):
             step(ms.Tensor(x), ms.Tensor(y))
             figures.on_step_end(index // 2, index % 2, step.rows[-1]["loss"])

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 from sklearn.decomposition import PCA
 
-from pipelines.engine.checkpoint import Checkpoint, CheckpointError, save_checkpoint
-from pipelines.optim.dim_reduce.pca import (
+from trainlib.engine.checkpoint import Checkpoint, CheckpointError, save_checkpoint
+from trainlib.optim.dim_reduce.pca import (
     TrajectoryPCA,
     explained_variance_table,
     fit_pca,
@@ -272,7 +272,7 @@ def test_explained_variance_table_has_cumulative_ratios():
 
 
 def test_the_report_draws_the_table_of_a_fit():
-    from pipelines.report.compare import explained_variance_figure
+    from trainlib.report.compare import explained_variance_figure
 
     table = explained_variance_table(fit_rows(trajectory()))
     axes = explained_variance_figure(table).axes[0]

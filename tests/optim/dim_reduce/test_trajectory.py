@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 from mindspore import nn
 
-from pipelines.engine.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
-from pipelines.engine.step import TrainStep
-from pipelines.optim.dim_reduce.trajectory import TrajectoryRecorder, select_trajectory, verify_trajectory
+from trainlib.engine.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from trainlib.engine.step import TrainStep
+from trainlib.optim.dim_reduce.trajectory import TrajectoryRecorder, select_trajectory, verify_trajectory
 
 
 def recorder_of(

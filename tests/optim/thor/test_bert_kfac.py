@@ -3,7 +3,7 @@
 The reference is independent of MindSpore's autodiff: ``tests.support.bert_kfac`` is a numpy float64 forward and
 backward of the pre-training network written from the model's definition, which records every Dense layer's input
 rows ``a`` and output gradient ``dout`` (of the batch-mean loss). From them, in float64 (package docstring of
-``pipelines.optim.thor``, dense layers: P = 1): ``A = a^T a / R``, ``g = R * dout``, ``G = g^T g / R`` over the
+``trainlib.optim.thor``, dense layers: P = 1): ``A = a^T a / R``, ``g = R * dout``, ``G = g^T g / R`` over the
 layer's ``R`` rows (batch * seq for the encoder, batch * predictions for the masked-LM transform, batch for the pooler
 and NSP), inverses ``(X + sqrt(damping) I)^-1``, direction ``G^-1 grad A^-1`` for Dense weights and the plain
 gradient for everything else (biases, LayerNorm, embeddings, the MLM output bias), then weight decay where BERT's
@@ -18,12 +18,12 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from pipelines.models.bert import BertConfig, BertNetworkWithLoss, create_bert
-from pipelines.optim.gradients import UnscaledGradients
-from pipelines.optim.momentum import decays_unless_layernorm_or_bias
-from pipelines.optim.thor.step import create_thor_step
-from pipelines.text.examples import COLUMNS
 from tests.support.bert_kfac import dense_names, forward_backward
+from trainlib.models.bert import BertConfig, BertNetworkWithLoss, create_bert
+from trainlib.optim.gradients import UnscaledGradients
+from trainlib.optim.momentum import decays_unless_layernorm_or_bias
+from trainlib.optim.thor.step import create_thor_step
+from trainlib.text.examples import COLUMNS
 
 CONFIG = BertConfig(
     vocab_size=40,

@@ -17,26 +17,26 @@ import numpy as np
 import pytest
 from mindspore import nn
 
-from pipelines.engine.callbacks import Callback
-from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, check_compatible
-from pipelines.engine.epochs import NonFiniteLossError, TrainingSpec
-from pipelines.engine.loop import Checkpointing, train
-from pipelines.engine.model_bridge import ModelTrainStep
-from pipelines.engine.state import capture_state, restore_network
 from pipelines.hooks.config_files import parameter_sources
-from pipelines.metrics import TRAIN_LR, VAL_TOP1
-from pipelines.models.loss import CrossEntropySmooth
-from pipelines.models.resnet import create_resnet
-from pipelines.optim.thor.mindspore_thor import (
+from tests.support.config import CONF, load_config
+from trainlib.engine.callbacks import Callback
+from trainlib.engine.checkpoint import OPTIMIZER_PREFIX, check_compatible
+from trainlib.engine.epochs import NonFiniteLossError, TrainingSpec
+from trainlib.engine.loop import Checkpointing, train
+from trainlib.engine.model_bridge import ModelTrainStep
+from trainlib.engine.state import capture_state, restore_network
+from trainlib.metrics import TRAIN_LR, VAL_TOP1
+from trainlib.models.loss import CrossEntropySmooth
+from trainlib.models.resnet import create_resnet
+from trainlib.optim.thor.mindspore_thor import (
     capture_thor_state,
     create_thor_model,
     create_thor_optimizer,
     is_statistic,
     restore_thor_state,
 )
-from pipelines.params import ParameterError, validate_parameters
-from pipelines.recipes.thor import THOR_DAMPING, ThorFigures
-from tests.support.config import CONF, load_config
+from trainlib.params import ParameterError, validate_parameters
+from trainlib.recipes.thor import THOR_DAMPING, ThorFigures
 
 CLASSES = 3
 STEPS = 6

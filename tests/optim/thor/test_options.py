@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 from mindspore import nn
 
-from pipelines.engine.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from pipelines.optim.thor.linalg import eigen_basis, factored_pi
-from pipelines.recipes.thor import OwnThorStep
 from tests.optim.thor.test_preconditioner import damped_inverse, numpy_forward_backward
 from tests.support.thor import NAMES, TinyNet, batch, make_thor, params_of, run
+from trainlib.engine.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from trainlib.optim.thor.linalg import eigen_basis, factored_pi
+from trainlib.recipes.thor import OwnThorStep
 
 GRAFT = (0.9, 0.99, 1e-8)
 
@@ -254,10 +254,10 @@ def test_the_recipe_passes_each_option_to_the_library():
     ``thor_step_settings``); no step runs, nothing compiles."""
     import yaml
 
-    from pipelines.models.loss import CrossEntropySmooth
-    from pipelines.params import ThorParams
-    from pipelines.recipes.thor import own_thor_step
     from tests.support.config import CONF
+    from trainlib.models.loss import CrossEntropySmooth
+    from trainlib.params import ThorParams
+    from trainlib.recipes.thor import own_thor_step
 
     section = yaml.safe_load((CONF / "base" / "parameters_thor.yml").read_text())["thor"]
     assert {key: section[key] for key in OFF} == OFF  # the documented recipe: every option off

@@ -1,7 +1,7 @@
 """THOR against numpy closed forms of its statistics, inverses and update, and its step logic.
 
 The numpy side is written from the formulas (``../shared/RECIPES.md``, THOR section, and the
-``pipelines.optim.thor.preconditioner`` docstring conventions): im2col, A = E[a a^T], G = E[g g^T] with per-example
+``trainlib.optim.thor.preconditioner`` docstring conventions): im2col, A = E[a a^T], G = E[g g^T] with per-example
 output gradients, damped inverses ``P^-1/2 (X + sqrt(lambda/P) I)^-1``, ``d = G^-1 grad A^-1``,
 then weight decay, then momentum (the baseline's Momentum optimizer after the preconditioner).
 """
@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 from mindspore import nn
 
-from pipelines.engine.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from pipelines.models.loss import CrossEntropySmooth
-from pipelines.optim.schedules import exponential_schedule, thor_schedule
-from pipelines.optim.thor.capture import CapturedLayer
-from pipelines.optim.thor.linalg import apply_left, apply_right, block_inverse, blocks_to_dense
-from pipelines.optim.thor.step import ThorDivergenceError, ThorInverseError, create_thor_step
-from pipelines.recipes.thor import OwnThorStep
 from tests.support.thor import C_OUT, NAMES, POSITIONS, RECIPE, TinyNet, batch, make_thor, params_of, run
+from trainlib.engine.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from trainlib.models.loss import CrossEntropySmooth
+from trainlib.optim.schedules import exponential_schedule, thor_schedule
+from trainlib.optim.thor.capture import CapturedLayer
+from trainlib.optim.thor.linalg import apply_left, apply_right, block_inverse, blocks_to_dense
+from trainlib.optim.thor.step import ThorDivergenceError, ThorInverseError, create_thor_step
+from trainlib.recipes.thor import OwnThorStep
 
 # ------------------------------------------------------------------------------------------------
 # numpy closed forms
@@ -442,9 +442,9 @@ class SmallConvNet(nn.Cell):
 def test_short_training_reduces_the_loss():
     from mindspore import dataset as ds
 
-    from pipelines.engine.epochs import TrainingSpec
-    from pipelines.engine.loop import train
-    from pipelines.metrics import TRAIN_LOSS
+    from trainlib.engine.epochs import TrainingSpec
+    from trainlib.engine.loop import train
+    from trainlib.metrics import TRAIN_LOSS
 
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 3, 96).astype(np.int32)

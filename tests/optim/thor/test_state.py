@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipelines.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint
-from pipelines.recipes.thor import OwnThorStep
 from tests.support.thor import TinyNet, batch, make_thor, run
+from trainlib.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint
+from trainlib.recipes.thor import OwnThorStep
 
 
 def test_state_holds_statistics_inverses_momenta_and_the_step():

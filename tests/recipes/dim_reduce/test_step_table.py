@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipelines.recipes.dim_reduce import step_table
+from trainlib.recipes.dim_reduce import step_table
 
 ROWS = [
     {"epoch": 3, "step": 5, "loss": 1.25, "step_size": 0.55},

@@ -1,0 +1,59 @@
+"""Nodes of the ``data`` pipeline: image tree -> manifest, class index, counts, bad files.
+
+File verdicts are cached in ``<data.cache_dir>/verified.sqlite``: a rerun on an unchanged tree
+reads no image again.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pandas as pd
+
+from trainlib.data import fashion_mnist
+from trainlib.data.folder import scan_image_tree, subset_manifest
+from trainlib.params import DataParams
+
+logger = logging.getLogger(__name__)
+
+SOURCES = ("fashion_mnist", "folder")
+VERDICT_CACHE_FILE = "verified.sqlite"
+
+
+def locate_image_tree(data: DataParams) -> str:
+    """Root of the image tree; for ``source: fashion_mnist`` it is written out on first use."""
+    root = Path(data.root)
+    if data.source == "fashion_mnist":
+        fashion_mnist.materialise(root)
+    elif data.source != "folder":
+        raise ValueError(f"data.source must be one of {SOURCES}, got {data.source!r}")
+    return str(root.resolve())
+
+
+def verdict_cache(data: DataParams) -> Path:
+    """The SQLite file of cached per-file verdicts."""
+    return Path(data.cache_dir) / VERDICT_CACHE_FILE
+
+
+def build_manifest(image_root: str, data: DataParams) -> tuple[pd.DataFrame, dict, pd.DataFrame, pd.DataFrame]:
+    """Scan the tree and keep at most ``data.max_per_class`` images per class and split."""
+    scan = scan_image_tree(
+        image_root,
+        data.split_dirs.model_dump(),
+        data.verify,
+        data.on_bad_file,
+        cache_path=verdict_cache(data),
+    )
+    logger.info(
+        "Ingest read %d file(s) at level %r; every other verdict came from the cache", scan.verified_files, data.verify
+    )
+    manifest = subset_manifest(scan.manifest, data.max_per_class.model_dump(), data.subset_seed)
+    counts = manifest.groupby(["class_name", "split"]).size().unstack("split", fill_value=0)
+    class_counts = scan.class_counts.merge(counts.add_suffix("_used"), left_on="class_name", right_index=True)
+    logger.info(
+        "Manifest: %d classes, %s",
+        len(scan.class_index),
+        ", ".join(f"{split} {n}" for split, n in manifest["split"].value_counts().sort_index().items()),
+    )
+    return manifest, scan.class_index, class_counts, scan.bad_files

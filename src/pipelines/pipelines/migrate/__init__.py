@@ -1,1 +1,0 @@
-"""``migrate`` pipeline: a torchvision-layout PyTorch ResNet into our MindSpore ResNet, with parity checks."""

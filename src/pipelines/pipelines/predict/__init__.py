@@ -1,1 +1,0 @@
-"""``predict`` pipeline: classify images with a trained model from MLflow."""

@@ -1,1 +1,0 @@
-"""``report`` pipeline: compare the recipes' MLflow runs in a table and figures."""

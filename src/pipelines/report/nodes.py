@@ -1,0 +1,62 @@
+"""Nodes of the ``report`` pipeline: read the recipes' MLflow runs, write the comparison."""
+
+from __future__ import annotations
+
+import logging
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from pipelines import tracking
+from pipelines.tracking import MlflowRunReader
+from trainlib.params import ReportParams, TargetParams
+from trainlib.report.compare import compare, compared_histories, figures
+from trainlib.report.differences import by_how_much, readable
+
+logger = logging.getLogger(__name__)
+
+
+def compare_recipes(
+    report: ReportParams, target: TargetParams
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame, str]:
+    """The comparison table, the per-epoch histories, dim_reduce's explained variance, and by how much the recipes
+    differ (a table in points and ``summary.md``): from the newest study of the experiment where it compared the
+    same recipes (means and 95 % intervals over its seeds), else from the single runs at equal budget; single runs
+    of unequal budget are left out, and the summary says why.
+
+    Runs are read from the tracking URI and experiment kedro-mlflow set up from ``mlflow.yml``
+    for this run itself, so the report reads the same store the training pipelines wrote.
+    """
+    reader = MlflowRunReader.of_active_run()
+    comparison = compare(reader, report.recipes, target.top1, report.run_ids.model_dump())
+    differences, left_out = by_how_much(comparison.finals, reader, settings=comparison.settings)
+    tracking.record_compared_runs([run_id for run_id in comparison.table["run_id"] if isinstance(run_id, str)])
+    for row in comparison.table.itertuples():
+        if row.run_status == "missing":
+            continue
+        logger.info(
+            "%s: top-1 %.2f%%, top-5 %.2f%%, %d epochs, %.0f s training, %.0f img/s, target %.0f%% %s%s",
+            row.recipe,
+            100 * row.top1,
+            100 * row.top5,
+            row.epochs,
+            row.train_time_s,
+            row.images_per_s,
+            100 * row.target_top1,
+            "not reached" if pd.isna(row.time_to_target_s) else f"after {row.time_to_target_s:.0f} s",
+            f" (not compared: {row.left_out})" if row.left_out else "",
+        )
+    summary = readable(differences, left_out, target_top1=target.top1)
+    logger.info("By how much:\n%s", summary)
+    return comparison.table, comparison.histories, comparison.explained_variance, differences, summary
+
+
+def plot_recipes(
+    histories: pd.DataFrame, explained_variance: pd.DataFrame, table: pd.DataFrame, target: TargetParams
+) -> tuple[Figure, Figure, Figure, dict[str, Figure]]:
+    """Top-1 against epoch and training time, loss against epoch, of the recipes compared side by side (a run of
+    unequal budget is left out, as the table's ``left_out`` says); dim_reduce's explained variance only when there
+    is a dim_reduce run (an empty mapping writes no file)."""
+    drawn = figures(compared_histories(histories, table), explained_variance, target.top1)
+    variance = {"explained_variance.png": drawn["explained_variance"]} if "explained_variance" in drawn else {}
+    return drawn["top1_vs_epoch"], drawn["top1_vs_time"], drawn["loss"], variance

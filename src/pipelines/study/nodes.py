@@ -1,0 +1,165 @@
+"""Nodes of the ``study`` pipeline: the chosen recipes over several seeds (``study.runner``), then their
+statistics and figure (``study.statistics``). Each training is an MLflow child run of the study's run (tags
+``recipe``, ``seed``); finished runs are kept in ``study.dir`` and never trained again."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from pipelines import tracking
+from trainlib.metrics import (
+    STEP_KEY,
+    TRAIN_ELAPSED_S,
+    TRAIN_EPOCH_TIME_S,
+    VAL_STEP_MLM_ACCURACY,
+    VAL_STEP_TOP1,
+    VAL_STEP_TOP5,
+)
+from trainlib.params import (
+    BoostParams,
+    DataParams,
+    DimReduceParams,
+    DistributedParams,
+    ImageRecipe,
+    ModelParams,
+    RuntimeParams,
+    StudyParams,
+    TargetParams,
+    ThorBertParams,
+)
+from trainlib.recipes.context import TrainingContext
+from trainlib.recipes.language_model import prepare_language_model
+from trainlib.report.differences import in_points
+from trainlib.study.runner import StudyInputs, StudyPlan, run_study
+from trainlib.study.statistics import MEASURES, curves_figure, paired_differences, run_figures, summarise
+from trainlib.study.tuning import CHOICE_COLUMNS, choices_rows, run_tuned_study, tuning_figures
+
+logger = logging.getLogger(__name__)
+
+RUN_COLUMNS = ["recipe", "seed", *MEASURES, "train_time_s", "steps_per_epoch", "mlflow_run_id", "key"]
+CURVE_COLUMNS = ["recipe", "seed", "step", "elapsed_s", "top1", "top5", "mlm_accuracy"]
+
+
+def run_recipes(
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
+    baseline: ImageRecipe,
+    thor: ImageRecipe,
+    dim_reduce: DimReduceParams,
+    adasum: ImageRecipe,
+    boost: BoostParams,
+    thor_bert: ThorBertParams,
+    study: StudyParams,
+    target: TargetParams,
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Every recipe of ``study.recipes`` over every seed of ``study.seeds`` (those not finished earlier); with
+    ``study.tuning.trials`` > 0 each recipe's trainings are first tuned (``study.tuning``; thor_bert's two each
+    with their own trials, on ``thor_bert.target_mlm_accuracy``) and their best values train on those seeds.
+
+    Returns one row per result (``RUN_COLUMNS``: final top-1/top-5 on val after the last epoch, time, steps and
+    epochs to ``target.top1`` at step resolution, training seconds; thor_bert's rows: the held-out masked-LM
+    accuracy and loss, and the target ``thor_bert.target_mlm_accuracy``), the step-evaluation curves
+    (``CURVE_COLUMNS``: top-1/top-5, or masked-LM accuracy, on the step subset against training seconds) and the
+    tuning's chosen values beside the documented ones (``CHOICE_COLUMNS``; no rows without tuning).
+    """
+    context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
+    language = prepare_language_model(thor_bert, runtime, distributed) if "thor_bert" in study.recipes else None
+    inputs = StudyInputs(context, baseline, thor, dim_reduce, adasum, boost, thor_bert, language)
+    targets = {VAL_STEP_TOP1: target.top1, VAL_STEP_MLM_ACCURACY: thor_bert.target_mlm_accuracy}
+    plan = StudyPlan(
+        study.recipes, study.seeds, study.epochs, study.eval_every_steps, Path(study.dir), study.adasum_workers
+    )
+    tunings = []
+    study_runs = tracking.StudyRuns({"top1": target.top1, "mlm_accuracy": thor_bert.target_mlm_accuracy})
+    if study.tuning.trials:
+        records, tunings = run_tuned_study(inputs, plan, study_runs, tuning=study.tuning, targets=targets)
+    else:
+        records = run_study(inputs, plan, study_runs)
+    runs = [
+        {"recipe": r["recipe"], "seed": r["seed"]}
+        | run_figures(r, targets[r.get("step_metric", VAL_STEP_TOP1)])
+        | {
+            "train_time_s": sum(row[TRAIN_EPOCH_TIME_S] for row in r["history"]),
+            "steps_per_epoch": r["steps_per_epoch"],
+            "mlflow_run_id": r["mlflow_run_id"],
+            "key": r["key"],
+        }
+        for r in records
+    ]
+    curves = [
+        {
+            "recipe": r["recipe"],
+            "seed": r["seed"],
+            "step": row[STEP_KEY],
+            "elapsed_s": row[TRAIN_ELAPSED_S],
+            "top1": row.get(VAL_STEP_TOP1),
+            "top5": row.get(VAL_STEP_TOP5),
+            "mlm_accuracy": row.get(VAL_STEP_MLM_ACCURACY),
+        }
+        for r in records
+        for row in r["step_history"]
+    ]
+    choices = pd.DataFrame(choices_rows(tunings, tuning=study.tuning), columns=CHOICE_COLUMNS)
+    return pd.DataFrame(runs, columns=RUN_COLUMNS), pd.DataFrame(curves, columns=CURVE_COLUMNS), choices
+
+
+def summarise_study(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per result row mean and 95 % t-interval of each measure, and the paired differences (thor against
+    baseline, stage2 against control, adasum against allreduce), differences of accuracies in points, rounded as
+    logged (column ``unit``); the means go to the study's MLflow run as fractions, as every accuracy metric
+    (``study/<recipe>/<measure>``, ``study/<recipe>_vs_<reference>/<measure>``)."""
+    summary = summarise(runs)
+    paired = paired_differences(runs)
+    metrics = {
+        f"study/{row['recipe']}/{measure}": row[measure]
+        for _, row in summary.iterrows()
+        for measure in MEASURES
+        if measure in row
+    }
+    metrics |= {
+        f"study/{row['comparison'].replace(' vs ', '_vs_')}/{row['measure']}": row["mean"]
+        for _, row in paired.iterrows()
+    }
+    tracking.log_metrics(metrics)
+    paired = in_points(paired)  # paired.csv as the log prints it: accuracy differences in points, rounded
+    _log_table(summary, paired)
+    return summary, paired
+
+
+def _log_table(summary: pd.DataFrame, paired: pd.DataFrame) -> None:
+    lines = ["study (mean [95% CI], n):"]
+    for _, row in summary.iterrows():
+        cells = [
+            f"{m} {row[m]:.4g} [{row[f'{m}_ci_low']:.4g}, {row[f'{m}_ci_high']:.4g}] n={row[f'{m}_n']}"
+            for m in MEASURES
+            if row.get(f"{m}_n", 0) > 0  # a recipe's own measures: top-1 or masked-LM accuracy
+        ]
+        lines.append(f"  {row['recipe']}: " + "; ".join(cells))
+    for _, row in paired.iterrows():
+        unit = " pt" if row["unit"] == "pt" else ""
+        lines.append(
+            f"  {row['comparison']} {row['measure']}: {row['mean']:g}{unit} [{row['ci_low']:g}, {row['ci_high']:g}] "
+            f"n={row['n']}"
+        )
+    logger.info("\n".join(lines))
+
+
+def plot_study(curves: pd.DataFrame, target: TargetParams, thor_bert: ThorBertParams) -> Figure:
+    """Top-1 (thor_bert's rows: held-out masked-LM accuracy) on the step subset against training time, per result
+    row: seeds, mean and 95 % band; the target line is top-1's, or the masked-LM one in a study of thor_bert only."""
+    language_only = curves["top1"].isna().all() and curves["mlm_accuracy"].notna().any()
+    return curves_figure(curves, thor_bert.target_mlm_accuracy if language_only else target.top1)
+
+
+def plot_tuning(study: StudyParams, tuning_choices: pd.DataFrame) -> tuple[dict[str, Figure], dict[str, Figure]]:
+    """Each tuned recipe's (``tuning_choices``) Optuna optimization history and parameter importances, as
+    ``<recipe>.png``, read from ``study.tuning.storage``; none without tuning."""
+    return tuning_figures(list(tuning_choices["recipe"].unique()), tuning=study.tuning)

@@ -1,0 +1,166 @@
+"""Nodes of the ``thor_bert`` pipeline: the corpus, tokenizer and examples (``trainlib.text``), BERT's initial
+weights, the language training template (``train``, ``evaluate``, ``export_model``) under ``thor_bert.thor`` and
+``thor_bert.baseline`` (``trainlib.recipes.thor_bert``), each training in its own MLflow child run (nodes tagged
+``training_run``), and their comparison in the ``kedro run``'s run."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pandas as pd
+
+from pipelines import tracking
+from trainlib.distributed.launch import on_every_rank
+from trainlib.engine.checkpoint import Checkpoint
+from trainlib.metrics import history_table
+from trainlib.params import (
+    BertCorpusParams,
+    BertExampleParams,
+    BertNetworkParams,
+    BertTokenizerParams,
+    DistributedParams,
+    LanguageRecipe,
+    PositiveInt,
+    RuntimeParams,
+)
+from trainlib.predict.export import ExportedModel
+from trainlib.recipes.context import LanguageModelContext
+from trainlib.recipes.language_model import (
+    UNIGRAM_MLM_ACCURACY,
+    build_bert,
+    compare_trainings,
+    evaluate_bert,
+    export_bert,
+)
+from trainlib.recipes.thor_bert import train_bert
+from trainlib.text import pretraining
+from trainlib.text.corpus import documents_from_table, documents_table
+from trainlib.text.examples import unigram_baseline
+from trainlib.text.tokenizer import tokenizer_from_json, tokenizer_to_json
+
+logger = logging.getLogger(__name__)
+
+THOR_MINUS_BASELINE_MLM = "thor_bert/thor_minus_baseline_mlm_accuracy"
+
+
+def split_corpus(corpus: BertCorpusParams) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The corpus's sentences, one row per sentence (``document``, ``sentence``), train and held-out documents
+    apart."""
+    train_documents, held_out = pretraining.split_corpus(corpus)
+    tracking.log_metrics(
+        {"thor_bert/train_documents": len(train_documents), "thor_bert/held_out_documents": len(held_out)}
+    )
+    return documents_table(train_documents), documents_table(held_out)
+
+
+def fit_tokenizer(train_documents: pd.DataFrame, tokenizer: BertTokenizerParams) -> str:
+    """A WordPiece tokenizer of the train documents, as its JSON (Hugging Face tokenizers' format)."""
+    fitted = pretraining.fit_tokenizer(documents_from_table(train_documents), tokenizer)
+    tracking.log_metrics({"thor_bert/vocab_size": fitted.get_vocab_size()})
+    return tokenizer_to_json(fitted)
+
+
+def create_examples(
+    train_documents: pd.DataFrame, held_out_documents: pd.DataFrame, tokenizer: str, examples: BertExampleParams
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Masked-LM and next-sentence examples of the train and of the held-out documents."""
+    fitted = tokenizer_from_json(tokenizer)
+    train = pretraining.pretraining_examples(documents_from_table(train_documents), fitted, examples)
+    held_out = pretraining.pretraining_examples(documents_from_table(held_out_documents), fitted, examples)
+    counts = {
+        "thor_bert/train_examples": len(train["input_ids"]),
+        "thor_bert/held_out_examples": len(held_out["input_ids"]),
+    }
+    tracking.log_metrics(counts)
+    logger.info("thor_bert: %d train and %d held-out examples", *counts.values())
+    return train, held_out
+
+
+def build_network(network: BertNetworkParams, tokenizer: str, runtime: RuntimeParams) -> Checkpoint:
+    """Initial BERT weights (seeded by ``runtime.seed``), the vocabulary size the tokenizer's."""
+    return build_bert(network, tokenizer_from_json(tokenizer).get_vocab_size(), runtime)
+
+
+def train(
+    initial_weights: Checkpoint,
+    train_examples: dict[str, np.ndarray],
+    held_out_examples: dict[str, np.ndarray],
+    tokenizer: str,
+    network: BertNetworkParams,
+    eval_batch_size: int,
+    step_eval_examples: PositiveInt | None,
+    recipe: LanguageRecipe,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
+    target_mlm_accuracy: float,
+) -> tuple[Checkpoint, pd.DataFrame]:
+    """The section's training from the initial weights: THOR (every Dense layer preconditioned, then Momentum) or
+    the first-order baseline (AdamWeightDecay or Lamb); the final checkpoint and the per-epoch history. A rerun
+    resumes from ``<section>.checkpoint.dir``. The run gets when it first reached ``target_mlm_accuracy``
+    (``target/epochs``, …)."""
+    vocab_size = tokenizer_from_json(tokenizer).get_vocab_size()
+    context = LanguageModelContext(
+        train_examples,
+        held_out_examples,
+        vocab_size,
+        network,
+        eval_batch_size,
+        step_eval_examples,
+        runtime,
+        distributed,
+    )
+    callbacks = [tracking.EpochMetrics(), tracking.TimeToTarget(target_mlm_accuracy, "mlm_accuracy")]
+    result = on_every_rank(train_bert, context, initial_weights, recipe, callbacks=callbacks)
+    tracking.log_metrics(result.summary)
+    return result.checkpoint, history_table(result.history)
+
+
+def evaluate(
+    checkpoint: Checkpoint,
+    held_out_examples: dict[str, np.ndarray],
+    tokenizer: str,
+    network: BertNetworkParams,
+    eval_batch_size: int,
+    runtime: RuntimeParams,
+) -> dict:
+    """Held-out masked-LM accuracy and loss of the training's checkpoint, logged as ``final/…``."""
+    vocab_size = tokenizer_from_json(tokenizer).get_vocab_size()
+    context = LanguageModelContext({}, held_out_examples, vocab_size, network, eval_batch_size, None, runtime, None)
+    report = evaluate_bert(context, checkpoint)
+    tracking.log_final(report)
+    return report
+
+
+def export_model(
+    checkpoint: Checkpoint,
+    held_out: dict[str, np.ndarray],
+    tokenizer: str,
+    network: BertNetworkParams,
+    runtime: RuntimeParams,
+) -> ExportedModel:
+    """The training's BERT as MindIR filling masks, into ``model``; ``ModelHooks`` log it to its child run."""
+    return export_bert(checkpoint, held_out, tokenizer, network, runtime)
+
+
+def compare(
+    thor_report: dict,
+    baseline_report: dict,
+    thor: LanguageRecipe,
+    baseline: LanguageRecipe,
+    train_examples: dict[str, np.ndarray],
+    held_out_examples: dict[str, np.ndarray],
+    tokenizer: str,
+) -> pd.DataFrame:
+    """One row per training and one for the unigram baseline (``recipes.language_model.compare_trainings``);
+    THOR's gain over the baseline and the unigram baseline's accuracy go to the run."""
+    unigram = unigram_baseline(train_examples, held_out_examples)
+    token = tokenizer_from_json(tokenizer).id_to_token(unigram.token_id)
+    table = compare_trainings(thor_report, baseline_report, thor, baseline, unigram, token)
+    tracking.log_metrics(
+        {
+            THOR_MINUS_BASELINE_MLM: float(table["mlm_accuracy_minus_baseline"].iloc[0]),
+            UNIGRAM_MLM_ACCURACY: unigram.accuracy,
+        }
+    )
+    return table

@@ -1,0 +1,100 @@
+"""Nodes of the image training template: the initial weights, a recipe's whole training, the evaluation of a
+checkpoint. Each image recipe (baseline, adasum, thor) instantiates them under its own namespace; dim_reduce's
+stages build and evaluate with them. Tracking: the run the node runs in (the ``kedro run``'s, or a training's child
+run, ``hooks.training_runs``) receives the per-epoch rows and the final figures."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from pipelines import tracking
+from trainlib.distributed.launch import on_every_rank
+from trainlib.engine.checkpoint import Checkpoint
+from trainlib.engine.loop import TrainingResult
+from trainlib.metrics import history_table
+from trainlib.params import (
+    BoostParams,
+    DataParams,
+    DistributedParams,
+    ImageRecipe,
+    ModelParams,
+    RuntimeParams,
+    TargetParams,
+)
+from trainlib.predict.export import ExportedModel
+from trainlib.recipes import classifier
+from trainlib.recipes.context import TrainingContext
+from trainlib.recipes.registry import check_launch, train_recipe
+
+
+def build_network(
+    model: ModelParams, zero_init_last_bn_gamma: bool, class_index: dict[str, int], runtime: RuntimeParams
+) -> Checkpoint:
+    """Initial weights of the configured ResNet, seeded by ``runtime.seed``; the recipe's own
+    ``zero_init_last_bn_gamma`` (THOR's recipes: each residual block's last BatchNorm gamma starts at 0)."""
+    return classifier.build_network(model, class_index, runtime, zero_init_last_bn_gamma=zero_init_last_bn_gamma)
+
+
+def train(
+    initial_weights: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
+    recipe: ImageRecipe,
+    boost: BoostParams,
+    target: TargetParams,
+) -> tuple[Checkpoint, pd.DataFrame]:
+    """The recipe's whole training from the initial weights (``recipes.registry``: Momentum, Adasum or THOR by
+    its section; mindspore.boost's options in ``boost`` apply to the Momentum baseline): the final checkpoint and
+    the per-epoch history; the run gets when it first reached ``target.top1`` (``target/epochs``, …). With
+    ``distributed.worker_num`` above 1 it trains
+    on that many msrun workers; a rerun resumes from the newest checkpoint in ``<recipe>.checkpoint.dir``."""
+    check_launch(recipe, distributed)
+    context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
+    result = on_every_rank(train_recipe, context, initial_weights, recipe, boost=boost, callbacks=callbacks(target))
+    return training_outputs(result)
+
+
+def callbacks(target: TargetParams) -> list:
+    """What a training logs to its run: each epoch's row, and when it first reached ``target.top1``."""
+    return [tracking.EpochMetrics(), tracking.TimeToTarget(target.top1)]
+
+
+def training_outputs(result: TrainingResult) -> tuple[Checkpoint, pd.DataFrame]:
+    """A training node's outputs: the final checkpoint and the history table; its end-of-training figures
+    (``distributed/replica_max_abs_diff``) go to the run."""
+    tracking.log_metrics(result.summary)
+    return result.checkpoint, history_table(result.history)
+
+
+def evaluate(
+    checkpoint: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+) -> dict:
+    """Top-1/top-5 of the checkpoint on val (``baseline: top-1 …``, named by the training that wrote it), logged
+    as ``final/top1``, ``final/top5``."""
+    context = TrainingContext(manifest, class_index, model, data, runtime, distributed=None)  # one process
+    report = classifier.evaluate_checkpoint(context, checkpoint)
+    tracking.log_final(report)
+    return report
+
+
+def export_model(
+    checkpoint: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+) -> ExportedModel:
+    """The training's final network as MindIR with its description and an example image, into ``model``; the
+    project's ``ModelHooks`` log that folder to the training's MLflow run as its model (docs/use-a-model.md)."""
+    context = TrainingContext(manifest, class_index, model, data, runtime, distributed=None)  # one process
+    return classifier.export_checkpoint(context, checkpoint)

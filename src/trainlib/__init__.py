@@ -1,0 +1,7 @@
+"""The training library: MindSpore networks, optimizers (THOR, P-BFGS, Adasum), one training engine, image and
+text data, PCA, distributed launch and study statistics. It imports neither Kedro nor MLflow: the Kedro project
+(``pipelines``) wires it into pipelines and tracks it in MLflow."""
+
+from trainlib.engine.runtime import apply_cpu_defaults
+
+apply_cpu_defaults()

@@ -1,0 +1,82 @@
+"""Training callbacks: the hooks ``engine.loop.train`` calls, and the periodic checkpoint writer.
+
+Epochs are 0-based in the hooks (``epoch`` 0 is the first) and 1-based in the rows and file
+names (``"epoch": 1``, ``epoch_0001.ckpt``), as MLflow steps and people count them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainlib.engine.checkpoint import Checkpoint, save_checkpoint
+from trainlib.engine.resume import CHECKPOINT_PREFIX
+
+if TYPE_CHECKING:
+    from trainlib.engine.step import TrainStep
+
+
+class Callback:
+    """Hooks called by the engine, in this order; subclasses override what they need.
+
+    ``bind(step)`` once the training step (network, optimizer) exists; ``on_resume`` when the
+    training continues from a checkpoint, with the rows of the epochs before; ``on_train_begin``;
+    per epoch ``on_epoch_begin``, ``on_step_end`` per step, ``epoch_metrics`` (figures of the
+    callback's own added to the epoch's row, e.g. ``thor/damping``) and ``on_epoch_end`` with the
+    complete row; ``on_train_end`` once, also when training raised. ``on_step_evaluation(row)`` after
+    each evaluation every ``eval_every_steps`` steps (right after that step's ``on_step_end``; on resume
+    also once per earlier row, after ``on_resume``).
+    """
+
+    def bind(self, step: TrainStep) -> None: ...
+    def on_resume(self, source: Path, history: Sequence[Mapping[str, float]]) -> None: ...
+    def on_train_begin(self, total_epochs: int, steps_per_epoch: int, start_epoch: int) -> None: ...
+    def on_epoch_begin(self, epoch: int) -> None: ...
+    def on_step_end(self, epoch: int, step: int, loss: float) -> None: ...
+    def epoch_metrics(self, epoch: int) -> dict[str, float]:
+        return {}
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None: ...
+    def on_step_evaluation(self, row: Mapping[str, float]) -> None: ...
+    def on_train_end(self) -> None: ...
+
+
+class ConstantFigures(Callback):
+    """Figures that hold for the whole training, added to every epoch's row (e.g. the training data's
+    ``data/skipped_files``); nothing when empty."""
+
+    def __init__(self, figures: Mapping[str, float]):
+        self.figures = dict(figures)
+
+    def epoch_metrics(self, epoch: int) -> dict[str, float]:
+        return dict(self.figures)
+
+
+class PeriodicCheckpoint(Callback):
+    """Writes the full training state every ``every_epochs`` epochs, keeping the newest ``keep_last``.
+
+    ``capture(epochs_done)`` returns the state after that many epochs; files are
+    ``<directory>/<prefix>_<epoch:04d>.ckpt``, written atomically, older ones of the same prefix removed.
+    """
+
+    def __init__(
+        self,
+        capture: Callable[[int], Checkpoint],
+        directory: str | Path,
+        every_epochs: int = 1,
+        keep_last: int = 2,
+        prefix: str = CHECKPOINT_PREFIX,
+    ):
+        self.capture = capture
+        self.directory = Path(directory)
+        self.every_epochs = every_epochs
+        self.keep_last = keep_last
+        self.prefix = prefix
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        if (epoch + 1) % self.every_epochs:
+            return
+        save_checkpoint(self.capture(epoch + 1), self.directory / f"{self.prefix}_{epoch + 1:04d}.ckpt")
+        for old in sorted(self.directory.glob(f"{self.prefix}_*.ckpt"))[: -self.keep_last]:
+            old.unlink()

@@ -1,0 +1,107 @@
+"""A training step as the engine drives it: ``TrainStep`` (network, optimizer state, schedule) and the plain
+per-batch epochs; a step that another driver trains overrides ``train_epochs``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from trainlib.data.folder import checked_batches
+from trainlib.engine.checkpoint import Checkpoint
+from trainlib.engine.progress import announce_compile, take_compile_announcements
+from trainlib.engine.state import capture_state, restore_optimizer
+
+if TYPE_CHECKING:
+    from trainlib.engine.epochs import EpochRunner
+
+
+class TrainStep:
+    """One optimizer's training step as the engine drives it.
+
+    ``run(*batch)`` trains on one batch (its columns: images and labels, or a language model's token columns) and
+    returns the loss tensor, or
+    ``(loss, overflow, loss_scale)`` as ``nn.TrainOneStepWithLossScaleCell`` does. ``network`` is
+    what is evaluated and saved; ``optimizer`` (a MindSpore optimizer, optional) holds the state saved
+    under ``optimizer.``; ``lr_per_step`` is the schedule (``train/lr`` reads it); ``loss_scale`` the
+    fixed factor the gradients are scaled by (named in overflow errors; default the run cell's ``sens``).
+    Optimizers with other state (THOR, P-BFGS) override ``capture`` and ``restore``. The engine calls
+    ``restore`` (when continuing), then ``prepare`` once before the first batch: a step whose cell depends
+    on the restored state (e.g. boost's gradient freeze takes the rest of the schedule from the
+    optimizer's step count) builds it there. ``recipe`` names the optimizer in the training's start line.
+    """
+
+    recipe = "training"
+
+    def __init__(
+        self,
+        run: Callable,
+        network,
+        optimizer=None,
+        lr_per_step: np.ndarray | None = None,
+        loss_scale: float | None = None,
+    ):
+        self.run = run
+        self.network = network
+        self.optimizer = optimizer
+        self.lr_per_step = None if lr_per_step is None else np.asarray(lr_per_step)
+        self.loss_scale = float(getattr(run, "sens", 1.0) if loss_scale is None else loss_scale)
+
+    def __call__(self, *batch):
+        return self.run(*batch)
+
+    def lr(self, step: int) -> float | None:
+        """The learning rate of global step ``step`` (0-based), or None without a schedule."""
+        if self.lr_per_step is None or not len(self.lr_per_step):
+            return None
+        return float(self.lr_per_step[min(step, len(self.lr_per_step) - 1)])
+
+    def lr_summary(self, first_step: int, last_step: int) -> str:
+        """The lr at global steps ``first_step`` and ``last_step`` (0-based), as the start line shows it."""
+        first, last = self.lr(first_step), self.lr(last_step)
+        if first is None or last is None:
+            return "no lr schedule"
+        return f"lr {first:.4g}" if first == last else f"lr {first:.4g} at the first step to {last:.4g} at the last"
+
+    def capture(self) -> dict[str, np.ndarray]:
+        """Copies of the network's parameters and the optimizer's state (under ``optimizer.``)."""
+        return capture_state(self.network, self.optimizer, {}).params
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        """Load the optimizer state of ``checkpoint`` (the network was built from its weights)."""
+        if self.optimizer is not None:
+            restore_optimizer(self.network, self.optimizer, checkpoint)
+
+    def prepare(self) -> None:
+        """Called once after ``restore`` (if any) and before the first batch; nothing to do by default."""
+
+    def train_epochs(self, dataset, runner: EpochRunner, start_epoch: int) -> None:
+        """Run the epochs from ``start_epoch`` to the runner's last, one ``self(*batch)`` per batch.
+
+        A step that another driver trains (``Model.train``: ``model_bridge.ModelTrainStep``) overrides this.
+        """
+        import mindspore.dataset as ds
+        from mindspore import nn
+
+        data_seed = runner.spec.data_seed
+        take_compile_announcements()  # earlier ones (another training's evaluation) are not this training's
+        if isinstance(self.run, nn.Cell) and start_epoch < runner.spec.epochs:  # a step of several cells: in the step
+            announce_compile(self.run)
+        runner.train_begin(start_epoch)
+        try:
+            for epoch in range(start_epoch, runner.spec.epochs):
+                if data_seed is not None:
+                    ds.config.set_seed(data_seed + epoch)  # read when the iterator starts its pipeline
+                iterator = dataset.create_tuple_iterator(num_epochs=1)
+                runner.epoch_begin(epoch)
+                for index, batch in enumerate(checked_batches(iterator)):  # a bad image: one line naming it
+                    called = time.perf_counter()
+                    output = self(*batch)
+                    runner.step_end(epoch, index, output, called if take_compile_announcements() else None)
+                    take_compile_announcements()  # the step evaluation's own graph is evaluation time
+                runner.epoch_end(epoch)
+                take_compile_announcements()
+        finally:
+            runner.train_end()

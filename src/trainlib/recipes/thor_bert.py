@@ -1,0 +1,208 @@
+"""THOR beyond convolutions: BERT pre-training (masked LM and next sentence) with THOR against the first-order
+baseline of the THOR document's BERT script (models repo ``official/nlp/Bert_thor``), on the one engine.
+
+Data (``text.pretraining``): a corpus of real text (``text.corpus``: by default the Python 3.11 documentation of
+Debian's ``python3.11-doc``), split into train and held-out documents before anything is fitted; a WordPiece
+tokenizer trained on the train documents (``text.tokenizer``); pre-training examples as BERT's
+create_pretraining_data makes them (``text.examples``). The network and its evaluation: ``recipes.language_model``.
+
+Trainings, each through ``engine.loop.train`` (resume, checkpoints, per-epoch rows, evaluation, callbacks):
+
+* ``train_bert_thor``: this project's THOR preconditioner over every ``nn.Dense`` of the network (attention
+  query/key/value/output projections, feed-forward, pooler, masked-LM transform, next-sentence classifier), then
+  Momentum; the embeddings (word, position, token type; the word table is tied to the masked-LM decoder) and
+  LayerNorm take the plain gradient (docs/thor-bert.md); polynomial lr and damping without warm-up
+  (``get_bert_thor_lr``, ``get_bert_thor_damping``); weight decay except on LayerNorm and biases (the script's
+  ``decay_filter``).
+* ``train_bert_baseline``: AdamWeightDecay or Lamb with the warm-up polynomial lr (``BertLearningRate``), the same
+  decay filter.
+
+``train_bert`` trains either by its section (the thor_bert pipeline's template, the study).
+
+Each epoch's row has the shared training keys (``train/loss``, ``train/lr``, ``train/sequences_per_s`` in place of
+images/s, times) and the held-out ``val/mlm_accuracy``, ``val/mlm_loss``, ``val/nsp_accuracy``; THOR's rows add
+``thor/…`` as the image recipe's do. The network is saved under the names of ``BertPreTraining`` (the statistics
+THOR adds are optimizer state), so a checkpoint loads into a plain network for evaluation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from trainlib.distributed.launch import rank_context
+from trainlib.engine.callbacks import Callback
+from trainlib.engine.checkpoint import Checkpoint
+from trainlib.engine.epochs import TrainingSpec
+from trainlib.engine.loop import Checkpointing, TrainingResult, train
+from trainlib.engine.resume import fingerprint
+from trainlib.engine.step import TrainStep
+from trainlib.metrics import LANGUAGE_EVALUATION, LANGUAGE_STEP_EVALUATION, TRAIN_SEQUENCES_PER_S
+from trainlib.models.bert import BertNetworkWithLoss, BertPreTraining, mlm_metrics
+from trainlib.optim.gradients import FirstOrderStep, UnscaledGradients
+from trainlib.optim.momentum import decay_groups, decays_unless_layernorm_or_bias
+from trainlib.optim.schedules import per_step
+from trainlib.optim.thor.step import ThorStep, create_thor_step
+from trainlib.params import BertBaselineTraining, BertThorTraining
+from trainlib.recipes.classifier import configure
+from trainlib.recipes.context import LanguageModelContext
+from trainlib.recipes.language_model import NETWORK_NAME, CollapseWatch, bert_from_checkpoint, held_out_dataset
+from trainlib.recipes.thor import OwnThorStep, ThorFigures, thor_schedules, thor_step_settings
+from trainlib.text.dataset import create_text_dataset
+from trainlib.text.examples import unigram_baseline
+
+logger = logging.getLogger(__name__)
+
+
+def _train(
+    context: LanguageModelContext,
+    start: Checkpoint,
+    section: BertThorTraining | BertBaselineTraining,
+    make_step: Callable[[BertPreTraining, int], TrainStep],
+    *,
+    name: str,
+    callbacks: Sequence[Callback],
+) -> TrainingResult:
+    """What both BERT trainings share: data, network from ``start``, evaluation, checkpoints, through the engine;
+    ``name`` names the training in its checkpoints' metadata (``training``). Every held-out evaluation is also
+    read against the unigram baseline (``CollapseWatch``: the rows' and the summary's ``thor_bert/collapsed``)."""
+    configure(context.runtime)
+    ranks = rank_context()
+    excluded = {"checkpoint", "eval_interval", "eval_every_steps"}
+    run_id = fingerprint(
+        NETWORK_NAME,
+        context.network,
+        context.vocab_size,
+        context.train_examples["input_ids"],
+        section.model_dump(exclude=excluded),
+        context.runtime.seed,
+        context.distributed.worker_num,
+        start,
+    )
+    step_subset = held_out_dataset(context, context.step_eval_examples) if section.eval_every_steps else None
+    held_out = held_out_dataset(context)
+    spec = TrainingSpec(
+        epochs=section.epochs,
+        batch_size=section.batch_size,
+        examples_per_step=section.batch_size * context.distributed.worker_num,
+        eval_interval=section.eval_interval,
+        data_seed=context.runtime.seed,
+        eval_every_steps=section.eval_every_steps,
+        throughput_key=TRAIN_SEQUENCES_PER_S,
+        evaluation_keys=LANGUAGE_EVALUATION,
+        step_evaluation_keys=LANGUAGE_STEP_EVALUATION,
+    )
+    dataset = create_text_dataset(
+        context.train_examples,
+        batch_size=section.batch_size,
+        training=True,
+        rank=ranks.rank,
+        rank_size=ranks.size,
+        seed=context.runtime.seed,
+        batch_key=f"thor_bert.{name}.batch_size",
+    )
+
+    def build(start: Checkpoint, steps_per_epoch: int) -> TrainStep:
+        net = bert_from_checkpoint(context.network, context.vocab_size, start, "start checkpoint")
+        return make_step(net, steps_per_epoch)
+
+    unigram = unigram_baseline(context.train_examples, context.held_out_examples, subset=context.step_eval_examples)
+    watch = CollapseWatch(unigram, f"thor_bert {name}")
+    result = train(
+        spec,
+        dataset,
+        build,
+        start=start,
+        fingerprint=run_id,
+        checkpoints=Checkpointing.of(section.checkpoint),
+        evaluate=lambda step: watch.evaluated(mlm_metrics(step.network, held_out)),
+        callbacks=[watch, *callbacks],
+        metadata={"network": NETWORK_NAME, "training": name},
+        evaluate_steps=(lambda step: mlm_metrics(step.network, step_subset)) if step_subset is not None else None,
+    )
+    result.summary.update(watch.summary())
+    return result
+
+
+def thor_step_of(thor: BertThorTraining, net: BertPreTraining, steps_per_epoch: int, *, rank_size: int) -> ThorStep:
+    """THOR's step for ``net`` (every Dense layer preconditioned, then Momentum) with ``thor``'s schedules over
+    ``thor.epochs`` epochs of ``steps_per_epoch`` steps."""
+    lr_per_step, damping = thor_schedules(thor, steps_per_epoch)
+    logger.info(
+        "THOR on BERT: frequency %d, lr %.4g -> %.4g, damping %.4g -> %.4g over %d steps",
+        thor.frequency,
+        lr_per_step[0],
+        lr_per_step[-1],
+        damping[0],
+        damping[-1],
+        len(lr_per_step),
+    )
+    return create_thor_step(
+        net,
+        BertNetworkWithLoss(net),
+        lr_per_step,
+        damping,
+        trace_rule=None,
+        rank_size=rank_size,
+        inverse_method=None,  # Cholesky, or MatrixInverse on Ascend (linalg.block_inverse)
+        precondition=True,
+        decays=decays_unless_layernorm_or_bias,
+        **thor_step_settings(thor),
+    )
+
+
+def train_bert_thor(
+    context: LanguageModelContext,
+    start: Checkpoint,
+    thor: BertThorTraining,
+    *,
+    callbacks: Sequence[Callback] = (),
+) -> TrainingResult:
+    """THOR (every Dense layer preconditioned, then Momentum) from ``start`` for ``thor.epochs`` epochs, resuming
+    this training's newest checkpoint in ``thor.checkpoint.dir``."""
+
+    def make_step(net: BertPreTraining, steps_per_epoch: int) -> TrainStep:
+        return OwnThorStep(thor_step_of(thor, net, steps_per_epoch, rank_size=context.distributed.worker_num))
+
+    return _train(context, start, thor, make_step, name="thor", callbacks=[ThorFigures(), *callbacks])
+
+
+def train_bert_baseline(
+    context: LanguageModelContext,
+    start: Checkpoint,
+    baseline: BertBaselineTraining,
+    *,
+    callbacks: Sequence[Callback] = (),
+) -> TrainingResult:
+    """The first-order baseline (AdamWeightDecay or Lamb, warm-up polynomial lr) from ``start`` for
+    ``baseline.epochs`` epochs, resuming this training's newest checkpoint in ``baseline.checkpoint.dir``."""
+    from mindspore import Tensor, nn
+
+    def make_step(net: BertPreTraining, steps_per_epoch: int) -> TrainStep:
+        lr_per_step = per_step(baseline.lr, epochs=baseline.epochs, steps_per_epoch=steps_per_epoch)
+        groups = decay_groups(net, baseline.weight_decay, decays_unless_layernorm_or_bias)
+        optimizer_class = {"adamweightdecay": nn.AdamWeightDecay, "lamb": nn.Lamb}[baseline.optimizer]
+        optimizer = optimizer_class(groups, learning_rate=Tensor(lr_per_step), eps=baseline.eps)
+        gradients = UnscaledGradients(
+            BertNetworkWithLoss(net), optimizer.parameters, baseline.loss_scale, context.distributed.worker_num
+        )
+        net.set_train(True)
+        step = TrainStep(FirstOrderStep(gradients, optimizer), net, optimizer, lr_per_step, baseline.loss_scale)
+        step.recipe = f"BERT first-order baseline ({optimizer_class.__name__})"
+        return step
+
+    return _train(context, start, baseline, make_step, name="baseline", callbacks=callbacks)
+
+
+def train_bert(
+    context: LanguageModelContext,
+    start: Checkpoint,
+    section: BertThorTraining | BertBaselineTraining,
+    *,
+    callbacks: Sequence[Callback] = (),
+) -> TrainingResult:
+    """``section``'s training from ``start``: THOR (``thor_bert.thor``) or the first-order baseline
+    (``thor_bert.baseline``), chosen by the section's type."""
+    if isinstance(section, BertThorTraining):
+        return train_bert_thor(context, start, section, callbacks=callbacks)
+    return train_bert_baseline(context, start, section, callbacks=callbacks)

@@ -1,0 +1,1 @@
+"""The multi-seed study: ``runner`` trains every (recipe, seed) once, ``statistics`` summarises them."""

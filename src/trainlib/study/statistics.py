@@ -1,0 +1,199 @@
+"""Statistics of a multi-seed study (``kedro run --pipelines=study``): per-run figures, t-intervals, paired
+differences and the top-1 against training time figure. Plain data in, plain data out (numpy, pandas, scipy,
+matplotlib); no MindSpore, no MLflow.
+
+Accuracies are fractions in [0, 1]; times are training seconds with every evaluation excluded (the engine's
+``train/elapsed_s``). Time to target is read at step resolution: the first evaluation every K steps (on the
+fixed val subset) whose accuracy reaches the target (top-1 for the image recipes, held-out masked-LM accuracy for
+thor_bert's rows); steps to target is that step, epochs to target that step over the steps per epoch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from trainlib.metrics import STEP_KEY, TRAIN_ELAPSED_S, VAL_STEP_TOP1
+
+# columns of the per-run table, each summarised per recipe by ``summarise`` (a language model's rows have the
+# masked-LM figures in place of top-1/top-5; a measure a table lacks, or no run of a recipe has, is left out)
+MEASURES = (
+    "final_top1",
+    "final_top5",
+    "final_mlm_accuracy",
+    "final_mlm_loss",
+    "time_to_target_s",
+    "steps_to_target",
+    "epochs_to_target",
+)
+# the paired comparisons, (result row, its reference) on the same seeds: THOR against the Momentum recipe (the recipe
+# as documented), THOR against its own recipe without the preconditioner (what the curvature adds at equal recipe),
+# dim_reduce's P-BFGS stage 2 against Momentum continued from the same stage-1 checkpoint for the same epochs, and
+# Adasum against averaged gradients on the same ranks
+PAIRS = (
+    ("thor", "baseline"),
+    ("thor", "thor_first_order"),
+    ("stage2", "control"),
+    ("adasum", "allreduce"),
+    ("thor_bert", "thor_bert_baseline"),
+)
+CONFIDENCE = 0.95
+# Measures that are accuracies, and the paired differences of accuracies: their intervals are cut to what an
+# accuracy can be (a t-interval of a few seeds near 1 otherwise reaches past it)
+ACCURACY_BOUNDS = {"final_top1": (0.0, 1.0), "final_top5": (0.0, 1.0), "final_mlm_accuracy": (0.0, 1.0)}
+DIFFERENCE_BOUNDS = {
+    "final_top1_difference": (-1.0, 1.0),
+    "final_top5_difference": (-1.0, 1.0),
+    "final_mlm_accuracy_difference": (-1.0, 1.0),
+}
+
+
+def _t_quantile(probability: float, degrees_of_freedom: int) -> float:
+    """Student's t quantile."""
+    # scipy loaded on use: its array-API layer probes for torch, and the registry must import without it
+    from scipy import stats
+
+    return float(stats.t.ppf(probability, degrees_of_freedom))
+
+
+def first_crossing(
+    step_rows: Sequence[Mapping[str, float]], target: float, metric: str = VAL_STEP_TOP1
+) -> Mapping[str, float] | None:
+    """The first step-evaluation row (in step order) whose ``metric`` reaches ``target``, or None."""
+    for row in sorted(step_rows, key=lambda row: row[STEP_KEY]):
+        if row[metric] >= target:
+            return row
+    return None
+
+
+def run_figures(record: Mapping, target: float) -> dict[str, float]:
+    """The per-run measures of a study run's record (its final figures, ``steps_per_epoch``, ``step_history`` and
+    ``step_metric``, the step-evaluation key the target is read on): the final figures, time, steps and epochs to
+    ``target`` (NaN when never reached)."""
+    crossing = first_crossing(record["step_history"], target, record.get("step_metric", VAL_STEP_TOP1))
+    # an image recipe has no masked-LM figures and a language model no top-1: NaN, which the statistics skip
+    finals = {measure: float(record.get(measure, math.nan)) for measure in MEASURES if measure.startswith("final_")}
+    return finals | {
+        "time_to_target_s": math.nan if crossing is None else float(crossing[TRAIN_ELAPSED_S]),
+        "steps_to_target": math.nan if crossing is None else float(crossing[STEP_KEY]),
+        "epochs_to_target": math.nan if crossing is None else crossing[STEP_KEY] / record["steps_per_epoch"],
+    }
+
+
+def t_interval(
+    values: Sequence[float], confidence: float = CONFIDENCE, bounds: tuple[float, float] | None = None
+) -> tuple[float, float, float, int]:
+    """(mean, low, high, n) of the finite ``values``: Student-t interval of the mean at ``confidence``, cut to
+    ``bounds`` (the range the quantity can take, e.g. [0, 1] for an accuracy) when given.
+
+    With one value the bounds are NaN (no spread to estimate); with none, everything is NaN and n is 0.
+    """
+    finite = np.asarray([v for v in values if math.isfinite(v)], np.float64)
+    n = len(finite)
+    if n == 0:
+        return math.nan, math.nan, math.nan, 0
+    mean = float(finite.mean())
+    if n == 1:
+        return mean, math.nan, math.nan, 1
+    half = float(_t_quantile(0.5 + confidence / 2, n - 1) * finite.std(ddof=1) / math.sqrt(n))
+    low, high = mean - half, mean + half
+    if bounds is not None:
+        low, high = max(low, bounds[0]), min(high, bounds[1])
+    return mean, low, high, n
+
+
+def summarise(runs: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataFrame:
+    """Per recipe (in order of appearance): ``runs`` (seeds), then per measure of ``MEASURES`` its mean,
+    ``_ci_low``, ``_ci_high`` and ``_n`` (the runs with a value: time and epochs to target count only the runs
+    that reached it)."""
+    rows = []
+    for recipe, group in runs.groupby("recipe", sort=False):
+        row: dict[str, float | str | int] = {"recipe": recipe, "runs": len(group)}
+        for measure in (measure for measure in MEASURES if measure in group):
+            mean, low, high, n = t_interval(group[measure].tolist(), confidence, ACCURACY_BOUNDS.get(measure))
+            row.update({measure: mean, f"{measure}_ci_low": low, f"{measure}_ci_high": high, f"{measure}_n": n})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def paired_differences(
+    runs: pd.DataFrame, pairs: Sequence[tuple[str, str]] = PAIRS, confidence: float = CONFIDENCE
+) -> pd.DataFrame:
+    """Each recipe of ``pairs`` present with its reference, on the seeds both ran: per seed the ratio of times to
+    target (``time_to_target_ratio``, recipe / reference, seeds where both reached it), of epochs to target
+    (``epochs_to_target_ratio``: the same without the cost per step, graph compilation included; and of steps, for
+    a language model's pair) and the differences of final top-1 and top-5 (``final_top1_difference``, recipe -
+    reference, same epochs; masked-LM accuracy and loss for a language model's pair); mean and t-interval of each.
+
+    Columns: ``comparison`` (``thor vs baseline``), ``measure``, ``mean``, ``ci_low``, ``ci_high``, ``n``.
+    """
+    by_seed = runs.set_index(["recipe", "seed"])
+    present = set(runs["recipe"])
+    rows = []
+    for recipe, reference in pairs:
+        if recipe not in present or reference not in present:
+            continue
+        other, base = by_seed.loc[recipe], by_seed.loc[reference]
+        seeds = sorted(set(other.index) & set(base.index))
+        ours, theirs = other.loc[seeds], base.loc[seeds]
+        measures = {"time_to_target_ratio": (ours["time_to_target_s"] / theirs["time_to_target_s"]).tolist()}
+        if "final_mlm_accuracy" in runs and theirs["final_mlm_accuracy"].notna().all():  # a language model's pair
+            measures |= {
+                "steps_to_target_ratio": (ours["steps_to_target"] / theirs["steps_to_target"]).tolist(),
+                "final_mlm_accuracy_difference": (ours["final_mlm_accuracy"] - theirs["final_mlm_accuracy"]).tolist(),
+                "final_mlm_loss_difference": (ours["final_mlm_loss"] - theirs["final_mlm_loss"]).tolist(),
+            }
+        else:
+            measures |= {
+                "epochs_to_target_ratio": (ours["epochs_to_target"] / theirs["epochs_to_target"]).tolist(),
+                "final_top1_difference": (ours["final_top1"] - theirs["final_top1"]).tolist(),
+                "final_top5_difference": (ours["final_top5"] - theirs["final_top5"]).tolist(),
+            }
+        for measure, values in measures.items():
+            mean, low, high, n = t_interval(values, confidence, DIFFERENCE_BOUNDS.get(measure))
+            rows.append(
+                {"comparison": f"{recipe} vs {reference}", "measure": measure, "mean": mean}
+                | {"ci_low": low, "ci_high": high, "n": n}
+            )
+    return pd.DataFrame(rows, columns=["comparison", "measure", "mean", "ci_low", "ci_high", "n"])
+
+
+def curves_figure(
+    curves: pd.DataFrame, target_top1: float | None = None, points: int = 60, confidence: float = CONFIDENCE
+) -> Figure:
+    """Accuracy on the step subset against training seconds: per recipe each seed's curve (thin) and the mean over
+    seeds with its t-interval as a band, on a common time grid up to the shortest run's last evaluation
+    (linear interpolation between evaluations). ``curves``: columns recipe, seed, elapsed_s, top1 (a language
+    model's rows: its held-out masked-LM accuracy, column mlm_accuracy, in place of top-1)."""
+    figure = Figure(figsize=(7, 4.5), tight_layout=True)
+    axes = figure.add_subplot()
+    for index, (recipe, rows) in enumerate(curves.groupby("recipe", sort=False)):
+        colour = f"C{index}"
+        language = "mlm_accuracy" in rows and rows["top1"].isna().all()
+        group = rows.assign(top1=rows["mlm_accuracy"]) if language else rows
+        series = [run.sort_values("elapsed_s") for _, run in group.groupby("seed")]
+        for run in series:
+            axes.plot(run["elapsed_s"], run["top1"], color=colour, alpha=0.25, linewidth=0.8)
+        end = min(run["elapsed_s"].max() for run in series)
+        start = max(run["elapsed_s"].min() for run in series)
+        if len(series) > 1 and end > start:
+            grid = np.linspace(start, end, points)
+            values = np.stack([np.interp(grid, run["elapsed_s"], run["top1"]) for run in series])
+            mean = values.mean(axis=0)
+            half = _t_quantile(0.5 + confidence / 2, len(series) - 1) * values.std(axis=0, ddof=1)
+            half /= math.sqrt(len(series))
+            axes.fill_between(grid, np.clip(mean - half, 0, 1), np.clip(mean + half, 0, 1), color=colour, alpha=0.25)
+            axes.plot(grid, mean, color=colour, label=f"{recipe} (mean of {len(series)} seeds, {confidence:.0%} CI)")
+        else:
+            axes.plot([], [], color=colour, label=recipe)
+    if target_top1 is not None:
+        axes.axhline(target_top1, color="grey", linestyle="--", linewidth=0.8, label=f"target {target_top1:g}")
+    axes.set_xlabel("training time (s, evaluations excluded)")
+    axes.set_ylabel("val top-1, or held-out masked-LM accuracy (step subset)")
+    axes.legend(loc="lower right")
+    axes.grid(alpha=0.3)
+    return figure

@@ -1,0 +1,469 @@
+"""Tuning at equal effort inside the study (AlgoPerf's external tuning, with Optuna).
+
+Every tuned training gets the same number of trials (``TuningParams.trials``), each drawn by a seeded sampler from
+its own search space (``TuningParams.spaces``: ranges over keys of its section, ``lr.peak``, ``weight_decay``,
+...). A tuned training is named by its result row: the image recipes' one each, and thor_bert's two (``thor_bert``,
+THOR, and ``thor_bert_baseline``), tuned one after the other, each with its own trials and Optuna study. A trial is
+an ordinary study training of the recipe whose section holds the sampled values (thor_bert's trials train their own
+row alone), on the tuning seeds (never the study's): its result files make a killed run resume, and its MLflow
+child run is tagged ``trial``, ``trial_state`` and, for a failure, ``trial_error``. Its value, minimised, is the
+steps to the study's target (``target.top1``; thor_bert's: ``thor_bert.target_mlm_accuracy``, masked-LM accuracy),
+averaged over the tuning seeds; a seed that misses the target counts ``total steps + 1 + (1 - final accuracy)``, so
+every trial that reached the target ranks first, the rest by their final accuracy. A trial
+whose training diverges (``FloatingPointError``: ``NonFiniteLossError``, THOR's ``ThorInverseError`` and
+``ThorDivergenceError``) is a FAIL trial naming its error and the tuning goes on; a pruned one stops at a step
+evaluation behind the median of earlier trials (``pruner: median``). The best trial's values (thor_bert: both
+trainings' best) are then trained on the study's seeds, fresh, for the paired intervals the study reports.
+
+Each tuned training's trials are one Optuna study, ``<name>/<recipe>``, in ``storage`` (an RDB URL): any number of
+processes, on any machines, given the same storage share it and split its budget. The budget counts every
+COMPLETE, PRUNED, RUNNING and failed trial across the processes (a process starts a trial only while fewer than
+``trials`` are counted, and gives back one that raced past the budget); a trial left RUNNING by a killed process
+of this machine is failed without an error (not counted) and its values enqueued again, so a rerun trains them
+(resuming the killed training from its checkpoints). Optuna's ``MaxTrialsCallback`` counts finished trials only,
+so two processes would each start one past the budget.
+
+This module imports Optuna, never Kedro or MLflow (tracking comes in as ``StudyTracking``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import optuna
+import sqlalchemy.exc
+from matplotlib.figure import Figure
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+from trainlib.engine.callbacks import Callback
+from trainlib.metrics import STEP_KEY, VAL_STEP_MLM_ACCURACY, VAL_STEP_TOP1
+from trainlib.params import TUNED_TRAININGS, TuningParams, space_ranges
+from trainlib.processes import process_alive
+from trainlib.study.runner import StudyInputs, StudyPlan, StudyTracking, run_study
+from trainlib.study.statistics import first_crossing
+
+logger = logging.getLogger(__name__)
+
+# keys sampled on a log scale, and as integers; the rest (warm-up epochs) uniformly
+LOG_SCALE = ("lr.peak", "damping.peak", "weight_decay")
+INTEGER = ("frequency", "lr.warmup_steps")
+# the section a tuned training's values go into (dotted in StudyInputs): thor_first_order is the thor section
+# without its preconditioner
+SECTION = {
+    "baseline": "baseline",
+    "thor": "thor",
+    "thor_first_order": "thor",
+    "thor_bert": "thor_bert.thor",
+    "thor_bert_baseline": "thor_bert.baseline",
+}
+# the study recipe that trains a tuned training
+RECIPE = {training: recipe for recipe, trainings in TUNED_TRAININGS.items() for training in trainings}
+# the step evaluation whose target a tuned training's objective counts steps to, and the final figure that orders
+# the trials that missed it
+STEP_METRIC = {
+    training: VAL_STEP_MLM_ACCURACY if RECIPE[training] == "thor_bert" else VAL_STEP_TOP1 for training in RECIPE
+}
+FINAL_ACCURACY = {VAL_STEP_TOP1: "final_top1", VAL_STEP_MLM_ACCURACY: "final_mlm_accuracy"}
+# what makes a trial FAIL and lets the tuning go on: the training diverged (a bug still stops the study)
+TRIAL_FAILURES = (FloatingPointError,)
+HOST = socket.gethostname()
+SCHEMA_ATTEMPTS = 5  # opening a new storage that other processes create at the same moment
+ERROR_ATTR = "error"  # a trial's user attribute: the name of the error that failed its training
+_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)  # the states reported
+
+
+@dataclass(frozen=True)
+class RecipeTuning:
+    """One recipe's tuning: its Optuna study's name, the chosen (best) values beside the section's own, its
+    trials by state (every process's), the best value, and this process's wall time and all trials' time."""
+
+    recipe: str
+    study_name: str
+    chosen: Mapping[str, float]
+    documented: Mapping[str, float]
+    trials: Mapping[str, int]  # COMPLETE, PRUNED, FAIL, RUNNING
+    best_trial: int
+    best_value: float
+    wall_time_s: float
+    trials_time_s: float
+
+
+def run_tuned_study(
+    inputs: StudyInputs,
+    plan: StudyPlan,
+    tracking: StudyTracking,
+    *,
+    tuning: TuningParams,
+    targets: Mapping[str, float],
+) -> tuple[list[dict], list[RecipeTuning]]:
+    """Tune every training of the plan's recipes (``targets``: each step metric's target), then train each recipe
+    with its trainings' best values on the plan's seeds: the study's records (``run_study``'s, fresh seeds only)
+    and each training's tuning."""
+    records, tunings = [], []
+    for recipe in plan.recipes:
+        chosen = inputs
+        for training in TUNED_TRAININGS[recipe]:
+            tuned = tune_recipe(training, inputs, plan, tracking, tuning=tuning, target=targets[STEP_METRIC[training]])
+            logger.info(
+                "tuning %s: trial %d of %d chose %s (documented %s); %s; %.0f s here, %.0f s in all trials",
+                training,
+                tuned.best_trial,
+                tuning.trials,
+                _values_text(tuned.chosen),
+                _values_text(tuned.documented),
+                ", ".join(f"{n} {state}" for state, n in tuned.trials.items() if n),
+                tuned.wall_time_s,
+                tuned.trials_time_s,
+            )
+            tunings.append(tuned)
+            chosen = with_values(chosen, training, tuned.chosen)
+        records += run_study(chosen, replace(plan, recipes=[recipe]), tracking)
+    return records, tunings
+
+
+def tune_recipe(
+    recipe: str, inputs: StudyInputs, plan: StudyPlan, tracking: StudyTracking, *, tuning: TuningParams, target: float
+) -> RecipeTuning:
+    """Run trials of ``recipe`` (a tuned training, ``SECTION``) until its Optuna study counts ``tuning.trials``
+    (every process's), then its best."""
+    ranges = space_ranges(tuning.spaces[recipe])
+    study = open_study(recipe, tuning=tuning)
+    _release_abandoned(study)
+    started = time.monotonic()
+    while len(_counted(study)) < tuning.trials:
+        trial = study.ask()
+        trial.set_user_attr("host", HOST)
+        trial.set_user_attr("pid", os.getpid())
+        values = {key: _suggest(trial, key, low, high) for key, (low, high) in ranges.items()}
+        if sorted(t.number for t in _counted(study)).index(trial.number) >= tuning.trials:
+            study.tell(trial, state=TrialState.FAIL)  # another process took the last trial at the same moment
+            break
+        _run_trial(study, trial, recipe, values, inputs, plan, tracking, tuning=tuning, target=target)
+    wall_time_s = time.monotonic() - started
+    trials = study.get_trials(deepcopy=False)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    if not complete:
+        failures = sorted({t.user_attrs.get(ERROR_ATTR, "abandoned") for t in trials if t.state == TrialState.FAIL})
+        raise ValueError(
+            f"study.tuning: no trial of {recipe} completed in {study.study_name!r} ({len(trials)} trials; failures: "
+            f"{', '.join(failures) or 'none'}); narrow study.tuning.spaces.{recipe} "
+            "(conf/base/parameters_study.yml) or raise study.tuning.trials"
+        )
+    running = sum(t.state == TrialState.RUNNING for t in trials)
+    if running:
+        logger.info(
+            "tuning %s: %d trials still run in other processes; the best finished one is chosen", recipe, running
+        )
+    best = min(complete, key=lambda t: t.value)
+    section = _section(inputs, recipe)
+    return RecipeTuning(
+        recipe=recipe,
+        study_name=study.study_name,
+        chosen={key: best.params[key] for key in ranges},
+        documented={key: _value_of(section, key) for key in ranges},
+        trials={state.name: sum(t.state == state for t in trials) for state in _STATES},
+        best_trial=best.number,
+        best_value=float(best.value),
+        wall_time_s=wall_time_s,
+        trials_time_s=sum(t.duration.total_seconds() for t in trials if t.duration is not None),
+    )
+
+
+def study_name(recipe: str, *, tuning: TuningParams) -> str:
+    return f"{tuning.name}/{recipe}"
+
+
+def open_study(recipe: str, *, tuning: TuningParams) -> optuna.Study:
+    """``recipe``'s Optuna study in the storage (created by the first process to ask), minimising the objective."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own log lines say what each trial did
+    return optuna.create_study(
+        storage=_storage(tuning.storage),
+        study_name=study_name(recipe, tuning=tuning),
+        direction="minimize",
+        sampler=_sampler(tuning),
+        pruner=_pruner(tuning),
+        load_if_exists=True,
+    )
+
+
+def load_study(recipe: str, *, tuning: TuningParams) -> optuna.Study:
+    """``recipe``'s existing Optuna study (its figures)."""
+    return optuna.load_study(study_name=study_name(recipe, tuning=tuning), storage=_storage(tuning.storage))
+
+
+def objective(records: Sequence[Mapping], *, target: float, epochs: int) -> float:
+    """Mean over the tuning seeds' records of the steps to ``target`` (of each record's ``step_metric``: top-1, or
+    masked-LM accuracy); a seed that missed it counts its total steps + 1 + (1 - final accuracy), after every seed
+    that reached it, ordered by its final accuracy."""
+    values = []
+    for record in records:
+        metric = record.get("step_metric", VAL_STEP_TOP1)
+        crossing = first_crossing(record["step_history"], target, metric)
+        total = record["steps_per_epoch"] * epochs
+        values.append(float(crossing[STEP_KEY]) if crossing else total + 1 + (1 - record[FINAL_ACCURACY[metric]]))
+    return sum(values) / len(values)
+
+
+def with_values(inputs: StudyInputs, recipe: str, values: Mapping[str, float]) -> StudyInputs:
+    """The study's inputs with ``values`` (dotted keys of the tuned training's section: ``lr.peak``) in that
+    section (``SECTION``: ``thor_bert.thor`` is the thor section of ``inputs.thor_bert``)."""
+    section = _section(inputs, recipe)
+    update: dict = {}
+    for key, value in values.items():
+        head, _, leaf = key.partition(".")
+        update[head] = update.get(head, getattr(section, head)).model_copy(update={leaf: value}) if leaf else value
+    updated = section.model_copy(update=update)
+    outer, _, inner = SECTION[recipe].partition(".")
+    if inner:
+        updated = getattr(inputs, outer).model_copy(update={inner: updated})
+    return replace(inputs, **{outer: updated})
+
+
+def choices_rows(tunings: Sequence[RecipeTuning], *, tuning: TuningParams) -> list[dict]:
+    """Per recipe and tuned key: the documented (configured) and chosen value, with the budget it was chosen at."""
+    return [
+        {
+            "recipe": tuned.recipe,
+            "key": key,
+            "documented": tuned.documented[key],
+            "chosen": tuned.chosen[key],
+            "trials": tuning.trials,
+            **{state.lower(): n for state, n in tuned.trials.items()},
+            "best_trial": tuned.best_trial,
+            "best_value": tuned.best_value,
+            "wall_time_s": round(tuned.wall_time_s, 1),
+            "trials_time_s": round(tuned.trials_time_s, 1),
+            "study_name": tuned.study_name,
+        }
+        for tuned in tunings
+        for key in tuned.chosen
+    ]
+
+
+CHOICE_COLUMNS = [
+    "recipe",
+    "key",
+    "documented",
+    "chosen",
+    "trials",
+    "complete",
+    "pruned",
+    "fail",
+    "running",
+    "best_trial",
+    "best_value",
+    "wall_time_s",
+    "trials_time_s",
+    "study_name",
+]
+
+
+def tuning_figures(recipes: Sequence[str], *, tuning: TuningParams) -> tuple[dict[str, Figure], dict[str, Figure]]:
+    """Optuna's optimization history and parameter importances of each recipe's study, as ``<recipe>.png``
+    figures; importances need two completed trials (a recipe with fewer has none, and the log says so)."""
+    histories, importances = {}, {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        for recipe in recipes:
+            study = load_study(recipe, tuning=tuning)
+            histories[f"{recipe}.png"] = _titled(
+                optuna.visualization.matplotlib.plot_optimization_history(study), f"{recipe}: objective by trial"
+            )
+            complete = sum(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
+            if complete < 2:
+                logger.info(
+                    "tuning %s: no parameter importances (%d completed trial; they need 2 or more)", recipe, complete
+                )
+                continue
+            importances[f"{recipe}.png"] = _titled(
+                optuna.visualization.matplotlib.plot_param_importances(study), f"{recipe}: parameter importances"
+            )
+    return histories, importances
+
+
+def _titled(axes, title: str) -> Figure:
+    axes.set_title(title)
+    figure = axes.figure
+    figure.tight_layout()
+    return figure
+
+
+def _counted(study: optuna.Study) -> list[FrozenTrial]:
+    """The trials the budget counts: finished, running, and failed by their training (not those given back)."""
+    return [
+        trial
+        for trial in study.get_trials(deepcopy=False)
+        if trial.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+        or (trial.state == TrialState.FAIL and ERROR_ATTR in trial.user_attrs)
+    ]
+
+
+def _release_abandoned(study: optuna.Study) -> None:
+    """Trials left RUNNING by a killed process of this machine: failed without an error (so not counted), their
+    values enqueued again (the next trial trains them, resuming from the killed training's checkpoints)."""
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        pid = trial.user_attrs.get("pid")
+        if trial.user_attrs.get("host") == HOST and isinstance(pid, int) and not process_alive(pid):
+            study.tell(trial.number, state=TrialState.FAIL)
+            study.enqueue_trial(trial.params, skip_if_exists=False)
+            logger.info(
+                "tuning: trial %d of %s was left running by process %d; its values run again",
+                trial.number,
+                study.study_name,
+                pid,
+            )
+
+
+def _run_trial(
+    study: optuna.Study,
+    trial: Trial,
+    recipe: str,
+    values: Mapping[str, float],
+    inputs: StudyInputs,
+    plan: StudyPlan,
+    tracking: StudyTracking,
+    *,
+    tuning: TuningParams,
+    target: float,
+) -> None:
+    trial_tracking = TrialTracking(
+        tracking, trial, values, pruning=tuning.pruner != "none", step_metric=STEP_METRIC[recipe]
+    )
+    trial_plan = replace(plan, recipes=[RECIPE[recipe]], seeds=list(tuning.seeds), results=[recipe])
+    try:
+        records = run_study(with_values(inputs, recipe, values), trial_plan, trial_tracking)
+    except optuna.TrialPruned:
+        study.tell(trial, state=TrialState.PRUNED)
+        logger.info("tuning %s: trial %d pruned (%s)", recipe, trial.number, _values_text(values))
+        return
+    except TRIAL_FAILURES as error:
+        trial.set_user_attr(ERROR_ATTR, type(error).__name__)
+        study.tell(trial, state=TrialState.FAIL)
+        logger.warning("tuning %s: trial %d failed, %s: %s", recipe, trial.number, type(error).__name__, error)
+        return
+    except BaseException:
+        study.tell(trial, state=TrialState.FAIL)  # no error attribute: given back, not counted
+        raise
+    value = objective(records, target=target, epochs=plan.epochs)
+    study.tell(trial, value)
+    logger.info("tuning %s: trial %d (%s): %.4g", recipe, trial.number, _values_text(values), value)
+
+
+class TrialTracking:
+    """A study's tracking for one trial's trainings: each child run named ``<recipe>/trial<N>/seed<S>``, with the
+    sampled values as ``tuning.<key>`` parameters and the tags ``trial``, ``tuning_study``, ``trial_state``
+    (COMPLETE, PRUNED, FAIL) and ``trial_error`` (a failure's error name); the pruner's reports on the first
+    training's step evaluations of ``step_metric``."""
+
+    def __init__(
+        self, tracking: StudyTracking, trial: Trial, values: Mapping[str, float], *, pruning: bool, step_metric: str
+    ):
+        self._tracking, self._trial, self._values, self._pruning = tracking, trial, dict(values), pruning
+        self._step_metric = step_metric
+        self._trainings = 0
+
+    @contextmanager
+    def run(self, name: str, tags: Mapping[str, str], params: Mapping[str, object]) -> Iterator[str | None]:
+        rest, _, seed = name.rpartition("/")
+        tags = {**tags, "trial": str(self._trial.number), "tuning_study": self._trial.study.study_name}
+        with self._tracking.run(
+            f"{rest}/trial{self._trial.number}/{seed}", tags, {**params, "tuning": self._values}
+        ) as run_id:
+            try:
+                yield run_id
+            except optuna.TrialPruned:
+                self._tracking.set_tags({"trial_state": "PRUNED"})
+                raise
+            except BaseException as error:
+                self._tracking.set_tags({"trial_state": "FAIL", "trial_error": type(error).__name__})
+                raise
+            self._tracking.set_tags({"trial_state": "COMPLETE"})
+        self._trainings += 1
+
+    def callbacks(self) -> list[Callback]:
+        pruning = [_Pruning(self._trial, self._step_metric)] if self._pruning and self._trainings == 0 else []
+        return [*self._tracking.callbacks(), *pruning]
+
+    def log_final(self, accuracy: Mapping[str, float]) -> None:
+        self._tracking.log_final(accuracy)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        self._tracking.set_tags(tags)
+
+
+class _Pruning(Callback):
+    """Reports each step evaluation's error (1 - its accuracy ``step_metric``) to the trial; stops the training when
+    the pruner says."""
+
+    def __init__(self, trial: Trial, step_metric: str):
+        self._trial, self._step_metric = trial, step_metric
+
+    def on_step_evaluation(self, row: Mapping[str, float]) -> None:
+        step = int(row[STEP_KEY])
+        self._trial.report(1 - row[self._step_metric], step)
+        if self._trial.should_prune():
+            raise optuna.TrialPruned(f"trial {self._trial.number} at step {step}")
+
+
+def _suggest(trial: Trial, key: str, low: float, high: float) -> float:
+    if key in INTEGER:
+        return trial.suggest_int(key, int(low), int(high))
+    return trial.suggest_float(key, low, high, log=key in LOG_SCALE)
+
+
+def _section(inputs: StudyInputs, recipe: str):
+    """The tuned training's section in ``inputs``."""
+    section = inputs
+    for name in SECTION[recipe].split("."):
+        section = getattr(section, name)
+    return section
+
+
+def _value_of(section, key: str) -> float:
+    head, _, leaf = key.partition(".")
+    value = getattr(section, head)
+    return getattr(value, leaf) if leaf else value
+
+
+def _values_text(values: Mapping[str, float]) -> str:
+    return ", ".join(f"{key} {value:.4g}" for key, value in values.items())
+
+
+def _sampler(tuning: TuningParams) -> optuna.samplers.BaseSampler:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if tuning.sampler == "qmc":
+            return optuna.samplers.QMCSampler(seed=tuning.sampler_seed, scramble=True)
+    # TPE's first half of a small budget at random (its default, 10, would leave nothing to model)
+    return optuna.samplers.TPESampler(seed=tuning.sampler_seed, n_startup_trials=max(1, tuning.trials // 2))
+
+
+def _pruner(tuning: TuningParams) -> optuna.pruners.BasePruner:
+    if tuning.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=2)
+    return optuna.pruners.NopPruner()
+
+
+def _storage(url: str) -> optuna.storages.RDBStorage:
+    """An Optuna RDB storage; a SQLite file's folder is made, and its writers wait for each other's locks.
+
+    Processes started together on a new storage all create its schema: the ones that lose that race get
+    ``IntegrityError`` (``alembic_version``) or "table already exists", and open the storage the winner made."""
+    engine = {}
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        engine = {"connect_args": {"timeout": 60}}
+    for _ in range(SCHEMA_ATTEMPTS - 1):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine)
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError):
+            continue
+    return optuna.storages.RDBStorage(url, engine_kwargs=engine)

@@ -1,0 +1,60 @@
+"""A BERT WordPiece tokenizer (Hugging Face ``tokenizers``) trained on the train documents only, kept as its JSON
+text so that a text dataset can store it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+from trainlib.text.corpus import Document
+
+# BERT's special tokens at fixed ids: the examples and the network refer to them by these numbers.
+PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(5)
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def _sentences(documents: list[Document]) -> Iterator[str]:
+    for document in documents:
+        yield from document.sentences
+
+
+def check_special_tokens(tokenizer: Tokenizer) -> None:
+    """Raise ``ValueError`` unless [PAD], [UNK], [CLS], [SEP], [MASK] have ids 0 to 4."""
+    found = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+    if list(found.values()) != list(range(len(SPECIAL_TOKENS))):
+        raise ValueError(f"the tokenizer's special token ids are {found}, expected 0 to 4 in this order")
+
+
+def train_wordpiece(documents: list[Document], *, vocab_size: int, min_frequency: int, lowercase: bool) -> Tokenizer:
+    """A WordPiece tokenizer of at most ``vocab_size`` tokens (special tokens included) learnt from the sentences
+    of ``documents``; pieces seen fewer than ``min_frequency`` times are left out. BERT's normaliser (accents
+    stripped and text lowercased when ``lowercase``) and pre-tokeniser (whitespace and punctuation)."""
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS), show_progress=False
+    )
+    tokenizer.train_from_iterator(_sentences(documents), trainer=trainer)
+    # The trainer numbers pieces of equal rank in a hash map's order, which changes from one call to the next: the
+    # special tokens keep 0 to 4, the other pieces are numbered in sorted order, so the same pieces get the same ids,
+    # examples and embedding rows in every run. (Ties at the vocabulary's cut-off can still swap a rare piece: seen
+    # at 300 pieces of a small corpus, never at thor_bert's default.)
+    learnt = tokenizer.get_vocab()
+    pieces = list(SPECIAL_TOKENS) + sorted(set(learnt) - set(SPECIAL_TOKENS))
+    tokenizer.model = models.WordPiece({piece: i for i, piece in enumerate(pieces)}, unk_token="[UNK]")
+    check_special_tokens(tokenizer)
+    return tokenizer
+
+
+def tokenizer_to_json(tokenizer: Tokenizer) -> str:
+    """The tokenizer as its JSON text (model, vocabulary, normaliser, pre-tokeniser)."""
+    return tokenizer.to_str()
+
+
+def tokenizer_from_json(text: str) -> Tokenizer:
+    """The tokenizer of ``tokenizer_to_json``'s text, its special token ids checked."""
+    tokenizer = Tokenizer.from_str(text)
+    check_special_tokens(tokenizer)
+    return tokenizer
