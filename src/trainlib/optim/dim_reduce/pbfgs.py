@@ -35,7 +35,7 @@ STATE_PREFIX = "pbfgs."
 
 @dataclass(frozen=True, kw_only=True)
 class PBFGSConfig:
-    """P-BFGS's constants (``dim_reduce.stage2`` in conf/ and params.py)."""
+    """P-BFGS's constants (``dim_reduce.stage2`` in conf/ and trainlib.params)."""
 
     rho: float  # line-search step shrink factor; trials use rho^0, rho^1, ...
     max_trials: int

@@ -18,7 +18,7 @@ INDEX_COLUMNS = ["path", "epoch", "step", "global_step"]
 
 class TrajectoryRecorder(Callback):
     """Saves the trainable weights (only) every ``every_steps`` steps or ``every_epochs`` epochs (one of the
-    two is None; ``dim_reduce.stage1.trajectory`` in params.py requires exactly one).
+    two is None; ``dim_reduce.stage1.trajectory`` in trainlib.params requires exactly one).
 
     The weights are those of the bound training step's network. Recording starts at epoch
     ``start_epoch`` (1-based), as the DLDR tutorial drops early weights. Files are

@@ -180,7 +180,7 @@ def _train_stage2_with_boost_here(
             gamma=stage2.gamma,
             alpha=stage2.alpha,
             sigma=stage2.sigma,
-            device_number=1,  # one process: params.py refuses mindspore with distributed.worker_num above 1
+            device_number=1,  # one process: trainlib.params refuses mindspore with distributed.worker_num above 1
         )
         loss_fn = CrossEntropySmooth(num_classes(model, class_index), stage2.label_smoothing)
 

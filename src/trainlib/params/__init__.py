@@ -1,0 +1,197 @@
+"""Typed parameters: one pydantic model per section of ``conf/base/parameters*.yml``.
+
+Field names are the YAML keys, nested mappings are nested models (``thor.lr.peak`` is
+``ThorParams.lr.peak``). Every model is strict (a string is not a number, ``1.0`` is not an
+integer; an integer passes where a float is expected), forbids unknown keys (a typo is an error)
+and is frozen (a node cannot change the configuration another node reads). Choices are
+``Literal``s declared once (``choices``), ranges ``Field(ge=..., gt=..., le=..., lt=...)``; rules across
+keys are model validators that name the key to change (``CrossKeyProblems``).
+
+One module per parameter file (``common``: ``parameters.yml``; ``baseline``: ``parameters_baseline.yml``;
+...), ``base``, ``schedules`` and ``choices`` for what several share, ``root`` for ``Parameters`` (the whole
+tree) and ``validate_parameters``, ``errors`` for the wording of the problems. Import from the package:
+every name callers use is here.
+
+``pipelines.hooks`` validates the merged configuration against ``Parameters`` before any run starts.
+Nodes take single sections (``runtime: RuntimeParams`` from ``params:runtime``), which Kedro builds from
+the same models.
+
+This package imports only pydantic and the standard library: validating a configuration must not
+load MindSpore (seconds) or MLflow.
+"""
+
+from trainlib.params.adasum import AdasumParams
+from trainlib.params.base import (
+    CheckpointParams,
+    Fraction,
+    ImageRecipe,
+    LanguageRecipe,
+    NonNegativeFloat,
+    NonNegativeInt,
+    OpenFraction,
+    PositiveFloat,
+    PositiveInt,
+    Section,
+    TemplateSection,
+)
+from trainlib.params.baseline import BaselineParams, MomentumTraining
+from trainlib.params.choices import (
+    BOOST_ADASUM_MIN_DEVICES,
+    GRAD_CENTRALIZATION_TARGETS,
+    AdasumExchange,
+    AmpLevel,
+    BadFilePolicy,
+    ComputeMethod,
+    DampingMethod,
+    DataSource,
+    DeviceTarget,
+    ExecutionMode,
+    GradCentralization,
+    Implementation,
+    Initialiser,
+    NetworkName,
+    RecipeName,
+    TorchvisionArchitecture,
+    VerifyMode,
+    WarmupShape,
+)
+from trainlib.params.common import (
+    BoostParams,
+    DataParams,
+    DistributedParams,
+    MaxPerClass,
+    ModelParams,
+    RuntimeParams,
+    SplitDirs,
+    TargetParams,
+    TrackingParams,
+)
+from trainlib.params.dim_reduce import (
+    CollectParams,
+    ControlParams,
+    DimReduceParams,
+    PcaParams,
+    Stage1Params,
+    Stage2Params,
+    TrajectoryParams,
+)
+from trainlib.params.errors import CrossKeyProblems, ParameterError
+from trainlib.params.migrate import MigrateParams, MigrationParity
+from trainlib.params.predict import PredictParams
+from trainlib.params.report import ReportParams, ReportRunIds
+from trainlib.params.root import Parameters, validate_parameters
+from trainlib.params.schedules import (
+    SCHEDULE_SHAPES,
+    ExponentialSchedule,
+    PolynomialSchedule,
+    Schedule,
+    ThorEpochSchedule,
+    WarmupSchedule,
+)
+from trainlib.params.study import (
+    PRECONDITIONED,
+    TUNED_TRAININGS,
+    RecipeSpace,
+    ScheduleSpace,
+    StudyParams,
+    StudyRecipe,
+    TunedRecipe,
+    TuningParams,
+    space_ranges,
+)
+from trainlib.params.thor import AdamGraft, ThorMindSpore, ThorOptions, ThorParams
+from trainlib.params.thor_bert import (
+    BertBaselineTraining,
+    BertCorpusParams,
+    BertExampleParams,
+    BertNetworkParams,
+    BertThorTraining,
+    BertTokenizerParams,
+    ThorBertParams,
+)
+
+__all__ = [
+    "BOOST_ADASUM_MIN_DEVICES",
+    "GRAD_CENTRALIZATION_TARGETS",
+    "PRECONDITIONED",
+    "SCHEDULE_SHAPES",
+    "TUNED_TRAININGS",
+    "AdamGraft",
+    "AdasumExchange",
+    "AdasumParams",
+    "AmpLevel",
+    "BadFilePolicy",
+    "BaselineParams",
+    "BertBaselineTraining",
+    "BertCorpusParams",
+    "BertExampleParams",
+    "BertNetworkParams",
+    "BertThorTraining",
+    "BertTokenizerParams",
+    "BoostParams",
+    "CheckpointParams",
+    "CollectParams",
+    "ComputeMethod",
+    "ControlParams",
+    "CrossKeyProblems",
+    "DampingMethod",
+    "DataParams",
+    "DataSource",
+    "DeviceTarget",
+    "DimReduceParams",
+    "DistributedParams",
+    "ExecutionMode",
+    "ExponentialSchedule",
+    "Fraction",
+    "GradCentralization",
+    "ImageRecipe",
+    "Implementation",
+    "Initialiser",
+    "LanguageRecipe",
+    "MaxPerClass",
+    "MigrateParams",
+    "MigrationParity",
+    "ModelParams",
+    "MomentumTraining",
+    "NetworkName",
+    "NonNegativeFloat",
+    "NonNegativeInt",
+    "OpenFraction",
+    "ParameterError",
+    "Parameters",
+    "PcaParams",
+    "PolynomialSchedule",
+    "PositiveFloat",
+    "PositiveInt",
+    "PredictParams",
+    "RecipeName",
+    "RecipeSpace",
+    "ReportParams",
+    "ReportRunIds",
+    "RuntimeParams",
+    "Schedule",
+    "ScheduleSpace",
+    "Section",
+    "SplitDirs",
+    "Stage1Params",
+    "Stage2Params",
+    "StudyParams",
+    "StudyRecipe",
+    "TargetParams",
+    "TemplateSection",
+    "ThorBertParams",
+    "ThorEpochSchedule",
+    "ThorMindSpore",
+    "ThorOptions",
+    "ThorParams",
+    "TorchvisionArchitecture",
+    "TrackingParams",
+    "TrajectoryParams",
+    "TunedRecipe",
+    "TuningParams",
+    "VerifyMode",
+    "WarmupSchedule",
+    "WarmupShape",
+    "space_ranges",
+    "validate_parameters",
+]

@@ -1,0 +1,16 @@
+"""``conf/*/parameters_adasum.yml``: the Momentum recipe with its gradients combined by Adasum."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from trainlib.params.base import ImageRecipe, PositiveInt
+from trainlib.params.baseline import MomentumTraining
+from trainlib.params.choices import AdasumExchange, Implementation
+
+
+class AdasumParams(MomentumTraining, ImageRecipe):
+    implementation: Implementation
+    exchange: Literal["auto", AdasumExchange]  # auto: default_exchange of trainlib.optim.adasum
+    average_batchnorm_statistics: bool
+    epochs: PositiveInt

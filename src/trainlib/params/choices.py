@@ -1,0 +1,33 @@
+"""The choices of the parameters, each declared once: a ``Literal`` that the parameter models validate against
+and the library reads its tuple from (``typing.get_args(DampingMethod)``), so a new choice is one edit here."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+DeviceTarget = Literal["CPU", "GPU", "Ascend"]  # trainlib.engine.runtime
+ExecutionMode = Literal["graph", "pynative"]
+DataSource = Literal["fashion_mnist", "folder"]
+VerifyMode = Literal["none", "header", "decode"]  # trainlib.data.verify
+BadFilePolicy = Literal["exclude", "fail"]  # trainlib.data.folder
+# trainlib.models.resnet.RESNET_LAYOUTS holds a layout for each name
+NetworkName = Literal["resnet18", "resnet34", "resnet50", "resnet101", "resnet_narrow"]
+Initialiser = Literal["he_normal", "xavier_uniform", "truncated_normal"]  # trainlib.models.resnet
+GradCentralization = Literal["auto", "on", "off"]
+# the layouts with a torchvision counterpart (trainlib.migrate): the 7x7 stem with max-pool and 64 base channels
+TorchvisionArchitecture = Literal["resnet18", "resnet34", "resnet50", "resnet101"]
+RecipeName = Literal["baseline", "dim_reduce", "thor", "adasum"]  # trainlib.report.compare.RECIPES
+AmpLevel = Literal["O0", "O1", "O2", "O3"]
+# own: this project's implementation | mindspore: MindSpore's (nn.thor, mindspore.boost)
+Implementation = Literal["own", "mindspore"]
+AdasumExchange = Literal["allgather", "allreduce"]  # trainlib.optim.adasum.combine
+DampingMethod = Literal["mindspore", "factored"]  # trainlib.optim.thor
+ComputeMethod = Literal["inverse", "eigen"]  # trainlib.optim.thor
+# the Momentum recipes' schedules (trainlib.optim.schedules); the other shapes are one schedule model each
+WarmupShape = Literal["linear", "cosine", "quadratic", "steps", "constant"]
+
+# MindSpore registers the Centralization kernel in its Ascend plugin only: on CPU the compilation fails with
+# "Kernel select failed: Centralization"; the GPU plugins have no such kernel (trainlib.boost.options).
+GRAD_CENTRALIZATION_TARGETS = ("Ascend",)
+# mindspore.boost's Adasum runs on Ascend with 16 devices or more (Send/Receive between 8-device servers).
+BOOST_ADASUM_MIN_DEVICES = 16

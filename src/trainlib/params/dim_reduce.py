@@ -1,0 +1,109 @@
+"""``conf/*/parameters_dim_reduce.yml``: stage 1 (Momentum, keeping its weights), the PCA, stage 2 (P-BFGS in
+the subspace) and the control (Momentum over stage 2's epochs)."""
+
+from __future__ import annotations
+
+from pydantic import model_validator
+
+from trainlib.params.base import (
+    CheckpointParams,
+    Fraction,
+    NonNegativeFloat,
+    NonNegativeInt,
+    OpenFraction,
+    PositiveFloat,
+    PositiveInt,
+    Section,
+)
+from trainlib.params.baseline import MomentumTraining
+from trainlib.params.choices import Implementation
+from trainlib.params.errors import CrossKeyProblems
+
+
+class TrajectoryParams(Section):
+    """Stage-1 weights kept for the PCA: from ``start_epoch`` every N steps or every N epochs."""
+
+    dir: str
+    start_epoch: PositiveInt  # 1-based
+    every_steps: PositiveInt | None
+    every_epochs: PositiveInt | None
+
+
+class Stage1Params(MomentumTraining):
+    epochs: PositiveInt
+    schedule_epochs: PositiveInt
+    trajectory: TrajectoryParams
+
+
+class CollectParams(Section):
+    n_files: PositiveInt | None  # the last N trajectory files; None: all
+
+
+class PcaParams(Section):
+    n_components: PositiveInt
+
+
+class Stage2Params(Section):
+    """P-BFGS in the PCA subspace."""
+
+    implementation: Implementation
+    epochs: PositiveInt
+    batch_size: PositiveInt
+    rho: OpenFraction
+    max_trials: PositiveInt
+    sigma: OpenFraction
+    gamma: Fraction
+    alpha: NonNegativeFloat
+    loss_scale: PositiveFloat
+    label_smoothing: Fraction
+    checkpoint: CheckpointParams
+    # also evaluate on data.step_eval_images every N steps, stage 2 and the control alike (own only); 0: off
+    eval_every_steps: NonNegativeInt
+
+
+class ControlParams(Section):
+    checkpoint: CheckpointParams
+
+
+class DimReduceParams(Section):
+    stage1: Stage1Params
+    collect: CollectParams
+    pca: PcaParams
+    stage2: Stage2Params
+    control: ControlParams
+
+    @model_validator(mode="after")
+    def _consistent_stages(self) -> DimReduceParams:
+        problems = []
+        stage1, n_files, k = self.stage1, self.collect.n_files, self.pca.n_components
+        if n_files is not None and k >= n_files:
+            problems.append(
+                ("dim_reduce.pca.n_components", f"is {k} but must be below dim_reduce.collect.n_files ({n_files})")
+            )
+        if stage1.epochs > stage1.schedule_epochs:
+            problems.append(
+                ("dim_reduce.stage1.epochs", f"is {stage1.epochs}, beyond schedule_epochs {stage1.schedule_epochs}")
+            )
+        if stage1.trajectory.start_epoch > stage1.epochs:
+            problems.append(
+                ("dim_reduce.stage1.trajectory.start_epoch", f"is after the last stage-1 epoch ({stage1.epochs})")
+            )
+        steps, epochs = stage1.trajectory.every_steps, stage1.trajectory.every_epochs
+        if steps is not None and epochs is not None:
+            problems.append(
+                (
+                    "dim_reduce.stage1.trajectory.every_epochs",
+                    f"is {epochs} while every_steps is {steps}: set exactly one, the other null",
+                )
+            )
+        if steps is None and epochs is None:
+            problems.append(("dim_reduce.stage1.trajectory.every_steps", "and every_epochs are both null: set one"))
+        if self.stage2.eval_every_steps and self.stage2.implementation != "own":
+            problems.append(
+                (
+                    "dim_reduce.stage2.eval_every_steps",
+                    "needs dim_reduce.stage2.implementation own (boost's DimReduce trains whole epochs in Model.train)",
+                )
+            )
+        CrossKeyProblems.raise_if_any(problems)
+        return self

@@ -1,0 +1,184 @@
+"""``Parameters``, the whole merged configuration (one section per top-level key of ``conf/*/parameters*.yml``)
+with the rules that span sections, and ``validate_parameters``, which every run calls before it starts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError, model_validator
+
+from trainlib.params.adasum import AdasumParams
+from trainlib.params.base import Section
+from trainlib.params.baseline import BaselineParams
+from trainlib.params.choices import BOOST_ADASUM_MIN_DEVICES, GRAD_CENTRALIZATION_TARGETS
+from trainlib.params.common import (
+    BoostParams,
+    DataParams,
+    DistributedParams,
+    ModelParams,
+    RuntimeParams,
+    TargetParams,
+    TrackingParams,
+)
+from trainlib.params.dim_reduce import DimReduceParams
+from trainlib.params.errors import CrossKeyProblems, ParameterError, problem_lines
+from trainlib.params.migrate import MigrateParams
+from trainlib.params.predict import PredictParams
+from trainlib.params.report import ReportParams
+from trainlib.params.schedules import PolynomialSchedule, WarmupSchedule
+from trainlib.params.study import StudyParams
+from trainlib.params.thor import ThorParams
+from trainlib.params.thor_bert import ThorBertParams
+
+
+class Parameters(Section):
+    """The whole merged configuration, with the rules that span sections."""
+
+    runtime: RuntimeParams
+    distributed: DistributedParams
+    data: DataParams
+    model: ModelParams
+    boost: BoostParams
+    adasum: AdasumParams
+    baseline: BaselineParams
+    dim_reduce: DimReduceParams
+    migrate: MigrateParams
+    predict: PredictParams
+    report: ReportParams
+    thor: ThorParams
+    thor_bert: ThorBertParams
+    study: StudyParams
+    target: TargetParams
+    tracking: TrackingParams
+
+    @model_validator(mode="after")
+    def _runnable_on_this_target(self) -> Parameters:
+        problems = []
+        device_target, workers = self.runtime.device_target, self.distributed.worker_num
+        if self.adasum.implementation == "mindspore" and (
+            device_target != "Ascend" or workers < BOOST_ADASUM_MIN_DEVICES
+        ):
+            problems.append(
+                (
+                    "adasum.implementation",
+                    "is mindspore (mindspore.boost's Adasum), which MindSpore runs on Ascend with "
+                    f"{BOOST_ADASUM_MIN_DEVICES} devices or more (Send/Receive between 8-device servers); this run has "
+                    f"{workers} {device_target} worker(s): use own",
+                )
+            )
+        if self.boost.less_bn and self.runtime.mode != "graph":
+            problems.append(
+                (
+                    "boost.less_bn",
+                    f"needs runtime.mode graph (it is {self.runtime.mode}): LessBN is a graph-compiler pass and "
+                    "changes nothing in pynative mode",
+                )
+            )
+        if (
+            self.boost.less_bn
+            and self.boost.grad_centralization == "on"
+            and device_target not in GRAD_CENTRALIZATION_TARGETS
+        ):
+            problems.append(
+                (
+                    "boost.grad_centralization",
+                    f"is on, but MindSpore has no Centralization kernel on {device_target} (only on "
+                    f"{', '.join(GRAD_CENTRALIZATION_TARGETS)}); use auto (off there) or off",
+                )
+            )
+        if self.thor.implementation == "mindspore" and device_target == "CPU":
+            problems.append(
+                (
+                    "thor.implementation",
+                    "is mindspore, whose kernels (ThorIm2Col, CholeskyTrsm, UpdateThorGradient) exist only on Ascend "
+                    "and GPU, but runtime.device_target is CPU; use thor.implementation: own (this project's THOR, "
+                    "every backend), or run on Ascend/GPU (--env=ascend, --env=gpu)",
+                )
+            )
+        if self.thor_bert.baseline.optimizer == "lamb" and device_target == "CPU":
+            problems.append(
+                (
+                    "thor_bert.baseline.optimizer",
+                    "is lamb, whose kernel MindSpore has only on Ascend and GPU, but runtime.device_target is CPU; use "
+                    "adamweightdecay (the script's other first-order choice) on CPU",
+                )
+            )
+        if "dim_reduce" in self.study.recipes and self.dim_reduce.stage2.implementation != "own":
+            problems.append(
+                (
+                    "dim_reduce.stage2.implementation",
+                    "is mindspore, but study.recipes has dim_reduce, whose stage 2 the study evaluates every "
+                    "study.eval_every_steps steps: use own (or take dim_reduce out of study.recipes)",
+                )
+            )
+        if self.distributed.nodes > 1:
+            sections = {
+                "baseline": self.baseline,
+                "adasum": self.adasum,
+                "thor": self.thor,
+                "dim_reduce.stage1": self.dim_reduce.stage1,
+                "dim_reduce.stage2": self.dim_reduce.stage2,
+                "dim_reduce.control": self.dim_reduce.control,
+                "thor_bert.thor": self.thor_bert.thor,
+                "thor_bert.baseline": self.thor_bert.baseline,
+            }
+            problems += [
+                (
+                    f"{name}.checkpoint.keep_last",
+                    f"is 1, but the job spans {self.distributed.nodes} nodes, each writing its own checkpoints: a "
+                    "node killed between two epochs' checkpoints is one epoch behind, and the rerun resumes from an "
+                    "epoch every node holds; use 2 or more",
+                )
+                for name, section in sections.items()
+                if section.checkpoint.keep_last < 2
+            ]
+        if self.dim_reduce.stage2.implementation == "mindspore" and workers > 1:
+            problems.append(
+                (
+                    "dim_reduce.stage2.implementation",
+                    "is mindspore (mindspore.boost's DimReduce), which runs in one process of its own, outside "
+                    f"msrun; with distributed.worker_num {workers} use own (P-BFGS averages gradients and losses "
+                    "across the ranks)",
+                )
+            )
+        CrossKeyProblems.raise_if_any(problems)
+        return self
+
+    @model_validator(mode="after")
+    def _tuning_spaces_fit_their_sections(self) -> Parameters:
+        """A tuned warm-up needs a learning-rate schedule with one in that unit (THOR's ResNet schedule has none;
+        the Momentum schedules count epochs, the BERT ones steps)."""
+        sections = {
+            "baseline": self.baseline,
+            "thor": self.thor,
+            "thor_first_order": self.thor,
+            "thor_bert": self.thor_bert.thor,
+            "thor_bert_baseline": self.thor_bert.baseline,
+        }
+        problems = []
+        for recipe, space in self.study.tuning.spaces.items():
+            lr = sections[recipe].lr
+            for warmup, schedule in (("warmup_epochs", WarmupSchedule), ("warmup_steps", PolynomialSchedule)):
+                if space.lr is not None and getattr(space.lr, warmup) is not None and not isinstance(lr, schedule):
+                    problems.append(
+                        (
+                            f"study.tuning.spaces.{recipe}.lr.{warmup}",
+                            f"is set, but {recipe}'s lr schedule (shape {lr.shape}) has no {warmup}",
+                        )
+                    )
+        CrossKeyProblems.raise_if_any(problems)
+        return self
+
+
+def validate_parameters(raw: Mapping[str, Any], sources: Mapping[str, str] | None = None) -> Parameters:
+    """The merged configuration as ``Parameters``, or a ``ParameterError`` listing every problem.
+
+    ``sources`` maps dotted keys to the file (or ``--params``) that last set them; each problem line
+    ends with its key's source.
+    """
+    try:
+        return Parameters.model_validate(raw)
+    except ValidationError as error:
+        lines = problem_lines(error, Parameters, sources or {})
+        raise ParameterError("invalid parameters:\n" + "\n".join(lines)) from None

@@ -1,0 +1,155 @@
+"""``conf/base/parameters_study.yml``: the multi-seed comparison of recipes, and its tuning at equal effort."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from trainlib.params.base import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Section
+from trainlib.params.errors import CrossKeyProblems
+
+# dim_reduce gives two result rows, stage2 and control (P-BFGS against Momentum from the same stage 1); adasum
+# two, adasum and allreduce (the adasum section's training on study.adasum_workers msrun ranks, both ways)
+# thor_first_order: the thor section with thor.precondition false (THOR's recipe without its curvature)
+# thor_bert gives two rows, thor_bert and thor_bert_baseline (THOR against the first-order baseline on BERT)
+StudyRecipe = Literal["baseline", "thor", "thor_first_order", "dim_reduce", "adasum", "thor_bert"]
+
+
+# The trainings a study can tune (study.tuning), each named by its result row and with one section of its own:
+# thor_first_order the thor section; thor_bert (THOR) thor_bert.thor, thor_bert_baseline thor_bert.baseline
+TunedRecipe = Literal["baseline", "thor", "thor_first_order", "thor_bert", "thor_bert_baseline"]
+# The study recipes a tuning covers, and the trainings each gives (thor_bert: its two, each with its own trials)
+TUNED_TRAININGS: dict[str, tuple[TunedRecipe, ...]] = {
+    "baseline": ("baseline",),
+    "thor": ("thor",),
+    "thor_first_order": ("thor_first_order",),
+    "thor_bert": ("thor_bert", "thor_bert_baseline"),
+}
+PRECONDITIONED: tuple[TunedRecipe, ...] = ("thor", "thor_bert")  # the trainings with THOR's damping and frequency
+# [low, high] of a knob a tuning samples: log-uniform (learning rates, damping, weight decay), uniform (warm-up
+# epochs), integers (warm-up steps, THOR's frequency)
+LogRange = Annotated[list[PositiveFloat], Field(min_length=2, max_length=2)]
+LinearRange = Annotated[list[NonNegativeFloat], Field(min_length=2, max_length=2)]
+StepRange = Annotated[list[NonNegativeInt], Field(min_length=2, max_length=2)]
+FrequencyRange = Annotated[list[Annotated[int, Field(ge=2)]], Field(min_length=2, max_length=2)]
+
+
+class ScheduleSpace(Section):
+    """The keys of a schedule (``<recipe>.lr``, ``thor.damping``) a tuning samples; null: the section's value."""
+
+    peak: LogRange | None = None
+    warmup_epochs: LinearRange | None = None  # the Momentum schedules' warm-up (shapes with warmup_epochs)
+    warmup_steps: StepRange | None = None  # the BERT schedules' warm-up (shape polynomial)
+
+
+class RecipeSpace(Section):
+    """A training's search space: ranges over the keys of its own section (null: the section's value)."""
+
+    lr: ScheduleSpace | None = None
+    weight_decay: LogRange | None = None
+    damping: ScheduleSpace | None = None  # THOR's (thor, thor_bert: thor_first_order has no preconditioner)
+    frequency: FrequencyRange | None = None  # THOR's statistics and inverses every N steps (thor, thor_bert)
+
+
+class TuningParams(Section):
+    """Tuning at equal effort (``study.tuning``, off with ``trials: 0``): per recipe ``trials`` Optuna trials on the
+    tuning ``seeds``, drawn from ``spaces``, in one Optuna study per recipe in ``storage``; the best of each is
+    then trained on ``study.seeds``."""
+
+    trials: NonNegativeInt  # per recipe, across every process sharing the storage; 0: no tuning
+    seeds: Annotated[list[int], Field(min_length=1)]  # runtime.seed of the trials: disjoint from study.seeds
+    sampler: Literal["tpe", "qmc"]
+    sampler_seed: int
+    pruner: Literal["none", "median"]  # median: stop a trial whose step evaluations fall below the trials' median
+    storage: Annotated[str, Field(min_length=1)]  # an Optuna storage URL: sqlite:///<file>, postgresql://..., ...
+    name: Annotated[str, Field(min_length=1)]  # Optuna study <name>/<recipe>
+    spaces: dict[TunedRecipe, RecipeSpace]
+
+    @model_validator(mode="after")
+    def _ranges(self) -> TuningParams:
+        problems = []
+        for recipe, space in self.spaces.items():
+            for key, (low, high) in space_ranges(space).items():
+                if not low < high:
+                    problems.append(
+                        (f"study.tuning.spaces.{recipe}.{key}", f"is {[low, high]}; give [low, high] with low < high")
+                    )
+            thor_only = [key for key in ("damping", "frequency") if getattr(space, key) is not None]
+            if recipe not in PRECONDITIONED and thor_only:
+                problems.append(
+                    (
+                        f"study.tuning.spaces.{recipe}.{thor_only[0]}",
+                        f"is set, but {recipe} has no preconditioner: THOR's damping and frequency change nothing",
+                    )
+                )
+        CrossKeyProblems.raise_if_any(problems)
+        return self
+
+
+def space_ranges(space: RecipeSpace) -> dict[str, list[float]]:
+    """A search space as its dotted keys in the recipe's section (``lr.peak``, ``weight_decay``) and ranges."""
+    ranges = {}
+    for key, value in space.model_dump(exclude_none=True).items():
+        if isinstance(value, dict):
+            ranges |= {f"{key}.{inner}": bounds for inner, bounds in value.items()}
+        else:
+            ranges[key] = value
+    return ranges
+
+
+class StudyParams(Section):
+    """A multi-seed comparison of recipes (``kedro run --pipelines=study``): every recipe and seed on the same data,
+    epoch budget and evaluation; each (recipe, seed) run's result is kept in ``dir`` and never rerun."""
+
+    # paired differences: thor against baseline, dim_reduce's stage2 against its control
+    recipes: Annotated[list[StudyRecipe], Field(min_length=1)]
+    seeds: Annotated[list[int], Field(min_length=1)]  # runtime.seed of each run
+    epochs: PositiveInt  # baseline's and thor's budget (replaces <recipe>.epochs); dim_reduce keeps its stages'
+    # epoch counts
+    eval_every_steps: PositiveInt  # evaluation on data.step_eval_images every N steps (time to target.top1)
+    dir: str  # one result file per finished run, and the runs' checkpoints
+    adasum_workers: Annotated[int, Field(ge=2)] = 2  # msrun ranks of adasum's trainings: a power of two
+    tuning: TuningParams
+
+    @model_validator(mode="after")
+    def _distinct(self) -> StudyParams:
+        problems = []
+        for key, values in (("study.recipes", self.recipes), ("study.seeds", self.seeds)):
+            repeated = sorted({value for value in values if values.count(value) > 1})
+            if repeated:
+                problems.append((key, f"repeats {repeated}: each run is one (recipe, seed) pair"))
+        workers = self.adasum_workers
+        if "adasum" in self.recipes and workers & (workers - 1):
+            problems.append(("study.adasum_workers", f"is {workers}; Adasum combines ranks in pairs: use 2, 4, 8, ..."))
+        shared = sorted(set(self.seeds) & set(self.tuning.seeds))
+        if shared:
+            problems.append(
+                (
+                    "study.tuning.seeds",
+                    f"and study.seeds share {shared}: the best configuration is scored on fresh seeds, never on the "
+                    "seeds it was chosen on",
+                )
+            )
+        if self.tuning.trials:
+            for recipe in self.recipes:
+                if recipe not in TUNED_TRAININGS:
+                    problems.append(
+                        (
+                            "study.recipes",
+                            f"has {recipe}, which study.tuning does not tune (it tunes "
+                            f"{', '.join(TUNED_TRAININGS)}); set study.tuning.trials: 0 or take it out",
+                        )
+                    )
+                    continue
+                for training in TUNED_TRAININGS[recipe]:
+                    space = self.tuning.spaces.get(training)
+                    if space is None or not space_ranges(space):
+                        problems.append(
+                            (
+                                f"study.tuning.spaces.{training}",
+                                "is missing or empty: give the ranges its trials draw from",
+                            )
+                        )
+        CrossKeyProblems.raise_if_any(problems)
+        return self

@@ -1,0 +1,112 @@
+"""``conf/*/parameters_thor.yml``: THOR on ResNet, and the options of this project's THOR that the BERT training
+(``thor_bert.thor``) shares."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, model_validator
+
+from trainlib.params.base import (
+    CheckpointParams,
+    Fraction,
+    ImageRecipe,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Section,
+)
+from trainlib.params.choices import AmpLevel, ComputeMethod, DampingMethod, Implementation
+from trainlib.params.errors import CrossKeyProblems
+from trainlib.params.schedules import Schedule
+
+
+class ThorMindSpore(Section):
+    """Options of implementation: mindspore (nn.thor + ModelThor)."""
+
+    amp_level: AmpLevel
+    keep_batchnorm_fp32: bool
+    dataset_sink_mode: bool
+
+
+class AdamGraft(Section):
+    """Adam grafting (Shampoo's layer-wise grafting): each preconditioned layer's THOR direction is rescaled to the
+    norm of the Adam update ``m_hat / (sqrt(v_hat) + eps)`` of the same gradients (moments kept per layer)."""
+
+    beta1: Fraction
+    beta2: Fraction
+    eps: PositiveFloat
+
+
+class ThorOptions(Section):
+    """The options of this project's THOR (``implementation: own``), one name each for the ResNet (``thor``) and
+    BERT (``thor_bert.thor``) sections; every default is today's THOR (``trainlib.optim.thor`` has the maths)."""
+
+    # mindspore: sqrt(damping / P) added to A and to G (nn.thor) | factored: Martens & Grosse's pi-scaled split
+    damping_method: DampingMethod = "mindspore"
+    # inverse: damped factor inverses (Cholesky) | eigen: eigendecomposed factors, damping on the eigenvalue products
+    compute_method: ComputeMethod = "inverse"
+    kl_clip: PositiveFloat | None = None  # kfac-pytorch's bound on lr^2 * sum(g . direction); None: off
+    adam_graft: AdamGraft | None = None  # None: off
+
+    def option_problems(self, section: str) -> list[tuple[str, str]]:
+        """Combinations the options cannot run (``section``: the dotted name of this section, for the message)."""
+        problems = []
+        block_size = getattr(self, "block_size", None)
+        if self.compute_method == "eigen" and block_size is not None:
+            problems.append(
+                (f"{section}.compute_method", f"eigen decomposes the full factors; set {section}.block_size: null")
+            )
+        if self.compute_method == "eigen" and getattr(self, "trace_rule", None) is not None:
+            problems.append((f"{section}.compute_method", f"eigen has no trace rule; set {section}.trace_rule: null"))
+        return problems
+
+
+class ThorParams(ImageRecipe, ThorOptions):
+    implementation: Implementation
+    # false: THOR's recipe (schedules, weight decay, initialisation, loss scale) with the gradients passed to the
+    # optimizer unchanged: what the curvature adds, measured against THOR's own recipe (implementation own only)
+    precondition: bool
+    epochs: PositiveInt
+    batch_size: PositiveInt
+    lr: Schedule
+    damping: Schedule
+    momentum: Fraction
+    weight_decay: NonNegativeFloat
+    label_smoothing: Fraction
+    loss_scale: PositiveFloat
+    frequency: Annotated[int, Field(ge=2)]  # 1 would recompute the inverses every step
+    block_size: PositiveInt | None  # None: full inverses
+    trace_rule: Annotated[list[float], Field(min_length=2, max_length=2)] | None  # [skip, stop]
+    zero_init_last_bn_gamma: bool  # the initial weights' last BatchNorm gamma of each residual block is 0
+    split_indices: list[int]  # nn.thor's allreduce fusion groups of the A/G statistics (implementation mindspore)
+    eval_interval: NonNegativeInt
+    eval_every_steps: NonNegativeInt  # also evaluate on data.step_eval_images every N steps; 0: off
+    checkpoint: CheckpointParams
+    mindspore: ThorMindSpore
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ThorParams:
+        problems = []
+        if self.trace_rule is not None and not 0 <= self.trace_rule[1] <= self.trace_rule[0]:
+            problems.append(("thor.trace_rule", f"is {self.trace_rule}; give [skip, stop] with 0 <= stop <= skip"))
+        problems += self.option_problems("thor")
+        changed = [key for key, value in ThorOptions().model_dump().items() if getattr(self, key) != value]
+        if changed and self.implementation != "own":
+            problems.append(
+                (
+                    f"thor.{changed[0]}",
+                    "is an option of this project's THOR; nn.thor (implementation mindspore) has none",
+                )
+            )
+        if not self.precondition and self.implementation != "own":
+            problems.append(
+                (
+                    "thor.precondition",
+                    "is false, which switches off this project's preconditioner; MindSpore's nn.thor "
+                    "(thor.implementation: mindspore) has no such switch: use implementation own",
+                )
+            )
+        CrossKeyProblems.raise_if_any(problems)
+        return self

@@ -1,0 +1,154 @@
+"""``conf/*/parameters_thor_bert.yml``: BERT pre-training on a text corpus, THOR against a first-order training."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from trainlib.params.base import (
+    CheckpointParams,
+    Fraction,
+    LanguageRecipe,
+    NonNegativeFloat,
+    NonNegativeInt,
+    OpenFraction,
+    PositiveFloat,
+    PositiveInt,
+    Section,
+)
+from trainlib.params.errors import CrossKeyProblems
+from trainlib.params.schedules import Schedule
+from trainlib.params.thor import ThorOptions
+
+
+class BertCorpusParams(Section):
+    """The text corpus: reST sources under ``root`` (default: the Python 3.11 documentation of Debian's
+    ``python3.11-doc``), split by document into train and held-out before anything is fitted."""
+
+    root: str
+    held_out_fraction: OpenFraction
+    split_seed: int
+    max_documents: PositiveInt | None  # the first N documents by name (fast dev runs, tests); None: all
+
+
+class BertTokenizerParams(Section):
+    """A WordPiece vocabulary trained on the train documents (Hugging Face tokenizers)."""
+
+    vocab_size: Annotated[int, Field(ge=16)]  # the 5 special tokens and some pieces
+    min_frequency: PositiveInt
+    lowercase: bool
+
+
+class BertExampleParams(Section):
+    """Pre-training examples as BERT's create_pretraining_data makes them (masked LM and next sentence)."""
+
+    max_seq_length: Annotated[int, Field(ge=8)]
+    max_predictions_per_seq: PositiveInt
+    masked_lm_prob: OpenFraction
+    short_seq_prob: Fraction
+    dupe_factor: PositiveInt
+    seed: int
+
+
+class BertNetworkParams(Section):
+    """The BERT encoder and its pre-training heads (the vocabulary size comes from the tokenizer)."""
+
+    hidden_size: PositiveInt
+    num_hidden_layers: PositiveInt
+    num_attention_heads: PositiveInt
+    intermediate_size: PositiveInt
+    hidden_dropout_prob: Fraction
+    attention_probs_dropout_prob: Fraction
+    max_position_embeddings: PositiveInt
+    type_vocab_size: PositiveInt
+    initializer_range: PositiveFloat
+
+    @model_validator(mode="after")
+    def _heads_divide_hidden(self) -> BertNetworkParams:
+        if self.hidden_size % self.num_attention_heads:
+            CrossKeyProblems.raise_if_any(
+                [
+                    (
+                        "thor_bert.network.num_attention_heads",
+                        f"is {self.num_attention_heads}, which does not divide hidden_size {self.hidden_size}",
+                    )
+                ]
+            )
+        return self
+
+
+class BertThorTraining(LanguageRecipe, ThorOptions):
+    """THOR on BERT: every Dense layer preconditioned, then Momentum; weight decay except on LayerNorm and biases."""
+
+    epochs: PositiveInt
+    batch_size: PositiveInt  # per device
+    lr: Schedule
+    damping: Schedule
+    momentum: Fraction
+    weight_decay: NonNegativeFloat
+    loss_scale: PositiveFloat
+    frequency: Annotated[int, Field(ge=2)]
+    block_size: PositiveInt | None
+    split_indices: list[int]  # nn.thor's allreduce fusion groups of the A/G statistics (recorded)
+    eval_interval: NonNegativeInt
+    checkpoint: CheckpointParams
+    eval_every_steps: NonNegativeInt
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BertThorTraining:
+        CrossKeyProblems.raise_if_any(self.option_problems("thor_bert.thor"))
+        return self
+
+
+class BertBaselineTraining(LanguageRecipe):
+    """The first-order baseline of the THOR document's BERT script (Lamb or AdamWeightDecay, warm-up polynomial lr),
+    weight decay except on LayerNorm and biases."""
+
+    optimizer: Literal["adamweightdecay", "lamb"]
+    epochs: PositiveInt
+    batch_size: PositiveInt  # per device
+    lr: Schedule
+    weight_decay: NonNegativeFloat
+    eps: PositiveFloat
+    loss_scale: PositiveFloat
+    eval_interval: NonNegativeInt
+    checkpoint: CheckpointParams
+    eval_every_steps: NonNegativeInt
+
+
+class ThorBertParams(Section):
+    """``thor_bert``: text corpus -> tokenizer -> pre-training examples -> BERT -> THOR and its first-order baseline
+    -> masked-LM evaluation on held-out text."""
+
+    corpus: BertCorpusParams
+    tokenizer: BertTokenizerParams
+    examples: BertExampleParams
+    network: BertNetworkParams
+    eval_batch_size: PositiveInt
+    step_eval_examples: PositiveInt | None  # held-out examples of the evaluation every K steps; None: all
+    target_mlm_accuracy: OpenFraction  # time and steps to this held-out masked-LM accuracy (report, study)
+    thor: BertThorTraining
+    baseline: BertBaselineTraining
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ThorBertParams:
+        problems = []
+        examples, network = self.examples, self.network
+        if examples.max_seq_length > network.max_position_embeddings:
+            problems.append(
+                (
+                    "thor_bert.examples.max_seq_length",
+                    f"is {examples.max_seq_length}, beyond network.max_position_embeddings "
+                    f"{network.max_position_embeddings}",
+                )
+            )
+        if examples.max_predictions_per_seq >= examples.max_seq_length:
+            problems.append(
+                (
+                    "thor_bert.examples.max_predictions_per_seq",
+                    f"is {examples.max_predictions_per_seq}, not below max_seq_length {examples.max_seq_length}",
+                )
+            )
+        CrossKeyProblems.raise_if_any(problems)
+        return self
