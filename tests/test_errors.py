@@ -15,7 +15,7 @@ def test_each_error_class_with_advice_exists():
 
     defined = {
         node.name
-        for path in (PROJECT / "src/pipelines").rglob("*.py")
+        for path in (PROJECT / "src").rglob("*.py")
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.ClassDef)
     }
