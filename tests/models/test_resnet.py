@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import get_args
 
 import numpy as np
 import pytest
 
+from trainlib.migrate.layouts import TORCHVISION_ARCHITECTURES
 from trainlib.models.resnet import (
     CONV_INITS,
     RESNET_LAYOUTS,
@@ -16,6 +18,7 @@ from trainlib.models.resnet import (
     count_parameters,
     create_resnet,
 )
+from trainlib.params import NetworkName, TorchvisionArchitecture
 
 # torchvision / the models repo, 1000 classes
 REFERENCE_PARAMETER_COUNTS = {
@@ -207,6 +210,20 @@ def test_fc_bias_is_uniform_within_one_over_sqrt_fan_in(narrow_by_init):
     assert bias.shape == (1000,)
     assert np.abs(bias).max() <= bound * (1 + 1e-6)
     assert np.abs(bias).max() > 0.9 * bound
+
+
+def test_every_network_name_has_a_layout():
+    """The registry of layouts holds exactly the names the parameters accept (trainlib.params.NetworkName)."""
+    assert tuple(RESNET_LAYOUTS) == get_args(NetworkName)
+
+
+def test_torchvision_architectures_are_the_layouts_with_its_stem_and_width():
+    """trainlib.params.TorchvisionArchitecture names every layout torchvision has: the 7x7 stem with max-pool and 64
+    base channels."""
+    with_counterpart = [
+        name for name, layout in RESNET_LAYOUTS.items() if not layout.small_input_stem and layout.base_width == 64
+    ]
+    assert TORCHVISION_ARCHITECTURES == get_args(TorchvisionArchitecture) == tuple(with_counterpart)
 
 
 def test_unknown_network_name_is_rejected_with_the_choices():

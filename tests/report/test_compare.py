@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import get_args
 
 import mlflow
 import pandas as pd
@@ -20,7 +21,7 @@ from pipelines.tracking.reader import MlflowRunReader
 from tests.support.config import CONF, changed, load_config
 from tests.support.stores import EXPERIMENT
 from trainlib.metrics import EPOCH_KEYS
-from trainlib.params import ParameterError, validate_parameters
+from trainlib.params import ParameterError, RecipeName, validate_parameters
 from trainlib.report.compare import (
     RECIPES,
     NoRunsError,
@@ -347,3 +348,8 @@ def test_pinned_run_id_is_a_valid_parameter():
 
 
 # -- a real MLflow store filled by tiny `kedro run`s of the recipes (tests/report_store.py) -------------
+
+
+def test_every_recipe_name_has_a_recipe():
+    """The report's recipes are exactly the names report.recipes accepts (trainlib.params.RecipeName)."""
+    assert tuple(RECIPES) == get_args(RecipeName)

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import get_args
 
 import pandas as pd
 
 from trainlib.data import fashion_mnist
 from trainlib.data.folder import scan_image_tree, subset_manifest
-from trainlib.params import DataParams
+from trainlib.params import DataParams, DataSource
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("fashion_mnist", "folder")
+SOURCES = get_args(DataSource)
 VERDICT_CACHE_FILE = "verified.sqlite"
 
 

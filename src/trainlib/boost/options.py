@@ -46,15 +46,9 @@ from mindspore import Parameter, Tensor, get_context, nn, ops
 from mindspore import boost as ms_boost
 from mindspore import dtype as mstype
 
-from trainlib.params import BoostParams
+from trainlib.params import GRAD_CENTRALIZATION_TARGETS, BoostParams
 
 logger = logging.getLogger(__name__)
-
-GRAD_CENTRALIZATION_MODES = ("auto", "on", "off")
-# MindSpore 2.10 registers the Centralization kernel in its Ascend plugin only: on CPU the
-# compilation fails with "Kernel select failed: Centralization"; the GPU plugins have no such kernel.
-GRAD_CENTRALIZATION_TARGETS = ("Ascend",)
-FREEZE_TYPES = (0, 1)
 
 
 def boost_problems(boost: BoostParams, device_target: str, mode: str = "graph") -> list[tuple[str, str]]:

@@ -16,6 +16,7 @@ import tempfile
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 import pandas as pd
@@ -29,10 +30,11 @@ from trainlib.data.verify import (
     is_hidden_or_system,
     verify_files,
 )
+from trainlib.params import BadFilePolicy
 
 logger = logging.getLogger(__name__)
 
-BAD_FILE_POLICIES = ("exclude", "fail")
+BAD_FILE_POLICIES = get_args(BadFilePolicy)
 MANIFEST_COLUMNS = ["path", "class_name", "label", "split", "size", "mtime_ns"]
 BAD_FILE_COLUMNS = ["path", "split", "reason"]
 # ImageNet channel statistics, in 0-255 pixel units (recipe values).

@@ -12,8 +12,11 @@ import platform
 import shutil
 from importlib import metadata
 from pathlib import Path
+from typing import get_args
 
-DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
+from trainlib.params import DeviceTarget
+
+DEVICE_TARGETS = get_args(DeviceTarget)
 
 # oneDNN picks a reference 3x3 convolution on AVX-512 machines here (30x slower); AVX2 kernels
 # are the fast path. GLOG_v=3 keeps MindSpore's C++ warnings out of Kedro's log.

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import get_args
 
 import mindspore as ms
 from mindspore import nn, ops
 from mindspore.common import initializer as init
 
-CONV_INITS = ("he_normal", "xavier_uniform", "truncated_normal")
-DENSE_INITS = ("he_normal", "xavier_uniform", "truncated_normal")
+from trainlib.params import Initialiser, NetworkName
+
+CONV_INITS = DENSE_INITS = get_args(Initialiser)
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,8 @@ class ResNetLayout:
     small_input_stem: bool = False  # 3x3 stride-1 stem without max-pool, for 28-64 px images
 
 
-RESNET_LAYOUTS: dict[str, ResNetLayout] = {
+# one layout per name of trainlib.params.NetworkName (tests/models/test_resnet.py checks none is missing)
+RESNET_LAYOUTS: dict[NetworkName, ResNetLayout] = {
     "resnet18": ResNetLayout("basic", (2, 2, 2, 2)),
     "resnet34": ResNetLayout("basic", (3, 4, 6, 3)),
     "resnet50": ResNetLayout("bottleneck", (3, 4, 6, 3)),

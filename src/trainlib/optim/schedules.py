@@ -8,11 +8,14 @@ learning rate and what THOR reads its damping from. One function per family of s
 from __future__ import annotations
 
 import math
+from typing import get_args
 
 import numpy as np
 
-WARMUP_SHAPES = ("linear", "cosine", "quadratic", "steps", "constant")
-SHAPES = (*WARMUP_SHAPES, "thor", "exponential", "polynomial")
+from trainlib.params import SCHEDULE_SHAPES, WarmupShape
+
+WARMUP_SHAPES = get_args(WarmupShape)
+SHAPES = SCHEDULE_SHAPES
 
 
 def per_step(schedule, *, epochs: int, steps_per_epoch: int, devices: int = 1) -> np.ndarray:

@@ -36,6 +36,7 @@ compare with is ``tests/support/adasum.py``, the traffic model ``benchmarks/adas
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import get_args
 
 import mindspore as ms
 import numpy as np
@@ -43,7 +44,9 @@ from mindspore import Tensor, nn, ops
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
-EXCHANGES = ("allgather", "allreduce")
+from trainlib.params import AdasumExchange
+
+EXCHANGES = get_args(AdasumExchange)
 _created_groups: set[str] = set()
 
 

@@ -3,14 +3,18 @@ diagonal blocks of a symmetric positive definite matrix, and products with a blo
 
 from __future__ import annotations
 
+from typing import get_args
+
 import mindspore as ms
 import numpy as np
 from mindspore import ops
 from mindspore.ops.operations.linalg_ops import Eigh
 
+from trainlib.params import ComputeMethod, DampingMethod
+
 INVERSE_METHODS = ("cholesky", "matrix_inverse")
-DAMPING_METHODS = ("mindspore", "factored")  # how the damping is split between A and G (damping_shifts)
-COMPUTE_METHODS = ("inverse", "eigen")  # damped factor inverses, or eigendecomposed factors (eigen_basis)
+DAMPING_METHODS = get_args(DampingMethod)  # how the damping is split between A and G (damping_shifts)
+COMPUTE_METHODS = get_args(ComputeMethod)  # damped factor inverses, or eigendecomposed factors (eigen_basis)
 
 
 def blocking(n: int, block_size: int | None) -> tuple[int, int]:
