@@ -32,6 +32,19 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver
 fi
 
+# PostgreSQL, as a team runs it for its shared tuning storage and MLflow store: the slow tier's fixture
+# (tests/support/postgres.py) starts a cluster of its own in a temporary folder, so the package's default cluster is
+# not created
+if ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  echo "Installing Debian package postgresql (the slow tier's database server)"
+  $sudo mkdir -p /etc/postgresql-common
+  echo "create_main_cluster = false" | $sudo tee /etc/postgresql-common/createcluster.conf >/dev/null
+  $sudo apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql
+fi
+
 python=$(command -v python3.11 || command -v python3)
 if [ ! -x .venv/bin/python ]; then
   echo "Creating .venv with $($python --version)"

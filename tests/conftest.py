@@ -27,7 +27,7 @@ from tests.support.trees import write_image_tree
 SLOW_FOLDERS = ("e2e", "distributed", "ui")
 # The slow tier runs two tests at a time, grouped by ``xdist_group`` (``--dist loadgroup``): the tests of an
 # expensive session set-up share the worker that builds it once, and so do the tests of a module-scoped set-up
-SHARED_SETUPS = ("recipe_store", "viz_site")
+SHARED_SETUPS = ("recipe_store", "viz_site", "postgres")
 # The fast tier's modules of the longest tests (each 10-30 s: whole pipelines, a tuned study, P-BFGS's compiled steps,
 # THOR's options), started first so that the two workers end together on short ones
 LONGEST_FIRST = (
@@ -115,6 +115,15 @@ def recipe_store(tmp_path_factory):
     root = tmp_path_factory.mktemp("recipe_store")
     with mlflow_server(root / "server.db", root / "server.log", artifacts=root / "artifacts") as url:
         yield fill_store(root, url)
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory):
+    """A real PostgreSQL server (``tests.support.postgres``), started once for every test that uses it."""
+    from tests.support.postgres import postgres_server
+
+    with postgres_server(tmp_path_factory.mktemp("postgres") / "server.log") as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ from .hooks import (
     ArtifactHooks,
     CheckpointHooks,
     ConfigurationHooks,
+    CredentialHooks,
     MlflowRunHooks,
     ModelHooks,
     NodeErrorHooks,
@@ -24,6 +25,7 @@ quiet_start()
 configuration = ConfigurationHooks()
 HOOKS = (
     configuration,
+    CredentialHooks(),
     MlflowRunHooks(configuration),
     SignalHooks(),
     CheckpointHooks(),

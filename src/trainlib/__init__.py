@@ -3,5 +3,7 @@ text data, PCA, distributed launch and study statistics. It imports neither Kedr
 (``pipelines``) wires it into pipelines and tracks it in MLflow."""
 
 from trainlib.engine.runtime import apply_cpu_defaults
+from trainlib.redaction import redact_log_records
 
 apply_cpu_defaults()
+redact_log_records()  # a password or token never reaches a log line, whoever logs it

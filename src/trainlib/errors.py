@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import click
 
+from trainlib.redaction import redact
+
 # What to do, by the name of an error class of this project or Kedro (found through the error's
 # MRO, so subclasses share their parent's entry; by name, so that the module need not be imported
 # and may move): a text, a function of the message, or None when the message says it already.
@@ -104,10 +106,10 @@ class Failure:
         first one with an ``ADVICE`` entry, else ``error`` itself."""
         chain = _chain(error)
         known = [e for e in chain if _known_class(e) is not None]
-        ours = [e for e in known if type(e).__module__.startswith("pipelines.")]
+        ours = [e for e in known if type(e).__module__.startswith(tuple(f"{p}." for p in ADVISED_PACKAGES[:2]))]
         told = (ours or known or [error])[0]
         key = _known_class(told)
-        text = str(told) if str(told).strip() else type(told).__name__
+        text = redact(str(told)) if str(told).strip() else type(told).__name__
         lines = _condensed(text, head=2 if key in TWO_LINE_HEAD else 1)
         if key is None:  # an error without an entry: its class says what it is
             lines[0] = f"{type(told).__name__}: {lines[0]}"

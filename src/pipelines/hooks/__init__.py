@@ -6,6 +6,8 @@
 - ``MlflowRunHooks`` (``mlflow_run``): the MLflow run's name and tags, the nodes' parameters as the
   configuration's values, orphaned runs ended KILLED, the hand-off to msrun's rank 0, failure tags, the
   closing links;
+- ``CredentialHooks`` (``credentials``): ``study.tuning.credentials`` from conf/local/credentials.yml into the
+  environment, each value masked wherever the run records text;
 - ``SignalHooks`` (``signals``): SIGINT and SIGTERM stop the run in order (``trainlib.signals``);
 - ``CheckpointHooks`` (``checkpoints``): a training's periodic checkpoints go once its final one is stored;
 - ``ArtifactHooks`` (``artifacts``): catalog datasets marked ``mlflow_artifact`` go into the MLflow run;
@@ -23,6 +25,7 @@ a run) and ``command_line`` (what the command line asked for) serve them. Every 
 from pipelines.hooks.artifacts import ArtifactHooks
 from pipelines.hooks.checkpoints import CheckpointHooks
 from pipelines.hooks.configuration import ConfigurationHooks, RunConfiguration
+from pipelines.hooks.credentials import CredentialHooks
 from pipelines.hooks.errors import NodeErrorHooks
 from pipelines.hooks.mlflow_run import MlflowRunHooks
 from pipelines.hooks.models import ModelHooks
@@ -33,6 +36,7 @@ __all__ = [
     "ArtifactHooks",
     "CheckpointHooks",
     "ConfigurationHooks",
+    "CredentialHooks",
     "MlflowRunHooks",
     "ModelHooks",
     "NodeErrorHooks",

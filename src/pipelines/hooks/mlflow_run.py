@@ -38,6 +38,7 @@ from pipelines.tracking.writer import mark_model_training_experiment, set_tags
 from trainlib import fast_dev_run, signals
 from trainlib.distributed.launch import hand_off_runs_with
 from trainlib.errors import Failure
+from trainlib.redaction import redact_value
 
 # run_params entries that run only part of the pipelines
 NODE_FILTERS = ("node_names", "from_nodes", "to_nodes", "from_inputs", "to_outputs", "tags", "namespaces")
@@ -93,10 +94,11 @@ class MlflowRunHooks:
         # mappings of the configuration, so that kedro-mlflow logs them flattened, one MLflow param per key with
         # its YAML value (thor.lr.peak), not one param holding a model's repr; the node itself still receives the
         # models.
+        # Either way, a password in a parameter (a storage URL's) is masked before kedro-mlflow logs it.
         raw_params = self._configuration.configuration.raw_params
         for name, value in inputs.items():
-            if name.startswith("params:") and isinstance(value, BaseModel):
-                inputs[name] = raw_value(raw_params, name)
+            if name.startswith("params:") or name == "parameters":
+                inputs[name] = redact_value(raw_value(raw_params, name) if isinstance(value, BaseModel) else value)
 
     @hook_impl(trylast=True)  # after kedro-mlflow's hook has started the run
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:

@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 
 import mlflow
 
+from trainlib.redaction import redact
+
 RUN_NAME_LIMIT = 40  # characters: the runs table shows about this much of a name
 DESCRIPTION_TAG = "mlflow.note.content"  # the run page's description
 
@@ -64,7 +66,7 @@ def set_run_name(name: str) -> None:
     """Rename the active MLflow run, if there is one (the runs table's first column)."""
     active = mlflow.active_run()
     if active is not None:
-        mlflow.MlflowClient().update_run(active.info.run_id, name=name)
+        mlflow.MlflowClient().update_run(active.info.run_id, name=redact(name))
 
 
 # The tag MLflow's UI reads a run's colour from (charts, runs table), as its own colour picker writes it

@@ -16,6 +16,7 @@ from mlflow.entities import RunStatus
 
 from trainlib.engine.runtime import describe_machine
 from trainlib.processes import process_alive
+from trainlib.redaction import redact
 
 # MLflow refuses longer tag values (mlflow.utils.validation.MAX_TAG_VAL_LENGTH)
 TAG_VALUE_LIMIT = 8000
@@ -73,4 +74,4 @@ def tag_failure(run_id: str, message: str) -> None:
     client = mlflow.MlflowClient()
     unfinished = [child.info.run_id for child in child_runs(run_id) if child.info.status != "FINISHED"]
     for failed in [run_id, *unfinished]:
-        client.set_tag(failed, "error", message[:TAG_VALUE_LIMIT])
+        client.set_tag(failed, "error", redact(message)[:TAG_VALUE_LIMIT])

@@ -28,6 +28,7 @@ from trainlib.metrics import (
     TRAIN_ELAPSED_S,
     TRAIN_EPOCH_TIME_S,
 )
+from trainlib.redaction import redact_value
 
 # MLflow accepts at most 1000 metrics per log_batch call
 BATCH_LIMIT = 1000
@@ -67,7 +68,7 @@ def log_final(figures: Mapping[str, float]) -> None:
 def set_tags(tags: Mapping[str, str]) -> None:
     """Set ``tags`` on the active MLflow run, if there is one."""
     if mlflow.active_run() is not None:
-        mlflow.set_tags(dict(tags))
+        mlflow.set_tags(redact_value(dict(tags)))
 
 
 # MLflow 3's experiment kind (the tag its experiment-kind selector writes): model training, not GenAI development

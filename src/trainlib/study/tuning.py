@@ -47,6 +47,7 @@ from trainlib.engine.callbacks import Callback
 from trainlib.metrics import STEP_KEY, VAL_STEP_MLM_ACCURACY, VAL_STEP_TOP1
 from trainlib.params import TUNED_TRAININGS, TuningParams, space_ranges
 from trainlib.processes import process_alive
+from trainlib.redaction import redact
 from trainlib.study.runner import StudyInputs, StudyPlan, StudyTracking, run_study
 from trainlib.study.statistics import first_crossing
 
@@ -452,18 +453,46 @@ def _pruner(tuning: TuningParams) -> optuna.pruners.BasePruner:
     return optuna.pruners.NopPruner()
 
 
+class TuningStorageError(RuntimeError):
+    """``study.tuning.storage`` names a database that cannot be opened (unreachable, refused, wrong password)."""
+
+
+def storage_url(url: str) -> str:
+    """``url`` as SQLAlchemy opens it: a bare ``postgresql://`` through psycopg (3), the driver the project locks
+    (SQLAlchemy's default for it is psycopg2). With no password in the URL, libpq reads ``PGPASSWORD`` or
+    ``~/.pgpass`` (docs/team.md)."""
+    if url.startswith(("postgresql://", "postgres://")):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
 def _storage(url: str) -> optuna.storages.RDBStorage:
     """An Optuna RDB storage; a SQLite file's folder is made, and its writers wait for each other's locks.
 
     Processes started together on a new storage all create its schema: the ones that lose that race get
-    ``IntegrityError`` (``alembic_version``) or "table already exists", and open the storage the winner made."""
+    ``IntegrityError`` (``alembic_version``) or "table already exists", and open the storage the winner made.
+    A storage that cannot be opened at all stops the study with ``TuningStorageError``, the URL's password
+    masked."""
     engine = {}
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         engine = {"connect_args": {"timeout": 60}}
-    for _ in range(SCHEMA_ATTEMPTS - 1):
+    for attempt in range(SCHEMA_ATTEMPTS):
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine)
-        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError):
+            return optuna.storages.RDBStorage(storage_url(url), engine_kwargs=engine)
+        except sqlalchemy.exc.IntegrityError:
             continue
-    return optuna.storages.RDBStorage(url, engine_kwargs=engine)
+        except sqlalchemy.exc.OperationalError as error:
+            if attempt == SCHEMA_ATTEMPTS - 1 or not _schema_race(url, error):
+                reason = str(error.orig or error).strip().splitlines()[0]
+                raise TuningStorageError(
+                    f"study.tuning.storage {redact(url)} cannot be opened: {redact(reason)}. Check the server, the "
+                    "user and the password (PGPASSWORD or conf/local/credentials.yml, docs/team.md)"
+                ) from None
+    return optuna.storages.RDBStorage(storage_url(url), engine_kwargs=engine)
+
+
+def _schema_race(url: str, error: sqlalchemy.exc.OperationalError) -> bool:
+    """Whether ``error`` may be another process creating the same schema (any error of a SQLite file, whose
+    writers lock each other out; elsewhere "... already exists"), not a database that cannot be reached."""
+    return url.startswith("sqlite") or "already exists" in str(error.orig or error)

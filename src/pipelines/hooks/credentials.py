@@ -1,0 +1,46 @@
+"""``CredentialHooks``: the tuning storage's secrets from conf/local/credentials.yml, Kedro's place for them.
+
+``study.tuning.credentials`` names an entry of the credentials whose keys are environment variables, as
+kedro-mlflow's ``server.credentials`` does for the MLflow server::
+
+    # conf/local/credentials.yml (git-ignored)
+    tuning_db:
+      PGPASSWORD: "..."
+
+Before the run they are exported into this process's environment, where the database driver reads them (libpq's
+``PGPASSWORD``) and msrun's workers inherit them; nothing is written to disk, and each value is masked wherever
+the run records text (``trainlib.redaction``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from kedro.framework.hooks import hook_impl
+
+from trainlib.redaction import register_secret
+
+
+class CredentialsError(KeyError):
+    """``study.tuning.credentials`` names no entry of the credentials."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class CredentialHooks:
+    @hook_impl(tryfirst=True)  # before anything opens the storage
+    def after_context_created(self, context) -> None:
+        name = ((context.params.get("study") or {}).get("tuning") or {}).get("credentials")
+        if not name:
+            return
+        credentials = context.config_loader["credentials"]
+        entry = credentials.get(name)
+        if not isinstance(entry, dict):
+            raise CredentialsError(
+                f"study.tuning.credentials names {name!r}, which conf/local/credentials.yml does not define: add "
+                f"{name}: {{PGPASSWORD: ...}} there, or set PGPASSWORD in the environment and credentials: null"
+            )
+        for variable, value in entry.items():
+            register_secret(str(value))
+            os.environ[str(variable)] = str(value)

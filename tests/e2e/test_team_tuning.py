@@ -1,0 +1,73 @@
+"""A team's shared tuning on a real PostgreSQL server (``postgres``: Debian's package, password authentication),
+its password where Kedro keeps credentials (conf/local/credentials.yml, ``study.tuning.credentials``) and nowhere
+else: ``kedro run --pipelines=study`` tunes on it, and a wrong password stops the run with one ``Error:`` block
+that says so, leaving no run RUNNING."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import yaml
+
+from tests.e2e.test_secrets import files_holding
+from tests.support.projects import TINY_PARAMS, kedro, make_project, runs
+from tests.support.trees import write_image_tree
+
+SPACE = {"baseline": {"lr": {"peak": [0.01, 0.2], "warmup_epochs": None}, "weight_decay": None}}
+
+
+def tuned_project(root: Path, storage: str, password: str) -> Path:
+    tree = write_image_tree(root / "tree", classes=("cat", "dog"), per_class={"train": 4, "val": 2})
+    study = {
+        "recipes": ["baseline"],
+        "seeds": [0],
+        "epochs": 1,
+        "eval_every_steps": 2,
+        "tuning": {"trials": 2, "seeds": [100], "storage": storage, "credentials": "tuning_db", "spaces": SPACE},
+    }
+    project = make_project(
+        root / "project", {**TINY_PARAMS, "study": study, "data": {**TINY_PARAMS["data"], "root": str(tree)}}
+    )
+    (project / "conf" / "local" / "credentials.yml").write_text(yaml.safe_dump({"tuning_db": {"PGPASSWORD": password}}))
+    return project
+
+
+def test_the_study_tunes_on_postgresql_with_the_password_from_credentials_only(tmp_path, postgres, monkeypatch):
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    password = "Tun1ng-db-pw"
+    postgres.add_user("tuner", password, "tuning")
+    storage = postgres.url("tuner", "tuning")
+    project = tuned_project(tmp_path, storage, password)
+
+    result = kedro(project, "run", "--pipelines=study")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    trials = optuna.load_study(
+        study_name="study/baseline", storage=postgres.url("tuner", "tuning", password, "postgresql+psycopg")
+    ).trials
+    assert [trial.state.name for trial in trials] == ["COMPLETE", "COMPLETE"]
+    client, found = runs(project)
+    by_trial = sorted(run.data.tags["trial"] for run in found if "trial" in run.data.tags)
+    assert by_trial == ["0", "1"]  # one MLflow child run per trial
+    (study_run,) = [run for run in found if run.data.tags.get("pipeline") == "study"]
+    assert study_run.data.params["study.tuning.storage"] == storage
+    # the secret stays in credentials.yml, where the user put it
+    (project / "conf" / "local" / "credentials.yml").unlink()
+    assert password not in result.stdout + result.stderr
+    assert files_holding(project, password) == []
+
+
+def test_a_wrong_password_is_one_error_line_naming_the_storage(tmp_path, postgres, monkeypatch):
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    postgres.add_user("late", "the-right-one", "late_tuning")
+    project = tuned_project(tmp_path, postgres.url("late", "late_tuning"), "Wr0ng-password")
+
+    result = kedro(project, "run", "--pipelines=study")
+    assert result.returncode != 0
+    assert result.stderr.count("Error:") == 1
+    error = result.stderr[result.stderr.index("Error:") :]
+    assert "study.tuning.storage" in error and 'password authentication failed for user "late"' in error
+    assert "Wr0ng-password" not in result.stdout + result.stderr
+    client, found = runs(project)
+    assert {run.info.status for run in found} == {"FAILED"}
