@@ -14,10 +14,8 @@ from pipelines.tracking.reader import MlflowRunReader
 from tests.support.projects import kedro, make_project
 from tests.support.stores import EXPERIMENT, recipe_runs, tracking_uri, trainings
 from trainlib.metrics import EPOCH_KEYS
-from trainlib.report.compare import (
-    compare,
-    figures,
-)
+from trainlib.report.compare import compare
+from trainlib.report.figures import figures
 
 TARGET = 0.5
 

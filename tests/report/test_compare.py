@@ -22,18 +22,10 @@ from tests.support.config import CONF, changed, load_config
 from tests.support.stores import EXPERIMENT
 from trainlib.metrics import EPOCH_KEYS
 from trainlib.params import ParameterError, RecipeName, validate_parameters
-from trainlib.report.compare import (
-    RECIPES,
-    NoRunsError,
-    compare,
-    data_and_model,
-    epoch_rows,
-    figures,
-    recipe_history,
-    setting_differences,
-    table_row,
-    time_to_target,
-)
+from trainlib.report.compare import compare, data_and_model, setting_differences, table_row
+from trainlib.report.figures import figures
+from trainlib.report.histories import epoch_rows, recipe_history, time_to_target
+from trainlib.report.runs import RECIPES, NoRunsError
 
 TARGET = 0.5
 
@@ -268,7 +260,7 @@ def hand_logged_store(tmp_path) -> tuple[str, dict[str, str]]:
 
 def test_dim_reduce_is_read_from_its_child_runs(tmp_path, caplog):
     uri, ids = hand_logged_store(tmp_path)
-    with caplog.at_level(logging.INFO, logger="trainlib.report.compare"):
+    with caplog.at_level(logging.INFO, logger="trainlib.report"):
         comparison = compare(reader(uri), ["dim_reduce", "baseline", "thor"], 0.85)
     history = comparison.histories[comparison.histories["recipe"] == "dim_reduce"]
     assert list(history["training"]) == ["stage1", "stage1", "stage2", "control"]

@@ -13,7 +13,7 @@ import pytest
 
 from pipelines.tracking.reader import MlflowRunReader
 from tests.support.stores import EXPERIMENT
-from trainlib.report.compare import compare, compared_histories
+from trainlib.report.compare import compare
 from trainlib.report.differences import (
     by_how_much,
     combined,
@@ -24,6 +24,7 @@ from trainlib.report.differences import (
     study_differences,
     verdict,
 )
+from trainlib.report.figures import compared_histories
 from trainlib.study.statistics import paired_differences
 
 FINALS = {
@@ -179,7 +180,7 @@ def study_and_unequal_runs(tmp_path):
 
 def test_a_study_and_single_runs_of_unequal_budget_tell_one_story(study_and_unequal_runs, caplog):
     reader, paired, ids = study_and_unequal_runs
-    with caplog.at_level(logging.INFO, logger="trainlib.report.compare"):
+    with caplog.at_level(logging.INFO, logger="trainlib.report"):
         comparison = compare(reader, ["baseline", "thor", "adasum"], TARGET)  # as the report node does
     differences, left_out = by_how_much(comparison.finals, reader, settings=comparison.settings)
     summary = readable(differences, left_out, target_top1=TARGET)

@@ -30,7 +30,7 @@ from trainlib.params import (
 )
 from trainlib.recipes import dim_reduce
 from trainlib.recipes.context import TrainingContext
-from trainlib.report.compare import explained_variance_figure
+from trainlib.report.figures import explained_variance_figure
 
 STAGE2_MINUS_CONTROL_TOP1 = "dim_reduce/stage2_minus_control_top1"
 

@@ -10,8 +10,9 @@ from matplotlib.figure import Figure
 from pipelines import tracking
 from pipelines.tracking import MlflowRunReader
 from trainlib.params import ReportParams, TargetParams
-from trainlib.report.compare import compare, compared_histories, figures
+from trainlib.report.compare import compare
 from trainlib.report.differences import by_how_much, readable
+from trainlib.report.figures import compared_histories, figures
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from mlflow.exceptions import MlflowException
 
 
 class MlflowRunReader:
-    """Read access to one MLflow experiment as plain data, for ``trainlib.report.compare`` (its
-    ``RunReader``): runs as ``RunRecord`` dicts, metric histories and CSV artifacts as DataFrames."""
+    """Read access to one MLflow experiment as plain data, for ``trainlib.report`` (``report.runs.RunReader``):
+    runs as ``RunRecord`` dicts, metric histories and CSV artifacts as DataFrames."""
 
     def __init__(self, tracking_uri: str, experiment_name: str):
         self.tracking_uri = tracking_uri

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import pandas as pd
 
 from trainlib import fast_dev_run
-from trainlib.report.compare import RunReader
+from trainlib.report.runs import RunReader
 
 DIFFERENCE_COLUMNS = ["comparison", "measure", "mean", "ci_low", "ci_high", "n", "unit", "budget", "source"]
 LEFT_OUT_COLUMNS = ["comparison", "reason"]

@@ -272,7 +272,7 @@ def test_explained_variance_table_has_cumulative_ratios():
 
 
 def test_the_report_draws_the_table_of_a_fit():
-    from trainlib.report.compare import explained_variance_figure
+    from trainlib.report.figures import explained_variance_figure
 
     table = explained_variance_table(fit_rows(trajectory()))
     axes = explained_variance_figure(table).axes[0]
