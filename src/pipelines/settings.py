@@ -9,6 +9,7 @@ from .hooks import (
     CheckpointHooks,
     ConfigurationHooks,
     CredentialHooks,
+    MemoryInputHooks,
     MlflowRunHooks,
     ModelHooks,
     NodeErrorHooks,
@@ -33,6 +34,7 @@ HOOKS = (
     ModelHooks(),
     NodeErrorHooks(),
     TrainingRunHooks(),
+    MemoryInputHooks(),
 )
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader

@@ -46,10 +46,14 @@ def client(uri: str) -> mlflow.MlflowClient:
     return mlflow.MlflowClient(tracking_uri=uri)
 
 
-def only_run(uri: str, pipeline: str):
-    (run,) = client(uri).search_runs(
+def runs_of(uri: str, pipeline: str) -> list:
+    return client(uri).search_runs(
         [client(uri).get_experiment_by_name("resnet-recipes").experiment_id], f"tags.pipeline = '{pipeline}'"
     )
+
+
+def only_run(uri: str, pipeline: str):
+    (run,) = runs_of(uri, pipeline)
     return run
 
 
@@ -158,9 +162,10 @@ def test_baseline_thor_and_report_pipelines(workspace, tmp_path):
             "report": {"recipes": ["baseline", "thor"]},
         },
     )
-    outputs = run_audited("baseline", params, project, tmp_path / "baseline_graphs")
+    outputs = outputs_of_baseline = run_audited("baseline", params, project, tmp_path / "baseline_graphs")
     assert_trained(outputs, "baseline", epochs=2)
     run = only_run(uri, "baseline")
+    baseline_run_id = run.info.run_id
     assert run.data.metrics[FINAL_TOP1] == pytest.approx(outputs["baseline.eval_report"]["top1"])
     assert [m.step for m in client(uri).get_metric_history(run.info.run_id, TRAIN_LOSS)] == [1, 2]
     # when it first reached its target (a low one, reached after the first epoch; no step evaluations here)
@@ -209,6 +214,13 @@ def test_baseline_thor_and_report_pipelines(workspace, tmp_path):
     }
     logged = {artifact.path for artifact in client(uri).list_artifacts(report_run.info.run_id, "report")}
     assert "report/summary.md" in logged and "report/explained_variance.png" not in logged
+
+    # a partial rerun (`kedro run --nodes=baseline.evaluate`) reads the training's context, which lives in memory: the
+    # node that makes it runs first, with the run's hooks, so the run logs the sections it is made of as before
+    evaluated = run_pipeline("baseline", params, project, node_names=["baseline.evaluate"])
+    assert evaluated["baseline.eval_report"] == outputs_of_baseline["baseline.eval_report"]
+    (partial,) = [run for run in runs_of(uri, "baseline") if run.info.run_id != baseline_run_id]
+    assert {"model.name", "data.image_size", "runtime.seed", "distributed.worker_num"} <= set(partial.data.params)
 
 
 def test_predict_pipeline(workspace, tmp_path):
@@ -284,6 +296,12 @@ def test_dim_reduce_pipeline(workspace, tmp_path):
     assert trainings["stage2"].data.params["dim_reduce.stage2.rho"] == "0.55"
     assert trainings["control"].data.params["dim_reduce.control.checkpoint.keep_last"] == "2"
 
+    # and the shared sections its context is made of, as the training and the kedro run's run read them
+    for training, child in trainings.items():
+        assert child.data.params["data.image_size"] == "16", training
+        assert {"model.name", "runtime.seed", "distributed.worker_num"} <= set(child.data.params), training
+    stage1_params = set(trainings["stage1"].data.params)
+    assert "dim_reduce.stage1.epochs" in stage1_params and any(key.startswith("boost.") for key in stage1_params)
 
 def test_study_pipeline(workspace):
     tree, project = workspace
@@ -361,6 +379,10 @@ def test_thor_bert_pipeline(workspace):
         assert (run.data.metrics["target/reached"], run.data.metrics["target/epochs"]) == (1, 1)
     assert only_run(uri, "thor_bert").data.metrics[UNIGRAM_MLM_ACCURACY] == pytest.approx(unigram)
     assert runs["baseline"].data.params["thor_bert.baseline.optimizer"] == "adamweightdecay"
+    for training, run in runs.items():  # its own section, its target and the shared sections of its context
+        expected = {f"thor_bert.{training}.optimizer", "thor_bert.target_mlm_accuracy", "thor_bert.eval_batch_size"}
+        expected |= {"thor_bert.network.hidden_size", "runtime.seed", "distributed.worker_num"}
+        assert expected <= set(run.data.params), training
 
 
 def test_migrate_pipeline(workspace, tmp_path):

@@ -20,11 +20,8 @@ from trainlib.params import (
     BoostParams,
     CollectParams,
     ControlParams,
-    DataParams,
-    DistributedParams,
     ModelParams,
     PcaParams,
-    RuntimeParams,
     Stage1Params,
     Stage2Params,
 )
@@ -36,19 +33,10 @@ STAGE2_MINUS_CONTROL_TOP1 = "dim_reduce/stage2_minus_control_top1"
 
 
 def train_stage1(
-    initial_weights: Checkpoint,
-    manifest: pd.DataFrame,
-    class_index: dict[str, int],
-    model: ModelParams,
-    data: DataParams,
-    runtime: RuntimeParams,
-    distributed: DistributedParams,
-    stage1: Stage1Params,
-    boost: BoostParams,
+    initial_weights: Checkpoint, context: TrainingContext, stage1: Stage1Params, boost: BoostParams
 ) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
     """Momentum to ``stage1.epochs`` of a ``stage1.schedule_epochs`` schedule, keeping the weight trajectory: the
     checkpoint of the last step, the per-epoch history and the trajectory index."""
-    context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
     result, index = on_every_rank(
         dim_reduce.train_stage1, context, initial_weights, stage1, boost=boost, callbacks=[tracking.EpochMetrics()]
     )
@@ -95,20 +83,15 @@ def _log_pbfgs_steps(rows: Sequence[Mapping[str, float]]) -> None:
 def train_stage2(
     stage1_checkpoint: Checkpoint,
     pca_matrix: np.ndarray,
-    manifest: pd.DataFrame,
-    class_index: dict[str, int],
-    model: ModelParams,
-    data: DataParams,
-    runtime: RuntimeParams,
-    distributed: DistributedParams,
+    context: TrainingContext,
     stage2: Stage2Params,
 ) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
     """P-BFGS in the PCA subspace for ``stage2.epochs`` epochs from the stage-1 weights (``implementation:
-    mindspore``: ``mindspore.boost``'s DimReduce instead, in a process of its own): the final checkpoint, the
+    mindspore_builtin``: ``mindspore.boost``'s DimReduce instead, in a process of its own): the final checkpoint, the
     per-epoch history and the per-step table."""
     context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
     callbacks = [tracking.EpochMetrics()]
-    if stage2.implementation == "mindspore":
+    if stage2.implementation == "mindspore_builtin":
         handoff = tracking.MlflowRunHandoff.capture()
         result, steps = dim_reduce.train_stage2_with_boost(
             context, stage1_checkpoint, pca_matrix, stage2, callbacks=callbacks, run_handoff=handoff
@@ -135,7 +118,6 @@ def train_control(
     boost: BoostParams,
 ) -> tuple[Checkpoint, pd.DataFrame]:
     """Momentum continued from the stage-1 checkpoint (stage 1's recipe) for as many epochs as stage 2 trains."""
-    context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
     result = on_every_rank(
         dim_reduce.train_control, context, stage1_checkpoint, stage1, stage2, control, boost=boost,
         callbacks=[tracking.EpochMetrics()],

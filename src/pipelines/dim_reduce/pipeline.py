@@ -3,16 +3,16 @@
 The modular pipeline ``dim_reduce``, one nested namespace per stage, each a box in kedro-viz that expands:
 ``dim_reduce.stage1`` (build, Momentum keeping the weight trajectory, evaluate), ``dim_reduce.trajectory_pca``,
 ``dim_reduce.stage2`` (P-BFGS, evaluate), ``dim_reduce.control`` (Momentum for the same epochs, evaluate) and
-``dim_reduce.comparison``. The build, evaluate and export nodes are the image training template's; the three
-trainings' nodes are tagged ``training_run``, so each logs into an MLflow child run of its own (``stage1``,
-``stage2``, ``control``; ``hooks.training_runs``); stage 2's and the control's also hold their exported models
-(``hooks.models``).
+``dim_reduce.comparison``. The context, build, evaluate and export nodes are the image training template's; the
+three trainings' nodes (their context's too) are tagged ``training_run``, so each logs into an MLflow child run of
+its own (``stage1``, ``stage2``, ``control``; ``hooks.training_runs``); stage 2's and the control's also hold their
+exported models (``hooks.models``).
 """
 
 from kedro.pipeline import Pipeline, node, pipeline
 
 from pipelines.modular import TRAINING_RUN_TAG, namespaced
-from pipelines.training.pipeline import RECIPE, TRAINING_INPUTS, build_node, evaluate_node, export_node
+from pipelines.training.pipeline import RECIPE, build_node, context_node, evaluate_node, export_node
 
 from .nodes import collect_trajectory, compare_runs, fit_pca, train_control, train_stage1, train_stage2
 
@@ -24,12 +24,14 @@ TRAININGS = ("stage1", "stage2", "control")
 def create_pipeline(**kwargs) -> Pipeline:
     """Nodes ``dim_reduce.<stage>.<node>``: ``dim_reduce.stage1.train_stage1``, ``dim_reduce.stage2.evaluate``, …"""
     # the initial weights are built outside the training's child run: that node logs nothing. Stage 1 exports no
-    # model: its network is where stage 2 and the control start, the pipeline's results are theirs
+    # model: its network is where stage 2 and the control start, the pipeline's results are theirs. Each training's
+    # context is made in its child run, which so logs the shared sections beside the training's own
     stage1 = pipeline([build_node()]) + pipeline(
         [
+            context_node(),
             node(
                 train_stage1,
-                ["initial_weights", *TRAINING_INPUTS, f"params:{RECIPE}", "params:boost"],
+                ["initial_weights", "training_context", f"params:{RECIPE}", "params:boost"],
                 ["final_checkpoint", "history", "trajectory_index"],
                 name="train_stage1",
             ),
@@ -55,9 +57,10 @@ def create_pipeline(**kwargs) -> Pipeline:
     )
     stage2 = pipeline(
         [
+            context_node(),
             node(
                 train_stage2,
-                ["stage1_checkpoint", "pca_matrix", *TRAINING_INPUTS, "params:stage2"],
+                ["stage1_checkpoint", "pca_matrix", "training_context", "params:stage2"],
                 ["final_checkpoint", "history", "steps"],
                 name="train_stage2",
             ),
@@ -67,11 +70,12 @@ def create_pipeline(**kwargs) -> Pipeline:
     ) + pipeline([export_node()])
     control = pipeline(
         [
+            context_node(),
             node(
                 train_control,
                 [
                     "stage1_checkpoint",
-                    *TRAINING_INPUTS,
+                    "training_context",
                     "params:stage1",
                     "params:stage2",
                     "params:control",

@@ -15,7 +15,9 @@
   with ``model.register``);
 - ``NodeErrorHooks`` (``errors``): a failing node's name goes with its error, for the command's ``Error:`` block;
 - ``TrainingRunHooks`` (``training_runs``): the nodes of one of a pipeline's several trainings run in its MLflow
-  child run.
+  child run;
+- ``MemoryInputHooks`` (``memory_inputs``): a partial run first runs the left-out node that makes an in-memory
+  dataset it reads (a training's ``training_context``).
 
 The helpers ``config_files`` (the configuration as Kedro's loader reads it), ``rehearsal`` (fast_dev_run applied to
 a run) and ``command_line`` (what the command line asked for) serve them. Every MLflow call goes through
@@ -27,6 +29,7 @@ from pipelines.hooks.checkpoints import CheckpointHooks
 from pipelines.hooks.configuration import ConfigurationHooks, RunConfiguration
 from pipelines.hooks.credentials import CredentialHooks
 from pipelines.hooks.errors import NodeErrorHooks
+from pipelines.hooks.memory_inputs import MemoryInputHooks
 from pipelines.hooks.mlflow_run import MlflowRunHooks
 from pipelines.hooks.models import ModelHooks
 from pipelines.hooks.signals import SignalHooks
@@ -37,6 +40,7 @@ __all__ = [
     "CheckpointHooks",
     "ConfigurationHooks",
     "CredentialHooks",
+    "MemoryInputHooks",
     "MlflowRunHooks",
     "ModelHooks",
     "NodeErrorHooks",

@@ -11,22 +11,11 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from pipelines import tracking
-from trainlib.metrics import (
-    STEP_KEY,
-    TRAIN_ELAPSED_S,
-    TRAIN_EPOCH_TIME_S,
-    VAL_STEP_MLM_ACCURACY,
-    VAL_STEP_TOP1,
-    VAL_STEP_TOP5,
-)
+from trainlib.metrics import VAL_STEP_MLM_ACCURACY, VAL_STEP_TOP1
 from trainlib.params import (
     BoostParams,
-    DataParams,
     DimReduceParams,
-    DistributedParams,
     ImageRecipe,
-    ModelParams,
-    RuntimeParams,
     StudyParams,
     TargetParams,
     ThorBertParams,
@@ -35,22 +24,21 @@ from trainlib.recipes.context import TrainingContext
 from trainlib.recipes.language_model import prepare_language_model
 from trainlib.report.differences import in_points
 from trainlib.study.runner import StudyInputs, StudyPlan, run_study
-from trainlib.study.statistics import MEASURES, curves_figure, paired_differences, run_figures, summarise
+from trainlib.study.statistics import (
+    MEASURES,
+    curves_figure,
+    curves_table,
+    paired_differences,
+    runs_table,
+    summarise,
+)
 from trainlib.study.tuning import CHOICE_COLUMNS, choices_rows, run_tuned_study, tuning_figures
 
 logger = logging.getLogger(__name__)
 
-RUN_COLUMNS = ["recipe", "seed", *MEASURES, "train_time_s", "steps_per_epoch", "mlflow_run_id", "key"]
-CURVE_COLUMNS = ["recipe", "seed", "step", "elapsed_s", "top1", "top5", "mlm_accuracy"]
 
-
-def run_recipes(
-    manifest: pd.DataFrame,
-    class_index: dict[str, int],
-    model: ModelParams,
-    data: DataParams,
-    runtime: RuntimeParams,
-    distributed: DistributedParams,
+def prepare_inputs(
+    context: TrainingContext,
     baseline: ImageRecipe,
     thor: ImageRecipe,
     dim_reduce: DimReduceParams,
@@ -58,57 +46,43 @@ def run_recipes(
     boost: BoostParams,
     thor_bert: ThorBertParams,
     study: StudyParams,
-    target: TargetParams,
+) -> StudyInputs:
+    """The data and shared sections, every recipe's own section and, when ``study.recipes`` has thor_bert, its
+    corpus split, tokenizer and examples, prepared once for all its trainings."""
+    language = (
+        prepare_language_model(thor_bert, context.runtime, context.distributed)
+        if "thor_bert" in study.recipes
+        else None
+    )
+    return StudyInputs(context, baseline, thor, dim_reduce, adasum, boost, thor_bert, language)
+
+
+def run_recipes(
+    inputs: StudyInputs, study: StudyParams, target: TargetParams
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Every recipe of ``study.recipes`` over every seed of ``study.seeds`` (those not finished earlier); with
     ``study.tuning.trials`` > 0 each recipe's trainings are first tuned (``study.tuning``; thor_bert's two each
     with their own trials, on ``thor_bert.target_mlm_accuracy``) and their best values train on those seeds.
 
-    Returns one row per result (``RUN_COLUMNS``: final top-1/top-5 on val after the last epoch, time, steps and
-    epochs to ``target.top1`` at step resolution, training seconds; thor_bert's rows: the held-out masked-LM
-    accuracy and loss, and the target ``thor_bert.target_mlm_accuracy``), the step-evaluation curves
-    (``CURVE_COLUMNS``: top-1/top-5, or masked-LM accuracy, on the step subset against training seconds) and the
-    tuning's chosen values beside the documented ones (``CHOICE_COLUMNS``; no rows without tuning).
+    Returns one row per result (``statistics.RUN_COLUMNS``: final top-1/top-5 on val after the last epoch, time,
+    steps and epochs to ``target.top1`` at step resolution, training seconds; thor_bert's rows: the held-out
+    masked-LM accuracy and loss, and the target ``thor_bert.target_mlm_accuracy``), the step-evaluation curves
+    (``statistics.CURVE_COLUMNS``: top-1/top-5, or masked-LM accuracy, on the step subset against training seconds)
+    and the tuning's chosen values beside the documented ones (``CHOICE_COLUMNS``; no rows without tuning).
     """
-    context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
-    language = prepare_language_model(thor_bert, runtime, distributed) if "thor_bert" in study.recipes else None
-    inputs = StudyInputs(context, baseline, thor, dim_reduce, adasum, boost, thor_bert, language)
-    targets = {VAL_STEP_TOP1: target.top1, VAL_STEP_MLM_ACCURACY: thor_bert.target_mlm_accuracy}
+    target_mlm_accuracy = inputs.thor_bert.target_mlm_accuracy
+    targets = {VAL_STEP_TOP1: target.top1, VAL_STEP_MLM_ACCURACY: target_mlm_accuracy}
     plan = StudyPlan(
         study.recipes, study.seeds, study.epochs, study.eval_every_steps, Path(study.dir), study.adasum_workers
     )
     tunings = []
-    study_runs = tracking.StudyRuns({"top1": target.top1, "mlm_accuracy": thor_bert.target_mlm_accuracy})
+    study_runs = tracking.StudyRuns({"top1": target.top1, "mlm_accuracy": target_mlm_accuracy})
     if study.tuning.trials:
         records, tunings = run_tuned_study(inputs, plan, study_runs, tuning=study.tuning, targets=targets)
     else:
         records = run_study(inputs, plan, study_runs)
-    runs = [
-        {"recipe": r["recipe"], "seed": r["seed"]}
-        | run_figures(r, targets[r.get("step_metric", VAL_STEP_TOP1)])
-        | {
-            "train_time_s": sum(row[TRAIN_EPOCH_TIME_S] for row in r["history"]),
-            "steps_per_epoch": r["steps_per_epoch"],
-            "mlflow_run_id": r["mlflow_run_id"],
-            "key": r["key"],
-        }
-        for r in records
-    ]
-    curves = [
-        {
-            "recipe": r["recipe"],
-            "seed": r["seed"],
-            "step": row[STEP_KEY],
-            "elapsed_s": row[TRAIN_ELAPSED_S],
-            "top1": row.get(VAL_STEP_TOP1),
-            "top5": row.get(VAL_STEP_TOP5),
-            "mlm_accuracy": row.get(VAL_STEP_MLM_ACCURACY),
-        }
-        for r in records
-        for row in r["step_history"]
-    ]
     choices = pd.DataFrame(choices_rows(tunings, tuning=study.tuning), columns=CHOICE_COLUMNS)
-    return pd.DataFrame(runs, columns=RUN_COLUMNS), pd.DataFrame(curves, columns=CURVE_COLUMNS), choices
+    return runs_table(records, targets), curves_table(records), choices
 
 
 def summarise_study(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -1,26 +1,25 @@
-"""``study`` pipeline: the recipes over several seeds -> statistics -> figure, the modular pipeline ``study``."""
+"""``study`` pipeline: the training context and every recipe's section -> the recipes over several seeds ->
+statistics -> figure, the modular pipeline ``study``."""
 
 from kedro.pipeline import Pipeline, node, pipeline
 
 from pipelines.modular import namespaced
+from pipelines.training.pipeline import context_node
 
-from .nodes import plot_study, plot_tuning, run_recipes, summarise_study
+from .nodes import plot_study, plot_tuning, prepare_inputs, run_recipes, summarise_study
 
 
 def create_pipeline(**kwargs) -> Pipeline:
-    """Nodes ``study.run``, ``study.summarise``, ``study.plot``, ``study.plot_tuning``."""
+    """Nodes ``study.training_context``, ``study.prepare_inputs``, ``study.run``, ``study.summarise``,
+    ``study.plot``, ``study.plot_tuning``."""
     return namespaced(
         pipeline(
             [
+                context_node(),
                 node(
-                    run_recipes,
+                    prepare_inputs,
                     [
-                        "manifest",
-                        "class_index",
-                        "params:model",
-                        "params:data",
-                        "params:runtime",
-                        "params:distributed",
+                        "training_context",
                         "params:baseline",
                         "params:thor",
                         "params:dim_reduce",
@@ -28,8 +27,13 @@ def create_pipeline(**kwargs) -> Pipeline:
                         "params:boost",
                         "params:thor_bert",
                         "params:study",
-                        "params:target",
                     ],
+                    "inputs",
+                    name="prepare_inputs",
+                ),
+                node(
+                    run_recipes,
+                    ["inputs", "params:study", "params:target"],
                     ["runs", "curves", "tuning_choices"],
                     name="run",
                 ),

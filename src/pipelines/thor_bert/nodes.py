@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 
 from pipelines import tracking
+from pipelines.training.nodes import training_outputs
 from trainlib.distributed.launch import on_every_rank
 from trainlib.engine.checkpoint import Checkpoint
-from trainlib.metrics import history_table
 from trainlib.params import (
     BertCorpusParams,
     BertExampleParams,
@@ -82,65 +82,44 @@ def build_network(network: BertNetworkParams, tokenizer: str, runtime: RuntimePa
     return build_bert(network, tokenizer_from_json(tokenizer).get_vocab_size(), runtime)
 
 
-def train(
-    initial_weights: Checkpoint,
+def language_context(
     train_examples: dict[str, np.ndarray],
     held_out_examples: dict[str, np.ndarray],
     tokenizer: str,
     network: BertNetworkParams,
     eval_batch_size: int,
     step_eval_examples: PositiveInt | None,
-    recipe: LanguageRecipe,
     runtime: RuntimeParams,
     distributed: DistributedParams,
-    target_mlm_accuracy: float,
+) -> LanguageModelContext:
+    """What the training's nodes read besides their own section: the examples, the tokenizer's vocabulary size and
+    the shared sections, in one value (``LanguageModelContext``)."""
+    vocab_size = tokenizer_from_json(tokenizer).get_vocab_size()
+    sections = (network, eval_batch_size, step_eval_examples, runtime, distributed)
+    return LanguageModelContext(train_examples, held_out_examples, vocab_size, *sections)
+
+
+def train(
+    initial_weights: Checkpoint, context: LanguageModelContext, recipe: LanguageRecipe, target_mlm_accuracy: float
 ) -> tuple[Checkpoint, pd.DataFrame]:
     """The section's training from the initial weights: THOR (every Dense layer preconditioned, then Momentum) or
     the first-order baseline (AdamWeightDecay or Lamb); the final checkpoint and the per-epoch history. A rerun
     resumes from ``<section>.checkpoint.dir``. The run gets when it first reached ``target_mlm_accuracy``
     (``target/epochs``, …)."""
-    vocab_size = tokenizer_from_json(tokenizer).get_vocab_size()
-    context = LanguageModelContext(
-        train_examples,
-        held_out_examples,
-        vocab_size,
-        network,
-        eval_batch_size,
-        step_eval_examples,
-        runtime,
-        distributed,
-    )
     callbacks = [tracking.EpochMetrics(), tracking.TimeToTarget(target_mlm_accuracy, "mlm_accuracy")]
-    result = on_every_rank(train_bert, context, initial_weights, recipe, callbacks=callbacks)
-    tracking.log_metrics(result.summary)
-    return result.checkpoint, history_table(result.history)
+    return training_outputs(on_every_rank(train_bert, context, initial_weights, recipe, callbacks=callbacks))
 
 
-def evaluate(
-    checkpoint: Checkpoint,
-    held_out_examples: dict[str, np.ndarray],
-    tokenizer: str,
-    network: BertNetworkParams,
-    eval_batch_size: int,
-    runtime: RuntimeParams,
-) -> dict:
-    """Held-out masked-LM accuracy and loss of the training's checkpoint, logged as ``final/…``."""
-    vocab_size = tokenizer_from_json(tokenizer).get_vocab_size()
-    context = LanguageModelContext({}, held_out_examples, vocab_size, network, eval_batch_size, None, runtime, None)
+def evaluate(checkpoint: Checkpoint, context: LanguageModelContext) -> dict:
+    """Held-out masked-LM accuracy and loss of the training's checkpoint, in this process, logged as ``final/…``."""
     report = evaluate_bert(context, checkpoint)
     tracking.log_final(report)
     return report
 
 
-def export_model(
-    checkpoint: Checkpoint,
-    held_out: dict[str, np.ndarray],
-    tokenizer: str,
-    network: BertNetworkParams,
-    runtime: RuntimeParams,
-) -> ExportedModel:
+def export_model(checkpoint: Checkpoint, context: LanguageModelContext, tokenizer: str) -> ExportedModel:
     """The training's BERT as MindIR filling masks, into ``model``; ``ModelHooks`` log it to its child run."""
-    return export_bert(checkpoint, held_out, tokenizer, network, runtime)
+    return export_bert(checkpoint, context.held_out_examples, tokenizer, context.network, context.runtime)
 
 
 def compare(

@@ -3,15 +3,25 @@
 The modular pipeline ``thor_bert``, one nested namespace per stage, each a box in kedro-viz: ``thor_bert.corpus``
 (train and held-out documents), ``thor_bert.tokenizer``, ``thor_bert.examples`` (pre-training examples of each),
 ``thor_bert.network`` (the initial weights both trainings start from), ``thor_bert.thor`` and ``thor_bert.baseline``
-(one template, ``training_pipeline``: train, then held-out masked-LM evaluation, in a child run of its own) and
-``thor_bert.comparison``.
+(one template, ``training_pipeline``: context, train, then held-out masked-LM evaluation, in a child run of its
+own) and ``thor_bert.comparison``.
 """
 
 from kedro.pipeline import Pipeline, node, pipeline
 
 from pipelines.modular import TRAINING_RUN_TAG, namespaced
 
-from .nodes import build_network, compare, create_examples, evaluate, export_model, fit_tokenizer, split_corpus, train
+from .nodes import (
+    build_network,
+    compare,
+    create_examples,
+    evaluate,
+    export_model,
+    fit_tokenizer,
+    language_context,
+    split_corpus,
+    train,
+)
 
 NAMESPACE = "thor_bert"
 TRAININGS = ("thor", "baseline")
@@ -25,7 +35,16 @@ SHARED = {
     "initial_weights": f"{NAMESPACE}.network.initial_weights",
 }
 # sub-sections only: Kedro 1.7 cannot validate a pipeline reading both params:thor_bert and params:thor_bert.<key>
-EVALUATION_INPUTS = ["held_out_examples", "tokenizer", "params:network", "params:eval_batch_size", "params:runtime"]
+CONTEXT_INPUTS = [
+    "train_examples",
+    "held_out_examples",
+    "tokenizer",
+    "params:network",
+    "params:eval_batch_size",
+    "params:step_eval_examples",
+    "params:runtime",
+    "params:distributed",
+]
 SECTIONS = {
     key: f"{NAMESPACE}.{key}"
     for key in (
@@ -42,40 +61,23 @@ SECTIONS = {
 
 
 def training_pipeline(training: str) -> Pipeline:
-    """The language training template for ``thor_bert.<training>`` (``thor``, ``baseline``): ``train`` from the
-    shared initial weights, then ``evaluate`` on the held-out examples."""
+    """The language training template for ``thor_bert.<training>`` (``thor``, ``baseline``): its
+    ``training_context`` (the examples and shared sections, made in the training's child run, which so logs them),
+    ``train`` from the shared initial weights, then ``evaluate`` on the held-out examples."""
     template = pipeline(
         [
             node(
+            node(language_context, CONTEXT_INPUTS, "training_context", name="training_context"),
                 train,
-                [
-                    "initial_weights",
-                    "train_examples",
-                    "held_out_examples",
-                    "tokenizer",
-                    "params:network",
-                    "params:eval_batch_size",
-                    "params:step_eval_examples",
-                    "params:recipe",
-                    "params:runtime",
-                    "params:distributed",
-                    "params:target_mlm_accuracy",
-                ],
+                ["initial_weights", "training_context", "params:recipe", "params:target_mlm_accuracy"],
                 ["final_checkpoint", "history"],
                 name="train",
             ),
-            node(evaluate, ["final_checkpoint", *EVALUATION_INPUTS], "eval_report", name="evaluate"),
+            node(evaluate, ["final_checkpoint", "training_context"], "eval_report", name="evaluate"),
         ],
         tags=TRAINING_RUN_TAG,
     ) + pipeline(
-        [
-            node(
-                export_model,
-                ["final_checkpoint", "held_out_examples", "tokenizer", "params:network", "params:runtime"],
-                "model",
-                name="export_model",
-            )
-        ]
+        [node(export_model, ["final_checkpoint", "training_context", "tokenizer"], "model", name="export_model")]
     )
     sections = {**SECTIONS, "recipe": f"{NAMESPACE}.{training}"}
     return namespaced(template, f"{NAMESPACE}.{training}", inputs=_used(template), sections=sections)

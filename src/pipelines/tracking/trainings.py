@@ -38,12 +38,12 @@ def training_run(
     name: str, params: Mapping[str, object] | None = None, title: str | None = None
 ) -> Iterator[mlflow.ActiveRun | None]:
     """Inside the active (``kedro run``'s) run, the child run ``name`` (tag ``training=<name>``; named ``title``,
-    by default ``<pipeline>/<name>``), active meanwhile; a new one logs the parameter sections ``params``
-    (``flat_params``), so MLflow's Compare shows each training's own settings.
+    by default ``<pipeline>/<name>``), active meanwhile, logging the parameter sections ``params``
+    (``flat_params``) it has not logged yet, so MLflow's Compare shows each training's own settings.
 
-    A child of that name already under the parent is continued (the node that evaluates a training
-    logs into the training's run). Outside an active run it does nothing. The child ends FINISHED, or
-    FAILED when the block raises.
+    A child of that name already under the parent is continued (a training's nodes log into one run: its context's
+    node opens it with the shared sections, its training adds its own section, its evaluation nothing new).
+    Outside an active run it does nothing. The child ends FINISHED, or FAILED when the block raises.
     """
     parent = mlflow.active_run()
     if parent is None:
@@ -57,13 +57,16 @@ def training_run(
     if found:
         run = mlflow.start_run(run_id=found[0].info.run_id, nested=True)
     else:
+        logged = found[0].data.params
         # named after its parent's pipeline too (dim_reduce/stage2), so its own page says whose it is
         pipeline = client.get_run(parent.info.run_id).data.tags.get("pipeline")
         title = title or (f"{pipeline}/{name}" if pipeline else name)
         tags = {"training": name, RUN_COLOUR_TAG: run_colour(name), **run_identity()}
         run = mlflow.start_run(run_name=title, nested=True, tags=tags)
-        if params:
-            mlflow.log_params(flat_params(params))
+        logged = {}
+    missing = {key: value for key, value in flat_params(params or {}).items() if key not in logged}
+    if missing:
+        mlflow.log_params(missing)
     try:
         yield run
     except BaseException:

@@ -27,22 +27,30 @@ from trainlib.recipes.context import TrainingContext
 from trainlib.recipes.registry import check_launch, train_recipe
 
 
-def build_network(
-    model: ModelParams, zero_init_last_bn_gamma: bool, class_index: dict[str, int], runtime: RuntimeParams
-) -> Checkpoint:
-    """Initial weights of the configured ResNet, seeded by ``runtime.seed``; the recipe's own
-    ``zero_init_last_bn_gamma`` (THOR's recipes: each residual block's last BatchNorm gamma starts at 0)."""
-    return classifier.build_network(model, class_index, runtime, zero_init_last_bn_gamma=zero_init_last_bn_gamma)
-
-
-def train(
-    initial_weights: Checkpoint,
+def training_context(
     manifest: pd.DataFrame,
     class_index: dict[str, int],
     model: ModelParams,
     data: DataParams,
     runtime: RuntimeParams,
     distributed: DistributedParams,
+) -> TrainingContext:
+    """What the training's nodes read besides their own section: the data pipeline's manifest and class index and
+    the shared sections, in one value (``TrainingContext``)."""
+    return TrainingContext(manifest, class_index, model, data, runtime, distributed)
+
+
+def build_network(context: TrainingContext, zero_init_last_bn_gamma: bool) -> Checkpoint:
+    """Initial weights of the configured ResNet, seeded by ``runtime.seed``; the recipe's own
+    ``zero_init_last_bn_gamma`` (THOR's recipes: each residual block's last BatchNorm gamma starts at 0)."""
+    return classifier.build_network(
+        context.model, context.class_index, context.runtime, zero_init_last_bn_gamma=zero_init_last_bn_gamma
+    )
+
+
+def train(
+    initial_weights: Checkpoint,
+    context: TrainingContext,
     recipe: ImageRecipe,
     boost: BoostParams,
     target: TargetParams,
@@ -52,8 +60,7 @@ def train(
     the per-epoch history; the run gets when it first reached ``target.top1`` (``target/epochs``, …). With
     ``distributed.worker_num`` above 1 it trains
     on that many msrun workers; a rerun resumes from the newest checkpoint in ``<recipe>.checkpoint.dir``."""
-    check_launch(recipe, distributed)
-    context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
+    check_launch(recipe, context.distributed)
     result = on_every_rank(train_recipe, context, initial_weights, recipe, boost=boost, callbacks=callbacks(target))
     return training_outputs(result)
 
@@ -70,31 +77,15 @@ def training_outputs(result: TrainingResult) -> tuple[Checkpoint, pd.DataFrame]:
     return result.checkpoint, history_table(result.history)
 
 
-def evaluate(
-    checkpoint: Checkpoint,
-    manifest: pd.DataFrame,
-    class_index: dict[str, int],
-    model: ModelParams,
-    data: DataParams,
-    runtime: RuntimeParams,
-) -> dict:
-    """Top-1/top-5 of the checkpoint on val (``baseline: top-1 …``, named by the training that wrote it), logged
-    as ``final/top1``, ``final/top5``."""
-    context = TrainingContext(manifest, class_index, model, data, runtime, distributed=None)  # one process
+def evaluate(checkpoint: Checkpoint, context: TrainingContext) -> dict:
+    """Top-1/top-5 of the checkpoint on val, in this process (``baseline: top-1 …``, named by the training that
+    wrote it), logged as ``final/top1``, ``final/top5``."""
     report = classifier.evaluate_checkpoint(context, checkpoint)
     tracking.log_final(report)
     return report
 
 
-def export_model(
-    checkpoint: Checkpoint,
-    manifest: pd.DataFrame,
-    class_index: dict[str, int],
-    model: ModelParams,
-    data: DataParams,
-    runtime: RuntimeParams,
-) -> ExportedModel:
+def export_model(checkpoint: Checkpoint, context: TrainingContext) -> ExportedModel:
     """The training's final network as MindIR with its description and an example image, into ``model``; the
     project's ``ModelHooks`` log that folder to the training's MLflow run as its model (docs/use-a-model.md)."""
-    context = TrainingContext(manifest, class_index, model, data, runtime, distributed=None)  # one process
     return classifier.export_checkpoint(context, checkpoint)

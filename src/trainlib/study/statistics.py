@@ -17,7 +17,14 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from trainlib.metrics import STEP_KEY, TRAIN_ELAPSED_S, VAL_STEP_TOP1
+from trainlib.metrics import (
+    STEP_KEY,
+    TRAIN_ELAPSED_S,
+    TRAIN_EPOCH_TIME_S,
+    VAL_STEP_MLM_ACCURACY,
+    VAL_STEP_TOP1,
+    VAL_STEP_TOP5,
+)
 
 # columns of the per-run table, each summarised per recipe by ``summarise`` (a language model's rows have the
 # masked-LM figures in place of top-1/top-5; a measure a table lacks, or no run of a recipe has, is left out)
@@ -42,6 +49,9 @@ PAIRS = (
     ("thor_bert", "thor_bert_baseline"),
 )
 CONFIDENCE = 0.95
+# the study's tables: one row per result (``runs_table``), one per step evaluation (``curves_table``)
+RUN_COLUMNS = ["recipe", "seed", *MEASURES, "train_time_s", "steps_per_epoch", "mlflow_run_id", "key"]
+CURVE_COLUMNS = ["recipe", "seed", "step", "elapsed_s", "top1", "top5", "mlm_accuracy"]
 # Measures that are accuracies, and the paired differences of accuracies: their intervals are cut to what an
 # accuracy can be (a t-interval of a few seeds near 1 otherwise reaches past it)
 ACCURACY_BOUNDS = {"final_top1": (0.0, 1.0), "final_top5": (0.0, 1.0), "final_mlm_accuracy": (0.0, 1.0)}
@@ -82,6 +92,43 @@ def run_figures(record: Mapping, target: float) -> dict[str, float]:
         "steps_to_target": math.nan if crossing is None else float(crossing[STEP_KEY]),
         "epochs_to_target": math.nan if crossing is None else crossing[STEP_KEY] / record["steps_per_epoch"],
     }
+
+
+def runs_table(records: Sequence[Mapping], targets: Mapping[str, float]) -> pd.DataFrame:
+    """One row per study record (``RUN_COLUMNS``): its ``run_figures`` against the target of its step metric
+    (``targets``: step-evaluation key -> target), its training seconds (its epochs' sum), steps per epoch, MLflow
+    run and key."""
+    rows = [
+        {"recipe": r["recipe"], "seed": r["seed"]}
+        | run_figures(r, targets[r.get("step_metric", VAL_STEP_TOP1)])
+        | {
+            "train_time_s": sum(row[TRAIN_EPOCH_TIME_S] for row in r["history"]),
+            "steps_per_epoch": r["steps_per_epoch"],
+            "mlflow_run_id": r["mlflow_run_id"],
+            "key": r["key"],
+        }
+        for r in records
+    ]
+    return pd.DataFrame(rows, columns=RUN_COLUMNS)
+
+
+def curves_table(records: Sequence[Mapping]) -> pd.DataFrame:
+    """Every step evaluation of the study's records (``CURVE_COLUMNS``): top-1/top-5 on the val subset, or
+    masked-LM accuracy on the first held-out examples, against training seconds."""
+    rows = [
+        {
+            "recipe": r["recipe"],
+            "seed": r["seed"],
+            "step": row[STEP_KEY],
+            "elapsed_s": row[TRAIN_ELAPSED_S],
+            "top1": row.get(VAL_STEP_TOP1),
+            "top5": row.get(VAL_STEP_TOP5),
+            "mlm_accuracy": row.get(VAL_STEP_MLM_ACCURACY),
+        }
+        for r in records
+        for row in r["step_history"]
+    ]
+    return pd.DataFrame(rows, columns=CURVE_COLUMNS)
 
 
 def t_interval(
