@@ -74,7 +74,7 @@ def test_relative_links_point_to_existing_files_and_anchors(page):
     assert not broken, f"{page.relative_to(ROOT)} links to what does not exist: " + "; ".join(broken)
 
 
-@pytest.mark.parametrize("package", ["trainlib", "pipelines"])
+@pytest.mark.parametrize("package", ["trainlib", "pipelines", "mindir_serving"])
 def test_every_top_level_module_has_an_api_page(package):
     modules = {
         path.stem

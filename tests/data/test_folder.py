@@ -8,11 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from mindir_serving.images import MEAN, STD
 from tests.support.trees import class_colour
 from trainlib.data.folder import (
     MANIFEST_COLUMNS,
-    MEAN,
-    STD,
     BadImageError,
     DataLayoutError,
     create_dataset,

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from mindir_serving.classifier import MindirClassifier
 from tests.support.projects import (
     DIM_REDUCE_PARAMS,
     EPOCHS,
@@ -29,7 +30,6 @@ from tests.support.servers import model_server
 from tests.support.trees import write_image_tree
 from trainlib.engine.checkpoint import load_checkpoint
 from trainlib.metrics import EPOCH_KEYS
-from trainlib.predict.classifier import MindirClassifier
 
 
 @pytest.fixture(scope="module")

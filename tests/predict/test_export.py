@@ -3,18 +3,21 @@ evaluation, the folder swapped in whole, bad images named and the others still c
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 import pipelines  # noqa: F401  (the CPU defaults before MindSpore loads)
+from mindir_serving.classifier import MindirClassifier, padded, prediction_columns
 from tests.support.trees import write_image_tree
 from trainlib.data.folder import create_dataset, scan_image_tree
 from trainlib.models.resnet import create_resnet
-from trainlib.predict.classifier import MindirClassifier, padded, prediction_columns
 from trainlib.predict.export import (
     DESCRIPTION_FILE,
     EXAMPLE_FILE,
@@ -107,7 +110,8 @@ def test_predict_ranks_like_the_evaluation_and_names_an_image_it_cannot_decode(t
     assert list(predictions.columns) == prediction_columns(2)
     assert len(predictions) == len(images) + 1
     bad = predictions.iloc[1]
-    assert bad["error"].startswith("RuntimeError") and pd.isna(bad["class_1"])
+    assert bad["error"] == "not an image: the file starts with no JPEG, PNG or BMP signature"
+    assert bad["class_1"] is None and bad["probability_1"] is None
     good = predictions.drop(index=1)
     assert (good["error"] == "").all()
     assert (good["probability_1"] >= good["probability_2"]).all() and (good["probability_1"] <= 1).all()
@@ -152,9 +156,19 @@ def test_a_new_save_replaces_the_whole_folder_and_a_partial_folder_is_named(expo
 
 def test_the_mlflow_model_is_logged_registered_and_loaded_by_alias_and_run_id(tree, exported, tmp_path):
     import mlflow
+    from mlflow.pyfunc.scoring_server import predictions_to_json
 
-    from pipelines.tracking.models import ModelUriError, load_model, log_model, model_classes, model_uri, predictor
+    from pipelines.tracking.models import (
+        ModelUriError,
+        load_model,
+        log_model,
+        model_classes,
+        model_uri,
+        predictor,
+        requirements,
+    )
     from tests.support.runner import empty_store, process_state_kept
+    from tests.support.standalone import strict_json
 
     _, manifest = tree
     _, _, folder = exported
@@ -176,6 +190,109 @@ def test_the_mlflow_model_is_logged_registered_and_loaded_by_alias_and_run_id(tr
             pd.testing.assert_frame_equal(predictor(model, top_k=2)(images), expected)
         # the input example MLflow keeps beside the model is the export's example image
         assert model.metadata.get_input_schema().input_names() == ["image"]
+        # what the REST server writes for a batch with an empty file: strict JSON, the missing values null
+        reply = io.StringIO()
+        predictions_to_json(predictor(model, top_k=2)([b"", images[0]]), reply)
+        answer = strict_json(reply.getvalue())["predictions"]
+        assert answer[0] == {**dict.fromkeys(prediction_columns(2), None), "error": "empty file"}
+        assert answer[1]["class_1"] == expected["class_1"].iloc[0] and answer[1]["error"] == ""
+        # its requirements: what its code imports, pinned
+        listed = Path(mlflow.pyfunc.get_model_dependencies("models:/baseline@champion")).read_text().split()
+        assert listed == requirements("image_classification")
+        assert [line.split("==")[0] for line in listed] == ["mindspore", "mlflow", "numpy", "pandas"]
     assert model_uri("runs:/abc/model") == "runs:/abc/model"
     with pytest.raises(ModelUriError, match="predict.model 'baseline' names no model: give models:/<name>@<alias>"):
         model_uri("baseline")
+
+
+def test_the_logged_model_loads_and_predicts_in_a_python_without_this_project(exported, tmp_path):
+    """The model a training logs, downloaded as a teammate would, loads and predicts its input example where only
+    its requirements are installed (tests/support/standalone.py), and answers what the loaded classifier answers."""
+
+    import mlflow
+
+    from pipelines.tracking.models import log_model
+    from tests.support.runner import empty_store, process_state_kept
+    from tests.support.standalone import predict_without_the_project
+
+    _, model, folder = exported
+    with process_state_kept(tmp_path):
+        shutil.copy(empty_store(), tmp_path / "mlflow.db")
+        mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+        with mlflow.start_run():
+            uri = log_model(folder)
+        downloaded = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(tmp_path / "downloaded"))
+    answer = predict_without_the_project(Path(downloaded), tmp_path / "elsewhere")
+    expected = MindirClassifier.from_folder(folder).predict([model.example], top_k=5)
+    assert answer == json.loads(expected.to_json(orient="split"))
+
+
+def encoded(image, file_format: str) -> bytes:
+    """A PIL ``image`` as the bytes of a ``file_format`` file."""
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, file_format)
+    return buffer.getvalue()
+
+
+def test_an_unreadable_file_is_named_by_what_is_wrong_with_it(exported, tmp_path, monkeypatch):
+    """Real broken files, as a user's folder holds them, each with its reason; none is written anywhere (MindSpore
+    copies a GIF or a cut JPEG it refuses into the working directory), and a grayscale image is classified on the
+    pixels of its RGB conversion, as the evaluation's decode reads it."""
+    from PIL import Image
+
+    _, _, folder = exported
+    classifier = MindirClassifier.from_folder(folder)
+    photo = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    jpeg, png = encoded(photo, "JPEG"), encoded(photo, "PNG")
+    files = {
+        "empty.jpg": b"",
+        "cut.jpg": jpeg[: len(jpeg) // 2],
+        "notes.jpg": b"shopping list: milk, eggs\n",
+        "cut.png": png[: len(png) // 2],
+        "animation.gif": encoded(photo, "GIF"),
+        "photo.jpg": jpeg,
+    }
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+    working = tmp_path / "cwd"
+    working.mkdir()
+    monkeypatch.chdir(working)
+    predictions = classifier.predict([(tmp_path / name).read_bytes() for name in files], top_k=2)
+    assert list(predictions["error"]) == [
+        "empty file",
+        "truncated JPEG: the file ends before its end-of-image marker",
+        "not an image: the file starts with no JPEG, PNG or BMP signature",
+        "truncated PNG: the file ends before its IEND chunk",
+        "GIF image: the model reads JPEG, PNG or BMP",
+        "",
+    ]
+    assert predictions["class_1"].iloc[-1] in classifier.classes
+    assert list(working.iterdir()) == []
+    gray = photo.convert("L")
+    np.testing.assert_array_equal(
+        classifier.pixels(encoded(gray, "PNG")), classifier.pixels(encoded(gray.convert("RGB"), "PNG"))
+    )
+    assert classifier.predict([encoded(gray, "PNG")], top_k=1)["error"].iloc[0] == ""
+
+
+def test_the_shipped_package_imports_only_the_models_requirements():
+    """Every module of ``mindir_serving`` (logged inside each model) imports the standard library, itself and the
+    model's requirements only, and a model's requirements are exactly the distributions its code imports."""
+    import ast
+    import sys
+
+    import mindir_serving
+    from mindir_serving.pyfunc import REQUIREMENTS
+
+    imported = set()
+    for path in Path(mindir_serving.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module != "__future__":
+                imported.add(node.module.split(".")[0])
+    outside = imported - set(sys.stdlib_module_names) - {"mindir_serving"}
+    assert outside == set(REQUIREMENTS["fill_mask"])
+    assert set(REQUIREMENTS["image_classification"]) == outside - {"tokenizers"}  # BERT's tokenizer: BERT's only

@@ -3,6 +3,7 @@ the network's most probable token, and a text it cannot read is named while the 
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 
@@ -10,9 +11,10 @@ import numpy as np
 import pytest
 
 import pipelines  # noqa: F401  (the CPU defaults before MindSpore loads)
+from mindir_serving.fill_mask import MindirFillMask
 from trainlib.models.bert import BertConfig, create_bert
 from trainlib.predict.export import export_fill_mask, save_model
-from trainlib.predict.fill_mask import MindirFillMask, masked_text
+from trainlib.predict.fill_mask import masked_text
 from trainlib.text.corpus import Document
 from trainlib.text.tokenizer import MASK_ID, SEP_ID, tokenizer_to_json, train_wordpiece
 
@@ -106,9 +108,11 @@ def test_an_example_input_is_the_first_segment_with_its_masks(exported):
 def test_the_mlflow_model_fills_the_masks_of_a_text_column(exported, tmp_path):
     import mlflow
     import pandas as pd
+    from mlflow.pyfunc.scoring_server import predictions_to_json
 
     from pipelines.tracking.models import load_model, log_model
     from tests.support.runner import empty_store, process_state_kept
+    from tests.support.standalone import strict_json
 
     _, _, model, folder = exported
     texts = ["the [MASK] sat on the mat", "no mask here"]
@@ -121,3 +125,8 @@ def test_the_mlflow_model_fills_the_masks_of_a_text_column(exported, tmp_path):
         answer = logged.predict(pd.DataFrame({"text": texts}), params={"top_k": 2})
     assert logged.metadata.get_input_schema().input_names() == ["text"]
     pd.testing.assert_frame_equal(answer, model.predict(texts, top_k=2, batch_size=250))
+    # what the REST server writes: strict JSON (no NaN), a text without a mask null but for its error
+    reply = io.StringIO()
+    predictions_to_json(answer, reply)
+    rows = strict_json(reply.getvalue())["predictions"]
+    assert rows[1] == {"filled": None, "candidates": None, "error": "no [MASK] in the text"}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from mindir_serving.classifier import prediction_columns
 from tests.support.trees import write_image_tree
-from trainlib.predict.classifier import prediction_columns
 from trainlib.predict.images import ImageSourceError, accuracy, bad_images, classify, list_images
 
 CLASSES = ("cat", "dog")

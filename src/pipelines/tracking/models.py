@@ -1,18 +1,19 @@
 """MLflow models: a training's model folder (``trainlib.predict.export``) logged to its run as an MLflow pyfunc
 model, registered under a name when asked; a logged or registered model loaded back.
 
-An image classifier's pyfunc takes a DataFrame with a binary ``image`` column (encoded images; base64 in JSON over
-REST, as MLflow reads a binary column) and returns each image's top classes and probabilities
-(``predict.classifier``); BERT's takes a ``text`` column with ``[MASK]`` and fills each mask (``predict.fill_mask``).
-Loading it
-needs this project's package installed beside MindSpore (``mlflow models serve --env-manager local`` from the
-project's environment): docs/use-a-model.md."""
+The pyfunc is ``mindir_serving.pyfunc``: an image classifier takes a binary ``image`` column and returns each image's
+top classes, BERT's takes a ``text`` column and fills each mask. The package ``mindir_serving`` is logged inside the
+model (``code_paths``) and the model's requirements pin what it imports, so a logged model loads in any Python with
+those requirements, this project's package or not (``mlflow models serve`` with MLflow's own environment managers
+included): docs/use-a-model.md."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import json
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import mlflow
@@ -20,49 +21,19 @@ import pandas as pd
 from mlflow.models import ModelSignature
 from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
-from trainlib.predict.classifier import ERROR_COLUMN, MindirClassifier
-from trainlib.predict.export import DESCRIPTION_FILE, EXAMPLE_FILE, FILL_MASK, IMAGE_CLASSIFICATION, MINDIR_FILE
-from trainlib.predict.fill_mask import FILL_MASK_COLUMNS, MindirFillMask
+import mindir_serving
+from mindir_serving.classifier import ERROR_COLUMN
+from mindir_serving.files import DESCRIPTION_FILE, EXAMPLE_FILE, IMAGE_CLASSIFICATION, MINDIR_FILE
+from mindir_serving.fill_mask import FILL_MASK_COLUMNS
+from mindir_serving.pyfunc import INPUT_COLUMNS, REQUIREMENTS, TOP_K, default_params
 
 MODEL_CODE = Path(__file__).with_name("pyfunc_model.py")  # what MLflow runs to build a logged model
 MODEL_NAME = "model"  # the logged model's name in its run (``runs:/<run id>/model``)
-TOP_K = 5
-BATCH_SIZE = 250
-# each task's input column and type: encoded images (base64 in JSON over REST, as MLflow reads a binary column), texts
-INPUT_COLUMNS = {IMAGE_CLASSIFICATION: ("image", "binary"), FILL_MASK: ("text", "string")}
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
 
 
 class ModelUriError(ValueError):
     """A model reference that is none of ``models:/…``, ``runs:/…`` or a run id."""
-
-
-class MindsporeModel(mlflow.pyfunc.PythonModel):
-    """The pyfunc of a training run's model: its MindIR network with its description, by task (an image
-    classifier, ``MindirClassifier``; BERT filling masks, ``MindirFillMask``)."""
-
-    def load_context(self, context) -> None:
-        description = json.loads(Path(context.artifacts["description"]).read_text())
-        self._task = description["task"]
-        loaded = MindirClassifier if self._task == IMAGE_CLASSIFICATION else MindirFillMask
-        self._model = loaded(context.artifacts["network"], description)
-
-    @property
-    def classes(self) -> list[str]:
-        """An image classifier's class of each output."""
-        return self._model.classes
-
-    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
-        params = {name: int(value) for name, value in {**default_params(self._task), **(params or {})}.items()}
-        column, kind = INPUT_COLUMNS[self._task]
-        values = [bytes(value) if kind == "binary" else str(value) for value in model_input[column]]
-        return self._model.predict(values, **params)
-
-
-def default_params(task: str) -> dict[str, int]:
-    """A model's prediction parameters: ``top_k``; BERT's also ``batch_size`` (an image model's batch is the one
-    it was exported for)."""
-    return {"top_k": TOP_K, **({"batch_size": BATCH_SIZE} if task == FILL_MASK else {})}
 
 
 def signature(task: str, top_k: int = TOP_K) -> ModelSignature:
@@ -84,10 +55,10 @@ def signature(task: str, top_k: int = TOP_K) -> ModelSignature:
     )
 
 
-def requirements() -> list[str]:
-    """What the pyfunc imports beside this project's own package, pinned to the versions that logged it."""
-    packages = ("mindspore", "mlflow", "numpy", "pandas", "tokenizers")
-    return [f"{name}=={importlib.metadata.version(name)}" for name in packages]
+def requirements(task: str) -> list[str]:
+    """What a model of ``task`` imports beside the standard library and its shipped ``mindir_serving``
+    (``mindir_serving.pyfunc.REQUIREMENTS``), pinned to the versions that logged it."""
+    return [f"{name}=={importlib.metadata.version(name)}" for name in REQUIREMENTS[task]]
 
 
 def log_model(folder: str | Path, *, registered_name: str | None = None) -> str | None:
@@ -99,15 +70,19 @@ def log_model(folder: str | Path, *, registered_name: str | None = None) -> str 
     task = json.loads((folder / DESCRIPTION_FILE).read_text())["task"]
     column, kind = INPUT_COLUMNS[task]
     example = (folder / EXAMPLE_FILE).read_bytes()
-    info = mlflow.pyfunc.log_model(
-        name=MODEL_NAME,
-        python_model=str(MODEL_CODE),
-        artifacts={"network": str(folder / MINDIR_FILE), "description": str(folder / DESCRIPTION_FILE)},
-        signature=signature(task),
-        input_example=pd.DataFrame({column: [example if kind == "binary" else example.decode()]}),
-        pip_requirements=requirements(),
-        registered_model_name=registered_name,
-    )
+    with tempfile.TemporaryDirectory() as staging:
+        shipped = Path(staging) / "mindir_serving"  # the package's sources, without the bytecode beside them
+        shutil.copytree(Path(mindir_serving.__file__).parent, shipped, ignore=shutil.ignore_patterns("__pycache__"))
+        info = mlflow.pyfunc.log_model(
+            name=MODEL_NAME,
+            python_model=str(MODEL_CODE),
+            code_paths=[str(shipped)],
+            artifacts={"network": str(folder / MINDIR_FILE), "description": str(folder / DESCRIPTION_FILE)},
+            signature=signature(task),
+            input_example=pd.DataFrame({column: [example if kind == "binary" else example.decode()]}),
+            pip_requirements=requirements(task),
+            registered_model_name=registered_name,
+        )
     return info.model_uri
 
 

@@ -21,6 +21,8 @@ from typing import get_args
 import numpy as np
 import pandas as pd
 
+# the evaluation's decode and resize are a logged model's too (``mindir_serving`` ships with it): defined there once
+from mindir_serving.images import eval_image_ops, normalise_ops
 from trainlib.data.links import link_split
 from trainlib.data.verify import (
     VERIFY_MODES,
@@ -37,9 +39,6 @@ logger = logging.getLogger(__name__)
 BAD_FILE_POLICIES = get_args(BadFilePolicy)
 MANIFEST_COLUMNS = ["path", "class_name", "label", "split", "size", "mtime_ns"]
 BAD_FILE_COLUMNS = ["path", "split", "reason"]
-# ImageNet channel statistics, in 0-255 pixel units (recipe values).
-MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
-STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
 # Per-class counts are logged class by class up to this many classes, summarised beyond.
 _LOGGED_CLASSES = 30
 SKIPPED_FILES_METRIC = "data/skipped_files"  # per epoch: files of the manifest changed since ingest and left out
@@ -318,27 +317,6 @@ def create_dataset(
     dataset = dataset.batch(batch_size, drop_remainder=training)
     dataset.skipped_files = linked.skipped
     return dataset
-
-
-def normalise_ops() -> list:
-    """The last operations of every image path: normalise by the ImageNet statistics, HWC -> CHW."""
-    from mindspore.dataset import vision
-
-    return [vision.Normalize(mean=MEAN, std=STD), vision.HWC2CHW()]
-
-
-def eval_image_ops(image_size: int, eval_resize_ratio: float) -> list:
-    """An encoded image to the network's input, as evaluation reads it: Decode, Resize(image_size /
-    eval_resize_ratio), CenterCrop(image_size), normalise, HWC->CHW. The evaluation's dataset maps them; a trained
-    model's predictions (``trainlib.predict``) call them one image at a time, so both see the same pixels."""
-    from mindspore.dataset import vision
-
-    return [
-        vision.Decode(),
-        vision.Resize(int(round(image_size / eval_resize_ratio))),
-        vision.CenterCrop(image_size),
-        *normalise_ops(),
-    ]
 
 
 def dataset_figures(dataset) -> dict[str, float]:

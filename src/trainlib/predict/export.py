@@ -17,11 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-MINDIR_FILE = "network.mindir"
-DESCRIPTION_FILE = "model.json"
-EXAMPLE_FILE = "example_input"
-IMAGE_CLASSIFICATION = "image_classification"
-FILL_MASK = "fill_mask"
+from mindir_serving.files import DESCRIPTION_FILE, EXAMPLE_FILE, FILL_MASK, IMAGE_CLASSIFICATION, MINDIR_FILE
 
 
 class ModelFolderError(ValueError):

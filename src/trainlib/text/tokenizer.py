@@ -7,23 +7,36 @@ from collections.abc import Iterator
 
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
+# the special tokens and the reader are a logged model's too (``mindir_serving`` ships with it): defined there once
+from mindir_serving.tokens import (
+    CLS_ID,
+    MASK_ID,
+    PAD_ID,
+    SEP_ID,
+    SPECIAL_TOKENS,
+    UNK_ID,
+    check_special_tokens,
+    tokenizer_from_json,
+)
 from trainlib.text.corpus import Document
 
-# BERT's special tokens at fixed ids: the examples and the network refer to them by these numbers.
-PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(5)
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+__all__ = [
+    "CLS_ID",
+    "MASK_ID",
+    "PAD_ID",
+    "SEP_ID",
+    "SPECIAL_TOKENS",
+    "UNK_ID",
+    "check_special_tokens",
+    "tokenizer_from_json",
+    "tokenizer_to_json",
+    "train_wordpiece",
+]
 
 
 def _sentences(documents: list[Document]) -> Iterator[str]:
     for document in documents:
         yield from document.sentences
-
-
-def check_special_tokens(tokenizer: Tokenizer) -> None:
-    """Raise ``ValueError`` unless [PAD], [UNK], [CLS], [SEP], [MASK] have ids 0 to 4."""
-    found = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
-    if list(found.values()) != list(range(len(SPECIAL_TOKENS))):
-        raise ValueError(f"the tokenizer's special token ids are {found}, expected 0 to 4 in this order")
 
 
 def train_wordpiece(documents: list[Document], *, vocab_size: int, min_frequency: int, lowercase: bool) -> Tokenizer:
@@ -51,10 +64,3 @@ def train_wordpiece(documents: list[Document], *, vocab_size: int, min_frequency
 def tokenizer_to_json(tokenizer: Tokenizer) -> str:
     """The tokenizer as its JSON text (model, vocabulary, normaliser, pre-tokeniser)."""
     return tokenizer.to_str()
-
-
-def tokenizer_from_json(text: str) -> Tokenizer:
-    """The tokenizer of ``tokenizer_to_json``'s text, its special token ids checked."""
-    tokenizer = Tokenizer.from_str(text)
-    check_special_tokens(tokenizer)
-    return tokenizer

@@ -1,17 +1,18 @@
-"""A loaded classifier: encoded images (PNG, JPEG, ... as bytes) in, each image's top classes and their
+"""A loaded classifier: encoded images (PNG, JPEG, BMP as bytes) in, each image's top classes and their
 probabilities out. Each image is decoded, resized and cropped by the evaluation's own operations
-(``trainlib.data.folder.eval_image_ops``), so a model predicts on the pixels its evaluation scored."""
+(``images.eval_image_ops``), so a model predicts on the pixels its evaluation scored."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from trainlib.data.folder import eval_image_ops
-from trainlib.predict.export import DESCRIPTION_FILE, MINDIR_FILE
+from mindir_serving.files import DESCRIPTION_FILE, MINDIR_FILE
+from mindir_serving.images import UnreadableImageError, eval_image_ops, network_input
 
 ERROR_COLUMN = "error"  # empty for an image that was classified; otherwise why it could not be
 PROBABILITY_DIGITS = 6  # decimals of a probability: float32 softmax carries about seven
@@ -34,6 +35,13 @@ def padded(batch: np.ndarray, size: int) -> np.ndarray:
     return np.concatenate([batch, np.zeros((missing, *batch.shape[1:]), batch.dtype)]) if missing > 0 else batch
 
 
+def answer_table(rows: list[dict], columns: list[str]) -> pd.DataFrame:
+    """``rows`` as a table whose missing values are None, never NaN: MLflow's REST reply writes a NaN as a bare
+    ``NaN``, which is not JSON, and a None as ``null``."""
+    table = pd.DataFrame(rows, columns=columns, dtype=object)
+    return table.where(table.notna(), None)
+
+
 class MindirClassifier:
     """The MindIR network of a model folder (``trainlib.predict.export``) with its description."""
 
@@ -49,17 +57,13 @@ class MindirClassifier:
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> MindirClassifier:
-        import json
-
         folder = Path(folder)
         return cls(folder / MINDIR_FILE, json.loads((folder / DESCRIPTION_FILE).read_text()))
 
     def pixels(self, image: bytes) -> np.ndarray:
-        """One encoded image as the network's input, ``(3, size, size)`` float32."""
-        array = np.frombuffer(image, dtype=np.uint8)
-        for operation in self._image_ops:
-            array = operation(array)
-        return array
+        """One encoded image as the network's input, ``(3, size, size)`` float32; an image that cannot be read
+        raises ``UnreadableImageError`` saying why."""
+        return network_input(image, self._image_ops)
 
     def logits(self, pixels: np.ndarray) -> np.ndarray:
         """The network's outputs for a batch ``(n, 3, size, size)``."""
@@ -69,16 +73,17 @@ class MindirClassifier:
 
     def predict(self, images: Sequence[bytes], *, top_k: int) -> pd.DataFrame:
         """One row per image (``prediction_columns``): its ``top_k`` classes, most probable first. An image that
-        does not decode gets empty classes and its reason under ``error``; the others are still classified. The
-        network reads the images in batches of its exported size, the last padded with zero images."""
+        cannot be read gets None for its classes and probabilities and its reason under ``error``; the others are
+        still classified. The network reads the images in batches of its exported size, the last padded with zero
+        images."""
         top_k = min(top_k, len(self.classes))
         rows: list[dict] = [{} for _ in images]
         decoded: list[tuple[int, np.ndarray]] = []
         for position, image in enumerate(images):
             try:
                 decoded.append((position, self.pixels(image)))
-            except (RuntimeError, ValueError, TypeError) as error:
-                rows[position] = {ERROR_COLUMN: f"{type(error).__name__}: {str(error).splitlines()[0]}"}
+            except UnreadableImageError as error:
+                rows[position] = {ERROR_COLUMN: str(error)}
         for start in range(0, len(decoded), self.batch_size):
             batch = decoded[start : start + self.batch_size]
             logits = self.logits(padded(np.stack([pixels for _, pixels in batch]), self.batch_size))[: len(batch)]
@@ -94,4 +99,4 @@ class MindirClassifier:
                     },
                     ERROR_COLUMN: "",
                 }
-        return pd.DataFrame(rows, columns=prediction_columns(top_k))
+        return answer_table(rows, prediction_columns(top_k))
