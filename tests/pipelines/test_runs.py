@@ -296,13 +296,13 @@ def test_dim_reduce_pipeline(workspace, tmp_path):
     # each child logs the parameters of its own section, so MLflow's Compare has columns for it
     assert trainings["stage2"].data.params["dim_reduce.stage2.rho"] == "0.55"
     assert trainings["control"].data.params["dim_reduce.control.checkpoint.keep_last"] == "2"
-
     # and the shared sections its context is made of, as the training and the kedro run's run read them
     for training, child in trainings.items():
         assert child.data.params["data.image_size"] == "16", training
         assert {"model.name", "runtime.seed", "distributed.worker_num"} <= set(child.data.params), training
     stage1_params = set(trainings["stage1"].data.params)
     assert "dim_reduce.stage1.epochs" in stage1_params and any(key.startswith("boost.") for key in stage1_params)
+
 
 def test_study_pipeline(workspace):
     tree, project = workspace

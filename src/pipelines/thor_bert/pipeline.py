@@ -66,8 +66,8 @@ def training_pipeline(training: str) -> Pipeline:
     ``train`` from the shared initial weights, then ``evaluate`` on the held-out examples."""
     template = pipeline(
         [
-            node(
             node(language_context, CONTEXT_INPUTS, "training_context", name="training_context"),
+            node(
                 train,
                 ["initial_weights", "training_context", "params:recipe", "params:target_mlm_accuracy"],
                 ["final_checkpoint", "history"],

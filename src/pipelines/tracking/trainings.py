@@ -56,8 +56,8 @@ def training_run(
     )
     if found:
         run = mlflow.start_run(run_id=found[0].info.run_id, nested=True)
-    else:
         logged = found[0].data.params
+    else:
         # named after its parent's pipeline too (dim_reduce/stage2), so its own page says whose it is
         pipeline = client.get_run(parent.info.run_id).data.tags.get("pipeline")
         title = title or (f"{pipeline}/{name}" if pipeline else name)
