@@ -87,11 +87,10 @@ def train_stage2(
     stage2: Stage2Params,
 ) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
     """P-BFGS in the PCA subspace for ``stage2.epochs`` epochs from the stage-1 weights (``implementation:
-    mindspore_builtin``: ``mindspore.boost``'s DimReduce instead, in a process of its own): the final checkpoint, the
+    mindspore``: ``mindspore.boost``'s DimReduce instead, in a process of its own): the final checkpoint, the
     per-epoch history and the per-step table."""
-    context = TrainingContext(manifest, class_index, model, data, runtime, distributed)
     callbacks = [tracking.EpochMetrics()]
-    if stage2.implementation == "mindspore_builtin":
+    if stage2.implementation == "mindspore":
         handoff = tracking.MlflowRunHandoff.capture()
         result, steps = dim_reduce.train_stage2_with_boost(
             context, stage1_checkpoint, pca_matrix, stage2, callbacks=callbacks, run_handoff=handoff
@@ -106,12 +105,7 @@ def train_stage2(
 
 def train_control(
     stage1_checkpoint: Checkpoint,
-    manifest: pd.DataFrame,
-    class_index: dict[str, int],
-    model: ModelParams,
-    data: DataParams,
-    runtime: RuntimeParams,
-    distributed: DistributedParams,
+    context: TrainingContext,
     stage1: Stage1Params,
     stage2: Stage2Params,
     control: ControlParams,
