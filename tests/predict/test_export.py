@@ -296,3 +296,28 @@ def test_the_shipped_package_imports_only_the_models_requirements():
     outside = imported - set(sys.stdlib_module_names) - {"mindir_serving"}
     assert outside == set(REQUIREMENTS["fill_mask"])
     assert set(REQUIREMENTS["image_classification"]) == outside - {"tokenizers"}  # BERT's tokenizer: BERT's only
+
+
+def test_a_model_logged_before_its_code_shipped_with_it_still_loads_here(exported, tmp_path, monkeypatch):
+    """A model logged before issue 43 runs a models-from-code file that imports the pyfunc from
+    ``pipelines.tracking.models``: in this project's environment it loads and answers as a model logged today."""
+    import mlflow
+
+    from pipelines.tracking import models
+    from tests.support.runner import empty_store, process_state_kept
+
+    _, model, folder = exported
+    earlier = tmp_path / "pyfunc_model.py"
+    earlier.write_text(
+        "import mlflow\n\nfrom pipelines.tracking.models import MindsporeModel\n\n"
+        "mlflow.models.set_model(MindsporeModel())\n"
+    )
+    monkeypatch.setattr(models, "MODEL_CODE", earlier)
+    with process_state_kept(tmp_path):
+        shutil.copy(empty_store(), tmp_path / "mlflow.db")
+        mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+        with mlflow.start_run() as run:
+            models.log_model(folder)
+        loaded = models.load_model(run.info.run_id)
+    expected = MindirClassifier.from_folder(folder).predict([model.example], top_k=2)
+    pd.testing.assert_frame_equal(models.predictor(loaded, top_k=2)([model.example]), expected)

@@ -25,7 +25,13 @@ import mindir_serving
 from mindir_serving.classifier import ERROR_COLUMN
 from mindir_serving.files import DESCRIPTION_FILE, EXAMPLE_FILE, IMAGE_CLASSIFICATION, MINDIR_FILE
 from mindir_serving.fill_mask import FILL_MASK_COLUMNS
-from mindir_serving.pyfunc import INPUT_COLUMNS, REQUIREMENTS, TOP_K, default_params
+from mindir_serving.pyfunc import (
+    INPUT_COLUMNS,
+    REQUIREMENTS,
+    TOP_K,
+    MindsporeModel,  # noqa: F401  (a model logged before issue 43 imports it from here)
+    default_params,
+)
 
 MODEL_CODE = Path(__file__).with_name("pyfunc_model.py")  # what MLflow runs to build a logged model
 MODEL_NAME = "model"  # the logged model's name in its run (``runs:/<run id>/model``)
