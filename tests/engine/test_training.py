@@ -10,12 +10,13 @@ import pytest
 
 from tests.support.training import CLASSES, build
 from trainlib.data.folder import create_dataset, scan_image_tree
-from trainlib.engine.callbacks import Callback, PeriodicCheckpoint
+from trainlib.engine.callbacks import Callback, CallbackList, PeriodicCheckpoint
 from trainlib.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
 from trainlib.engine.epochs import NonFiniteLossError, TrainingSpec
 from trainlib.engine.evaluation import evaluate
 from trainlib.engine.loop import Checkpointing, train
 from trainlib.engine.model_bridge import ModelTrainStep
+from trainlib.engine.progress import announce_compile
 from trainlib.engine.resume import find_resume_checkpoint, fingerprint, remove_finished_checkpoints
 from trainlib.engine.state import capture_state, history_of, restore_state
 from trainlib.engine.step import TrainStep
@@ -598,18 +599,53 @@ def test_one_compile_line_per_compiled_cell_and_a_start_line_with_the_true_lr(tm
 
 
 def test_thor_announces_its_two_compiled_steps_once_each(caplog):
-    import mindspore as ms
+    """The epoch loop announces each graph the step names (``next_graph``) before its first call, and times the steps
+    that compiled apart; THOR's second-order and reusing steps are two graphs."""
+    import mindspore.dataset as ds
 
     from tests.support.thor import TinyNet, batch, make_thor
     from trainlib.recipes.thor import OwnThorStep
 
     step = OwnThorStep(make_thor(TinyNet(), steps=5, frequency=2))
+    images, labels = zip(*(batch(index) for index in range(5)), strict=True)  # second-order 1, 3, 5; reusing 2, 4
+    dataset = ds.NumpySlicesDataset((np.concatenate(images), np.concatenate(labels)), shuffle=False)
+    dataset = dataset.batch(len(labels[0]))
+    spec = TrainingSpec(epochs=1, batch_size=len(labels[0]), examples_per_step=len(labels[0]))
     with caplog.at_level("INFO", logger="trainlib.engine"):
-        for index in range(5):  # second-order steps 1, 3, 5; reusing steps 2, 4
-            x, y = batch(index)
-            step(ms.Tensor(x), ms.Tensor(y))
+        result = train(spec, dataset, lambda start, steps_per_epoch: step)
     assert compile_lines(caplog) == [
         "Compiling the training graph (THOR, second-order step)…",
         "Compiling the training graph (THOR, step reusing the inverses)…",
     ]
+    assert result.history[0]["train/compile_s"] > 0
     assert step.recipe == "THOR"
+
+
+def test_callbacks_are_called_in_their_order_through_one_dispatcher():
+    calls = []
+
+    class Named(Callback):
+        def __init__(self, name, figures):
+            self.name, self.figures = name, figures
+
+        def on_epoch_begin(self, epoch):
+            calls.append((self.name, epoch))
+
+        def epoch_metrics(self, epoch):
+            return self.figures
+
+    callbacks = CallbackList([Named("a", {"x": 1.0, "y": 1.0}), Named("b", {"y": 2.0})])
+    callbacks.on_epoch_begin(3)
+    assert calls == [("a", 3), ("b", 3)]
+    assert callbacks.epoch_metrics(3) == {"x": 1.0, "y": 2.0}  # the later callback's figure wins
+
+
+def test_a_compile_is_announced_once_per_object_compiled(mindspore_cpu, caplog):
+    """The mark lives with what is compiled: the same cell is announced once whoever asks, a new one again."""
+    from mindspore import nn
+
+    first, second = nn.Dense(1, 1), nn.Dense(1, 1)
+    with caplog.at_level("INFO", logger="trainlib.engine"):
+        announced = [announce_compile(first), announce_compile(first), announce_compile(second)]
+    assert announced == [True, False, True]
+    assert compile_lines(caplog) == ["Compiling the training graph…"] * 2

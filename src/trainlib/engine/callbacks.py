@@ -1,4 +1,5 @@
-"""Training callbacks: the hooks ``engine.loop.train`` calls, and the periodic checkpoint writer.
+"""Training callbacks: the hooks the engine's loops call, through one dispatcher (``CallbackList``), and the periodic
+checkpoint writer.
 
 Epochs are 0-based in the hooks (``epoch`` 0 is the first) and 1-based in the rows and file
 names (``"epoch": 1``, ``epoch_0001.ckpt``), as MLflow steps and people count them.
@@ -40,6 +41,48 @@ class Callback:
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None: ...
     def on_step_evaluation(self, row: Mapping[str, float]) -> None: ...
     def on_train_end(self) -> None: ...
+
+
+class CallbackList(Callback):
+    """A training's callbacks as one: each hook calls theirs in their order, and ``epoch_metrics`` merges their
+    figures in that order (a later callback's figure wins). The loops call every hook through it."""
+
+    def __init__(self, callbacks: Sequence[Callback]):
+        self.callbacks = list(callbacks)
+
+    def _call(self, hook: str, *args) -> None:
+        for callback in self.callbacks:
+            getattr(callback, hook)(*args)
+
+    def bind(self, step: TrainStep) -> None:
+        self._call("bind", step)
+
+    def on_resume(self, source: Path, history: Sequence[Mapping[str, float]]) -> None:
+        self._call("on_resume", source, history)
+
+    def on_train_begin(self, total_epochs: int, steps_per_epoch: int, start_epoch: int) -> None:
+        self._call("on_train_begin", total_epochs, steps_per_epoch, start_epoch)
+
+    def on_epoch_begin(self, epoch: int) -> None:
+        self._call("on_epoch_begin", epoch)
+
+    def on_step_end(self, epoch: int, step: int, loss: float) -> None:
+        self._call("on_step_end", epoch, step, loss)
+
+    def epoch_metrics(self, epoch: int) -> dict[str, float]:
+        figures: dict[str, float] = {}
+        for callback in self.callbacks:
+            figures.update(callback.epoch_metrics(epoch))
+        return figures
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        self._call("on_epoch_end", epoch, metrics)
+
+    def on_step_evaluation(self, row: Mapping[str, float]) -> None:
+        self._call("on_step_evaluation", row)
+
+    def on_train_end(self) -> None:
+        self._call("on_train_end")
 
 
 class ConstantFigures(Callback):

@@ -1,15 +1,17 @@
-"""Per-epoch rows from a training's steps: ``EpochRunner`` turns each step's output into checks (NaN/Inf, loss-scale
-overflow), timing, evaluations and callback calls, the same whoever drives the epochs (the plain loop of
-``step.TrainStep`` or ``Model.train`` through ``model_bridge``). ``TrainingSpec`` says how long and how."""
+"""The epoch loop: ``EpochLoop`` runs one epoch's batches through the step, checks each step's output (NaN/Inf,
+loss-scale overflow), times it, evaluates when due and makes the epoch's row, calling the callbacks as it goes. The
+same checks, rows and calls whoever iterates the batches: its own ``run``, or ``Model.train`` through
+``model_bridge``. ``TrainingSpec`` says how long and how."""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from trainlib.engine.callbacks import Callback
+from trainlib.engine.callbacks import CallbackList
+from trainlib.engine.progress import announce_compile
 from trainlib.engine.step import TrainStep
 from trainlib.metrics import (
     EVAL_TIME_S,
@@ -60,16 +62,17 @@ class TrainingSpec:
     step_evaluation_keys: tuple[tuple[str, str], ...] = IMAGE_STEP_EVALUATION
 
 
-class EpochRunner:
-    """Turns a training's steps into per-epoch rows and callback calls; the plain loop and the
-    ``Model.train`` bridge both drive it, so every recipe gets the same rows, checks and callbacks."""
+class EpochLoop:
+    """One epoch at a time: ``run`` calls the step once per batch, ``begin``, ``step_done`` and ``end`` are the
+    epoch's start, each step's output and its row (``Model.train``'s bridge calls them itself), so every recipe gets
+    the same rows, checks and callback calls. ``history`` and ``step_history`` (the rows so far) grow as it goes."""
 
     def __init__(
         self,
         spec: TrainingSpec,
         step: TrainStep,
         steps_per_epoch: int,
-        callbacks: Sequence[Callback],
+        callbacks: CallbackList,
         evaluate: Callable[[TrainStep], Mapping[str, float]] | None,
         history: list[dict[str, float]],
         evaluate_steps: Callable[[TrainStep], Mapping[str, float]] | None = None,
@@ -78,26 +81,35 @@ class EpochRunner:
         self.spec = spec
         self.step = step
         self.steps_per_epoch = steps_per_epoch
-        self.callbacks = list(callbacks)
+        self.callbacks = callbacks
         self.evaluate = evaluate
         self.history = history
         self.evaluate_steps = evaluate_steps if spec.eval_every_steps else None
         self.step_history = [] if step_history is None else step_history
-        self.ended = False
 
-    def train_begin(self, start_epoch: int) -> None:
-        for callback in self.callbacks:
-            callback.on_train_begin(self.spec.epochs, self.steps_per_epoch, start_epoch)
+    def run(self, epoch: int, batches: Iterable[tuple]) -> dict[str, float]:
+        """Epoch ``epoch`` (0-based): one step per batch of ``batches``; returns its row.
 
-    def epoch_begin(self, epoch: int) -> None:
-        for callback in self.callbacks:
-            callback.on_epoch_begin(epoch)
+        Before each call the step names the graph that call runs (``TrainStep.next_graph``); the first call of each
+        graph is announced, and timed apart as compilation.
+        """
+        self.begin(epoch)
+        for index, batch in enumerate(batches):
+            graph = self.step.next_graph()
+            compiles = graph is not None and announce_compile(*graph)
+            called = time.perf_counter()
+            output = self.step(*batch)
+            self.step_done(epoch, index, output, called if compiles else None)
+        return self.end(epoch)
+
+    def begin(self, epoch: int) -> None:
+        self.callbacks.on_epoch_begin(epoch)
         self.loss_sum, self.loss_count = 0.0, 0
         self.evaluating_s = 0.0  # step evaluations of this epoch, taken out of its training time
         self.compiling_s = 0.0  # steps of this epoch that compiled a graph, taken out too
         self.started = time.perf_counter()
 
-    def step_end(self, epoch: int, index: int, output, compiled_from: float | None = None) -> None:
+    def step_done(self, epoch: int, index: int, output, compiled_from: float | None = None) -> None:
         """Check one step's output (loss, or loss, overflow flag and loss scale) and pass the loss on.
 
         ``compiled_from``: the ``perf_counter`` time at which a step that compiled a graph was called; its
@@ -121,8 +133,7 @@ class EpochRunner:
             )
         self.loss_sum += loss
         self.loss_count += 1
-        for callback in self.callbacks:
-            callback.on_step_end(epoch, index, loss)
+        self.callbacks.on_step_end(epoch, index, loss)
         global_step = epoch * self.steps_per_epoch + index + 1
         if self.evaluate_steps is not None and global_step % self.spec.eval_every_steps == 0:
             self._evaluate_at(epoch, global_step)
@@ -143,10 +154,9 @@ class EpochRunner:
             TIMESTAMP_KEY: time.time(),
         }
         self.step_history.append(row)
-        for callback in self.callbacks:
-            callback.on_step_evaluation(row)
+        self.callbacks.on_step_evaluation(row)
 
-    def epoch_end(self, epoch: int) -> dict[str, float]:
+    def end(self, epoch: int) -> dict[str, float]:
         """The epoch's row: training figures, evaluation when due, the callbacks' own figures."""
         elapsed = time.perf_counter() - self.started - self.evaluating_s - self.compiling_s
         row: dict[str, float] = {
@@ -163,20 +173,11 @@ class EpochRunner:
         if self.evaluate is not None and (epoch + 1 == self.spec.epochs or (interval and (epoch + 1) % interval == 0)):
             figures = self.evaluate(self.step)
             row.update({key: float(figures[name]) for name, key in self.spec.evaluation_keys})
-        for callback in self.callbacks:
-            row.update(callback.epoch_metrics(epoch))
+        row.update(self.callbacks.epoch_metrics(epoch))
         row[TIMESTAMP_KEY] = time.time()
         self.history.append(row)
-        for callback in self.callbacks:
-            callback.on_epoch_end(epoch, row)
+        self.callbacks.on_epoch_end(epoch, row)
         return row
-
-    def train_end(self) -> None:
-        """End the callbacks once, also when training raised."""
-        if not self.ended:
-            self.ended = True
-            for callback in self.callbacks:
-                callback.on_train_end()
 
 
 def _overflow_error(where: str, loss_scale: float) -> NonFiniteLossError:

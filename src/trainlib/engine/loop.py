@@ -7,22 +7,25 @@ network, optimizer, schedule) and how to evaluate; ``train`` runs the rest, the 
    ``checkpoints.directory``; resuming, it is the start and its ``history`` the rows so far;
 2. build the step from the start weights and restore its optimizer state (when resuming, or when
    ``continue_from_start`` asks to continue another training's optimizer, e.g. the dim_reduce control);
-3. run the epochs: data order seeded per epoch (``data_seed + epoch``, so a resumed run sees the data
-   an uninterrupted one would), timing, NaN/Inf and loss-scale overflow checks, evaluation every
-   ``eval_interval`` epochs and after the last, callbacks, checkpoints every ``checkpoints.every_epochs``
-   epochs written by the node's first worker (the newest ``keep_last`` kept);
+3. run the epochs, as Lightning's loops do: the fit loop (``fit.FitLoop``: the epochs, data order seeded per epoch
+   with ``data_seed + epoch``, so a resumed run sees the data an uninterrupted one would) runs each epoch with the
+   epoch loop (``epochs.EpochLoop``: one call of the step per batch, timing, NaN/Inf and loss-scale overflow checks,
+   evaluation every ``eval_interval`` epochs and after the last, the epoch's row); the step trains on one batch.
+   Callbacks (progress, checkpoints every ``checkpoints.every_epochs`` epochs written by the node's first worker,
+   the newest ``keep_last`` kept, the recipe's own) are called through one ``callbacks.CallbackList``;
 4. return the final state (same layout as the periodic checkpoints, its ``checkpoint_dir`` metadata naming
    the periodic checkpoints' folder) and every epoch's row from epoch 1. Whoever saves the final state then
    calls ``resume.remove_finished_checkpoints`` (the project's hooks do, after the catalog saved it).
 
 Before its first step a training logs one start line (what it trains, epochs, steps per epoch, batch, the
 lr it starts and ends with), and in GRAPH mode one "Compiling …" line before each long compile
-(``progress.announce_compile``): here for a step that is one cell, in the step itself for a step of several.
+(``progress.announce_compile``): the epoch loop's, before the first call of each graph the step names
+(``TrainStep.next_graph``: its cell, or for a step of several graphs the one its next call runs).
 
-The step runs its epochs (``TrainStep.train_epochs``: one call per batch); a step that ``mindspore.Model.train``
-must drive (MindSpore's THOR, boost's Adasum) is a ``model_bridge.ModelTrainStep``, whose ``train_epochs`` feeds
-the same rows, callbacks and checkpoints through ``Model.train``. ``TrainStep`` is in ``engine.step``,
-``TrainingSpec`` and the per-epoch rows (``EpochRunner``) in ``engine.epochs``.
+A step that ``mindspore.Model.train`` must drive (MindSpore's THOR, boost's Adasum) is a
+``model_bridge.ModelTrainStep``: its fit loop (``model_bridge.ModelFitLoop``) runs ``Model.train``, which feeds
+the same epoch loop, callbacks and checkpoints. ``TrainStep`` is in ``engine.step``, ``TrainingSpec`` and the epoch
+loop in ``engine.epochs``, the fit loop in ``engine.fit``.
 
 Per-epoch rows hold ``epoch`` (1-based) and the keys of ``trainlib.metrics.EPOCH_KEYS``, plus the figures callbacks add
 (``thor/…``, ``pbfgs/…``) and ``timestamp`` (wall clock at the end of the epoch, seconds since the Unix
@@ -39,9 +42,10 @@ from pathlib import Path
 
 from trainlib.data.folder import dataset_figures
 from trainlib.distributed.launch import rank_context, verify_replicas
-from trainlib.engine.callbacks import Callback, ConstantFigures, PeriodicCheckpoint
+from trainlib.engine.callbacks import Callback, CallbackList, ConstantFigures, PeriodicCheckpoint
 from trainlib.engine.checkpoint import Checkpoint, load_checkpoint
-from trainlib.engine.epochs import EpochRunner, TrainingSpec
+from trainlib.engine.epochs import EpochLoop, TrainingSpec
+from trainlib.engine.fit import FitLoop
 from trainlib.engine.progress import ProgressReporter
 from trainlib.engine.resume import CHECKPOINT_DIR_KEY, CHECKPOINT_PREFIX, KEEP_STALE, find_resume_checkpoint
 from trainlib.engine.state import HISTORY_KEY, encode_history, history_of
@@ -164,17 +168,24 @@ def train(
         chosen.append(
             PeriodicCheckpoint(capture, checkpoints.directory, checkpoints.every_epochs, checkpoints.keep_last)
         )
-    for callback in chosen:
-        callback.bind(step)
-        if resume_from is not None:
-            callback.on_resume(resume_from, history)
-            for row in step_history:  # the earlier epochs' step evaluations, e.g. for the run's metrics
-                callback.on_step_evaluation(row)
-    runner = EpochRunner(spec, step, steps_per_epoch, chosen, evaluate, history, evaluate_steps, step_history)
-    step.train_epochs(dataset, runner, start_epoch)
+    dispatcher = CallbackList(chosen)
+    dispatcher.bind(step)
+    if resume_from is not None:
+        dispatcher.on_resume(resume_from, history)
+        for row in step_history:  # the earlier epochs' step evaluations, e.g. for the run's metrics
+            dispatcher.on_step_evaluation(row)
+    epoch_loop = EpochLoop(spec, step, steps_per_epoch, dispatcher, evaluate, history, evaluate_steps, step_history)
+    _fit_loop_of(step)(epoch_loop, start_epoch).run(dataset)
     return TrainingResult(
         capture(stop), history, _replica_divergence(step.network), steps_per_epoch, step_history, step
     )
+
+
+def _fit_loop_of(step: TrainStep) -> type[FitLoop]:
+    """The fit loop that trains ``step``: ``Model.train``'s for a ``ModelTrainStep``, else one call per batch."""
+    from trainlib.engine.model_bridge import ModelFitLoop, ModelTrainStep  # loads mindspore.train: only to train
+
+    return ModelFitLoop if isinstance(step, ModelTrainStep) else FitLoop
 
 
 def _replica_divergence(network) -> dict[str, float]:

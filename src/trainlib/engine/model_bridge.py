@@ -2,8 +2,8 @@
 
 MindSpore's own optimizers that need its ``Model`` (``nn.thor`` through ``ModelThor``, boost's Adasum)
 train through ``Model.train``. A recipe returns a ``ModelTrainStep`` from its ``make_step``; ``loop.train``
-then runs the epochs here, where ``EpochCallbacks`` (a MindSpore callback) feeds each step's loss and each
-epoch's end to the engine's ``EpochRunner``.
+then runs the epochs with ``ModelFitLoop``, where ``EpochCallbacks`` (a MindSpore callback) feeds the start and end
+of the training and of each epoch, and each step's loss, to the engine's fit and epoch loops.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 from mindspore.train import Callback as MindsporeCallback
 
-from trainlib.engine.epochs import EpochRunner
+from trainlib.engine.epochs import EpochLoop
+from trainlib.engine.fit import FitLoop
 from trainlib.engine.progress import announce_compile
 from trainlib.engine.step import TrainStep
 
@@ -23,7 +24,7 @@ class ModelTrainStep(TrainStep):
     state is restored.
 
     ``sink_mode``: MindSpore's dataset sink mode (``sink_size`` one epoch). The engine does not call the
-    step per batch; ``capture``/``restore`` and ``lr`` work as for any step.
+    step per batch (``ModelFitLoop`` runs ``model.train``); ``capture``/``restore`` and ``lr`` work as for any step.
     """
 
     def __init__(
@@ -47,58 +48,63 @@ class ModelTrainStep(TrainStep):
     def _not_per_batch(images, labels):
         raise TypeError("a ModelTrainStep is run by Model.train through engine.loop.train, not per batch")
 
-    def train_epochs(self, dataset, runner: EpochRunner, start_epoch: int) -> None:
-        """Run ``self.model.train`` from ``start_epoch`` to the runner's last epoch, one sink per epoch."""
+
+class ModelFitLoop(FitLoop):
+    """The fit loop of a ``ModelTrainStep``: its ``model.train`` runs the epochs, one sink per epoch."""
+
+    def run(self, dataset) -> None:
+        """Run ``model.train`` on ``dataset`` from ``start_epoch`` to the last epoch."""
         import mindspore.dataset as ds
 
-        if runner.spec.data_seed is not None:
-            ds.config.set_seed(runner.spec.data_seed + start_epoch)  # one shuffle stream for all epochs of model.train
-        bridge = EpochCallbacks(runner, start_epoch)
-        if start_epoch < runner.spec.epochs:
-            announce_compile(self.model)  # Model.train compiles its graphs when it starts
+        step: ModelTrainStep = self.epoch_loop.step
+        if self.spec.data_seed is not None:
+            ds.config.set_seed(self.spec.data_seed + self.start_epoch)  # one shuffle stream for all of model.train
+        bridge = EpochCallbacks(self)
+        if self.start_epoch < self.spec.epochs:
+            announce_compile(step.model)  # Model.train compiles its graphs when it starts
         try:
-            self.model.train(
-                runner.spec.epochs,
+            step.model.train(
+                self.spec.epochs,
                 dataset,
                 callbacks=[bridge],
-                sink_size=runner.steps_per_epoch,
-                dataset_sink_mode=self.sink_mode,
-                initial_epoch=start_epoch,
+                sink_size=self.epoch_loop.steps_per_epoch,
+                dataset_sink_mode=step.sink_mode,
+                initial_epoch=self.start_epoch,
             )
         finally:
-            runner.train_end()  # Model.train skips its train end when it raised
+            self.end()  # Model.train skips its train end when it raised
 
 
 class EpochCallbacks(MindsporeCallback):
-    """Passes ``Model.train``'s step and epoch events to an ``EpochRunner``.
+    """Passes ``Model.train``'s training, epoch and step events to a ``ModelFitLoop`` and its ``EpochLoop``.
 
     The loss of an epoch is the mean of the losses MindSpore reported to callbacks that epoch (``ModelThor``
     reports its second-order steps and the last of each run of reuse steps; in sink mode one per epoch).
     """
 
-    def __init__(self, runner: EpochRunner, start_epoch: int):
+    def __init__(self, fit_loop: ModelFitLoop):
         super().__init__()
-        self.runner = runner
-        self.start_epoch = start_epoch
+        self.fit_loop = fit_loop
+        self.epoch_loop: EpochLoop = fit_loop.epoch_loop
 
     def on_train_begin(self, run_context) -> None:
-        self.runner.train_begin(self.start_epoch)
+        self.fit_loop.begin()
 
     def on_train_epoch_begin(self, run_context) -> None:
         params = run_context.original_args()
         self.epoch = params.cur_epoch_num - 1
         self.first_step = params.cur_step_num
-        self.runner.epoch_begin(self.epoch)
+        self.epoch_loop.begin(self.epoch)
 
     def on_train_step_end(self, run_context) -> None:
         params = run_context.original_args()
         outputs = params.net_outputs
         # the loss only: with drop_overflow_update=False an overflow shows as a non-finite loss next
         loss = outputs[0] if isinstance(outputs, tuple | list) else outputs
-        self.runner.step_end(self.epoch, params.cur_step_num - self.first_step - 1, loss)
+        self.epoch_loop.step_done(self.epoch, params.cur_step_num - self.first_step - 1, loss)
 
     def on_train_epoch_end(self, run_context) -> None:
-        self.runner.epoch_end(self.epoch)
+        self.epoch_loop.end(self.epoch)
 
     def on_train_end(self, run_context) -> None:
-        self.runner.train_end()
+        self.fit_loop.end()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -22,37 +21,30 @@ from trainlib.engine.callbacks import Callback
 logger = logging.getLogger(__name__)
 
 
-# What was announced for each cell (or step); weak, so that announcing keeps no network alive.
-_announced: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_compiles_announced = 0  # since the last take_compile_announcements()
+# The attribute of a compiled object (a cell, a step, a Model) that holds the names of its graphs announced so far.
+ANNOUNCED_GRAPHS = "_announced_graphs"
 
 
-def announce_compile(owner, what: str = "the training graph") -> None:
-    """Log "Compiling <what>…" once per ``owner`` and ``what``, in GRAPH mode only.
+def announce_compile(owner, what: str = "the training graph") -> bool:
+    """Log "Compiling <what>…" once per ``owner`` and ``what``, in GRAPH mode only; returns whether it did, i.e.
+    whether the call that follows compiles (the epoch loop times that step apart, ``train/compile_s``).
 
-    MindSpore compiles a cell the first time it runs in GRAPH mode (per train/eval mode); call this
-    just before that call. ``owner``: the cell, or the step whose first call (of the kind ``what``
-    names) compiles; any object that accepts weak references. In PyNative mode nothing is compiled
-    and nothing is logged.
+    MindSpore compiles a cell the first time it runs in GRAPH mode (per train/eval mode); call this just before that
+    call. ``owner``: the cell, or the step or ``Model`` whose first call (of the kind ``what`` names) compiles. The
+    mark is kept on ``owner`` (``ANNOUNCED_GRAPHS``), as MindSpore keeps the graph with the cell: a new network is
+    announced again, the same one never twice, whichever training or evaluation runs it. In PyNative mode nothing
+    is compiled and nothing is logged.
     """
     import mindspore as ms
 
-    said = _announced.setdefault(owner, set())
+    said = vars(owner).setdefault(ANNOUNCED_GRAPHS, set())
     if what in said:
-        return
+        return False
     said.add(what)
-    if ms.get_context("mode") == ms.GRAPH_MODE:
-        global _compiles_announced  # noqa: PLW0603 - MindSpore's compile cache is process-wide too
-        _compiles_announced += 1
-        logger.info("Compiling %s…", what)
-
-
-def take_compile_announcements() -> int:
-    """How many compilations were announced since the last call; the training loop asks after each step, so
-    that a step which compiled a graph is timed apart (``train/compile_s``)."""
-    global _compiles_announced  # noqa: PLW0603
-    taken, _compiles_announced = _compiles_announced, 0
-    return taken
+    if ms.get_context("mode") != ms.GRAPH_MODE:
+        return False
+    logger.info("Compiling %s…", what)
+    return True
 
 
 def _format_seconds(seconds: float) -> str:

@@ -1,21 +1,15 @@
-"""A training step as the engine drives it: ``TrainStep`` (network, optimizer state, schedule) and the plain
-per-batch epochs; a step that another driver trains overrides ``train_epochs``."""
+"""A training step: ``TrainStep`` trains on one batch and returns its outputs, and holds what a training's state is
+(network, optimizer state, schedule). It knows nothing of epochs: the loops (``engine.fit``, ``engine.epochs``) call it
+once per batch."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trainlib.data.folder import checked_batches
 from trainlib.engine.checkpoint import Checkpoint
-from trainlib.engine.progress import announce_compile, take_compile_announcements
 from trainlib.engine.state import capture_state, restore_optimizer
-
-if TYPE_CHECKING:
-    from trainlib.engine.epochs import EpochRunner
 
 
 class TrainStep:
@@ -52,6 +46,15 @@ class TrainStep:
     def __call__(self, *batch):
         return self.run(*batch)
 
+    def next_graph(self) -> tuple[object, str] | None:
+        """The graph MindSpore compiles for the next call in GRAPH mode, as ``(owner, name)``: the object it is
+        compiled for, and what the epoch loop's "Compiling <name>…" line calls it (once per owner and name); None when
+        the call runs no cell. By default the step's cell, ``the training graph``; a step of several graphs names the
+        one its next call runs."""
+        from mindspore import nn
+
+        return (self.run, "the training graph") if isinstance(self.run, nn.Cell) else None
+
     def lr(self, step: int) -> float | None:
         """The learning rate of global step ``step`` (0-based), or None without a schedule."""
         if self.lr_per_step is None or not len(self.lr_per_step):
@@ -76,32 +79,3 @@ class TrainStep:
 
     def prepare(self) -> None:
         """Called once after ``restore`` (if any) and before the first batch; nothing to do by default."""
-
-    def train_epochs(self, dataset, runner: EpochRunner, start_epoch: int) -> None:
-        """Run the epochs from ``start_epoch`` to the runner's last, one ``self(*batch)`` per batch.
-
-        A step that another driver trains (``Model.train``: ``model_bridge.ModelTrainStep``) overrides this.
-        """
-        import mindspore.dataset as ds
-        from mindspore import nn
-
-        data_seed = runner.spec.data_seed
-        take_compile_announcements()  # earlier ones (another training's evaluation) are not this training's
-        if isinstance(self.run, nn.Cell) and start_epoch < runner.spec.epochs:  # a step of several cells: in the step
-            announce_compile(self.run)
-        runner.train_begin(start_epoch)
-        try:
-            for epoch in range(start_epoch, runner.spec.epochs):
-                if data_seed is not None:
-                    ds.config.set_seed(data_seed + epoch)  # read when the iterator starts its pipeline
-                iterator = dataset.create_tuple_iterator(num_epochs=1)
-                runner.epoch_begin(epoch)
-                for index, batch in enumerate(checked_batches(iterator)):  # a bad image: one line naming it
-                    called = time.perf_counter()
-                    output = self(*batch)
-                    runner.step_end(epoch, index, output, called if take_compile_announcements() else None)
-                    take_compile_announcements()  # the step evaluation's own graph is evaluation time
-                runner.epoch_end(epoch)
-                take_compile_announcements()
-        finally:
-            runner.train_end()

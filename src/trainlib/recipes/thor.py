@@ -33,7 +33,6 @@ from trainlib.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint
 from trainlib.engine.evaluation import evaluate
 from trainlib.engine.loop import TrainingResult
 from trainlib.engine.model_bridge import ModelTrainStep
-from trainlib.engine.progress import announce_compile
 from trainlib.engine.step import TrainStep
 from trainlib.models.loss import CrossEntropySmooth
 from trainlib.optim.schedules import per_step
@@ -111,14 +110,13 @@ class OwnThorStep(TrainStep):
         self.damping = thor.damping
         self.recipe = "THOR" if thor.preconditioner is not None else "THOR's recipe without the preconditioner"
 
-    def __call__(self, *batch):
+    def next_graph(self) -> tuple[object, str]:
         # THOR compiles its second-order step and the steps between separately, each on its first use
         if self.preconditioner is None:
             kind = "first order: the preconditioner is off"
         else:
             kind = "second-order step" if self.preconditioner.second_order_now() else "step reusing the inverses"
-        announce_compile(self, f"the training graph (THOR, {kind})")
-        return self.run(*batch)
+        return self, f"the training graph (THOR, {kind})"
 
     def capture(self) -> dict[str, np.ndarray]:
         params = {name: value for name, value in super().capture().items() if not is_statistic(name)}

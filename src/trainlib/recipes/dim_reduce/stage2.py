@@ -20,7 +20,6 @@ import pandas as pd
 from trainlib.engine.callbacks import Callback
 from trainlib.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint
 from trainlib.engine.loop import TrainingResult
-from trainlib.engine.progress import announce_compile
 from trainlib.engine.state import network_state
 from trainlib.engine.step import TrainStep
 from trainlib.metrics import TIMESTAMP_KEY
@@ -82,8 +81,10 @@ class PBFGSStep(TrainStep):
         self.rows: list[dict[str, float]] = []
         self._loss_scale = ms.Tensor(trainer.config.loss_scale, ms.float32)
 
+    def next_graph(self) -> tuple[object, str]:
+        return self.trainer, "the training graph (P-BFGS: gradient, line search, update)"
+
     def _train_batch(self, images, labels):
-        announce_compile(self.trainer, "the training graph (P-BFGS: gradient, line search, update)")
         result = self.trainer.step(images, labels)
         self.steps_done += 1
         self.rows.append(
