@@ -150,7 +150,7 @@ def main() -> None:
             if second_order or error is not None:
                 activations = largest_inputs(net, preconditioner.wrappers, batch)
                 status = f"{type(error).__name__}: {error}" if error else f"second-order, loss {loss:.4g}"
-                factored = getattr(thor, "damping_method", "mindspore") == "factored"
+                factored = getattr(thor, "damping_method", "fixed") == "factored"
                 report(global_step, preconditioner, activations, float(damping[global_step - 1]), factored, status)
             if error is not None or not math.isfinite(loss):
                 break

@@ -1,15 +1,15 @@
 """THOR's options on the BERT default over seeds (issue 29, item 8): each option at the documented lr and at the lrs
-where the documented THOR fails, beside the AdamWeightDecay baseline and the unigram baseline, all on one set of
-examples.
+where the documented THOR fails, beside the AdamWeightDecay control and the most frequent token's accuracy, all on
+one set of examples.
 
 One process prepares thor_bert's text as the pipeline does (``conf/base`` plus ``--params``), then trains each row of
-``ROWS`` on each seed through the recipe's own functions (``train_bert_thor``, ``train_bert_baseline``: the
+``ROWS`` on each seed through the recipe's own functions (``train_bert_thor``, ``train_bert_control``: the
 engine, its evaluations and ``CollapseWatch``), each from that seed's initial weights. A row that stops on
 ``ThorInverseError`` or ``ThorDivergenceError`` is recorded with its error. Each finished training is appended to
 ``--out`` at once; a second call skips the (row, seed) pairs already there, so a long grid can be stopped and
 resumed (the examples' digest is in every line: a resumed grid on other examples says so and stops).
 
-    .venv/bin/python benchmarks/thor_bert_options.py --seeds 0 1 2 [--rows baseline thor kl_clip_lr0.03] \
+    .venv/bin/python benchmarks/thor_bert_options.py --seeds 0 1 2 [--rows control thor kl_clip_lr0.03] \
         [--out data/08_reporting/benchmarks/thor_bert_options.csv]
     .venv/bin/python benchmarks/thor_bert_options.py --table      # the markdown table of --out
     .venv/bin/python benchmarks/thor_bert_options.py --cost 6     # ms per THOR step by option, side by side
@@ -54,7 +54,7 @@ def thor_row(lr: float, option: str = "") -> str:
 # documented lr first, then the lrs where the documented THOR stops with an inverse error, then the graft at a
 # smaller lr and options combined
 ROWS = {
-    "baseline": ("baseline", ""),
+    "control": ("control", ""),
     "thor": ("thor", thor_row(DOCUMENTED_LR)),
     "kl_clip": ("thor", thor_row(DOCUMENTED_LR, KL_CLIP)),
     "factored": ("thor", thor_row(DOCUMENTED_LR, FACTORED)),
@@ -121,17 +121,17 @@ def prepared_text(conf, saved: Path):
 
 
 def train_row(context, conf, training: str, checkpoint_dir: str) -> dict:
-    """One training of ``training`` (thor | baseline) from the seed's initial weights; its figures or its error."""
+    """One training of ``training`` (thor | control) from the seed's initial weights; its figures or its error."""
     from trainlib.metrics import TRAIN_LOSS, VAL_MLM_ACCURACY
-    from trainlib.recipes.language_model import COLLAPSE_STEP, COLLAPSED, UNIGRAM_MLM_ACCURACY, build_bert
-    from trainlib.recipes.thor_bert import train_bert_baseline, train_bert_thor
+    from trainlib.recipes.language_model import COLLAPSE_STEP, COLLAPSED, MOST_FREQUENT_TOKEN_ACCURACY, build_bert
+    from trainlib.recipes.thor_bert import train_bert_control, train_bert_thor
 
     bert = conf.thor_bert
     section = getattr(bert, training).model_copy(
         update={"checkpoint": getattr(bert, training).checkpoint.model_copy(update={"dir": checkpoint_dir})}
     )
     start = build_bert(bert.network, context.vocab_size, conf.runtime)
-    train = train_bert_thor if training == "thor" else train_bert_baseline
+    train = train_bert_thor if training == "thor" else train_bert_control
     started = time.perf_counter()
     try:
         result = train(context, start, section)
@@ -145,7 +145,7 @@ def train_row(context, conf, training: str, checkpoint_dir: str) -> dict:
         "steps": int(result.steps_per_epoch * len(history)),
         "final_loss": float(history[TRAIN_LOSS].iloc[-1]),
         "mlm_accuracy": float(history[VAL_MLM_ACCURACY].iloc[-1]),
-        "unigram": float(result.summary[UNIGRAM_MLM_ACCURACY]),
+        "most_frequent_token_accuracy": float(result.summary[MOST_FREQUENT_TOKEN_ACCURACY]),
         "collapsed": bool(result.summary[COLLAPSED]),
         "collapse_step": result.summary.get(COLLAPSE_STEP, math.nan),
     }
@@ -193,10 +193,10 @@ def print_table(frame: pd.DataFrame) -> None:
             f"| {name} | {', '.join(map(str, rows['seed']))} "
             f"| {' / '.join(final(a, e) for a, e in zip(rows['mlm_accuracy'], errors, strict=True))} "
             f"| {'' if n == 0 else f'{mean:.2f}' if n == 1 else f'{mean:.2f} [{low:.2f}, {high:.2f}]'} "
-            f"| {paired(rows, 'baseline')} | {paired(rows, 'thor')} | {', '.join(collapsed) or 'none'} "
+            f"| {paired(rows, 'control')} | {paired(rows, 'thor')} | {', '.join(collapsed) or 'none'} "
             f"| {', '.join(stopped_by) or 'none'} | {'' if per_step.isna().all() else f'{per_step.median():.0f}'} |"
         )
-    print(f"unigram baseline: {100 * frame['unigram'].dropna().iloc[0]:.2f} %")
+    print(f"most frequent token's accuracy: {100 * frame['most_frequent_token_accuracy'].dropna().iloc[0]:.2f} %")
 
 
 def print_cost(context, common, params: str, repeats: int) -> None:

@@ -43,8 +43,8 @@ def test_the_substituted_configuration_is_valid_and_runs_on_cpu(env, root):
     params = validate_parameters(merged_params(env, extra, substitutions.nested()))
     assert params.runtime.device_target == "CPU"
     assert params.distributed.node_rank == 0 and params.distributed.nodes == 1
-    assert params.thor.implementation == "own" and params.adasum.implementation == "own"
-    assert params.dim_reduce.stage2.implementation == "own"
+    assert params.thor.implementation == "trainlib" and params.adasum.implementation == "trainlib"
+    assert params.dim_reduce.stage2.implementation == "trainlib"
     for training in (params.baseline, params.adasum, params.thor, params.dim_reduce.stage1, params.dim_reduce.stage2):
         assert training.batch_size == 2
         assert training.checkpoint.dir.startswith(f"data/fast_dev_run/{env}/06_models/")
@@ -135,10 +135,10 @@ def test_the_thor_implementation_of_mindspore_is_replaced_on_cpu():
     extra = {
         "runtime": {"fast_dev_run": True},
         "data": {"root": "/local/tree"},
-        "thor": {"implementation": "mindspore"},
+        "thor": {"implementation": "mindspore_builtin"},
     }
     values = overrides("gpu", extra=extra).values
-    assert values["thor.implementation"] == "own" and values["thor.frequency"] == 3  # one second-order step an epoch
+    assert values["thor.implementation"] == "trainlib" and values["thor.frequency"] == 3  # a second-order step an epoch
 
 
 def test_everything_a_rehearsal_writes_lies_under_its_own_folder():
@@ -179,11 +179,11 @@ def test_thor_bert_keeps_the_envs_bert_on_a_few_documents(env):
     bert = params.thor_bert
     assert bert.network == configured.network and bert.examples == configured.examples  # the env's BERT, as set
     assert bert.corpus.max_documents == 4 and bert.thor.frequency == 3
-    assert bert.baseline.optimizer == "adamweightdecay"  # Lamb has no CPU kernel (ascend and gpu configure it)
-    for training in (bert.thor, bert.baseline):
+    assert bert.control.optimizer == "adamweightdecay"  # Lamb has no CPU kernel (ascend and gpu configure it)
+    for training in (bert.thor, bert.control):
         assert training.epochs == 1 and training.batch_size == 2
         assert training.checkpoint.dir.startswith(f"data/fast_dev_run/{env}/")
-    assert bert.thor.lr == configured.thor.lr and bert.baseline.lr == configured.baseline.lr  # schedule shapes kept
+    assert bert.thor.lr == configured.thor.lr and bert.control.lr == configured.control.lr  # schedule shapes kept
     # a run of thor_bert may train THOR: the workers are bounded by THOR's memory, as for thor
     small = fast_dev_run_overrides(
         merged_params("ascend", extra),

@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import get_args
 
+import click
 import pytest
 from pydantic import ValidationError
 
-from pipelines.hooks.config_files import parameter_sources
+from pipelines.hooks.config_files import ParameterFiles, parameter_sources
+from pipelines.hooks.configuration import refuse_renamed
 from tests.support.config import CONF, changed, load_config
 from trainlib.params import BaselineParams, ParameterError, Parameters, ThorParams, validate_parameters
+from trainlib.params.renames import RENAMED_KEYS, RENAMED_VALUES
 
 
 @pytest.mark.parametrize("env", ["local", "ascend", "gpu"])
 def test_shipped_environments_are_valid(env):
+    refuse_renamed(ParameterFiles(CONF, env), {})  # no file uses an old name
     params = validate_parameters(load_config(env), parameter_sources(CONF, env, None))
     assert isinstance(params, Parameters)
 
@@ -56,7 +61,7 @@ def problems(params: dict, sources: dict | None = None) -> list[str]:
             "model.name is null; choose one of resnet18, resnet34, resnet50, resnet101, resnet_narrow",
         ),
         ("runtime.device_target", "TPU", "runtime.device_target is 'TPU'; choose one of CPU, GPU, Ascend"),
-        ("dim_reduce.stage2.implementation", "boost", "is 'boost'; choose one of own, mindspore"),
+        ("dim_reduce.stage2.implementation", "boost", "is 'boost'; choose one of trainlib, mindspore_builtin"),
         ("data.on_bad_file", "skip", "data.on_bad_file is 'skip'; choose one of exclude, fail"),
         # ranges
         ("baseline.lr.peak", -0.1, "baseline.lr.peak is -0.1 but must be > 0"),
@@ -78,8 +83,8 @@ def problems(params: dict, sources: dict | None = None) -> list[str]:
         ("dim_reduce.stage1.trajectory.every_steps", None, "every_steps and every_epochs are both null: set one"),
         ("distributed.local_worker_num", 2, "distributed.local_worker_num is 2, more than distributed.worker_num"),
         ("distributed.node_rank", 1, "distributed.node_rank is 1; with 1 workers, 1 per node, use 0..0"),
-        ("thor.implementation", "mindspore", "thor.implementation is mindspore, whose kernels"),
-        ("thor.damping_method", "tikhonov", "thor.damping_method is 'tikhonov'; choose one of mindspore, factored"),
+        ("thor.implementation", "mindspore_builtin", "thor.implementation is mindspore_builtin, whose kernels"),
+        ("thor.damping_method", "tikhonov", "thor.damping_method is 'tikhonov'; choose one of fixed, factored"),
         ("thor.kl_clip", 0, "thor.kl_clip is 0 but must be > 0"),
         (
             "thor_bert.thor.adam_graft",
@@ -88,8 +93,8 @@ def problems(params: dict, sources: dict | None = None) -> list[str]:
         ),
         (
             "adasum.implementation",
-            "mindspore",
-            "adasum.implementation is mindspore (mindspore.boost's Adasum), which MindSpore runs",
+            "mindspore_builtin",
+            "adasum.implementation is mindspore_builtin (mindspore.boost's Adasum), which MindSpore runs",
         ),
     ],
 )
@@ -101,12 +106,18 @@ def test_bad_parameter_is_named_with_its_source(key, value, message):
     assert lines[0].endswith("(--params)")
 
 
-def test_source_file_is_named(tmp_path):
+def copied_conf(tmp_path, envs=("base", "gpu")):
+    """A copy of the project's parameter files of ``envs`` under ``tmp_path/conf``."""
     conf = tmp_path / "conf"
-    for folder in ("base", "gpu"):
+    for folder in envs:
         (conf / folder).mkdir(parents=True)
         for path in (CONF / folder).glob("parameters*.yml"):
             (conf / folder / path.name).write_text(path.read_text())
+    return conf
+
+
+def test_source_file_is_named(tmp_path):
+    conf = copied_conf(tmp_path)
     typo = conf / "gpu" / "parameters_extra.yml"
     typo.write_text("baseline:\n  batch_sise: 32\n")
     params = changed(load_config("gpu"), "baseline.batch_sise", 32)
@@ -115,6 +126,48 @@ def test_source_file_is_named(tmp_path):
     assert line == f"baseline.batch_sise is not a known parameter; did you mean baseline.batch_size? ({typo})"
     assert sources["baseline.epochs"] == str(conf / "gpu" / "parameters_baseline.yml")
     assert sources["baseline.momentum"] == str(conf / "base" / "parameters_baseline.yml")
+
+
+def test_a_renamed_value_in_a_file_stops_the_run_naming_the_file_and_the_new_value(tmp_path):
+    conf = copied_conf(tmp_path)
+    thor = conf / "base" / "parameters_thor.yml"
+    thor.write_text(thor.read_text().replace("damping_method: fixed ", "damping_method: mindspore "))
+    with pytest.raises(click.ClickException) as error:
+        refuse_renamed(ParameterFiles(conf, "gpu"), {})
+    assert error.value.message == f"renamed parameters:\n  {thor}: thor.damping_method: 'mindspore' was renamed 'fixed'"
+
+
+def test_renamed_keys_and_values_in_params_stop_the_run_naming_the_new_ones():
+    given = {"thor_bert": {"baseline": {"epochs": 2}}, "adasum": {"implementation": "own"}}
+    with pytest.raises(click.ClickException) as error:
+        refuse_renamed(ParameterFiles(CONF, "local"), given)
+    assert error.value.message.splitlines() == [
+        "renamed parameters:",
+        "  --params: thor_bert.baseline was renamed thor_bert.control",
+        "  --params: adasum.implementation: 'own' was renamed 'trainlib'",
+    ]
+
+
+def test_every_renamed_key_and_value_names_one_that_exists():
+    """The map old -> new points at keys and choices ``Parameters`` accepts, and none of the old ones."""
+    params = load_config("local")
+    for key, values in RENAMED_VALUES.items():
+        *sections, name = key.split(".")
+        model = Parameters
+        for section in sections:
+            model = model.model_fields[section].annotation
+        choices = get_args(model.model_fields[name].annotation)
+        assert set(values.values()) <= set(choices) and not set(values) & set(choices), key
+    for old, new in RENAMED_KEYS.items():
+        assert has_key(params, new) and not has_key(params, old)
+
+
+def has_key(tree: dict, dotted: str) -> bool:
+    for part in dotted.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return False
+        tree = tree[part]
+    return True
 
 
 def test_sources_below_the_working_directory_are_relative(monkeypatch):
@@ -153,14 +206,14 @@ def test_cross_key_rules_report_every_broken_rule():
     [
         ({"boost.less_bn": True, "runtime.mode": "pynative"}, "boost.less_bn needs runtime.mode graph"),
         ({"boost.less_bn": True, "boost.grad_centralization": "on"}, "boost.grad_centralization is on, but"),
-        ({"dim_reduce.stage2.implementation": "mindspore", "distributed.worker_num": 2}, "dim_reduce.stage2"),
+        ({"dim_reduce.stage2.implementation": "mindspore_builtin", "distributed.worker_num": 2}, "dim_reduce.stage2"),
         (
-            {"dim_reduce.stage2.implementation": "mindspore", "study.recipes": ["dim_reduce"]},
-            "dim_reduce.stage2.implementation is mindspore, but study.recipes",
+            {"dim_reduce.stage2.implementation": "mindspore_builtin", "study.recipes": ["dim_reduce"]},
+            "dim_reduce.stage2.implementation is mindspore_builtin, but study.recipes",
         ),
         ({"study.recipes": ["adasum"], "study.adasum_workers": 6}, "study.adasum_workers is 6"),
         (
-            {"dim_reduce.stage2.eval_every_steps": 10, "dim_reduce.stage2.implementation": "mindspore"},
+            {"dim_reduce.stage2.eval_every_steps": 10, "dim_reduce.stage2.implementation": "mindspore_builtin"},
             "dim_reduce.stage2.eval_every_steps",
         ),
         (
@@ -187,7 +240,7 @@ def test_rules_across_sections_name_the_key_to_change(changes, key):
 def test_rules_across_sections_hold_on_the_targets_they_name():
     for env, changes in (
         ("ascend", {"boost.less_bn": True, "boost.grad_centralization": "on"}),
-        ("local", {"dim_reduce.stage2.implementation": "mindspore"}),
+        ("local", {"dim_reduce.stage2.implementation": "mindspore_builtin"}),
     ):
         params = load_config(env)
         for dotted, value in changes.items():

@@ -140,7 +140,7 @@ def test_each_recipe_has_its_own_colour_family_and_each_seed_its_own_shade():
     assert len(set(colours.values())) == len(colours)  # every run of a 3-seed study of them apart
     assert run_colour("thor", 0) == COLOUR_FAMILIES["thor"]  # seed 0 is the family's own colour
     # a first-order baseline is drawn as one, whichever pipeline trained it
-    assert run_colour("control", 1) == run_colour("baseline", 1) == run_colour("thor_bert_baseline", 1)
+    assert run_colour("control", 1) == run_colour("baseline", 1) == run_colour("thor_bert_control", 1)
     assert run_colour("report") != run_colour("baseline")
 
 

@@ -115,13 +115,13 @@ def _baseline(section: Mapping, plan: Plan) -> dict:
 
 def _adasum(section: Mapping, plan: Plan) -> dict:
     # mindspore.boost's Adasum needs 16 Ascend devices: the project's own Adasum runs the same combination on CPU
-    return {**_training(section, plan), "implementation": "own"}
+    return {**_training(section, plan), "implementation": "trainlib"}
 
 
 def _thor(section: Mapping, plan: Plan) -> dict:
     return {
         **_training(section, plan),
-        "implementation": "own",  # MindSpore's nn.thor kernels exist only on Ascend and GPU
+        "implementation": "trainlib",  # MindSpore's nn.thor kernels exist only on Ascend and GPU
         "frequency": THOR_FREQUENCY,
     }
 
@@ -139,7 +139,7 @@ def _dim_reduce(section: Mapping, plan: Plan) -> dict:
         "stage1.trajectory.every_epochs": None,
         "collect.n_files": 4,
         "pca.n_components": 3,
-        "stage2.implementation": "own",  # boost's DimReduce runs outside msrun, on one worker only
+        "stage2.implementation": "trainlib",  # boost's DimReduce runs outside msrun, on one worker only
     }
     values |= {f"stage2.{k}": v for k, v in _training(section["stage2"], plan).items()}
     values["control.checkpoint.dir"] = plan.relocated(section["control"]["checkpoint"]["dir"])
@@ -169,10 +169,10 @@ def _thor_bert(section: Mapping, plan: Plan) -> dict:
         "step_eval_examples": EVAL_IMAGES,
         "thor.frequency": THOR_FREQUENCY,
     }
-    for training in ("thor", "baseline"):
+    for training in ("thor", "control"):
         values |= {f"{training}.{k}": v for k, v in _training(section[training], plan).items()}
-    if section["baseline"]["optimizer"] == "lamb":
-        values["baseline.optimizer"] = "adamweightdecay"
+    if section["control"]["optimizer"] == "lamb":
+        values["control.optimizer"] = "adamweightdecay"
     return values
 
 

@@ -195,12 +195,12 @@ def test_kill_9_of_kedro_stops_the_workers_and_the_rerun_resumes(tmp_path):
 
 
 def test_mindspore_boost_adasum_is_refused_off_ascend_before_any_work(tmp_path):
-    project = make_project(tmp_path / "project", {"adasum": {"implementation": "mindspore"}})
+    project = make_project(tmp_path / "project", {"adasum": {"implementation": "mindspore_builtin"}})
     result = kedro(project, "run", "--pipelines=adasum", timeout=120)
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert (
-        "adasum.implementation is mindspore (mindspore.boost's Adasum), which MindSpore runs on Ascend with 16 devices"
-        in output
+        "adasum.implementation is mindspore_builtin (mindspore.boost's Adasum), which MindSpore runs on Ascend with 16 "
+        "devices" in output
     )
     assert not (project / "data").exists()

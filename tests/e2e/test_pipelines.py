@@ -340,7 +340,7 @@ def test_stage2_reruns_alone_with_mindspore_boost(dim_reduce_run):
         "run",
         "--pipelines=dim_reduce",
         "--nodes=dim_reduce.stage2.train_stage2",
-        "--params=dim_reduce.stage2.implementation=mindspore",
+        "--params=dim_reduce.stage2.implementation=mindspore_builtin",
     )
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
     assert (project / "data/06_models/dim_reduce/stage1.ckpt").stat().st_mtime_ns == before
@@ -393,11 +393,11 @@ def test_thor_pipeline_trains_and_reports(tmp_path):
 
 def test_mindspore_thor_is_refused_on_cpu(tmp_path):
     tree = write_image_tree(tmp_path / "tree", classes=("cat", "dog"), per_class={"train": 4, "val": 2})
-    params = {"data": {**TINY_PARAMS["data"], "root": str(tree)}, "thor": {"implementation": "mindspore"}}
+    params = {"data": {**TINY_PARAMS["data"], "root": str(tree)}, "thor": {"implementation": "mindspore_builtin"}}
     project = make_project(tmp_path / "project", params)
     result = kedro(project, "run", "--pipelines=thor", timeout=120)
     assert result.returncode != 0
-    assert "thor.implementation is mindspore, whose kernels (ThorIm2Col, CholeskyTrsm, UpdateThorGradient)" in (
+    assert "thor.implementation is mindspore_builtin, whose kernels (ThorIm2Col, CholeskyTrsm, UpdateThorGradient)" in (
         result.stdout + result.stderr
     )
     assert not (project / "data").exists()  # refused before any work

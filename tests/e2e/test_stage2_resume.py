@@ -21,7 +21,7 @@ JOB = [sys.executable, str(Path(__file__).parents[1] / "support" / "stage2_job.p
 STOP = STAGE1_EPOCH + EPOCHS
 
 
-def run_job(work: Path, tree: Path, implementation: str = "own") -> subprocess.CompletedProcess:
+def run_job(work: Path, tree: Path, implementation: str = "trainlib") -> subprocess.CompletedProcess:
     return subprocess.run(
         [*JOB, str(work), str(tree), implementation], capture_output=True, text=True, timeout=600, check=False
     )
@@ -63,7 +63,7 @@ def assert_every_epoch_logged(work: Path, resumed_from: Path, keys: tuple[str, .
 def test_killed_stage2_resumes_and_matches_an_uninterrupted_one(tmp_path):
     tree = write_image_tree(tmp_path / "tree", classes=("a", "b", "c"), per_class={"train": 40, "val": 2}, size=16)
     killed = tmp_path / "killed"
-    resumed_from = kill_after_first_epoch(killed, tree, "own")
+    resumed_from = kill_after_first_epoch(killed, tree, "trainlib")
     resumed_epoch = int(resumed_from.stem.removeprefix("epoch_"))
     state_keys = {k for k in load_checkpoint(resumed_from).params if k.startswith("optimizer.pbfgs.")}
     assert {"optimizer.pbfgs.inverse_hessian", "optimizer.pbfgs.last_step", "optimizer.pbfgs.last_gk"} <= state_keys
@@ -104,13 +104,13 @@ def test_killed_stage2_resumes_and_matches_an_uninterrupted_one(tmp_path):
 def test_killed_boost_stage2_resumes_with_boost_state(tmp_path):
     tree = write_image_tree(tmp_path / "tree", classes=("a", "b", "c"), per_class={"train": 40, "val": 2}, size=16)
     killed = tmp_path / "killed"
-    resumed_from = kill_after_first_epoch(killed, tree, "mindspore")
+    resumed_from = kill_after_first_epoch(killed, tree, "mindspore_builtin")
     resumed_epoch = int(resumed_from.stem.removeprefix("epoch_"))
     saved = load_checkpoint(resumed_from)
     assert {"optimizer.boost.bk", "optimizer.boost.sk", "optimizer.boost.gk_last"} <= set(saved.params)
     assert not np.array_equal(saved.params["optimizer.boost.bk"], np.eye(len(saved.params["optimizer.boost.bk"])))
 
-    rerun = run_job(killed, tree, "mindspore")
+    rerun = run_job(killed, tree, "mindspore_builtin")
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"Resuming from {resumed_from} (epoch {resumed_epoch} of {STOP})" in rerun.stderr
     assert "Restored mindspore.boost's DimReduce state" in rerun.stderr

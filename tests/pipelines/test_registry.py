@@ -108,7 +108,7 @@ def test_recipes_of_one_shape_share_one_template(registered):
     assert evaluations == {nodes["baseline.evaluate"]}
     assert nodes["dim_reduce.stage1.build_network"] is nodes["baseline.build_network"]
     for step in ("train", "evaluate"):
-        assert nodes[f"thor_bert.thor.{step}"] is nodes[f"thor_bert.baseline.{step}"]
+        assert nodes[f"thor_bert.thor.{step}"] is nodes[f"thor_bert.control.{step}"]
 
 
 def test_each_training_of_several_runs_in_a_child_run_of_its_own(registered):
@@ -119,7 +119,7 @@ def test_each_training_of_several_runs_in_a_child_run_of_its_own(registered):
         for step in ("training_context", f"train_{t}", "evaluate")
     }
     expected |= {
-        f"thor_bert.{t}.{step}" for t in ("thor", "baseline") for step in ("training_context", "train", "evaluate")
+        f"thor_bert.{t}.{step}" for t in ("thor", "control") for step in ("training_context", "train", "evaluate")
     }
     # building the initial weights is not part of the training's run: it logs nothing; the context is, so that the
     # run logs the shared sections the context is made of

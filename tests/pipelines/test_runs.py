@@ -30,7 +30,7 @@ from trainlib.metrics import (
     VAL_MLM_LOSS,
     VAL_TOP1,
 )
-from trainlib.recipes.language_model import COLLAPSED, UNIGRAM_MLM_ACCURACY
+from trainlib.recipes.language_model import COLLAPSED, MOST_FREQUENT_TOKEN_ACCURACY
 
 CLASSES = ("cat", "dog", "fox")
 
@@ -354,10 +354,11 @@ def test_thor_bert_pipeline(workspace):
     examples = outputs["thor_bert.examples.train_examples"]
     assert examples["input_ids"].shape[1] == 32 and examples["masked_lm_ids"].shape[1] == 5
     comparison = outputs["thor_bert.comparison.comparison"].set_index("training")
-    assert list(comparison.index)[:2] == ["thor", "baseline"] and comparison.index[2].startswith("unigram (")
-    unigram = comparison["mlm_accuracy"].iloc[2]  # always the most frequent train target, on the held-out examples
-    assert 0 < unigram < 1
-    for training in ("thor", "baseline"):
+    assert list(comparison.index)[:2] == ["thor", "control"]
+    assert comparison.index[2].startswith("most frequent token (")
+    most_frequent = comparison["mlm_accuracy"].iloc[2]  # always the most frequent train target, on the held-out
+    assert 0 < most_frequent < 1
+    for training in ("thor", "control"):
         report, history = outputs[f"thor_bert.{training}.eval_report"], outputs[f"thor_bert.{training}.history"]
         assert report["examples"] == len(outputs["thor_bert.examples.held_out_examples"]["input_ids"])
         assert 0.0 <= report["mlm_accuracy"] <= 1.0 and math.isfinite(report["mlm_loss"])
@@ -369,17 +370,17 @@ def test_thor_bert_pipeline(workspace):
         assert history[VAL_MLM_ACCURACY].iloc[-1] == pytest.approx(report["mlm_accuracy"])
     assert outputs["thor_bert.thor.history"]["thor/second_order_steps"].iloc[-1] > 0
     runs = children(uri, only_run(uri, "thor_bert"))
-    assert set(runs) == {"thor", "baseline"}
+    assert set(runs) == {"thor", "control"}
     for training, run in runs.items():
         assert run.info.status == "FINISHED" and run.info.run_name == f"thor_bert/{training}"
         assert 0 <= run.data.metrics[FINAL_MLM_ACCURACY] <= 1 and VAL_MLM_ACCURACY in run.data.metrics
-        # every training is read against the unigram baseline: collapsed or not, in its run
-        assert run.data.metrics[UNIGRAM_MLM_ACCURACY] == pytest.approx(unigram)
+        # every training is read against the most frequent token's accuracy: collapsed or not, in its run
+        assert run.data.metrics[MOST_FREQUENT_TOKEN_ACCURACY] == pytest.approx(most_frequent)
         assert run.data.metrics[COLLAPSED] == float(comparison.at[training, "collapsed"])
         # and when it first reached target_mlm_accuracy (a low one): its first epoch (no step evaluations here)
         assert (run.data.metrics["target/reached"], run.data.metrics["target/epochs"]) == (1, 1)
-    assert only_run(uri, "thor_bert").data.metrics[UNIGRAM_MLM_ACCURACY] == pytest.approx(unigram)
-    assert runs["baseline"].data.params["thor_bert.baseline.optimizer"] == "adamweightdecay"
+    assert only_run(uri, "thor_bert").data.metrics[MOST_FREQUENT_TOKEN_ACCURACY] == pytest.approx(most_frequent)
+    assert runs["control"].data.params["thor_bert.control.optimizer"] == "adamweightdecay"
     for training, run in runs.items():  # its own section, its target and the shared sections of its context
         expected = {f"thor_bert.{training}.optimizer", "thor_bert.target_mlm_accuracy", "thor_bert.eval_batch_size"}
         expected |= {"thor_bert.network.hidden_size", "runtime.seed", "distributed.worker_num"}

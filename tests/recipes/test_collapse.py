@@ -1,5 +1,6 @@
-"""A BERT training that falls back to the unigram baseline is reported as collapsed, with the step since which it
-has been there (``recipes.language_model.CollapseWatch``), and the comparison prints the baseline beside both."""
+"""A BERT training that falls back to the most frequent token's accuracy is reported as collapsed, with the step
+since which it has been there (``recipes.language_model.CollapseWatch``), and the comparison prints that accuracy
+beside both trainings."""
 
 from __future__ import annotations
 
@@ -12,18 +13,18 @@ from trainlib.metrics import STEP_KEY, VAL_MLM_ACCURACY, VAL_STEP_MLM_ACCURACY
 from trainlib.recipes.language_model import (
     COLLAPSE_STEP,
     COLLAPSED,
-    UNIGRAM_MLM_ACCURACY,
+    MOST_FREQUENT_TOKEN_ACCURACY,
     CollapseWatch,
     compare_trainings,
 )
-from trainlib.text.examples import UnigramBaseline
+from trainlib.text.examples import MostFrequentToken
 
-UNIGRAM = UnigramBaseline(token_id=11, accuracy=0.05, subset_accuracy=0.06)
+MOST_FREQUENT = MostFrequentToken(token_id=11, accuracy=0.05, subset_accuracy=0.06)
 
 
 def watch_over(epoch_accuracies, step_accuracies, steps_per_epoch=100) -> tuple[CollapseWatch, list[dict]]:
     """The watch after epochs with these held-out accuracies and, every 50 steps, these subset accuracies."""
-    watch = CollapseWatch(UNIGRAM, "thor_bert thor")
+    watch = CollapseWatch(MOST_FREQUENT, "thor_bert thor")
     watch.on_train_begin(len(epoch_accuracies), steps_per_epoch, 0)
     rows, steps = [], iter(step_accuracies)
     for epoch, accuracy in enumerate(epoch_accuracies):
@@ -34,24 +35,26 @@ def watch_over(epoch_accuracies, step_accuracies, steps_per_epoch=100) -> tuple[
     return watch, rows
 
 
-def test_a_training_back_at_the_unigram_baseline_is_collapsed_since_the_first_step_it_stayed_there(caplog):
-    # learns (0.12 on the subset, whose baseline is 0.06), falls back at step 150 and stays (0.064 is within the
-    # half-point margin), the epoch evaluations agree (0.05 is the full baseline)
+def test_a_training_back_at_the_most_frequent_token_accuracy_is_collapsed_since_the_first_step_it_stayed_there(
+    caplog,
+):
+    # learns (0.12 on the subset, whose most frequent token scores 0.06), falls back at step 150 and stays (0.064 is
+    # within the half-point margin), the epoch evaluations agree (0.05 is the token's accuracy on all examples)
     watch, rows = watch_over([0.11, 0.05], [0.08, 0.12, 0.064, 0.02])
-    assert rows[0] == {UNIGRAM_MLM_ACCURACY: 0.05, COLLAPSED: 0.0}
-    assert rows[1] == {UNIGRAM_MLM_ACCURACY: 0.05, COLLAPSED: 1.0, COLLAPSE_STEP: 150.0}
+    assert rows[0] == {MOST_FREQUENT_TOKEN_ACCURACY: 0.05, COLLAPSED: 0.0}
+    assert rows[1] == {MOST_FREQUENT_TOKEN_ACCURACY: 0.05, COLLAPSED: 1.0, COLLAPSE_STEP: 150.0}
     with caplog.at_level(logging.WARNING):
         watch.on_train_end()
     assert (
-        "thor_bert thor collapsed: its held-out masked-LM accuracy has been at most 0.5 points above the unigram "
-        "baseline (5.00%, always token 11) since step 150" in caplog.text
+        "thor_bert thor collapsed: its held-out masked-LM accuracy has been at most 0.5 points above the most "
+        "frequent token's accuracy (5.00%, always token 11) since step 150" in caplog.text
     )
 
 
-def test_a_training_that_recovers_or_stays_above_the_baseline_is_not_collapsed(caplog):
+def test_a_training_that_recovers_or_stays_above_the_most_frequent_token_accuracy_is_not_collapsed(caplog):
     watch, rows = watch_over([0.05, 0.09], [0.02, 0.05, 0.07, 0.1])  # below at first, above by the end
-    assert rows[-1] == {UNIGRAM_MLM_ACCURACY: 0.05, COLLAPSED: 0.0}
-    assert watch.summary() == {UNIGRAM_MLM_ACCURACY: 0.05, COLLAPSED: 0.0}
+    assert rows[-1] == {MOST_FREQUENT_TOKEN_ACCURACY: 0.05, COLLAPSED: 0.0}
+    assert watch.summary() == {MOST_FREQUENT_TOKEN_ACCURACY: 0.05, COLLAPSED: 0.0}
     with caplog.at_level(logging.WARNING):
         watch.on_train_end()
     assert "collapsed" not in caplog.text
@@ -63,25 +66,25 @@ def test_a_diverged_evaluation_counts_as_collapsed():
 
 
 def test_a_resumed_training_counts_the_evaluations_of_its_earlier_epochs():
-    watch = CollapseWatch(UNIGRAM, "thor_bert baseline")
+    watch = CollapseWatch(MOST_FREQUENT, "thor_bert control")
     watch.on_resume(None, [{"epoch": 1, VAL_MLM_ACCURACY: 0.04}])
     watch.on_train_begin(2, 100, 1)
     watch.evaluated({"mlm_accuracy": 0.052})
     assert watch.epoch_metrics(1)[COLLAPSE_STEP] == 100.0
 
 
-def test_the_comparison_prints_and_tabulates_the_unigram_baseline_beside_both_trainings(caplog):
+def test_the_comparison_prints_and_tabulates_the_most_frequent_token_accuracy_beside_both_trainings(caplog):
     def report(accuracy):
         return {"mlm_accuracy": accuracy, "mlm_loss": 6.0, "nsp_accuracy": 0.5, "examples": 300}
 
     sections = SimpleNamespace(epochs=2, optimizer="adamweightdecay")
     with caplog.at_level(logging.INFO):
-        table = compare_trainings(report(0.052), report(0.2), sections, sections, UNIGRAM, "the")
-    assert list(table["training"]) == ["thor", "baseline", "unigram (the)"]
+        table = compare_trainings(report(0.052), report(0.2), sections, sections, MOST_FREQUENT, "the")
+    assert list(table["training"]) == ["thor", "control", "most frequent token (the)"]
     assert list(table["mlm_accuracy"]) == [0.052, 0.2, 0.05]
     assert list(table["collapsed"][:2]) == [True, False]
     assert (
-        "THOR 5.20% (2 epochs), adamweightdecay baseline 20.00% (2 epochs), unigram baseline 5.00% (always 'the'); "
-        "THOR - baseline -14.80 points, on 300 held-out examples; collapsed to the unigram baseline: thor"
+        "THOR 5.20% (2 epochs), adamweightdecay control 20.00% (2 epochs), most frequent token 5.00% (always 'the'); "
+        "THOR - control -14.80 points, on 300 held-out examples; collapsed to the most frequent token's accuracy: thor"
     ) in caplog.text
-    assert table["mlm_accuracy_minus_baseline"].iloc[0] == pytest.approx(-0.148)
+    assert table["mlm_accuracy_minus_control"].iloc[0] == pytest.approx(-0.148)

@@ -13,7 +13,7 @@ from tests.support.text import read_documents
 from trainlib.engine.callbacks import Callback
 from trainlib.metrics import TIMESTAMP_KEY, TRAIN_COMPILE_S, TRAIN_EPOCH_TIME_S, TRAIN_SEQUENCES_PER_S
 from trainlib.recipes.language_model import build_bert, prepare_language_model
-from trainlib.recipes.thor_bert import train_bert_baseline, train_bert_thor
+from trainlib.recipes.thor_bert import train_bert_control, train_bert_thor
 
 TIMINGS = {TIMESTAMP_KEY, TRAIN_COMPILE_S, TRAIN_EPOCH_TIME_S, TRAIN_SEQUENCES_PER_S}
 
@@ -46,7 +46,7 @@ def without_timings(history):
 
 
 @pytest.mark.slow  # six trainings (about 45 s): the slow tier's
-@pytest.mark.parametrize(("training", "train"), [("thor", train_bert_thor), ("baseline", train_bert_baseline)])
+@pytest.mark.parametrize(("training", "train"), [("thor", train_bert_thor), ("control", train_bert_control)])
 def test_an_interrupted_training_resumes_to_the_uninterrupted_history(language, tmp_path, training, train):
     thor_bert, context = language
     section = getattr(thor_bert, training)

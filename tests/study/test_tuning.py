@@ -22,7 +22,7 @@ BASELINE_SPACE = {"baseline": {"lr": {"peak": [0.01, 0.2], "warmup_epochs": None
 # thor_bert's two trainings over every key of their default spaces, at the tiny BERT's scale (a few steps an epoch)
 THOR_BERT_SPACES = {
     "thor_bert": {"lr": {"peak": [0.001, 0.05]}, "frequency": [2, 4]},
-    "thor_bert_baseline": {"lr": {"warmup_steps": [0, 3]}},
+    "thor_bert_control": {"lr": {"warmup_steps": [0, 3]}},
 }
 
 
@@ -99,7 +99,7 @@ def test_thor_bert_tunes_each_training_at_equal_effort_and_trains_both_bests_on_
     storage = f"sqlite:///{tmp_path / 'tuning.db'}"
     # the baseline's first trial diverges (AdamWeightDecay: its graph compiles in a third of THOR's time): it fails
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    optuna.create_study(storage=storage, study_name="study/thor_bert_baseline").enqueue_trial({"lr.peak": DIVERGING_LR})
+    optuna.create_study(storage=storage, study_name="study/thor_bert_control").enqueue_trial({"lr.peak": DIVERGING_LR})
     # a target no trial reaches: each trial's value is then its steps + 1 + (1 - final masked-LM accuracy)
     params = tuned(storage, recipes=["thor_bert"], spaces=THOR_BERT_SPACES) | {
         "thor_bert": {"target_mlm_accuracy": 0.99}
@@ -109,13 +109,13 @@ def test_thor_bert_tunes_each_training_at_equal_effort_and_trains_both_bests_on_
 
     trials = {
         training: optuna.load_study(study_name=f"study/{training}", storage=storage).trials
-        for training in ("thor_bert", "thor_bert_baseline")
+        for training in ("thor_bert", "thor_bert_control")
     }
     assert [t.state.name for t in trials["thor_bert"]] == ["COMPLETE", "COMPLETE"]
-    assert [t.state.name for t in trials["thor_bert_baseline"]] == ["FAIL", "COMPLETE"]  # the failure counted
-    assert trials["thor_bert_baseline"][0].user_attrs["error"] == "NonFiniteLossError"
+    assert [t.state.name for t in trials["thor_bert_control"]] == ["FAIL", "COMPLETE"]  # the failure counted
+    assert trials["thor_bert_control"][0].user_attrs["error"] == "NonFiniteLossError"
     assert set(trials["thor_bert"][1].params) == {"lr.peak", "weight_decay", "damping.peak", "frequency"}
-    assert set(trials["thor_bert_baseline"][0].params) == {"lr.peak", "lr.warmup_steps", "weight_decay"}
+    assert set(trials["thor_bert_control"][0].params) == {"lr.peak", "lr.warmup_steps", "weight_decay"}
 
     client = mlflow.MlflowClient(tracking_uri=tracking_uri(project))
     (study_run,) = client.search_runs(
@@ -142,12 +142,12 @@ def test_thor_bert_tunes_each_training_at_equal_effort_and_trains_both_bests_on_
                 assert trial.value == pytest.approx(steps[training] + 2 - final)
         # the fresh seed trains the best trial's values in the training's own section
         best = min((t for t in training_trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
-        section = "thor_bert.thor" if training == "thor_bert" else "thor_bert.baseline"
+        section = "thor_bert.thor" if training == "thor_bert" else "thor_bert.control"
         for key, value in best.params.items():
             assert float(fresh[training].data.params[f"{section}.{key}"]) == value
     assert [(run.data.tags["seed"], result) for result, run in sorted(fresh.items())] == [
         ("0", "thor_bert"),
-        ("0", "thor_bert_baseline"),
+        ("0", "thor_bert_control"),
     ]
     assert len(children) == 6  # 2 + 2 trials, 2 fresh-seed trainings
 
@@ -157,12 +157,12 @@ def test_thor_bert_tunes_each_training_at_equal_effort_and_trains_both_bests_on_
         ["thor_bert", "weight_decay", 1e-5],
         ["thor_bert", "damping.peak", 0.007035],
         ["thor_bert", "frequency", 3],
-        ["thor_bert_baseline", "lr.peak", 0.001],
-        ["thor_bert_baseline", "lr.warmup_steps", 2],
-        ["thor_bert_baseline", "weight_decay", 1e-5],
+        ["thor_bert_control", "lr.peak", 0.001],
+        ["thor_bert_control", "lr.warmup_steps", 2],
+        ["thor_bert_control", "weight_decay", 1e-5],
     ]
-    assert choices.groupby("recipe")["trials"].max().to_dict() == {"thor_bert": 2, "thor_bert_baseline": 2}
-    assert list(outputs["study.runs"]["recipe"]) == ["thor_bert", "thor_bert_baseline"]  # fresh seed only
+    assert choices.groupby("recipe")["trials"].max().to_dict() == {"thor_bert": 2, "thor_bert_control": 2}
+    assert list(outputs["study.runs"]["recipe"]) == ["thor_bert", "thor_bert_control"]  # fresh seed only
 
 
 def test_objective_ranks_every_trial_that_reached_the_target_first():
@@ -213,16 +213,16 @@ def test_thor_bert_needs_a_space_for_each_training_and_each_key_in_its_own_secti
     with pytest.raises(click.ClickException) as error:
         run_pipeline(
             "study",
-            {"study": {"recipes": ["thor_bert"], "tuning": {"trials": 2, "spaces": {"thor_bert_baseline": empty}}}},
+            {"study": {"recipes": ["thor_bert"], "tuning": {"trials": 2, "spaces": {"thor_bert_control": empty}}}},
             project,
         )
-    assert "study.tuning.spaces.thor_bert_baseline is missing or empty" in str(error.value)
+    assert "study.tuning.spaces.thor_bert_control is missing or empty" in str(error.value)
     assert str(error.value).endswith("(--params)")  # where it was set
-    thor_keys = {"thor_bert_baseline": {"frequency": [2, 10]}}
+    thor_keys = {"thor_bert_control": {"frequency": [2, 10]}}
     with pytest.raises(click.ClickException) as error:
         run_pipeline("study", {"study": {"tuning": {"spaces": thor_keys}}}, project)
     message = str(error.value)
-    assert "study.tuning.spaces.thor_bert_baseline.frequency is set, but thor_bert_baseline has no preconditioner" in (
+    assert "study.tuning.spaces.thor_bert_control.frequency is set, but thor_bert_control has no preconditioner" in (
         message
     )
     warmups = {"thor_bert": {"lr": {"warmup_epochs": [0.0, 1.0]}}, "baseline": {"lr": {"warmup_steps": [0, 10]}}}

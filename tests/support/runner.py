@@ -79,7 +79,7 @@ TINY = {
         "eval_batch_size": 32,
         "step_eval_examples": 32,
         "thor": {"epochs": 2, "batch_size": 16, "frequency": 3},
-        "baseline": {"epochs": 2, "batch_size": 16, "lr": {"warmup_steps": 2}},
+        "control": {"epochs": 2, "batch_size": 16, "lr": {"warmup_steps": 2}},
     },
 }
 

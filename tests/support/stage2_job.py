@@ -31,7 +31,7 @@ def tracking_uri(work: Path) -> str:
     return f"sqlite:///{work / 'mlflow.db'}"
 
 
-def parameters(work: Path, implementation: str = "own"):
+def parameters(work: Path, implementation: str = "trainlib"):
     """The base configuration (all of ``conf/base/parameters*.yml``), tiny, as validated ``Parameters``."""
     from tests.support.config import load_config
     from trainlib.params import validate_parameters
@@ -47,7 +47,7 @@ def parameters(work: Path, implementation: str = "own"):
             "checkpoint": {"dir": str(work / "epochs"), "every_epochs": 1, "keep_last": 1},
         }
     )
-    if implementation == "mindspore":  # boost's residual momentum takes the scaled gradient
+    if implementation == "mindspore_builtin":  # boost's residual momentum takes the scaled gradient
         raw["dim_reduce"]["stage2"]["loss_scale"] = 1.0
     return validate_parameters(raw)
 
@@ -90,4 +90,4 @@ def main(work: Path, tree: Path, implementation: str) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(PROJECT))  # run as a script: tests.support from the repository
-    main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "own")
+    main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "trainlib")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from trainlib.text.corpus import Document
-from trainlib.text.examples import COLUMNS, create_pretraining_examples, unigram_baseline
+from trainlib.text.examples import COLUMNS, create_pretraining_examples, most_frequent_token_accuracy
 from trainlib.text.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, train_wordpiece
 
 SETTINGS = {
@@ -141,15 +141,15 @@ def test_settings_that_cannot_make_an_example_are_refused(train_documents, token
         create_pretraining_examples([], tokenizer, **SETTINGS, seed=0)
 
 
-def test_unigram_baseline_predicts_the_most_frequent_train_target_and_scores_it_on_held_out_predictions():
+def test_most_frequent_token_accuracy_predicts_the_most_frequent_train_target_and_scores_it_on_held_out_predictions():
     def predictions(ids, weights):
         return {"masked_lm_ids": np.array(ids, np.int32), "masked_lm_weights": np.array(weights, np.float32)}
 
     # token 7 is the train targets' most frequent (the padding's 0s, weight 0, more frequent still, do not count)
     train = predictions([[7, 7, 9, 0, 0, 0], [7, 9, 5, 0, 0, 0]], [[1, 1, 1, 0, 0, 0], [1, 1, 1, 0, 0, 0]])
     held_out = predictions([[7, 9, 0], [5, 5, 7], [7, 7, 7]], [[1, 1, 0], [1, 1, 1], [1, 1, 0]])
-    baseline = unigram_baseline(train, held_out, subset=2)
-    assert baseline.token_id == 7
-    assert baseline.accuracy == pytest.approx(4 / 7)  # of 7 weighted predictions, 4 are 7
-    assert baseline.subset_accuracy == pytest.approx(2 / 5)  # the first two examples' 5 predictions
-    assert unigram_baseline(train, held_out).subset_accuracy == pytest.approx(4 / 7)
+    most_frequent = most_frequent_token_accuracy(train, held_out, subset=2)
+    assert most_frequent.token_id == 7
+    assert most_frequent.accuracy == pytest.approx(4 / 7)  # of 7 weighted predictions, 4 are 7
+    assert most_frequent.subset_accuracy == pytest.approx(2 / 5)  # the first two examples' 5 predictions
+    assert most_frequent_token_accuracy(train, held_out).subset_accuracy == pytest.approx(4 / 7)

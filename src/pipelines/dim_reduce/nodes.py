@@ -87,10 +87,10 @@ def train_stage2(
     stage2: Stage2Params,
 ) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
     """P-BFGS in the PCA subspace for ``stage2.epochs`` epochs from the stage-1 weights (``implementation:
-    mindspore``: ``mindspore.boost``'s DimReduce instead, in a process of its own): the final checkpoint, the
+    mindspore_builtin``: ``mindspore.boost``'s DimReduce instead, in a process of its own): the final checkpoint, the
     per-epoch history and the per-step table."""
     callbacks = [tracking.EpochMetrics()]
-    if stage2.implementation == "mindspore":
+    if stage2.implementation == "mindspore_builtin":
         handoff = tracking.MlflowRunHandoff.capture()
         result, steps = dim_reduce.train_stage2_with_boost(
             context, stage1_checkpoint, pca_matrix, stage2, callbacks=callbacks, run_handoff=handoff

@@ -71,14 +71,19 @@ class ParameterFiles:
         (the loader refuses a key set twice in one environment), so the last folder to set it names its file.
         """
         sources: dict[str, str] = {}
+        for source, parameters in self.each(runtime_params):
+            sources.update(dict.fromkeys((key for key, _ in leaf_items(parameters)), source))
+        return sources
+
+    def each(self, runtime_params: dict | None = None) -> Iterator[tuple[str, dict]]:
+        """(file, its parameters alone) for every parameter file, in Kedro's merge order (base, then ``env``), then
+        ``("--params", runtime_params)``: each file loaded alone by the loader itself (``sources``)."""
         for folder in dict.fromkeys((self._loader.base_env, self.env)):
             files: set[Path] = set()
             self._load(self.conf_source / folder, files)
             for file in sorted(files):
-                alone = self._load(file.parent, pattern=file.name)
-                sources.update(dict.fromkeys((key for key, _ in leaf_items(alone)), shown_path(file)))
-        sources.update(dict.fromkeys((key for key, _ in leaf_items(runtime_params or {})), "--params"))
-        return sources
+                yield shown_path(file), self._load(file.parent, pattern=file.name)
+        yield "--params", runtime_params or {}
 
     def _load(self, folder: Path, files: set[Path] | None = None, pattern: str | None = None) -> dict:
         """The parameter files of ``folder`` (only ``pattern`` when given), merged; the files read go into

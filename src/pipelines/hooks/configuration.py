@@ -1,6 +1,7 @@
 """The configuration of a run, checked before anything starts: ``ConfigurationHooks``.
 
-Before any MLflow run exists, and in well under a second: the ``--env`` names an existing environment, a
+Before any MLflow run exists, and in well under a second: the ``--env`` names an existing environment, no
+parameter file nor ``--params`` uses a renamed key or value (``trainlib.params.renames``), a
 ``runtime.fast_dev_run`` rehearsal gets its substitutions (``hooks.rehearsal``), every parameter is validated
 against ``trainlib.params`` (every problem named with its dotted key and the file, or ``--params``, it came
 from), and the device the configuration targets exists. What it found, ``RunConfiguration``, is what the hooks
@@ -23,6 +24,7 @@ from pipelines.hooks.rehearsal import rehearse_on_cpu
 from trainlib.engine.runtime import DeviceUnavailableError, require_device
 from trainlib.fast_dev_run import Substitutions
 from trainlib.params import ParameterError, Parameters, validate_parameters
+from trainlib.params.renames import renamed_in
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class ConfigurationHooks:
         env = context.env or loader.default_run_env
         given = dict(loader.runtime_params or {})  # --params, before fast_dev_run adds its substitutions
         files = ParameterFiles(loader.conf_source, env)
+        refuse_renamed(files, given)
         # The raw configuration (--params merged in), not context.params: that property runs Kedro's own
         # typed-parameter validation, which imports every pipeline's nodes (MindSpore) and stops at the first
         # failing section; this check reports every problem in well under a second.
@@ -89,6 +92,13 @@ class ConfigurationHooks:
             overrides=overrides(given, files),
             rehearsal=rehearsal,
         )
+
+
+def refuse_renamed(files: ParameterFiles, given: dict) -> None:
+    """Stop, naming every file (or ``--params``) that still uses a renamed key or value, and its new name."""
+    lines = [f"  {source}: {line}" for source, parameters in files.each(given) for line in renamed_in(parameters)]
+    if lines:
+        raise click.ClickException("renamed parameters:\n" + "\n".join(lines))
 
 
 def rehearsal_command(env: str | None, pipelines: list[str] | None = None) -> str | None:

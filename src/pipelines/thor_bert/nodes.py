@@ -1,6 +1,6 @@
 """Nodes of the ``thor_bert`` pipeline: the corpus, tokenizer and examples (``trainlib.text``), BERT's initial
 weights, the language training template (``train``, ``evaluate``, ``export_model``) under ``thor_bert.thor`` and
-``thor_bert.baseline`` (``trainlib.recipes.thor_bert``), each training in its own MLflow child run (nodes tagged
+``thor_bert.control`` (``trainlib.recipes.thor_bert``), each training in its own MLflow child run (nodes tagged
 ``training_run``), and their comparison in the ``kedro run``'s run."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from trainlib.params import (
 from trainlib.predict.export import ExportedModel
 from trainlib.recipes.context import LanguageModelContext
 from trainlib.recipes.language_model import (
-    UNIGRAM_MLM_ACCURACY,
+    MOST_FREQUENT_TOKEN_ACCURACY,
     build_bert,
     compare_trainings,
     evaluate_bert,
@@ -36,12 +36,12 @@ from trainlib.recipes.language_model import (
 from trainlib.recipes.thor_bert import train_bert
 from trainlib.text import pretraining
 from trainlib.text.corpus import documents_from_table, documents_table
-from trainlib.text.examples import unigram_baseline
+from trainlib.text.examples import most_frequent_token_accuracy
 from trainlib.text.tokenizer import tokenizer_from_json, tokenizer_to_json
 
 logger = logging.getLogger(__name__)
 
-THOR_MINUS_BASELINE_MLM = "thor_bert/thor_minus_baseline_mlm_accuracy"
+THOR_MINUS_CONTROL_MLM = "thor_bert/thor_minus_control_mlm_accuracy"
 
 
 def split_corpus(corpus: BertCorpusParams) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -103,7 +103,7 @@ def train(
     initial_weights: Checkpoint, context: LanguageModelContext, recipe: LanguageRecipe, target_mlm_accuracy: float
 ) -> tuple[Checkpoint, pd.DataFrame]:
     """The section's training from the initial weights: THOR (every Dense layer preconditioned, then Momentum) or
-    the first-order baseline (AdamWeightDecay or Lamb); the final checkpoint and the per-epoch history. A rerun
+    the first-order control (AdamWeightDecay or Lamb); the final checkpoint and the per-epoch history. A rerun
     resumes from ``<section>.checkpoint.dir``. The run gets when it first reached ``target_mlm_accuracy``
     (``target/epochs``, …)."""
     callbacks = [tracking.EpochMetrics(), tracking.TimeToTarget(target_mlm_accuracy, "mlm_accuracy")]
@@ -124,22 +124,22 @@ def export_model(checkpoint: Checkpoint, context: LanguageModelContext, tokenize
 
 def compare(
     thor_report: dict,
-    baseline_report: dict,
+    control_report: dict,
     thor: LanguageRecipe,
-    baseline: LanguageRecipe,
+    control: LanguageRecipe,
     train_examples: dict[str, np.ndarray],
     held_out_examples: dict[str, np.ndarray],
     tokenizer: str,
 ) -> pd.DataFrame:
-    """One row per training and one for the unigram baseline (``recipes.language_model.compare_trainings``);
-    THOR's gain over the baseline and the unigram baseline's accuracy go to the run."""
-    unigram = unigram_baseline(train_examples, held_out_examples)
-    token = tokenizer_from_json(tokenizer).id_to_token(unigram.token_id)
-    table = compare_trainings(thor_report, baseline_report, thor, baseline, unigram, token)
+    """One row per training and one for the most frequent token (``recipes.language_model.compare_trainings``);
+    THOR's gain over the control and the most frequent token's accuracy go to the run."""
+    most_frequent = most_frequent_token_accuracy(train_examples, held_out_examples)
+    token = tokenizer_from_json(tokenizer).id_to_token(most_frequent.token_id)
+    table = compare_trainings(thor_report, control_report, thor, control, most_frequent, token)
     tracking.log_metrics(
         {
-            THOR_MINUS_BASELINE_MLM: float(table["mlm_accuracy_minus_baseline"].iloc[0]),
-            UNIGRAM_MLM_ACCURACY: unigram.accuracy,
+            THOR_MINUS_CONTROL_MLM: float(table["mlm_accuracy_minus_control"].iloc[0]),
+            MOST_FREQUENT_TOKEN_ACCURACY: most_frequent.accuracy,
         }
     )
     return table

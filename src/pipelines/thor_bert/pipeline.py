@@ -1,8 +1,8 @@
-"""``thor_bert`` pipeline: corpus -> tokenizer -> examples -> BERT -> THOR and baseline, each evaluated -> comparison.
+"""``thor_bert`` pipeline: corpus -> tokenizer -> examples -> BERT -> THOR and control, each evaluated -> comparison.
 
 The modular pipeline ``thor_bert``, one nested namespace per stage, each a box in kedro-viz: ``thor_bert.corpus``
 (train and held-out documents), ``thor_bert.tokenizer``, ``thor_bert.examples`` (pre-training examples of each),
-``thor_bert.network`` (the initial weights both trainings start from), ``thor_bert.thor`` and ``thor_bert.baseline``
+``thor_bert.network`` (the initial weights both trainings start from), ``thor_bert.thor`` and ``thor_bert.control``
 (one template, ``training_pipeline``: context, train, then held-out masked-LM evaluation, in a child run of its
 own) and ``thor_bert.comparison``.
 """
@@ -24,7 +24,7 @@ from .nodes import (
 )
 
 NAMESPACE = "thor_bert"
-TRAININGS = ("thor", "baseline")
+TRAININGS = ("thor", "control")
 # The datasets each stage reads from the stages before it, by their names in the stage's template
 SHARED = {
     "train_documents": f"{NAMESPACE}.corpus.train_documents",
@@ -61,7 +61,7 @@ SECTIONS = {
 
 
 def training_pipeline(training: str) -> Pipeline:
-    """The language training template for ``thor_bert.<training>`` (``thor``, ``baseline``): its
+    """The language training template for ``thor_bert.<training>`` (``thor``, ``control``): its
     ``training_context`` (the examples and shared sections, made in the training's child run, which so logs them),
     ``train`` from the shared initial weights, then ``evaluate`` on the held-out examples."""
     template = pipeline(
@@ -119,9 +119,9 @@ def create_pipeline(**kwargs) -> Pipeline:
                 compare,
                 [
                     "thor_report",
-                    "baseline_report",
+                    "control_report",
                     "params:thor",
-                    "params:baseline",
+                    "params:control",
                     "train_examples",
                     "held_out_examples",
                     "tokenizer",

@@ -78,7 +78,7 @@ RUN_COLOUR_TAG = "mlflow.runColor"
 COLOUR_FAMILIES = {
     "baseline": "#4e79a7",
     "control": "#4e79a7",
-    "thor_bert_baseline": "#4e79a7",
+    "thor_bert_control": "#4e79a7",
     "thor": "#f28e2b",
     "thor_bert": "#f28e2b",
     "thor_first_order": "#e15759",
@@ -95,7 +95,7 @@ SEED_SHADES = (1.0, 0.7, 1.3, 0.5, 1.5, 0.85, 1.15)
 
 def run_colour(kind: str, seed: int | None = None) -> str:
     """The ``#rrggbb`` colour of a run of ``kind`` (a training, result row or pipeline: ``thor``,
-    ``thor_bert_baseline``, ``stage2``) and ``seed``: its family's colour (``COLOUR_FAMILIES``), shaded by seed."""
+    ``thor_bert_control``, ``stage2``) and ``seed``: its family's colour (``COLOUR_FAMILIES``), shaded by seed."""
     family = COLOUR_FAMILIES.get(kind, OTHER_RUNS)
     red, green, blue = (int(family[i : i + 2], 16) / 255 for i in (1, 3, 5))
     hue, lightness, saturation = colorsys.rgb_to_hls(red, green, blue)

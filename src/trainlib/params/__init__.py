@@ -95,13 +95,13 @@ from trainlib.params.study import (
     ScheduleSpace,
     StudyParams,
     StudyRecipe,
-    TunedRecipe,
+    TunableRow,
     TuningParams,
     space_ranges,
 )
 from trainlib.params.thor import AdamGraft, ThorMindSpore, ThorOptions, ThorParams
 from trainlib.params.thor_bert import (
-    BertBaselineTraining,
+    BertControlTraining,
     BertCorpusParams,
     BertExampleParams,
     BertNetworkParams,
@@ -122,7 +122,7 @@ __all__ = [
     "AmpLevel",
     "BadFilePolicy",
     "BaselineParams",
-    "BertBaselineTraining",
+    "BertControlTraining",
     "BertCorpusParams",
     "BertExampleParams",
     "BertNetworkParams",
@@ -187,7 +187,7 @@ __all__ = [
     "TorchvisionArchitecture",
     "TrackingParams",
     "TrajectoryParams",
-    "TunedRecipe",
+    "TunableRow",
     "TuningParams",
     "VerifyMode",
     "WarmupSchedule",

@@ -39,7 +39,7 @@ class ImageRecipe(TemplateSection):
 
 
 class LanguageRecipe(TemplateSection):
-    """A section of the thor_bert pipeline's training template: ``thor_bert.thor`` or ``thor_bert.baseline``."""
+    """A section of the thor_bert pipeline's training template: ``thor_bert.thor`` or ``thor_bert.control``."""
 
 
 class CheckpointParams(Section):

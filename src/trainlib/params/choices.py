@@ -18,10 +18,12 @@ GradCentralization = Literal["auto", "on", "off"]
 TorchvisionArchitecture = Literal["resnet18", "resnet34", "resnet50", "resnet101"]
 RecipeName = Literal["baseline", "dim_reduce", "thor", "adasum"]  # trainlib.report.compare.RECIPES
 AmpLevel = Literal["O0", "O1", "O2", "O3"]
-# own: this project's implementation | mindspore: MindSpore's (nn.thor, mindspore.boost)
-Implementation = Literal["own", "mindspore"]
+# trainlib: this project's implementation | mindspore_builtin: MindSpore's built-in one (mindspore.nn.thor,
+# mindspore.boost)
+Implementation = Literal["trainlib", "mindspore_builtin"]
 AdasumExchange = Literal["allgather", "allreduce"]  # trainlib.optim.adasum.combine
-DampingMethod = Literal["mindspore", "factored"]  # trainlib.optim.thor
+# fixed: a fixed sqrt(damping) added to each factor, as mindspore.nn.thor does | factored: Martens & Grosse's split
+DampingMethod = Literal["fixed", "factored"]  # trainlib.optim.thor
 ComputeMethod = Literal["inverse", "eigen"]  # trainlib.optim.thor
 # the Momentum recipes' schedules (trainlib.optim.schedules); the other shapes are one schedule model each
 WarmupShape = Literal["linear", "cosine", "quadratic", "steps", "constant"]

@@ -57,7 +57,8 @@ class Stage2Params(Section):
     loss_scale: PositiveFloat
     label_smoothing: Fraction
     checkpoint: CheckpointParams
-    # also evaluate on data.step_eval_images every N steps, stage 2 and the control alike (own only); 0: off
+    # also evaluate on data.step_eval_images every N steps, stage 2 and the control alike (trainlib only); 0:
+    # off
     eval_every_steps: NonNegativeInt
 
 
@@ -98,11 +99,12 @@ class DimReduceParams(Section):
             )
         if steps is None and epochs is None:
             problems.append(("dim_reduce.stage1.trajectory.every_steps", "and every_epochs are both null: set one"))
-        if self.stage2.eval_every_steps and self.stage2.implementation != "own":
+        if self.stage2.eval_every_steps and self.stage2.implementation != "trainlib":
             problems.append(
                 (
                     "dim_reduce.stage2.eval_every_steps",
-                    "needs dim_reduce.stage2.implementation own (boost's DimReduce trains whole epochs in Model.train)",
+                    "needs dim_reduce.stage2.implementation trainlib (mindspore.boost's DimReduce trains whole epochs "
+                    "in Model.train)",
                 )
             )
         CrossKeyProblems.raise_if_any(problems)

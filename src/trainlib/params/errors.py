@@ -56,7 +56,7 @@ def _problems(details: ErrorDetails, root: type[BaseModel]) -> list[tuple[str, s
         found = f"is {ctx['tag']!r}" if details["type"] == "union_tag_invalid" else "is missing"
         return [(f"{key}.{ctx['discriminator'].strip(chr(39))}", f"{found}; choose one of {', '.join(tags)}")]
     value, ctx = _yaml_text(details["input"]), details.get("ctx", {})
-    if details["type"] == "literal_error":  # ctx: "'own' or 'mindspore'"
+    if details["type"] == "literal_error":  # ctx: "'trainlib' or 'mindspore_builtin'"
         allowed = ctx["expected"].replace(" or ", ", ").replace("'", "")
         return [(key, f"is {value}; choose one of {allowed}")]
     if details["type"] in _BOUNDS:

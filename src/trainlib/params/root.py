@@ -56,15 +56,15 @@ class Parameters(Section):
     def _runnable_on_this_target(self) -> Parameters:
         problems = []
         device_target, workers = self.runtime.device_target, self.distributed.worker_num
-        if self.adasum.implementation == "mindspore" and (
+        if self.adasum.implementation == "mindspore_builtin" and (
             device_target != "Ascend" or workers < BOOST_ADASUM_MIN_DEVICES
         ):
             problems.append(
                 (
                     "adasum.implementation",
-                    "is mindspore (mindspore.boost's Adasum), which MindSpore runs on Ascend with "
+                    "is mindspore_builtin (mindspore.boost's Adasum), which MindSpore runs on Ascend with "
                     f"{BOOST_ADASUM_MIN_DEVICES} devices or more (Send/Receive between 8-device servers); this run has "
-                    f"{workers} {device_target} worker(s): use own",
+                    f"{workers} {device_target} worker(s): use trainlib",
                 )
             )
         if self.boost.less_bn and self.runtime.mode != "graph":
@@ -87,29 +87,29 @@ class Parameters(Section):
                     f"{', '.join(GRAD_CENTRALIZATION_TARGETS)}); use auto (off there) or off",
                 )
             )
-        if self.thor.implementation == "mindspore" and device_target == "CPU":
+        if self.thor.implementation == "mindspore_builtin" and device_target == "CPU":
             problems.append(
                 (
                     "thor.implementation",
-                    "is mindspore, whose kernels (ThorIm2Col, CholeskyTrsm, UpdateThorGradient) exist only on Ascend "
-                    "and GPU, but runtime.device_target is CPU; use thor.implementation: own (this project's THOR, "
-                    "every backend), or run on Ascend/GPU (--env=ascend, --env=gpu)",
+                    "is mindspore_builtin, whose kernels (ThorIm2Col, CholeskyTrsm, UpdateThorGradient) exist only "
+                    "on Ascend and GPU, but runtime.device_target is CPU; use thor.implementation: trainlib (this "
+                    "project's THOR, every backend), or run on Ascend/GPU (--env=ascend, --env=gpu)",
                 )
             )
-        if self.thor_bert.baseline.optimizer == "lamb" and device_target == "CPU":
+        if self.thor_bert.control.optimizer == "lamb" and device_target == "CPU":
             problems.append(
                 (
-                    "thor_bert.baseline.optimizer",
+                    "thor_bert.control.optimizer",
                     "is lamb, whose kernel MindSpore has only on Ascend and GPU, but runtime.device_target is CPU; use "
                     "adamweightdecay (the script's other first-order choice) on CPU",
                 )
             )
-        if "dim_reduce" in self.study.recipes and self.dim_reduce.stage2.implementation != "own":
+        if "dim_reduce" in self.study.recipes and self.dim_reduce.stage2.implementation != "trainlib":
             problems.append(
                 (
                     "dim_reduce.stage2.implementation",
-                    "is mindspore, but study.recipes has dim_reduce, whose stage 2 the study evaluates every "
-                    "study.eval_every_steps steps: use own (or take dim_reduce out of study.recipes)",
+                    "is mindspore_builtin, but study.recipes has dim_reduce, whose stage 2 the study evaluates every "
+                    "study.eval_every_steps steps: use trainlib (or take dim_reduce out of study.recipes)",
                 )
             )
         if self.distributed.nodes > 1:
@@ -121,7 +121,7 @@ class Parameters(Section):
                 "dim_reduce.stage2": self.dim_reduce.stage2,
                 "dim_reduce.control": self.dim_reduce.control,
                 "thor_bert.thor": self.thor_bert.thor,
-                "thor_bert.baseline": self.thor_bert.baseline,
+                "thor_bert.control": self.thor_bert.control,
             }
             problems += [
                 (
@@ -133,12 +133,12 @@ class Parameters(Section):
                 for name, section in sections.items()
                 if section.checkpoint.keep_last < 2
             ]
-        if self.dim_reduce.stage2.implementation == "mindspore" and workers > 1:
+        if self.dim_reduce.stage2.implementation == "mindspore_builtin" and workers > 1:
             problems.append(
                 (
                     "dim_reduce.stage2.implementation",
-                    "is mindspore (mindspore.boost's DimReduce), which runs in one process of its own, outside "
-                    f"msrun; with distributed.worker_num {workers} use own (P-BFGS averages gradients and losses "
+                    "is mindspore_builtin (mindspore.boost's DimReduce), which runs in one process of its own, outside "
+                    f"msrun; with distributed.worker_num {workers} use trainlib (P-BFGS averages gradients and losses "
                     "across the ranks)",
                 )
             )
@@ -154,7 +154,7 @@ class Parameters(Section):
             "thor": self.thor,
             "thor_first_order": self.thor,
             "thor_bert": self.thor_bert.thor,
-            "thor_bert_baseline": self.thor_bert.baseline,
+            "thor_bert_control": self.thor_bert.control,
         }
         problems = []
         for recipe, space in self.study.tuning.spaces.items():

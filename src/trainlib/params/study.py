@@ -12,21 +12,21 @@ from trainlib.params.errors import CrossKeyProblems
 # dim_reduce gives two result rows, stage2 and control (P-BFGS against Momentum from the same stage 1); adasum
 # two, adasum and allreduce (the adasum section's training on study.adasum_workers msrun ranks, both ways)
 # thor_first_order: the thor section with thor.precondition false (THOR's recipe without its curvature)
-# thor_bert gives two rows, thor_bert and thor_bert_baseline (THOR against the first-order baseline on BERT)
+# thor_bert gives two rows, thor_bert and thor_bert_control (THOR against the first-order control on BERT)
 StudyRecipe = Literal["baseline", "thor", "thor_first_order", "dim_reduce", "adasum", "thor_bert"]
 
 
 # The trainings a study can tune (study.tuning), each named by its result row and with one section of its own:
-# thor_first_order the thor section; thor_bert (THOR) thor_bert.thor, thor_bert_baseline thor_bert.baseline
-TunedRecipe = Literal["baseline", "thor", "thor_first_order", "thor_bert", "thor_bert_baseline"]
+# thor_first_order the thor section; thor_bert (THOR) thor_bert.thor, thor_bert_control thor_bert.control
+TunableRow = Literal["baseline", "thor", "thor_first_order", "thor_bert", "thor_bert_control"]
 # The study recipes a tuning covers, and the trainings each gives (thor_bert: its two, each with its own trials)
-TUNED_TRAININGS: dict[str, tuple[TunedRecipe, ...]] = {
+TUNED_TRAININGS: dict[str, tuple[TunableRow, ...]] = {
     "baseline": ("baseline",),
     "thor": ("thor",),
     "thor_first_order": ("thor_first_order",),
-    "thor_bert": ("thor_bert", "thor_bert_baseline"),
+    "thor_bert": ("thor_bert", "thor_bert_control"),
 }
-PRECONDITIONED: tuple[TunedRecipe, ...] = ("thor", "thor_bert")  # the trainings with THOR's damping and frequency
+PRECONDITIONED: tuple[TunableRow, ...] = ("thor", "thor_bert")  # the trainings with THOR's damping and frequency
 # [low, high] of a knob a tuning samples: log-uniform (learning rates, damping, weight decay), uniform (warm-up
 # epochs), integers (warm-up steps, THOR's frequency)
 LogRange = Annotated[list[PositiveFloat], Field(min_length=2, max_length=2)]
@@ -64,7 +64,7 @@ class TuningParams(Section):
     pruner: Literal["none", "median"]  # median: stop a trial whose step evaluations fall below the trials' median
     storage: Annotated[str, Field(min_length=1)]  # an Optuna storage URL: sqlite:///<file>, postgresql://..., ...
     name: Annotated[str, Field(min_length=1)]  # Optuna study <name>/<recipe>
-    spaces: dict[TunedRecipe, RecipeSpace]
+    spaces: dict[TunableRow, RecipeSpace]
 
     @model_validator(mode="after")
     def _ranges(self) -> TuningParams:

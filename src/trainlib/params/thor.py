@@ -23,7 +23,7 @@ from trainlib.params.schedules import Schedule
 
 
 class ThorMindSpore(Section):
-    """Options of implementation: mindspore (nn.thor + ModelThor)."""
+    """Options of implementation: mindspore_builtin (nn.thor + ModelThor)."""
 
     amp_level: AmpLevel
     keep_batchnorm_fp32: bool
@@ -40,11 +40,11 @@ class AdamGraft(Section):
 
 
 class ThorOptions(Section):
-    """The options of this project's THOR (``implementation: own``), one name each for the ResNet (``thor``) and
+    """The options of this project's THOR (``implementation: trainlib``), one name each for the ResNet (``thor``) and
     BERT (``thor_bert.thor``) sections; every default is today's THOR (``trainlib.optim.thor`` has the maths)."""
 
-    # mindspore: sqrt(damping / P) added to A and to G (nn.thor) | factored: Martens & Grosse's pi-scaled split
-    damping_method: DampingMethod = "mindspore"
+    # fixed: sqrt(damping / P) added to A and to G (nn.thor) | factored: Martens & Grosse's pi-scaled split
+    damping_method: DampingMethod = "fixed"
     # inverse: damped factor inverses (Cholesky) | eigen: eigendecomposed factors, damping on the eigenvalue products
     compute_method: ComputeMethod = "inverse"
     kl_clip: PositiveFloat | None = None  # kfac-pytorch's bound on lr^2 * sum(g . direction); None: off
@@ -66,7 +66,7 @@ class ThorOptions(Section):
 class ThorParams(ImageRecipe, ThorOptions):
     implementation: Implementation
     # false: THOR's recipe (schedules, weight decay, initialisation, loss scale) with the gradients passed to the
-    # optimizer unchanged: what the curvature adds, measured against THOR's own recipe (implementation own only)
+    # optimizer unchanged: what the curvature adds, measured against THOR's own recipe (implementation trainlib only)
     precondition: bool
     epochs: PositiveInt
     batch_size: PositiveInt
@@ -80,7 +80,8 @@ class ThorParams(ImageRecipe, ThorOptions):
     block_size: PositiveInt | None  # None: full inverses
     trace_rule: Annotated[list[float], Field(min_length=2, max_length=2)] | None  # [skip, stop]
     zero_init_last_bn_gamma: bool  # the initial weights' last BatchNorm gamma of each residual block is 0
-    split_indices: list[int]  # nn.thor's allreduce fusion groups of the A/G statistics (implementation mindspore)
+    # nn.thor's allreduce fusion groups of the A/G statistics (implementation mindspore_builtin)
+    split_indices: list[int]
     eval_interval: NonNegativeInt
     eval_every_steps: NonNegativeInt  # also evaluate on data.step_eval_images every N steps; 0: off
     checkpoint: CheckpointParams
@@ -93,19 +94,19 @@ class ThorParams(ImageRecipe, ThorOptions):
             problems.append(("thor.trace_rule", f"is {self.trace_rule}; give [skip, stop] with 0 <= stop <= skip"))
         problems += self.option_problems("thor")
         changed = [key for key, value in ThorOptions().model_dump().items() if getattr(self, key) != value]
-        if changed and self.implementation != "own":
+        if changed and self.implementation != "trainlib":
             problems.append(
                 (
                     f"thor.{changed[0]}",
-                    "is an option of this project's THOR; nn.thor (implementation mindspore) has none",
+                    "is an option of this project's THOR; nn.thor (implementation mindspore_builtin) has none",
                 )
             )
-        if not self.precondition and self.implementation != "own":
+        if not self.precondition and self.implementation != "trainlib":
             problems.append(
                 (
                     "thor.precondition",
                     "is false, which switches off this project's preconditioner; MindSpore's nn.thor "
-                    "(thor.implementation: mindspore) has no such switch: use implementation own",
+                    "(thor.implementation: mindspore_builtin) has no such switch: use implementation trainlib",
                 )
             )
         CrossKeyProblems.raise_if_any(problems)

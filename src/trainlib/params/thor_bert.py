@@ -101,8 +101,8 @@ class BertThorTraining(LanguageRecipe, ThorOptions):
         return self
 
 
-class BertBaselineTraining(LanguageRecipe):
-    """The first-order baseline of the THOR document's BERT script (Lamb or AdamWeightDecay, warm-up polynomial lr),
+class BertControlTraining(LanguageRecipe):
+    """The first-order control of the THOR document's BERT script (Lamb or AdamWeightDecay, warm-up polynomial lr),
     weight decay except on LayerNorm and biases."""
 
     optimizer: Literal["adamweightdecay", "lamb"]
@@ -118,7 +118,7 @@ class BertBaselineTraining(LanguageRecipe):
 
 
 class ThorBertParams(Section):
-    """``thor_bert``: text corpus -> tokenizer -> pre-training examples -> BERT -> THOR and its first-order baseline
+    """``thor_bert``: text corpus -> tokenizer -> pre-training examples -> BERT -> THOR and its first-order control
     -> masked-LM evaluation on held-out text."""
 
     corpus: BertCorpusParams
@@ -129,7 +129,7 @@ class ThorBertParams(Section):
     step_eval_examples: PositiveInt | None  # held-out examples of the evaluation every K steps; None: all
     target_mlm_accuracy: OpenFraction  # time and steps to this held-out masked-LM accuracy (report, study)
     thor: BertThorTraining
-    baseline: BertBaselineTraining
+    control: BertControlTraining
 
     @model_validator(mode="after")
     def _consistent(self) -> ThorBertParams:

@@ -19,7 +19,7 @@ from trainlib.predict.fill_mask import masked_text
 from trainlib.recipes.classifier import configure
 from trainlib.recipes.context import LanguageModelContext
 from trainlib.text.dataset import create_text_dataset
-from trainlib.text.examples import UnigramBaseline
+from trainlib.text.examples import MostFrequentToken
 from trainlib.text.pretraining import fit_tokenizer, pretraining_examples, split_corpus
 from trainlib.text.tokenizer import tokenizer_from_json
 
@@ -27,11 +27,12 @@ logger = logging.getLogger(__name__)
 
 NETWORK_NAME = "bert"  # checkpoint metadata ``network``
 # thor_bert's own figures (metrics.py: a recipe's keys under its prefix), in every epoch row and the summary
-UNIGRAM_MLM_ACCURACY = "thor_bert/unigram_mlm_accuracy"  # held-out accuracy of always the top train token
-COLLAPSED = "thor_bert/collapsed"  # 1 when the latest evaluation is at the unigram baseline, else 0
+# held-out masked-LM accuracy of always predicting the most frequent masked token of the train examples
+MOST_FREQUENT_TOKEN_ACCURACY = "thor_bert/most_frequent_token_accuracy"
+COLLAPSED = "thor_bert/collapsed"  # 1 when the latest evaluation is at the most frequent token's accuracy, else 0
 COLLAPSE_STEP = "thor_bert/collapse_step"  # the global step since which every evaluation has been there
-# An evaluation within half a point of the unigram baseline (or below it) has fallen back to it: a network that
-# predicts one token scores the baseline or less, one that learned anything scores clearly more.
+# An evaluation within half a point of the most frequent token's accuracy (or below it) has fallen back to it: a
+# network that predicts one token scores that accuracy or less, one that learned anything scores clearly more.
 COLLAPSE_MARGIN = 0.005
 
 
@@ -55,25 +56,26 @@ def prepare_language_model(
 
 
 class CollapseWatch(Callback):
-    """Whether a training has fallen back to the unigram baseline (``unigram``), and since which global step.
+    """Whether a training has fallen back to the most frequent token's accuracy (``most_frequent``), and since which
+    global step.
 
     Each held-out evaluation (the epoch's through ``evaluated``, the one every K steps on the first examples
-    through ``on_step_evaluation``, against the baseline on those examples) is collapsed when its masked-LM
-    accuracy is at most the baseline + ``COLLAPSE_MARGIN``; the training is collapsed when its latest evaluation
-    is, since the first step of that unbroken run. Adds ``UNIGRAM_MLM_ACCURACY``, and on evaluated epochs
+    through ``on_step_evaluation``, against that token's accuracy on those examples) is collapsed when its masked-LM
+    accuracy is at most that accuracy + ``COLLAPSE_MARGIN``; the training is collapsed when its latest evaluation
+    is, since the first step of that unbroken run. Adds ``MOST_FREQUENT_TOKEN_ACCURACY``, and on evaluated epochs
     ``COLLAPSED`` (and ``COLLAPSE_STEP``), to each epoch's row; ``summary()`` gives them for the training's end,
     and a collapsed training says so in the log (``label`` names it)."""
 
-    def __init__(self, unigram: UnigramBaseline, label: str):
-        self.unigram = unigram
+    def __init__(self, most_frequent: MostFrequentToken, label: str):
+        self.most_frequent = most_frequent
         self.label = label
         self.steps_per_epoch = 0
         self.observations: list[tuple[int, bool]] = []  # (global step, collapsed), in the order seen
         self.resumed_rows: list = []
         self.latest: float | None = None  # this epoch's evaluation, until its row is made
 
-    def _observe(self, step: int, accuracy: float, baseline: float) -> None:
-        self.observations.append((int(step), not accuracy > baseline + COLLAPSE_MARGIN))  # NaN: collapsed
+    def _observe(self, step: int, accuracy: float, floor: float) -> None:
+        self.observations.append((int(step), not accuracy > floor + COLLAPSE_MARGIN))  # NaN: collapsed
 
     def collapse_step(self) -> int | None:
         """The first step of the unbroken run of collapsed evaluations up to the latest one; None if it is not."""
@@ -93,34 +95,34 @@ class CollapseWatch(Callback):
     def on_train_begin(self, total_epochs: int, steps_per_epoch: int, start_epoch: int) -> None:
         self.steps_per_epoch = steps_per_epoch
         for row in self.resumed_rows:
-            self._observe(int(row["epoch"]) * steps_per_epoch, row[VAL_MLM_ACCURACY], self.unigram.accuracy)
+            self._observe(int(row["epoch"]) * steps_per_epoch, row[VAL_MLM_ACCURACY], self.most_frequent.accuracy)
 
     def on_step_evaluation(self, row) -> None:
-        self._observe(row[STEP_KEY], row[VAL_STEP_MLM_ACCURACY], self.unigram.subset_accuracy)
+        self._observe(row[STEP_KEY], row[VAL_STEP_MLM_ACCURACY], self.most_frequent.subset_accuracy)
 
     def epoch_metrics(self, epoch: int) -> dict[str, float]:
-        figures = {UNIGRAM_MLM_ACCURACY: self.unigram.accuracy}
+        figures = {MOST_FREQUENT_TOKEN_ACCURACY: self.most_frequent.accuracy}
         if self.latest is not None:
-            self._observe((epoch + 1) * self.steps_per_epoch, self.latest, self.unigram.accuracy)
+            self._observe((epoch + 1) * self.steps_per_epoch, self.latest, self.most_frequent.accuracy)
             self.latest = None
             figures |= self.summary()
         return figures
 
     def summary(self) -> dict[str, float]:
         since = self.collapse_step()
-        figures = {UNIGRAM_MLM_ACCURACY: self.unigram.accuracy, COLLAPSED: float(since is not None)}
+        figures = {MOST_FREQUENT_TOKEN_ACCURACY: self.most_frequent.accuracy, COLLAPSED: float(since is not None)}
         return figures | ({COLLAPSE_STEP: float(since)} if since is not None else {})
 
     def on_train_end(self) -> None:
         since = self.collapse_step()
         if since is not None:
             logger.warning(
-                "%s collapsed: its held-out masked-LM accuracy has been at most %.1f points above the unigram "
-                "baseline (%.2f%%, always token %d) since step %d",
+                "%s collapsed: its held-out masked-LM accuracy has been at most %.1f points above the most "
+                "frequent token's accuracy (%.2f%%, always token %d) since step %d",
                 self.label,
                 100 * COLLAPSE_MARGIN,
-                100 * self.unigram.accuracy,
-                self.unigram.token_id,
+                100 * self.most_frequent.accuracy,
+                self.most_frequent.token_id,
                 since,
             )
 
@@ -202,15 +204,19 @@ def export_bert(
     )
 
 
-def compare_trainings(thor_report: dict, baseline_report: dict, thor, baseline, unigram: UnigramBaseline, token: str):
-    """One row per training of ``thor`` and ``baseline`` (their sections), then the unigram baseline's (always
+def compare_trainings(
+    thor_report: dict, control_report: dict, thor, control, most_frequent: MostFrequentToken, token: str
+):
+    """One row per training of ``thor`` and ``control`` (their sections), then the most frequent token's (always
     ``token``): held-out masked-LM accuracy and loss, next-sentence accuracy, epochs, the difference to the
-    baseline, and whether the training collapsed (its final accuracy at the unigram baseline); the log gives all
-    three accuracies."""
-    reports = {"thor": thor_report, "baseline": baseline_report}
-    budgets = {"thor": thor.epochs, "baseline": baseline.epochs}
+    control, and whether the training collapsed (its final accuracy at the most frequent token's); the log gives
+    all three accuracies."""
+    reports = {"thor": thor_report, "control": control_report}
+    budgets = {"thor": thor.epochs, "control": control.epochs}
     collapsed = [
-        name for name, report in reports.items() if not report["mlm_accuracy"] > unigram.accuracy + COLLAPSE_MARGIN
+        name
+        for name, report in reports.items()
+        if not report["mlm_accuracy"] > most_frequent.accuracy + COLLAPSE_MARGIN
     ]
     table = pd.DataFrame(
         [
@@ -219,21 +225,27 @@ def compare_trainings(thor_report: dict, baseline_report: dict, thor, baseline, 
             | {"collapsed": name in collapsed}
             for name, report in reports.items()
         ]
-        + [{"training": f"unigram ({token})", "mlm_accuracy": unigram.accuracy, "examples": thor_report["examples"]}]
+        + [
+            {
+                "training": f"most frequent token ({token})",
+                "mlm_accuracy": most_frequent.accuracy,
+                "examples": thor_report["examples"],
+            }
+        ]
     )
-    table["mlm_accuracy_minus_baseline"] = table["mlm_accuracy"] - baseline_report["mlm_accuracy"]
+    table["mlm_accuracy_minus_control"] = table["mlm_accuracy"] - control_report["mlm_accuracy"]
     logger.info(
-        "thor_bert: held-out masked-LM accuracy THOR %.2f%% (%d epochs), %s baseline %.2f%% (%d epochs), unigram "
-        "baseline %.2f%% (always %r); THOR - baseline %+.2f points, on %d held-out examples%s",
+        "thor_bert: held-out masked-LM accuracy THOR %.2f%% (%d epochs), %s control %.2f%% (%d epochs), most frequent "
+        "token %.2f%% (always %r); THOR - control %+.2f points, on %d held-out examples%s",
         100 * thor_report["mlm_accuracy"],
         budgets["thor"],
-        baseline.optimizer,
-        100 * baseline_report["mlm_accuracy"],
-        budgets["baseline"],
-        100 * unigram.accuracy,
+        control.optimizer,
+        100 * control_report["mlm_accuracy"],
+        budgets["control"],
+        100 * most_frequent.accuracy,
         token,
-        100 * (thor_report["mlm_accuracy"] - baseline_report["mlm_accuracy"]),
+        100 * (thor_report["mlm_accuracy"] - control_report["mlm_accuracy"]),
         thor_report["examples"],
-        f"; collapsed to the unigram baseline: {', '.join(collapsed)}" if collapsed else "",
+        f"; collapsed to the most frequent token's accuracy: {', '.join(collapsed)}" if collapsed else "",
     )
     return table

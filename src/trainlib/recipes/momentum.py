@@ -85,7 +85,7 @@ def train_momentum(
             lr_per_step.max(),
             training.loss_scale,
         )
-        if adasum is not None and adasum.implementation == "mindspore":
+        if adasum is not None and adasum.implementation == "mindspore_builtin":
             from trainlib.optim.adasum.mindspore_adasum import boost_adasum_model
 
             step = ModelTrainStep(

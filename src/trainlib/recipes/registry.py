@@ -42,7 +42,7 @@ def check_launch(recipe: BaselineParams | AdasumParams | ThorParams, distributed
     recursively in pairs."""
     if (
         isinstance(recipe, AdasumParams)
-        and recipe.implementation == "own"
+        and recipe.implementation == "trainlib"
         and not is_power_of_two(distributed.worker_num)
     ):
         raise ValueError(

@@ -3,10 +3,10 @@
 Recipe (models repo official/cv/ResNet, THOR): the THOR lr and damping schedules (``thor.lr``, ``thor.damping``:
 shapes thor and exponential), label smoothing, a fixed loss scale, the last BatchNorm gamma of each block
 zero-initialised (``thor.zero_init_last_bn_gamma``), statistics and inverses refreshed every
-``frequency`` steps. ``implementation: own``: ``optim.thor.step`` (the gradients of every Conv2d/Dense
+``frequency`` steps. ``implementation: trainlib``: ``optim.thor.step`` (the gradients of every Conv2d/Dense
 preconditioned, then the baseline's Momentum), a step the engine calls per batch; ``thor.precondition: false``
 keeps all of that recipe but passes the gradients to the Momentum unchanged (what the curvature adds);
-``implementation: mindspore``: ``nn.thor`` trained by ``ModelThor`` through ``engine.model_bridge``
+``implementation: mindspore_builtin``: ``nn.thor`` trained by ``ModelThor`` through ``engine.model_bridge``
 (Ascend/GPU). ``train_thor`` builds the step and hands everything else (resume, epochs, evaluation,
 checkpoints, rows) to ``engine.loop.train``, like ``recipes.momentum``.
 
@@ -242,7 +242,7 @@ def train_thor(
     worker_num = distributed.worker_num
     # nn.thor's own options do not change this project's THOR
     run_id = classifier.training_fingerprint(
-        context, thor, start, exclude={"mindspore"} if thor.implementation == "own" else ()
+        context, thor, start, exclude={"mindspore"} if thor.implementation == "trainlib" else ()
     )
     classes = classifier.num_classes(model, class_index)
 
@@ -271,7 +271,7 @@ def train_thor(
                 lr_per_step[0],
                 lr_per_step[-1],
             )
-        if thor.implementation == "mindspore":
+        if thor.implementation == "mindspore_builtin":
             from trainlib.optim.thor.mindspore_thor import create_thor_optimizer
 
             optimizer = create_thor_optimizer(

@@ -1,5 +1,5 @@
 """THOR beyond convolutions: BERT pre-training (masked LM and next sentence) with THOR against the first-order
-baseline of the THOR document's BERT script (models repo ``official/nlp/Bert_thor``), on the one engine.
+control of the THOR document's BERT script (models repo ``official/nlp/Bert_thor``), on the one engine.
 
 Data (``text.pretraining``): a corpus of real text (``text.corpus``: by default the Python 3.11 documentation of
 Debian's ``python3.11-doc``), split into train and held-out documents before anything is fitted; a WordPiece
@@ -14,7 +14,7 @@ Trainings, each through ``engine.loop.train`` (resume, checkpoints, per-epoch ro
   LayerNorm take the plain gradient (docs/thor-bert.md); polynomial lr and damping without warm-up
   (``get_bert_thor_lr``, ``get_bert_thor_damping``); weight decay except on LayerNorm and biases (the script's
   ``decay_filter``).
-* ``train_bert_baseline``: AdamWeightDecay or Lamb with the warm-up polynomial lr (``BertLearningRate``), the same
+* ``train_bert_control``: AdamWeightDecay or Lamb with the warm-up polynomial lr (``BertLearningRate``), the same
   decay filter.
 
 ``train_bert`` trains either by its section (the thor_bert pipeline's template, the study).
@@ -43,13 +43,13 @@ from trainlib.optim.gradients import FirstOrderStep, UnscaledGradients
 from trainlib.optim.momentum import decay_groups, decays_unless_layernorm_or_bias
 from trainlib.optim.schedules import per_step
 from trainlib.optim.thor.step import ThorStep, create_thor_step
-from trainlib.params import BertBaselineTraining, BertThorTraining
+from trainlib.params import BertControlTraining, BertThorTraining
 from trainlib.recipes.classifier import configure
 from trainlib.recipes.context import LanguageModelContext
 from trainlib.recipes.language_model import NETWORK_NAME, CollapseWatch, bert_from_checkpoint, held_out_dataset
 from trainlib.recipes.thor import OwnThorStep, ThorFigures, thor_schedules, thor_step_settings
 from trainlib.text.dataset import create_text_dataset
-from trainlib.text.examples import unigram_baseline
+from trainlib.text.examples import most_frequent_token_accuracy
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ logger = logging.getLogger(__name__)
 def _train(
     context: LanguageModelContext,
     start: Checkpoint,
-    section: BertThorTraining | BertBaselineTraining,
+    section: BertThorTraining | BertControlTraining,
     make_step: Callable[[BertPreTraining, int], TrainStep],
     *,
     name: str,
@@ -65,7 +65,8 @@ def _train(
 ) -> TrainingResult:
     """What both BERT trainings share: data, network from ``start``, evaluation, checkpoints, through the engine;
     ``name`` names the training in its checkpoints' metadata (``training``). Every held-out evaluation is also
-    read against the unigram baseline (``CollapseWatch``: the rows' and the summary's ``thor_bert/collapsed``)."""
+    read against the most frequent token's accuracy (``CollapseWatch``: the rows' and the summary's
+    ``thor_bert/collapsed``)."""
     configure(context.runtime)
     ranks = rank_context()
     excluded = {"checkpoint", "eval_interval", "eval_every_steps"}
@@ -106,8 +107,10 @@ def _train(
         net = bert_from_checkpoint(context.network, context.vocab_size, start, "start checkpoint")
         return make_step(net, steps_per_epoch)
 
-    unigram = unigram_baseline(context.train_examples, context.held_out_examples, subset=context.step_eval_examples)
-    watch = CollapseWatch(unigram, f"thor_bert {name}")
+    most_frequent = most_frequent_token_accuracy(
+        context.train_examples, context.held_out_examples, subset=context.step_eval_examples
+    )
+    watch = CollapseWatch(most_frequent, f"thor_bert {name}")
     result = train(
         spec,
         dataset,
@@ -167,42 +170,42 @@ def train_bert_thor(
     return _train(context, start, thor, make_step, name="thor", callbacks=[ThorFigures(), *callbacks])
 
 
-def train_bert_baseline(
+def train_bert_control(
     context: LanguageModelContext,
     start: Checkpoint,
-    baseline: BertBaselineTraining,
+    control: BertControlTraining,
     *,
     callbacks: Sequence[Callback] = (),
 ) -> TrainingResult:
-    """The first-order baseline (AdamWeightDecay or Lamb, warm-up polynomial lr) from ``start`` for
-    ``baseline.epochs`` epochs, resuming this training's newest checkpoint in ``baseline.checkpoint.dir``."""
+    """The first-order control (AdamWeightDecay or Lamb, warm-up polynomial lr) from ``start`` for
+    ``control.epochs`` epochs, resuming this training's newest checkpoint in ``control.checkpoint.dir``."""
     from mindspore import Tensor, nn
 
     def make_step(net: BertPreTraining, steps_per_epoch: int) -> TrainStep:
-        lr_per_step = per_step(baseline.lr, epochs=baseline.epochs, steps_per_epoch=steps_per_epoch)
-        groups = decay_groups(net, baseline.weight_decay, decays_unless_layernorm_or_bias)
-        optimizer_class = {"adamweightdecay": nn.AdamWeightDecay, "lamb": nn.Lamb}[baseline.optimizer]
-        optimizer = optimizer_class(groups, learning_rate=Tensor(lr_per_step), eps=baseline.eps)
+        lr_per_step = per_step(control.lr, epochs=control.epochs, steps_per_epoch=steps_per_epoch)
+        groups = decay_groups(net, control.weight_decay, decays_unless_layernorm_or_bias)
+        optimizer_class = {"adamweightdecay": nn.AdamWeightDecay, "lamb": nn.Lamb}[control.optimizer]
+        optimizer = optimizer_class(groups, learning_rate=Tensor(lr_per_step), eps=control.eps)
         gradients = UnscaledGradients(
-            BertNetworkWithLoss(net), optimizer.parameters, baseline.loss_scale, context.distributed.worker_num
+            BertNetworkWithLoss(net), optimizer.parameters, control.loss_scale, context.distributed.worker_num
         )
         net.set_train(True)
-        step = TrainStep(FirstOrderStep(gradients, optimizer), net, optimizer, lr_per_step, baseline.loss_scale)
-        step.recipe = f"BERT first-order baseline ({optimizer_class.__name__})"
+        step = TrainStep(FirstOrderStep(gradients, optimizer), net, optimizer, lr_per_step, control.loss_scale)
+        step.recipe = f"BERT first-order control ({optimizer_class.__name__})"
         return step
 
-    return _train(context, start, baseline, make_step, name="baseline", callbacks=callbacks)
+    return _train(context, start, control, make_step, name="control", callbacks=callbacks)
 
 
 def train_bert(
     context: LanguageModelContext,
     start: Checkpoint,
-    section: BertThorTraining | BertBaselineTraining,
+    section: BertThorTraining | BertControlTraining,
     *,
     callbacks: Sequence[Callback] = (),
 ) -> TrainingResult:
-    """``section``'s training from ``start``: THOR (``thor_bert.thor``) or the first-order baseline
-    (``thor_bert.baseline``), chosen by the section's type."""
+    """``section``'s training from ``start``: THOR (``thor_bert.thor``) or the first-order control
+    (``thor_bert.control``), chosen by the section's type."""
     if isinstance(section, BertThorTraining):
         return train_bert_thor(context, start, section, callbacks=callbacks)
-    return train_bert_baseline(context, start, section, callbacks=callbacks)
+    return train_bert_control(context, start, section, callbacks=callbacks)

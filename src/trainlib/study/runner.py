@@ -6,7 +6,7 @@ the Momentum control for the same epochs, giving two result rows, ``stage2`` and
 trains the adasum section's Momentum for ``StudyPlan.epochs`` on ``StudyPlan.adasum_workers`` msrun ranks
 twice, combining the ranks' updates by Adasum (row ``adasum``) and by averaging gradients (``allreduce``),
 from the same initial weights; ``thor_bert`` trains BERT with THOR (row ``thor_bert``) and with its first-order
-baseline (``thor_bert_baseline``) from the same initial weights for ``StudyPlan.epochs`` each, on the corpus,
+control (``thor_bert_control``) from the same initial weights for ``StudyPlan.epochs`` each, on the corpus,
 tokenizer and examples prepared once (``StudyInputs.language``). Every training evaluates every
 ``eval_every_steps`` steps on the fixed val subset (``data.step_eval_images``; thor_bert: the first
 ``thor_bert.step_eval_examples`` held-out examples), so time to target is read at step resolution.
@@ -54,7 +54,7 @@ from trainlib.recipes.dim_reduce import collect_trajectory, train_control, train
 from trainlib.recipes.language_model import build_bert
 from trainlib.recipes.momentum import train_adasum, train_baseline
 from trainlib.recipes.thor import train_thor
-from trainlib.recipes.thor_bert import train_bert_baseline, train_bert_thor
+from trainlib.recipes.thor_bert import train_bert_control, train_bert_thor
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ RESULT_ROWS = {
     "thor_first_order": ("thor_first_order",),
     "dim_reduce": ("stage2", "control"),
     "adasum": ("adasum", "allreduce"),
-    "thor_bert": ("thor_bert", "thor_bert_baseline"),
+    "thor_bert": ("thor_bert", "thor_bert_control"),
 }
 
 
@@ -165,8 +165,8 @@ def _configuration(inputs: StudyInputs, plan: StudyPlan, recipe: str, seed: int)
         "adasum": (_adasum(inputs, plan).model_dump(exclude={"checkpoint"}), plan.adasum_workers),
         "thor_bert": (
             _bert(inputs.thor_bert.thor, plan).model_dump(exclude={"checkpoint"}),
-            _bert(inputs.thor_bert.baseline, plan).model_dump(exclude={"checkpoint"}),
-            inputs.thor_bert.model_dump(exclude={"thor", "baseline"}),
+            _bert(inputs.thor_bert.control, plan).model_dump(exclude={"checkpoint"}),
+            inputs.thor_bert.model_dump(exclude={"thor", "control"}),
         ),
         "dim_reduce": (
             inputs.dim_reduce.model_dump(
@@ -204,7 +204,7 @@ def _adasum(inputs: StudyInputs, plan: StudyPlan) -> AdasumParams:
 
 
 def _bert(section, plan: StudyPlan):
-    """A thor_bert training section (thor or baseline) on the study's budget and step evaluation."""
+    """A thor_bert training section (thor or control) on the study's budget and step evaluation."""
     return section.model_copy(update={"epochs": plan.epochs, "eval_every_steps": plan.eval_every_steps})
 
 
@@ -349,13 +349,13 @@ def _train_adasum(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str, tra
 
 
 def _train_thor_bert(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str, tracking: StudyTracking):
-    """BERT with THOR and with its first-order baseline from the same initial weights, each a child run (those of
+    """BERT with THOR and with its first-order control from the same initial weights, each a child run (those of
     ``plan.results``)."""
     context = inputs.language.with_seed(seed)
     initial = build_bert(context.network, context.vocab_size, context.runtime)
     records, finals = {}, []
     trainings = {"thor_bert": (inputs.thor_bert.thor, train_bert_thor)}
-    trainings["thor_bert_baseline"] = (inputs.thor_bert.baseline, train_bert_baseline)
+    trainings["thor_bert_control"] = (inputs.thor_bert.control, train_bert_control)
     for row, (configured, train) in trainings.items():
         if not _trains(plan, row):
             continue
@@ -364,7 +364,7 @@ def _train_thor_bert(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str, 
             update={"checkpoint": _checkpoint_dir(budgeted, plan.directory / "checkpoints" / key / row)}
         )
         tags = {"recipe": "thor_bert", "result": row, "seed": str(seed), "study_key": key}
-        params = {f"thor_bert.{'thor' if row == 'thor_bert' else 'baseline'}": section, "runtime": context.runtime}
+        params = {f"thor_bert.{'thor' if row == 'thor_bert' else 'control'}": section, "runtime": context.runtime}
         with tracking.run(f"thor_bert/{row.removeprefix('thor_bert_') or 'thor'}/seed{seed}", tags, params) as run_id:
             result = train(context, initial, section, callbacks=tracking.callbacks())
             records[row] = _record(row, seed, key, run_id, _figures(result), tracking)

@@ -46,7 +46,7 @@ PAIRS = (
     ("thor", "thor_first_order"),
     ("stage2", "control"),
     ("adasum", "allreduce"),
-    ("thor_bert", "thor_bert_baseline"),
+    ("thor_bert", "thor_bert_control"),
 )
 CONFIDENCE = 0.95
 # the study's tables: one row per result (``runs_table``), one per step evaluation (``curves_table``)

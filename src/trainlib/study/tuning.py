@@ -3,7 +3,7 @@
 Every tuned training gets the same number of trials (``TuningParams.trials``), each drawn by a seeded sampler from
 its own search space (``TuningParams.spaces``: ranges over keys of its section, ``lr.peak``, ``weight_decay``,
 ...). A tuned training is named by its result row: the image recipes' one each, and thor_bert's two (``thor_bert``,
-THOR, and ``thor_bert_baseline``), tuned one after the other, each with its own trials and Optuna study. A trial is
+THOR, and ``thor_bert_control``), tuned one after the other, each with its own trials and Optuna study. A trial is
 an ordinary study training of the recipe whose section holds the sampled values (thor_bert's trials train their own
 row alone), on the tuning seeds (never the study's): its result files make a killed run resume, and its MLflow
 child run is tagged ``trial``, ``trial_state`` and, for a failure, ``trial_error``. Its value, minimised, is the
@@ -63,7 +63,7 @@ SECTION = {
     "thor": "thor",
     "thor_first_order": "thor",
     "thor_bert": "thor_bert.thor",
-    "thor_bert_baseline": "thor_bert.baseline",
+    "thor_bert_control": "thor_bert.control",
 }
 # the study recipe that trains a tuned training
 RECIPE = {training: recipe for recipe, trainings in TUNED_TRAININGS.items() for training in trainings}

@@ -227,7 +227,7 @@ def create_pretraining_examples(
 
 
 @dataclass(frozen=True)
-class UnigramBaseline:
+class MostFrequentToken:
     """Always predicting the train examples' most frequent masked token (``token_id``): its masked-LM accuracy on
     the held-out examples (``accuracy``), and on the first ``subset`` of them (``subset_accuracy``), the floor a
     masked-LM accuracy is read against."""
@@ -242,13 +242,13 @@ def _hits(examples: dict[str, np.ndarray], token_id: int) -> float:
     return float((weights * (examples["masked_lm_ids"] == token_id)).sum() / max(weights.sum(), 1.0))
 
 
-def unigram_baseline(
+def most_frequent_token_accuracy(
     train: dict[str, np.ndarray], held_out: dict[str, np.ndarray], *, subset: int | None = None
-) -> UnigramBaseline:
+) -> MostFrequentToken:
     """The held-out masked-LM accuracy of always predicting the most frequent masked token of ``train`` (ties: the
     smaller id), weighted as ``models.bert.mlm_metrics`` weighs predictions; ``subset``: also on the first
     ``subset`` held-out examples (the step evaluation's; None: all)."""
     ids = train["masked_lm_ids"][train["masked_lm_weights"] > 0]
     token_id = int(np.bincount(ids.ravel()).argmax())
     first = held_out if subset is None else {name: column[:subset] for name, column in held_out.items()}
-    return UnigramBaseline(token_id, _hits(held_out, token_id), _hits(first, token_id))
+    return MostFrequentToken(token_id, _hits(held_out, token_id), _hits(first, token_id))

@@ -1,10 +1,10 @@
-"""``thor.implementation: mindspore``: what can be checked on CPU.
+"""``thor.implementation: mindspore_builtin``: what can be checked on CPU.
 
 MindSpore's ``nn.thor`` trains only on Ascend/GPU (its kernels are missing on CPU), so these tests build the
 optimizer and ``ModelThor`` for the project's network as the recipe does, check the state round trip that
-resuming relies on, drive the engine's ``Model.train`` bridge (what ``implementation: mindspore`` trains through)
-with a real ``Model.train`` (Momentum, on CPU) and THOR's per-epoch figures, and check that the parameters refuse
-the option on CPU with a message that says what to do.
+resuming relies on, drive the engine's ``Model.train`` bridge (what ``implementation: mindspore_builtin`` trains
+through) with a real ``Model.train`` (Momentum, on CPU) and THOR's per-epoch figures, and check that the
+parameters refuse the option on CPU with a message that says what to do.
 """
 
 from __future__ import annotations
@@ -231,24 +231,24 @@ def with_thor(params: dict, **changes) -> dict:
 
 
 def test_mindspore_thor_on_cpu_is_refused_saying_what_to_do():
-    params = with_thor(load_config("local"), implementation="mindspore")
-    sources = parameter_sources(CONF, "local", {"thor": {"implementation": "mindspore"}})
+    params = with_thor(load_config("local"), implementation="mindspore_builtin")
+    sources = parameter_sources(CONF, "local", {"thor": {"implementation": "mindspore_builtin"}})
     with pytest.raises(ParameterError) as error:
         validate_parameters(params, sources)
     message = str(error.value)
     assert "thor.implementation is mindspore" in message and "(--params)" in message
     assert "runtime.device_target is CPU" in message
-    assert "use thor.implementation: own" in message and "--env=gpu" in message
+    assert "use thor.implementation: trainlib" in message and "--env=gpu" in message
 
 
 @pytest.mark.parametrize("env", ["gpu", "ascend"])
 def test_mindspore_thor_is_accepted_on_ascend_and_gpu(env):
-    params = with_thor(load_config(env), implementation="mindspore")
+    params = with_thor(load_config(env), implementation="mindspore_builtin")
     thor = validate_parameters(params, parameter_sources(CONF, env, None)).thor
     assert thor.split_indices == [26, 53]  # the tutorial's ResNet-50 fusion split
 
 
 def test_unknown_amp_level_is_named():
-    params = with_thor(load_config("gpu"), implementation="mindspore", mindspore__amp_level="O4")
+    params = with_thor(load_config("gpu"), implementation="mindspore_builtin", mindspore__amp_level="O4")
     with pytest.raises(ParameterError, match="thor.mindspore.amp_level is 'O4'; choose one of O0, O1, O2, O3"):
         validate_parameters(params, parameter_sources(CONF, "gpu", None))

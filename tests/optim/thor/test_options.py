@@ -124,7 +124,7 @@ class NumpyThorOptions:
         return loss
 
 
-OFF = {"damping_method": "mindspore", "compute_method": "inverse", "kl_clip": None, "adam_graft": None}
+OFF = {"damping_method": "fixed", "compute_method": "inverse", "kl_clip": None, "adam_graft": None}
 CASES = {
     "factored": {"damping_method": "factored"},
     "eigen": {"compute_method": "eigen"},

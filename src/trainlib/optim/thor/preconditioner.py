@@ -257,7 +257,7 @@ class ThorPreconditioner:
     names those of the last second-order step).
 
     Options (each off by default: today's THOR, whose graph is then unchanged; the package docstring has the maths):
-    ``damping_method`` "mindspore" (``sqrt(damping/P)`` added to A and G) or "factored" (that shift times pi for A,
+    ``damping_method`` "fixed" (``sqrt(damping/P)`` added to A and G) or "factored" (that shift times pi for A,
     divided by pi for G); ``compute_method`` "inverse" (damped factor inverses) or "eigen" (eigenbases of A and G,
     the damping on the eigenvalue products; full factors, no trace rule, CPU/GPU); ``kl_clip`` (a bound: every
     preconditioned direction scaled by ``min(1, sqrt(kl_clip / |lr^2 sum g.d|))``); ``adam_graft``
@@ -276,7 +276,7 @@ class ThorPreconditioner:
         trace_rule: tuple[float, float] | None,
         rank_size: int,
         inverse_method: str | None,
-        damping_method: str = "mindspore",
+        damping_method: str = "fixed",
         compute_method: str = "inverse",
         kl_clip: float | None = None,
         adam_graft: tuple[float, float, float] | None = None,

@@ -198,7 +198,7 @@ def create_thor_step(
     inverse_method: str | None,
     precondition: bool,
     decays: Callable[[str], bool] = decays_unless_norm_or_bias,
-    damping_method: str = "mindspore",
+    damping_method: str = "fixed",
     compute_method: str = "inverse",
     kl_clip: float | None = None,
     adam_graft: tuple[float, float, float] | None = None,

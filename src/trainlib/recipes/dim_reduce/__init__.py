@@ -8,7 +8,7 @@ number of Momentum epochs continued from stage 1 (the control).
 
 One module per training, each through ``engine.loop.train``: ``stage1`` (stage 1 and the control with
 ``recipes.momentum``, the trajectory's selection and PCA), ``stage2`` (P-BFGS), ``mindspore_stage2``
-(``implementation: mindspore``: ``mindspore.boost``'s own DimReduce through ``engine.model_bridge``, in a
+(``implementation: mindspore_builtin``: ``mindspore.boost``'s own DimReduce through ``engine.model_bridge``, in a
 process of its own, as boost's configuration is a process-wide singleton). Epochs count from the start of
 stage 1: stage 2 and the control continue at ``stage1.epochs + 1``. ``comparison``: the three evaluations side by side.
 """

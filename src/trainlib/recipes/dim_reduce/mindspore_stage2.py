@@ -1,4 +1,4 @@
-"""dim_reduce's stage 2 with ``mindspore.boost``'s own DimReduce (``implementation: mindspore``), for
+"""dim_reduce's stage 2 with ``mindspore.boost``'s own DimReduce (``implementation: mindspore_builtin``), for
 comparison with this project's P-BFGS: trained by ``Model.train`` through ``engine.model_bridge``, in a process
 of its own, since boost's configuration is a process-wide singleton."""
 
