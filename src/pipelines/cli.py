@@ -365,7 +365,9 @@ def run(verbose: bool, **options) -> None:
     except KeyboardInterrupt as error:  # Ctrl-C before the hooks handle signals (start-up)
         raise Interrupted(signal.SIGINT) from error
     except Exception as error:
-        failure = Failure.of(error)
+        from pipelines.tracking.login import refused_login  # MLflow: loaded only once a run failed
+
+        failure = Failure.of(refused_login(error) or error)
         files = log_traceback(error, failure)
         if verbose:
             traceback.print_exception(error, file=sys.stderr)

@@ -39,4 +39,4 @@ def test_the_report_reads_the_runs_back_from_the_server_and_the_links_name_it(re
     runs = f"{server}/#/experiments/{report.info.experiment_id}/runs?viewStateShareKey="
     assert f"MLflow: compare the runs at {runs}" in output
     assert f"MLflow: the runs table is {runs}" in output
-    assert "127.0.0.1:5000" not in output and "start `mlflow ui` first" not in output
+    assert "127.0.0.1:5000" not in output and "start `mlflow ui" not in output

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -25,15 +26,39 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def mlflow_server(backend: Path, log: Path, artifacts: Path | None = None) -> Iterator[str]:
-    """``mlflow server`` over the SQLite store ``backend`` (with ``artifacts`` as the proxied artifact store, when
-    given); yields its URL once its ``/health`` answers."""
+def mlflow_server(
+    backend: Path, log: Path, artifacts: Path | None = None, app_name: str = "model-training"
+) -> Iterator[str]:
+    """``mlflow server --app-name <app_name>`` over the SQLite store ``backend`` (with ``artifacts`` as the proxied
+    artifact store, when given), as the docs start a team's: the project's app plugin opens the UI in its
+    model-training view (``pipelines.tracking.ui_app``); yields its URL once its ``/health`` answers."""
     port = free_port()
     command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    command += ["--app-name", app_name]
     command += ["--backend-store-uri", f"sqlite:///{backend}"]
     if artifacts is not None:
         command += ["--artifacts-destination", str(artifacts)]
     with served(command, backend.parent, log, f"http://127.0.0.1:{port}", "/health") as url:
+        yield url
+
+
+@contextlib.contextmanager
+def team_mlflow_server(backend_uri: str, folder: Path, admin_password: str) -> Iterator[str]:
+    """``mlflow server`` as docs/team.md starts a team's: the backend store ``backend_uri`` (PostgreSQL), proxied
+    artifacts in ``folder``, and MLflow's login with the model-training view (``--app-name model-training-auth``),
+    its users in ``folder``'s own database; yields its URL once ``/health`` answers (the one page without login)."""
+    port = free_port()
+    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    command += ["--app-name", "model-training-auth", "--backend-store-uri", backend_uri]
+    command += ["--artifacts-destination", str(folder / "artifacts")]
+    config = folder / "auth.ini"
+    config.write_text(
+        "[mlflow]\ndefault_permission = READ\n"
+        f"database_uri = sqlite:///{folder / 'users.db'}\nadmin_username = admin\nadmin_password = {admin_password}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+    )
+    env = {"MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16)}
+    with served(command, folder, folder / "server.log", f"http://127.0.0.1:{port}", "/health", **env) as url:
         yield url
 
 

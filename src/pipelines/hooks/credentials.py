@@ -28,10 +28,18 @@ class CredentialsError(KeyError):
         return str(self.args[0])
 
 
+def _item(section, key: str):
+    """``section[key]`` of a parameter mapping or a validated parameter model (Kedro gives either); None if absent."""
+    if section is None:
+        return None
+    return section.get(key) if isinstance(section, dict) else getattr(section, key, None)
+
+
 class CredentialHooks:
     @hook_impl(tryfirst=True)  # before anything opens the storage
     def after_context_created(self, context) -> None:
-        name = ((context.params.get("study") or {}).get("tuning") or {}).get("credentials")
+        name = _item(_item(context.params, "study"), "tuning")
+        name = _item(name, "credentials")
         if not name:
             return
         credentials = context.config_loader["credentials"]

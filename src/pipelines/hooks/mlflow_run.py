@@ -175,7 +175,7 @@ class MlflowRunHooks:
         """Where to see the run: the chart comparing its runs (and the runs table) at the tracking server's address,
         or at ``mlflow ui``'s over a local store (kedro-mlflow's ``mlflow.yml``: ``server``, ``ui``)."""
         base = ui_base_url(current_tracking_uri(), *self._ui)
-        local = "" if base_is_server(current_tracking_uri()) else " (start `mlflow ui` first, README)"
+        local = "" if base_is_server(current_tracking_uri()) else " (start `mlflow ui --app-name model-training` first, README)"
         chart, table = closing_links(base, self._run_id)
         # printed, not logged: a log handler may wrap lines at the terminal's width and would break the links
         if chart:
