@@ -205,26 +205,33 @@ def test_the_mlflow_model_is_logged_registered_and_loaded_by_alias_and_run_id(tr
         model_uri("baseline")
 
 
-def test_the_logged_model_loads_and_predicts_in_a_python_without_this_project(exported, tmp_path):
-    """The model a training logs, downloaded as a teammate would, loads and predicts its input example where only
-    its requirements are installed (tests/support/standalone.py), and answers what the loaded classifier answers."""
-
+def test_the_registered_model_loads_and_predicts_in_a_python_without_this_project(exported, tmp_path):
+    """docs/use-a-model.md's way to use a registered model elsewhere: downloaded by its alias, then loaded and run by
+    a Python that has the model's requirements and not this project (tests/support/standalone.py), on an image file
+    and on the model's own input example; both answer what the loaded classifier answers."""
     import mlflow
 
     from pipelines.tracking.models import log_model
     from tests.support.runner import empty_store, process_state_kept
-    from tests.support.standalone import predict_without_the_project
+    from tests.support.standalone import page_snippet, run_without_the_project
 
     _, model, folder = exported
     with process_state_kept(tmp_path):
         shutil.copy(empty_store(), tmp_path / "mlflow.db")
         mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
         with mlflow.start_run():
-            uri = log_model(folder)
-        downloaded = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(tmp_path / "downloaded"))
-    answer = predict_without_the_project(Path(downloaded), tmp_path / "elsewhere")
+            log_model(folder, registered_name="baseline")
+        mlflow.MlflowClient().set_registered_model_alias("baseline", "champion", "1")
+        exec(page_snippet("download_artifacts"), {})
+    (tmp_path / "photo.jpg").write_bytes(model.example)  # the page's image file: the model's example image
+    use = page_snippet('load_model("baseline-model")')
+    example = "\nprint(model.predict(model.input_example).to_json(orient='split'))"
+    printed = run_without_the_project(f"{use}\nprint(answer.to_json(orient='split')){example}", tmp_path)
     expected = MindirClassifier.from_folder(folder).predict([model.example], top_k=5)
-    assert answer == json.loads(expected.to_json(orient="split"))
+    assert [json.loads(line) for line in printed.splitlines()[-2:]] == [
+        json.loads(expected[prediction_columns(3)].to_json(orient="split")),
+        json.loads(expected.to_json(orient="split")),
+    ]
 
 
 def encoded(image, file_format: str) -> bytes:
