@@ -46,7 +46,7 @@ ADVICE: dict[str, Advice] = {
     "NonFiniteLossError": None,
     "ThorInverseError": None,
     "ThorDivergenceError": None,
-    "OwnProcessError": None,
+    "ChildProcessFailure": None,
     "NoRunsError": None,
     "DatasetError": lambda message: (
         "Run the nodes that write it first (the whole pipeline, without --nodes or --from-nodes)."

@@ -194,7 +194,7 @@ def test_kill_9_of_kedro_stops_the_workers_and_the_rerun_resumes(tmp_path):
     assert load_checkpoint(project / "data/06_models/baseline/final.ckpt").metadata["epoch"] == 4
 
 
-def test_mindspore_boost_adasum_is_refused_off_ascend_before_any_work(tmp_path):
+def test_builtin_adasum_is_refused_off_ascend_before_any_work(tmp_path):
     project = make_project(tmp_path / "project", {"adasum": {"implementation": "mindspore_builtin"}})
     result = kedro(project, "run", "--pipelines=adasum", timeout=120)
     output = result.stdout + result.stderr

@@ -332,7 +332,7 @@ def test_dim_reduce_mlflow_run(dim_reduce_run):
     )
 
 
-def test_stage2_reruns_alone_with_mindspore_boost(dim_reduce_run):
+def test_stage2_reruns_alone_with_the_builtin_dim_reduce(dim_reduce_run):
     project, _ = dim_reduce_run
     before = (project / "data/06_models/dim_reduce/stage1.ckpt").stat().st_mtime_ns
     result = kedro(

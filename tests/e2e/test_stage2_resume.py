@@ -101,7 +101,7 @@ def test_killed_stage2_resumes_and_matches_an_uninterrupted_one(tmp_path):
     assert sorted(m.step for m in step_sizes) == list(steps["step"])
 
 
-def test_killed_boost_stage2_resumes_with_boost_state(tmp_path):
+def test_killed_builtin_stage2_resumes_with_its_state(tmp_path):
     tree = write_image_tree(tmp_path / "tree", classes=("a", "b", "c"), per_class={"train": 40, "val": 2}, size=16)
     killed = tmp_path / "killed"
     resumed_from = kill_after_first_epoch(killed, tree, "mindspore_builtin")

@@ -92,7 +92,7 @@ def train_stage2(
     callbacks = [tracking.EpochMetrics()]
     if stage2.implementation == "mindspore_builtin":
         handoff = tracking.MlflowRunHandoff.capture()
-        result, steps = dim_reduce.train_stage2_with_boost(
+        result, steps = dim_reduce.train_stage2_builtin(
             context, stage1_checkpoint, pca_matrix, stage2, callbacks=callbacks, run_handoff=handoff
         )
     else:

@@ -36,7 +36,7 @@ from trainlib.params.base import (
 )
 from trainlib.params.baseline import BaselineParams, MomentumTraining
 from trainlib.params.choices import (
-    BOOST_ADASUM_MIN_DEVICES,
+    BUILTIN_ADASUM_MIN_DEVICES,
     GRAD_CENTRALIZATION_TARGETS,
     AdasumExchange,
     AmpLevel,
@@ -111,7 +111,7 @@ from trainlib.params.thor_bert import (
 )
 
 __all__ = [
-    "BOOST_ADASUM_MIN_DEVICES",
+    "BUILTIN_ADASUM_MIN_DEVICES",
     "GRAD_CENTRALIZATION_TARGETS",
     "PRECONDITIONED",
     "SCHEDULE_SHAPES",

@@ -32,4 +32,4 @@ WarmupShape = Literal["linear", "cosine", "quadratic", "steps", "constant"]
 # "Kernel select failed: Centralization"; the GPU plugins have no such kernel (trainlib.boost.options).
 GRAD_CENTRALIZATION_TARGETS = ("Ascend",)
 # mindspore.boost's Adasum runs on Ascend with 16 devices or more (Send/Receive between 8-device servers).
-BOOST_ADASUM_MIN_DEVICES = 16
+BUILTIN_ADASUM_MIN_DEVICES = 16

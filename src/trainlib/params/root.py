@@ -11,7 +11,7 @@ from pydantic import ValidationError, model_validator
 from trainlib.params.adasum import AdasumParams
 from trainlib.params.base import Section
 from trainlib.params.baseline import BaselineParams
-from trainlib.params.choices import BOOST_ADASUM_MIN_DEVICES, GRAD_CENTRALIZATION_TARGETS
+from trainlib.params.choices import BUILTIN_ADASUM_MIN_DEVICES, GRAD_CENTRALIZATION_TARGETS
 from trainlib.params.common import (
     BoostParams,
     DataParams,
@@ -57,14 +57,14 @@ class Parameters(Section):
         problems = []
         device_target, workers = self.runtime.device_target, self.distributed.worker_num
         if self.adasum.implementation == "mindspore_builtin" and (
-            device_target != "Ascend" or workers < BOOST_ADASUM_MIN_DEVICES
+            device_target != "Ascend" or workers < BUILTIN_ADASUM_MIN_DEVICES
         ):
             problems.append(
                 (
                     "adasum.implementation",
                     "is mindspore_builtin (mindspore.boost's Adasum), which MindSpore runs on Ascend with "
-                    f"{BOOST_ADASUM_MIN_DEVICES} devices or more (Send/Receive between 8-device servers); this run has "
-                    f"{workers} {device_target} worker(s): use trainlib",
+                    f"{BUILTIN_ADASUM_MIN_DEVICES} devices or more (Send/Receive between 8-device servers); this run "
+                    f"has {workers} {device_target} worker(s): use trainlib",
                 )
             )
         if self.boost.less_bn and self.runtime.mode != "graph":

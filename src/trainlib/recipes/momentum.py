@@ -86,10 +86,10 @@ def train_momentum(
             training.loss_scale,
         )
         if adasum is not None and adasum.implementation == "mindspore_builtin":
-            from trainlib.optim.adasum.mindspore_adasum import boost_adasum_model
+            from trainlib.optim.adasum.mindspore_adasum import builtin_adasum_model
 
             step = ModelTrainStep(
-                lambda: boost_adasum_model(net, loss_fn, optimizer, training.loss_scale),
+                lambda: builtin_adasum_model(net, loss_fn, optimizer, training.loss_scale),
                 net,
                 optimizer,
                 lr_per_step,

@@ -177,7 +177,7 @@ import pipelines
 import mindspore as ms
 import mindspore.dataset as ds
 from mindspore import nn
-from trainlib.optim.dim_reduce.mindspore_dim_reduce import boost_config, boost_model
+from trainlib.optim.dim_reduce.mindspore_dim_reduce import builtin_dim_reduce_config, builtin_dim_reduce_model
 from trainlib.engine.checkpoint import Checkpoint
 from trainlib.models.loss import CrossEntropySmooth
 from trainlib.engine.runtime import configure_mindspore
@@ -189,10 +189,10 @@ net = nn.Dense(arrays["x"].shape[1], arrays["weight"].shape[0])
 net.weight.set_data(ms.Tensor(arrays["weight"]))
 net.bias.set_data(ms.Tensor(arrays["bias"]))
 data = ds.NumpySlicesDataset({"x": arrays["x"], "y": arrays["y"]}, shuffle=False).batch(len(arrays["y"]))
-config = boost_config(
+config = builtin_dim_reduce_config(
     f"{work}/pca.npy", n_components=int(sys.argv[2]), rho=0.55, gamma=0.9, alpha=0.001, sigma=0.4, device_number=1
 )
-boost_model(net, CrossEntropySmooth(arrays["weight"].shape[0], 0.0), config, loss_scale=None).train(
+builtin_dim_reduce_model(net, CrossEntropySmooth(arrays["weight"].shape[0], 0.0), config, loss_scale=None).train(
     1, data, dataset_sink_mode=False)
 np.savez(f"{work}/after.npz", weight=net.weight.asnumpy(), bias=net.bias.asnumpy())
 """

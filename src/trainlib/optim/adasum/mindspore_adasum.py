@@ -21,7 +21,7 @@ BOOST_CONFIG = {
 }
 
 
-def boost_adasum_model(net, loss_fn, optimizer, loss_scale: float):
+def builtin_adasum_model(net, loss_fn, optimizer, loss_scale: float):
     """``Model(boost_level="O2")`` over ``net`` with only Adasum on and a fixed ``loss_scale``."""
     from mindspore.train import FixedLossScaleManager, Model
 

@@ -1,12 +1,12 @@
 """Stage 2 with ``mindspore.boost``'s own DimReduce, for comparison with this project's P-BFGS.
 
-``boost_config`` enables only dim_reduce with a precomputed projection (``pca_mat_path``), under
+``builtin_dim_reduce_config`` enables only dim_reduce with a precomputed projection (``pca_mat_path``), under
 MindSpore's real key names (``n_components``, ``device_number``; the tutorial's
-``n_component``/``device_num`` are silently ignored by MindSpore); ``boost_model`` builds the ``Model``
-whose training step is boost's DimReduce.
+``n_component``/``device_num`` are silently ignored by MindSpore); ``builtin_dim_reduce_model`` builds
+the ``Model`` whose training step is boost's DimReduce.
 
 ``mindspore.boost.AutoBoost`` is a process-wide singleton configured by the first ``Model`` of a
-process, so boost's stage 2 always trains in a process of its own: ``run_in_own_process(fn, kwargs)``
+process, so the built-in stage 2 always trains in a child process: ``run_in_child_process(fn, kwargs)``
 pickles the call into a job folder, runs ``python -m trainlib.optim.dim_reduce.mindspore_dim_reduce <folder>``
 (which dies with its parent) and returns ``fn``'s result; the child's log goes to this process's console.
 """
@@ -28,11 +28,11 @@ RESULT_FILE = "result.pkl"
 ERROR_FILE = "error.txt"
 
 
-class OwnProcessError(RuntimeError):
+class ChildProcessFailure(RuntimeError):
     """The child process failed; the message carries its error text."""
 
 
-def boost_config(
+def builtin_dim_reduce_config(
     pca_path: str | Path,
     *,
     n_components: int,
@@ -63,7 +63,7 @@ def boost_config(
     }
 
 
-def boost_model(net, loss_fn, config: dict, *, loss_scale: float | None):
+def builtin_dim_reduce_model(net, loss_fn, config: dict, *, loss_scale: float | None):
     """A ``Model`` whose training step is ``mindspore.boost``'s DimReduce (SGD with lr 1 underneath).
 
     Without a loss-scale manager MindSpore's boost step reports a None loss; with one, its
@@ -79,12 +79,12 @@ def boost_model(net, loss_fn, config: dict, *, loss_scale: float | None):
     return Model(net, loss_fn, optimizer, metrics={"accuracy"}, boost_level="O1", boost_config_dict=config, **kwargs)
 
 
-def run_in_own_process(fn: Callable[..., Any], kwargs: dict[str, Any], job_dir: Path) -> Any:
+def run_in_child_process(fn: Callable[..., Any], kwargs: dict[str, Any], job_dir: Path) -> Any:
     """``fn(**kwargs)`` in a new Python process (``fn`` a module-level function, ``kwargs`` picklable).
 
     ``job_dir`` (existing, empty) holds the job and the result. The child inherits stdout and stderr,
     is killed when this process dies, and is stopped when this process is interrupted. A failure raises
-    ``OwnProcessError`` with the child's traceback.
+    ``ChildProcessFailure`` with the child's traceback.
     """
     job = {"module": fn.__module__, "qualname": fn.__qualname__, "kwargs": kwargs}
     (job_dir / JOB_FILE).write_bytes(pickle.dumps(job))
@@ -100,12 +100,12 @@ def run_in_own_process(fn: Callable[..., Any], kwargs: dict[str, Any], job_dir: 
     error = job_dir / ERROR_FILE
     if returncode != 0 or not (job_dir / RESULT_FILE).exists():
         text = error.read_text() if error.exists() else f"it exited with status {returncode} without a Python error"
-        raise OwnProcessError(f"{fn.__qualname__} failed in its own process: {text.rstrip()}")
+        raise ChildProcessFailure(f"{fn.__qualname__} failed in its child process: {text.rstrip()}")
     return pickle.loads((job_dir / RESULT_FILE).read_bytes())
 
 
 def _run_job(job_dir: Path) -> None:
-    """The child's side of ``run_in_own_process``."""
+    """The child's side of ``run_in_child_process``."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     job = pickle.loads((job_dir / JOB_FILE).read_bytes())
     try:

@@ -14,7 +14,7 @@ stage 1: stage 2 and the control continue at ``stage1.epochs + 1``. ``comparison
 """
 
 from trainlib.recipes.dim_reduce.comparison import compare_runs
-from trainlib.recipes.dim_reduce.mindspore_stage2 import train_stage2_with_boost
+from trainlib.recipes.dim_reduce.mindspore_stage2 import train_stage2_builtin
 from trainlib.recipes.dim_reduce.stage1 import collect_trajectory, train_control, train_stage1, trajectory_pca
 from trainlib.recipes.dim_reduce.stage2 import STEP_TIMESTAMP, step_metrics, train_stage2
 
@@ -26,6 +26,6 @@ __all__ = [
     "train_stage1",
     "step_metrics",
     "train_stage2",
-    "train_stage2_with_boost",
+    "train_stage2_builtin",
     "trajectory_pca",
 ]

@@ -23,7 +23,11 @@ from trainlib.engine.model_bridge import ModelTrainStep
 from trainlib.engine.resume import fingerprint
 from trainlib.engine.step import TrainStep
 from trainlib.models.loss import CrossEntropySmooth
-from trainlib.optim.dim_reduce.mindspore_dim_reduce import boost_config, boost_model, run_in_own_process
+from trainlib.optim.dim_reduce.mindspore_dim_reduce import (
+    builtin_dim_reduce_config,
+    builtin_dim_reduce_model,
+    run_in_child_process,
+)
 from trainlib.params import Stage2Params
 from trainlib.recipes.classifier import configure, network_from_checkpoint, num_classes, train_data, val_data
 from trainlib.recipes.context import TrainingContext
@@ -31,22 +35,24 @@ from trainlib.recipes.dim_reduce import step_table
 
 logger = logging.getLogger(__name__)
 
-# boost's DimReduce: its training cell's own state goes under optimizer.boost.<parameter name>.
-BOOST_STATE_PREFIX = "boost."
+# the built-in DimReduce: its training cell's own state goes under optimizer.boost.<parameter name> (the name
+# checkpoints already hold)
+BUILTIN_STATE_PREFIX = "boost."
 # its per-step table under optimizer.boost.steps.<column>
-BOOST_STEP_TABLE_PREFIX = BOOST_STATE_PREFIX + "steps."
-BOOST_STEP_COLUMNS = ("epoch", "step", "loss")
+BUILTIN_STEP_TABLE_PREFIX = BUILTIN_STATE_PREFIX + "steps."
+BUILTIN_STEP_COLUMNS = ("epoch", "step", "loss")
 _INTEGER_COLUMNS = ("epoch", "step")
 
 
-class BoostDimReduceStep(ModelTrainStep):
-    """``mindspore.boost``'s DimReduce trained by ``Model.train`` (``optim.dim_reduce.boost.boost_model``).
+class BuiltinDimReduceStep(ModelTrainStep):
+    """``mindspore.boost``'s DimReduce trained by ``Model.train``
+    (``optim.dim_reduce.mindspore_dim_reduce.builtin_dim_reduce_model``).
 
     Boost renames the network's parameters it wraps (``optimizer.<name>``); the state keeps their own names.
     Under ``optimizer.boost.`` it holds every other parameter of boost's training cell (DimReduce's
     inverse Hessian ``bk``, last step ``sk``, last projected gradient ``gk_last``, residual momenta, SGD's
     buffers), which ``prepare`` loads once the cell exists, and under ``optimizer.boost.steps.`` the
-    per-step loss table (``rows``, ``BOOST_STEP_COLUMNS``). Boost does not report its accepted step size,
+    per-step loss table (``rows``, ``BUILTIN_STEP_COLUMNS``). Boost does not report its accepted step size,
     so ``lr`` is unknown (None).
     """
 
@@ -54,7 +60,12 @@ class BoostDimReduceStep(ModelTrainStep):
 
     def __init__(self, net, loss_fn, config: dict, *, loss_scale: float):
         super().__init__(
-            lambda: boost_model(net, loss_fn, config, loss_scale=loss_scale), net, None, None, loss_scale, False
+            lambda: builtin_dim_reduce_model(net, loss_fn, config, loss_scale=loss_scale),
+            net,
+            None,
+            None,
+            loss_scale,
+            False,
         )
         self.names = {id(p): p.name for p in net.get_parameters()}
         self.rows: list[dict[str, float]] = []
@@ -69,24 +80,24 @@ class BoostDimReduceStep(ModelTrainStep):
         if self.model is not None:
             for p in self.model.train_network.get_parameters():
                 if id(p) not in self.names:
-                    state[BOOST_STATE_PREFIX + p.name] = p.asnumpy().copy()
-        state.update(step_table.encode(self.rows, BOOST_STEP_COLUMNS, BOOST_STEP_TABLE_PREFIX))
+                    state[BUILTIN_STATE_PREFIX + p.name] = p.asnumpy().copy()
+        state.update(step_table.encode(self.rows, BUILTIN_STEP_COLUMNS, BUILTIN_STEP_TABLE_PREFIX))
         params.update({OPTIMIZER_PREFIX + name: value for name, value in state.items()})
         return params
 
     def restore(self, checkpoint: Checkpoint) -> None:
         state = checkpoint.optimizer_state()
-        if not any(name.startswith(BOOST_STATE_PREFIX) for name in state):
+        if not any(name.startswith(BUILTIN_STATE_PREFIX) for name in state):
             return  # stage 1's checkpoint: boost starts here
         try:
-            self.rows = step_table.decode(state, BOOST_STEP_COLUMNS, BOOST_STEP_TABLE_PREFIX, _INTEGER_COLUMNS)
+            self.rows = step_table.decode(state, BUILTIN_STEP_COLUMNS, BUILTIN_STEP_TABLE_PREFIX, _INTEGER_COLUMNS)
         except KeyError as missing:
             key = f"optimizer.{missing.args[0]}"
             raise ValueError(f"the stage-2 checkpoint lacks mindspore.boost state {key}") from None
         self.pending = {
-            name.removeprefix(BOOST_STATE_PREFIX): value
+            name.removeprefix(BUILTIN_STATE_PREFIX): value
             for name, value in state.items()
-            if name.startswith(BOOST_STATE_PREFIX) and not name.startswith(BOOST_STEP_TABLE_PREFIX)
+            if name.startswith(BUILTIN_STATE_PREFIX) and not name.startswith(BUILTIN_STEP_TABLE_PREFIX)
         }
 
     def prepare(self) -> None:
@@ -102,11 +113,11 @@ class BoostDimReduceStep(ModelTrainStep):
             logger.info("Restored mindspore.boost's DimReduce state (%d parameters)", len(own))
 
     def table(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows, columns=list(BOOST_STEP_COLUMNS))
+        return pd.DataFrame(self.rows, columns=list(BUILTIN_STEP_COLUMNS))
 
 
-class BoostStepLosses(Callback):
-    """Adds each step's loss to the bound ``BoostDimReduceStep``'s table (1-based epoch, global step, loss)."""
+class BuiltinStepLosses(Callback):
+    """Adds each step's loss to the bound ``BuiltinDimReduceStep``'s table (1-based epoch, global step, loss)."""
 
     def bind(self, step: TrainStep) -> None:
         self.step = step
@@ -118,7 +129,7 @@ class BoostStepLosses(Callback):
         self.step.rows.append({"epoch": epoch + 1, "step": epoch * self.steps_per_epoch + step + 1, "loss": loss})
 
 
-def train_stage2_with_boost(
+def train_stage2_builtin(
     context: TrainingContext,
     stage1_checkpoint: Checkpoint,
     pca_matrix: np.ndarray,
@@ -133,13 +144,13 @@ def train_stage2_with_boost(
     run in that process, where ``run_handoff`` (``distributed.launch.RunHandoff``, optional) makes the caller's
     tracking run active. Returns the training's result (without its step) and the per-step loss table.
     """
-    with tempfile.TemporaryDirectory(prefix="boost_stage2_") as folder:
+    with tempfile.TemporaryDirectory(prefix="builtin_stage2_") as folder:
         work = Path(folder)
         save_checkpoint(stage1_checkpoint, work / "stage1.ckpt")
         np.save(work / "pca.npy", pca_matrix)  # boost reads it by path and writes its slices beside it
         logger.info("Stage 2 with mindspore.boost's DimReduce in a process of its own")
-        return run_in_own_process(
-            _train_stage2_with_boost_here,
+        return run_in_child_process(
+            _train_stage2_builtin_here,
             {
                 "context": context,
                 "start_path": work / "stage1.ckpt",
@@ -152,7 +163,7 @@ def train_stage2_with_boost(
         )
 
 
-def _train_stage2_with_boost_here(
+def _train_stage2_builtin_here(
     context: TrainingContext,
     start_path: Path,
     pca_path: Path,
@@ -160,7 +171,7 @@ def _train_stage2_with_boost_here(
     callbacks: Sequence[Callback],
     run_handoff,
 ) -> tuple[TrainingResult, pd.DataFrame]:
-    """The process side of ``train_stage2_with_boost``."""
+    """The process side of ``train_stage2_builtin``."""
     manifest, class_index, model, data, runtime = (
         context.manifest,
         context.class_index,
@@ -173,7 +184,7 @@ def _train_stage2_with_boost_here(
         start = load_checkpoint(start_path)
         pca_matrix = np.load(pca_path)
         run_id = fingerprint(model, data, stage2.model_dump(exclude={"checkpoint"}), runtime.seed, 1, start, pca_matrix)
-        config = boost_config(
+        config = builtin_dim_reduce_config(
             pca_path,
             n_components=pca_matrix.shape[0],
             rho=stage2.rho,
@@ -184,9 +195,9 @@ def _train_stage2_with_boost_here(
         )
         loss_fn = CrossEntropySmooth(num_classes(model, class_index), stage2.label_smoothing)
 
-        def make_step(start: Checkpoint, steps_per_epoch: int) -> BoostDimReduceStep:
+        def make_step(start: Checkpoint, steps_per_epoch: int) -> BuiltinDimReduceStep:
             net = network_from_checkpoint(model, class_index, start, "of stage 1")
-            return BoostDimReduceStep(net, loss_fn, config, loss_scale=stage2.loss_scale)
+            return BuiltinDimReduceStep(net, loss_fn, config, loss_scale=stage2.loss_scale)
 
         validation = val_data(manifest, data)
         checkpoint = stage2.checkpoint
@@ -203,7 +214,7 @@ def _train_stage2_with_boost_here(
             fingerprint=run_id,
             checkpoints=Checkpointing.of(checkpoint),
             evaluate=lambda step: evaluate(step.network, validation),
-            callbacks=[BoostStepLosses(), *callbacks],
+            callbacks=[BuiltinStepLosses(), *callbacks],
             continue_from_start=True,
             metadata={"network": model.name, "training": "stage2"},
         )
