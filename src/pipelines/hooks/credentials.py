@@ -38,7 +38,9 @@ def _item(section, key: str):
 class CredentialHooks:
     @hook_impl(tryfirst=True)  # before anything opens the storage
     def after_context_created(self, context) -> None:
-        name = _item(_item(context.params, "study"), "tuning")
+        # the raw parameters, not context.params: that property runs Kedro's typed validation, which imports every
+        # pipeline's nodes (MindSpore) before ConfigurationHooks names a bad or renamed parameter
+        name = _item(_item(context.config_loader["parameters"], "study"), "tuning")
         name = _item(name, "credentials")
         if not name:
             return
