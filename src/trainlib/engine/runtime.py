@@ -14,10 +14,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import get_args
 
-from trainlib.params import DeviceTarget
-
-DEVICE_TARGETS = get_args(DeviceTarget)
-
 # oneDNN picks a reference 3x3 convolution on AVX-512 machines here (30x slower); AVX2 kernels
 # are the fast path. GLOG_v=3 keeps MindSpore's C++ warnings out of Kedro's log.
 CPU_DEFAULTS = {"ONEDNN_MAX_CPU_ISA": "AVX2", "GLOG_v": "3"}
@@ -87,7 +83,10 @@ def device_available(device_target: str) -> bool:
         return bool(glob.glob("/dev/nvidia[0-9]*")) or shutil.which("nvidia-smi") is not None
     if device_target == "Ascend":
         return bool(glob.glob("/dev/davinci[0-9]*")) or shutil.which("npu-smi") is not None
-    raise ValueError(f"unknown device_target {device_target!r}; choose one of {DEVICE_TARGETS}")
+    # imported here: ``import trainlib`` runs this module, and building the parameter models costs a third of a second
+    from trainlib.params import DeviceTarget
+
+    raise ValueError(f"unknown device_target {device_target!r}; choose one of {get_args(DeviceTarget)}")
 
 
 def require_device(device_target: str, env: str | None = None, *, rehearsal: str | None = None) -> None:
