@@ -25,18 +25,19 @@ import pandas as pd
 from mindir_serving.images import eval_image_ops, normalise_ops
 from trainlib.data.links import link_split
 from trainlib.data.verify import (
-    VERIFY_MODES,
     FolderFiles,
     content_problem,
     entry_problem,
     is_hidden_or_system,
     verify_files,
 )
-from trainlib.params import BadFilePolicy
+from trainlib.params import BadFilePolicy, VerifyMode
 
 logger = logging.getLogger(__name__)
 
 BAD_FILE_POLICIES = get_args(BadFilePolicy)
+# the levels of trainlib.data.verify, read here: its spawned workers need not build the parameter models
+VERIFY_MODES = get_args(VerifyMode)
 MANIFEST_COLUMNS = ["path", "class_name", "label", "split", "size", "mtime_ns"]
 BAD_FILE_COLUMNS = ["path", "split", "reason"]
 # Per-class counts are logged class by class up to this many classes, summarised beyond.

@@ -28,16 +28,13 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import get_args
 
 from PIL import Image, UnidentifiedImageError
 
-from trainlib.params import VerifyMode
 from trainlib.processes import die_with_parent
 
 logger = logging.getLogger(__name__)
 
-VERIFY_MODES = get_args(VerifyMode)
 IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png", ".bmp", ".webp")
 # What MindSpore's Decode (libjpeg-turbo, OpenCV) reads; it rejects GIF and WebP content.
 DECODABLE_FORMATS = ("JPEG", "PNG", "BMP")
