@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 START_TIMEOUT_S = 180  # mlflow server imports for ~30 s on a busy machine
+ENV_BUILD_TIMEOUT_S = 1800  # a model's environment built from nothing: MindSpore, MLflow and their dependencies
 
 
 def free_port() -> int:
@@ -63,18 +64,39 @@ def team_mlflow_server(backend_uri: str, folder: Path, admin_password: str) -> I
 
 
 @contextlib.contextmanager
-def model_server(model_uri: str, tracking_uri: str, cwd: Path, log: Path) -> Iterator[str]:
-    """``mlflow models serve -m <model_uri> --env-manager local`` (this environment: the project's package and
-    MindSpore) with its models from ``tracking_uri``; yields its URL once its ``/ping`` answers."""
+def model_server(
+    model_uri: str, tracking_uri: str, cwd: Path, log: Path, env_manager: str = "local", **env: str
+) -> Iterator[str]:
+    """``mlflow models serve -m <model_uri> --env-manager <env_manager>`` with its models from ``tracking_uri``
+    (``local``: this environment, the project's package and MindSpore; ``virtualenv``: one MLflow builds from the
+    model's requirements, ready beforehand, see ``prepare_model_env``), with ``env`` added to its environment; yields
+    its URL once its ``/ping`` answers."""
     port = free_port()
-    command = [sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri, "--env-manager", "local"]
+    command = [sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri, "--env-manager", env_manager]
     command += ["--host", "127.0.0.1", "--port", str(port)]
     # it starts uvicorn by name, from PATH: this environment's, as an activated venv gives it
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     with served(
-        command, cwd, log, f"http://127.0.0.1:{port}", "/ping", MLFLOW_TRACKING_URI=tracking_uri, PATH=path
+        command, cwd, log, f"http://127.0.0.1:{port}", "/ping", MLFLOW_TRACKING_URI=tracking_uri, PATH=path, **env
     ) as url:
         yield url
+
+
+def prepare_model_env(model_uri: str, tracking_uri: str, cwd: Path, env_manager: str, **env: str) -> None:
+    """``mlflow models prepare-env -m <model_uri> --env-manager <env_manager>``: the environment MLflow builds from
+    the model's requirements, made before its server starts (a first build outlasts ``START_TIMEOUT_S``) and kept
+    where ``env``'s ``MLFLOW_ENV_ROOT`` says."""
+    command = [sys.executable, "-m", "mlflow", "models", "prepare-env", "-m", model_uri, "--env-manager", env_manager]
+    result = subprocess.run(
+        command,
+        cwd=cwd,
+        env={**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_DISABLE_TELEMETRY": "true", **env},
+        capture_output=True,
+        text=True,
+        timeout=ENV_BUILD_TIMEOUT_S,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
 @contextlib.contextmanager
