@@ -1,17 +1,8 @@
 """THOR's options (issue 29) against float64 numpy closed forms, alone and combined: ``factored`` damping, the
 ``eigen`` method, ``kl_clip`` and the Adam graft; their state through a checkpoint; the recipe's keys reach them.
 
-The closed forms, per preconditioned layer with statistics A, G, P positions and damping lambda:
-
-* factored: ``pi = sqrt((tr A / dim A) / (tr G / dim G))`` (1 if a trace is 0), ``A^-1 = P^-1/2 (A + pi s I)^-1``,
-  ``G^-1 = P^-1/2 (G + s / pi I)^-1`` with ``s = sqrt(lambda / P)``;
-* eigen: ``A = QA diag(eA) QA^T``, ``G = QG diag(eG) QG^T``, eigenvalues clamped at 0,
-  ``d = QG ((QG^T grad QA) / D) QA^T`` with ``D = P eG eA^T + lambda`` (with factored:
-  ``(sqrt(P) eG + sqrt(lambda) / pi)(sqrt(P) eA + pi sqrt(lambda))^T``);
-* Adam graft: ``m, v`` Adam's moments of the layer's gradient, ``u = m_hat / (sqrt(v_hat) + eps)``, ``d *= |u| / |d|``;
-* kl_clip: ``nu = min(1, sqrt(kl_clip / |lr^2 sum_layers sum(grad * d)|))``, every preconditioned ``d *= nu``;
-
-then weight decay and momentum as in ``test_preconditioner.NumpyThor``.
+The closed forms (``NumpyThorOptions``) are those of docs/recipes.md, section "THOR's options", per preconditioned
+layer, then weight decay and momentum as in ``test_preconditioner.NumpyThor``.
 """
 
 from __future__ import annotations
@@ -236,7 +227,7 @@ def test_the_defaults_add_no_state():
 
 
 def test_factored_damping_under_the_trace_rule():
-    """The trace rule's per-layer refresh (``_FactoredLayerInverses``) gives the factored closed form."""
+    """The trace rule's per-layer refresh (``inverse._LayerInverses``) gives the factored closed form."""
     net = TinyNet()
     x, y = batch(0)
     _, _, stats = numpy_forward_backward(params_of(net), x, y)

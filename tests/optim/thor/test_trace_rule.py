@@ -15,7 +15,7 @@ from tests.support.thor import NAMES, TinyNet, batch, make_thor, params_of, run
 
 def inverse_buffers(thor) -> dict[str, np.ndarray]:
     pre = thor.preconditioner
-    return {p.name: p.asnumpy().copy() for p in (*pre.a_inv, *pre.g_inv)}
+    return {p.name: p.asnumpy().copy() for p in (*pre.method.a_inv, *pre.method.g_inv)}
 
 
 def test_a_skipped_layer_computes_no_inverse_while_another_is_refreshed():

@@ -1,8 +1,9 @@
 """THOR: K-FAC style second-order training as a gradient preconditioner before the baseline's Momentum.
 
 Modules, in kfac-pytorch's shape: ``linalg`` (block inverses and products, graph-safe), ``capture`` (the layer
-wrappers that record A and G), ``preconditioner`` (``ThorPreconditioner``: statistics, inverses, trace rule,
-counters, state), ``step`` (``ThorStep``: forward, backward, precondition, the shared optimizer), and
+wrappers that record A and G), ``curvature`` with ``inverse`` and ``eigen`` (the two compute methods), ``graft`` and
+``clip`` (the steps after them), ``preconditioner`` (``ThorPreconditioner``: statistics, the chosen method, trace
+rule, counters, state), ``step`` (``ThorStep``: forward, backward, precondition, the shared optimizer), and
 ``mindspore_thor`` (MindSpore's own ``nn.thor``, Ascend/GPU).
 
 The shape is kfac-pytorch's: forward, backward, ``ThorPreconditioner`` rewrites the gradients of the
@@ -78,20 +79,11 @@ second-order step) pairs that kept old inverses, ``inverses_computed`` the (laye
 A and G inverses were computed; without a trace rule every layer is computed at every second-order
 step, in the one fused graph.
 
-Options (issue 29; each off by default, and with all off the compiled graphs are the ones above), the same keys in
-the ResNet and BERT recipes (docs/recipes.md, THOR's options, has them with their sources):
-
-* ``damping_method`` "factored": the shifts become ``pi s`` for A and ``s / pi`` for G, with
-  ``pi = sqrt((tr A / dim A) / (tr G / dim G))`` (Martens & Grosse 2015, sec. 6.3; 1 where a trace is 0), so the
-  update is ``(sqrt(P) G + sqrt(lambda) / pi I)^-1 grad (sqrt(P) A + pi sqrt(lambda) I)^-1``.
-* ``compute_method`` "eigen" (kfac-pytorch's eigen method): ``A = QA diag(eA) QA^T``, ``G = QG diag(eG) QG^T``
-  (``Eigh``, float32), eigenvalues clamped at 0, ``d = QG ((QG^T grad QA) / D) QA^T`` with ``D = P eG eA^T +
-  lambda`` (the damping on the eigenvalue products of the Fisher ``P A (x) G``), or with "factored"
-  ``D = (sqrt(P) eG + sqrt(lambda) / pi)(sqrt(P) eA + pi sqrt(lambda))^T``; ``QA``, ``QG`` and ``1/D`` are stored.
-* ``adam_graft`` ``(beta1, beta2, eps)``: per preconditioned layer, Adam's bias-corrected moments of its gradient
-  give ``u = m_hat / (sqrt(v_hat) + eps)`` and ``d`` becomes ``d |u| / |d|`` (moments and step are state).
-* ``kl_clip``: then every preconditioned ``d`` is multiplied by ``nu = min(1, sqrt(kl_clip / |lr^2 sum g . d|))``
-  (kfac-pytorch), ``lr`` the step's, the sum over the preconditioned layers.
+Options (issue 29), each off by default: ``damping_method`` (fixed or factored), ``compute_method`` (inverse or
+eigen), ``adam_graft``, ``kl_clip``; their maths: see docs/recipes.md, section "THOR's options". The compute method
+is one cell chosen at construction (``inverse.InverseMethod``, ``eigen.EigenMethod``, as kfac-pytorch's
+``KFACInverseLayer`` and ``KFACEigenLayer``), and the graft (``graft.AdamGraft``) and the clip (``clip.KlClip``) are
+steps after it, each holding only its own buffers; with every option off the compiled graphs are the ones above.
 
 Loss scale: the loss is multiplied by ``loss_scale`` before differentiation (like
 ``TrainOneStepCell(sens=loss_scale)``); gradients are divided by it before the preconditioner and ``G``

@@ -114,7 +114,7 @@ def eigen_basis(stat):
 
 def eigen_scale(a_values, g_values, damping, positions, pi=None):
     """``1 / (damped eigenvalues)`` of the layer's Fisher ``P A (x) G`` on the eigenbases of G (rows) and A
-    (columns): ``P dG dA^T + damping`` (kfac-pytorch's eigen method, the ``mindspore`` damping on the products), or
+    (columns): ``P dG dA^T + damping`` (kfac-pytorch's eigen method, the ``fixed`` damping on the products), or
     with ``pi`` (``factored``) ``(sqrt(P) dG + sqrt(damping) / pi) (sqrt(P) dA + pi sqrt(damping))^T``."""
     g_column = ops.expand_dims(g_values, 1)
     a_row = ops.expand_dims(a_values, 0)

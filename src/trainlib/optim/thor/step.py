@@ -137,8 +137,8 @@ class ThorStep:
             return self._first_order(*batch)
         second_order = preconditioner.second_order_now()
         damping = ms.Tensor(preconditioner.current_damping, ms.float32)
-        if preconditioner.kl_clip is not None:  # the clip factor is computed with this step's lr
-            preconditioner.step_lr.set_data(ms.Tensor(self.lr_per_step[steps], ms.float32))
+        if preconditioner.clip is not None:  # the clip factor is computed with this step's lr
+            preconditioner.clip.set_lr(self.lr_per_step[steps])
         try:
             if second_order and preconditioner.trace_rule is not None:
                 return self._trace_rule_step(damping, *batch)
