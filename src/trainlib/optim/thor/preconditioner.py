@@ -2,8 +2,8 @@
 step's gradients into THOR directions (every layer refreshed, the stored curvature reused, or per layer by the trace
 rule). As in kfac-pytorch, the compute method is one object chosen at construction (``InverseMethod`` or
 ``EigenMethod``) and the options that rescale its directions are steps after it (``AdamGraft``, then ``KlClip``),
-each holding only its own buffers. THOR's maths: docs/recipes.md, sections "THOR" and "THOR's options"; the capture
-and the trace rule: the package docstring."""
+each holding only its own buffers. THOR's maths, the capture and the trace rule: the package docstring; the options'
+maths: see docs/recipes.md, section "THOR's options"."""
 
 from __future__ import annotations
 
