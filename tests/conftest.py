@@ -18,6 +18,7 @@ import pipelines  # noqa: F401  (sets ONEDNN_MAX_CPU_ISA: must come before any m
 
 # isort: on
 import gc
+import secrets
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,20 @@ def postgres(tmp_path_factory):
 
     with postgres_server(tmp_path_factory.mktemp("postgres") / "server.log") as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def team_server(postgres, tmp_path_factory):
+    """A team's MLflow server behind its login (``tests.support.servers.team_mlflow_server``) on the ``postgres``
+    server, with a user ``alice`` beside the admin; started once for every test that uses it."""
+    from tests.support.servers import TeamServer, team_mlflow_server
+
+    folder = tmp_path_factory.mktemp("team_server")
+    store_password, admin_password = secrets.token_urlsafe(12), secrets.token_urlsafe(12)
+    postgres.add_user("mlflow", store_password, "mlflow")
+    backend = postgres.url("mlflow", "mlflow", store_password, driver="postgresql+psycopg")
+    with team_mlflow_server(backend, folder, admin_password) as url:
+        yield TeamServer.with_user(url, ("admin", admin_password), "alice", secrets.token_urlsafe(12))
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ pipeline and the MLflow run have started. Then every byte the run left in the pr
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,11 @@ def project_on(root: Path) -> Path:
         root / "project", {**TINY_PARAMS, "study": STUDY, "data": {**TINY_PARAMS["data"], "root": str(tree)}}
     )
 
+def error_blocks(stderr: str) -> int:
+    """How many ``Error:`` blocks ``stderr`` holds (click starts each on a line of its own)."""
+    return len(re.findall(r"^Error: ", stderr, flags=re.MULTILINE))
+
+
 def files_holding(folder: Path, secret: str) -> list[str]:
     needle = secret.encode()
     return [
@@ -40,7 +46,7 @@ def assert_kept_secret(project: Path, result, secret: str, storage_param: str) -
     assert result.returncode != 0
     printed = result.stdout + result.stderr
     assert secret not in printed, printed[-3000:]
-    assert result.stderr.count("Error:") == 1, result.stderr[-3000:]
+    assert error_blocks(result.stderr) == 1, result.stderr[-3000:]
     assert "study.tuning.storage" in result.stderr and "cannot be opened" in result.stderr
     assert files_holding(project, secret) == []
     client, found = runs(project)

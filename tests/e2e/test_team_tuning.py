@@ -10,7 +10,7 @@ from pathlib import Path
 import optuna
 import yaml
 
-from tests.e2e.test_secrets import files_holding
+from tests.e2e.test_secrets import error_blocks, files_holding
 from tests.support.projects import TINY_PARAMS, kedro, make_project, runs
 from tests.support.trees import write_image_tree
 
@@ -65,7 +65,7 @@ def test_a_wrong_password_is_one_error_line_naming_the_storage(tmp_path, postgre
 
     result = kedro(project, "run", "--pipelines=study")
     assert result.returncode != 0
-    assert result.stderr.count("Error:") == 1
+    assert error_blocks(result.stderr) == 1
     error = result.stderr[result.stderr.index("Error:") :]
     assert "study.tuning.storage" in error and 'password authentication failed for user "late"' in error
     assert "Wr0ng-password" not in result.stdout + result.stderr

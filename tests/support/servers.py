@@ -4,7 +4,9 @@ SQLite backend store and proxied artifacts: the clients upload and download arti
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -14,6 +16,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 START_TIMEOUT_S = 180  # mlflow server imports for ~30 s on a busy machine
@@ -43,6 +46,32 @@ def mlflow_server(
         yield url
 
 
+@dataclass(frozen=True)
+class TeamServer:
+    """A running team server: its URL, its admin's and a user's name and password."""
+
+    url: str
+    admin: tuple[str, str]
+    user: tuple[str, str]
+
+    @classmethod
+    def with_user(cls, url: str, admin: tuple[str, str], name: str, password: str) -> TeamServer:
+        """The server at ``url`` with the user ``name`` created by its admin (MLflow's users REST API)."""
+        request = urllib.request.Request(
+            f"{url}/api/2.0/mlflow/users/create",
+            data=json.dumps({"username": name, "password": password}).encode(),
+            headers={"Content-Type": "application/json", "Authorization": basic_auth(*admin)},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert response.status == 200
+        return cls(url, admin, (name, password))
+
+
+def basic_auth(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
 @contextlib.contextmanager
 def team_mlflow_server(backend_uri: str, folder: Path, admin_password: str) -> Iterator[str]:
     """``mlflow server`` as docs/team.md starts a team's: the backend store ``backend_uri`` (PostgreSQL), proxied
@@ -55,10 +84,14 @@ def team_mlflow_server(backend_uri: str, folder: Path, admin_password: str) -> I
     config = folder / "auth.ini"
     config.write_text(
         "[mlflow]\ndefault_permission = READ\n"
-        f"database_uri = sqlite:///{folder / 'users.db'}\nadmin_username = admin\nadmin_password = {admin_password}\n"
+        f"database_uri = sqlite:///{folder / 'users.db'}\nadmin_username = admin\n"
         "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
     )
-    env = {"MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16)}
+    env = {
+        "MLFLOW_AUTH_CONFIG_PATH": str(config),
+        "MLFLOW_AUTH_ADMIN_PASSWORD": admin_password,  # read on first start only: the admin user's password
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16),
+    }
     with served(command, folder, folder / "server.log", f"http://127.0.0.1:{port}", "/health", **env) as url:
         yield url
 

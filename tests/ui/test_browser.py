@@ -450,12 +450,24 @@ def test_compare_a_run_page_and_the_breadcrumb_from_a_bare_experiment_link_stay_
     experiment = client.get_experiment_by_name("resnet-recipes").experiment_id
     no_assistant_panel(browser)
     browser.get(f"{study_ui}/#/experiments/{experiment}")
-    boxes = ".ag-pinned-left-cols-container .ag-row input[type=checkbox]"
-    wait_for(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, boxes)) >= 2, "mlflow_bare_experiment", "rows")
+    rows = ".ag-pinned-left-cols-container .ag-row"
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, f"{rows} button"), "mlflow_bare", "rows")
     settled_screenshot(browser, "mlflow_bare_experiment")
     on_table = genai_elements(browser)
-    for box in [b.find_element(By.XPATH, "..") for b in browser.find_elements(By.CSS_SELECTOR, boxes)][:2]:
-        box.click()
+
+    def trainings(driver) -> list:
+        """The study's training rows (its child runs), once the study run's row shows them."""
+        found = [row for row in driver.find_elements(By.CSS_SELECTOR, rows) if "seed" in row.text]
+        return found if len(found) >= 2 else []
+
+    def open_trainings(name: str) -> list:
+        """Open the study run's row (its one expander) unless its trainings show already, and wait for them."""
+        if not trainings(browser):
+            browser.find_element(By.CSS_SELECTOR, f"{rows} button").click()
+        return wait_for(browser, trainings, name, "the study's trainings")
+
+    for row in open_trainings("mlflow_open")[:2]:
+        row.find_element(By.CSS_SELECTOR, "input.ag-checkbox-input").find_element(By.XPATH, "..").click()
     compare = wait_for(
         browser,
         lambda d: [b for b in d.find_elements(By.TAG_NAME, "button") if b.text == "Compare"],
@@ -469,13 +481,9 @@ def test_compare_a_run_page_and_the_breadcrumb_from_a_bare_experiment_link_stay_
     settled_screenshot(browser, "mlflow_compare")
     on_compare = genai_elements(browser)
     browser.back()
-    runs = wait_for(
-        browser,
-        lambda d: [a for a in d.find_elements(By.CSS_SELECTOR, "a[href*='/runs/']") if a.text.startswith("seed")],
-        "mlflow_runs_table_back",
-        "run names",
-    )
-    runs[0].click()
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, f"{rows} button"), "mlflow_runs_table_back", "rows")
+    (training, *_) = open_trainings("mlflow_runs_table_open")
+    training.find_element(By.CSS_SELECTOR, "a[href*='/runs/']").click()
     wait_for(
         browser,
         lambda d: "About this run" in d.find_element(By.TAG_NAME, "body").text,
@@ -495,7 +503,7 @@ def test_compare_a_run_page_and_the_breadcrumb_from_a_bare_experiment_link_stay_
         "the breadcrumb",
     )
     crumb[0].click()
-    wait_for(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, boxes)) >= 2, "mlflow_breadcrumb_back", "rows")
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, rows), "mlflow_breadcrumb_back", "rows")
     settled_screenshot(browser, "mlflow_breadcrumb_back")
     assert (on_table, on_compare, on_run, genai_elements(browser)) == ([], [], [], [])
     assert "Model training" in browser.find_element(By.TAG_NAME, "body").text

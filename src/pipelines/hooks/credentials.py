@@ -1,4 +1,5 @@
-"""``CredentialHooks``: the tuning storage's secrets from conf/local/credentials.yml, Kedro's place for them.
+"""``CredentialHooks``: the tuning storage's secrets from conf/local/credentials.yml, Kedro's place for them, and
+no secret in the run's record of its command line.
 
 ``study.tuning.credentials`` names an entry of the credentials whose keys are environment variables, as
 kedro-mlflow's ``server.credentials`` does for the MLflow server::
@@ -10,6 +11,9 @@ kedro-mlflow's ``server.credentials`` does for the MLflow server::
 Before the run they are exported into this process's environment, where the database driver reads them (libpq's
 ``PGPASSWORD``) and msrun's workers inherit them; nothing is written to disk, and each value is masked wherever
 the run records text (``trainlib.redaction``).
+
+kedro-mlflow tags the run with the run's parameters as given (``runtime_params``: ``--params`` whole), before any
+hook of the project could mask them afterwards; so they are masked in place first.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import os
 
 from kedro.framework.hooks import hook_impl
 
-from trainlib.redaction import register_secret
+from trainlib.redaction import redact_value, register_secret
 
 
 class CredentialsError(KeyError):
@@ -54,3 +58,7 @@ class CredentialHooks:
         for variable, value in entry.items():
             register_secret(str(value))
             os.environ[str(variable)] = str(value)
+
+    @hook_impl(tryfirst=True)  # before kedro-mlflow's hook writes them as tags
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        run_params.update(redact_value(dict(run_params)))

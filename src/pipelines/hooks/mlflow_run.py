@@ -109,7 +109,7 @@ class MlflowRunHooks:
         chosen_env = configuration.env if configuration.env not in ("base", "local") else None
         rehearsal = configuration.rehearsal
         keys = [key for key, _ in leaf_items(configuration.raw_params)]
-        overrides = configuration.overrides
+        overrides = redact_value(configuration.overrides)  # a password in --params, masked before it is cut
         set_run_name(run_name(names, chosen_env, overrides, keys, partial, fast_dev_run=rehearsal is not None))
         command = invoked_command()
         set_tags(
@@ -175,7 +175,9 @@ class MlflowRunHooks:
         """Where to see the run: the chart comparing its runs (and the runs table) at the tracking server's address,
         or at ``mlflow ui``'s over a local store (kedro-mlflow's ``mlflow.yml``: ``server``, ``ui``)."""
         base = ui_base_url(current_tracking_uri(), *self._ui)
-        local = "" if base_is_server(current_tracking_uri()) else " (start `mlflow ui --app-name model-training` first, README)"
+        local = ""
+        if not base_is_server(current_tracking_uri()):
+            local = " (start `mlflow ui --app-name model-training` first, README)"
         chart, table = closing_links(base, self._run_id)
         # printed, not logged: a log handler may wrap lines at the terminal's width and would break the links
         if chart:

@@ -13,6 +13,7 @@ from pipelines.tracking.naming import RUN_COLOUR_TAG, run_colour
 from pipelines.tracking.runs import run_identity
 from pipelines.tracking.writer import EpochMetrics, TimeToTarget, log_final, set_tags
 from trainlib.engine.callbacks import Callback
+from trainlib.redaction import redact, redact_value
 
 
 def flat_params(sections: Mapping[str, object]) -> dict[str, str]:
@@ -62,11 +63,11 @@ def training_run(
         pipeline = client.get_run(parent.info.run_id).data.tags.get("pipeline")
         title = title or (f"{pipeline}/{name}" if pipeline else name)
         tags = {"training": name, RUN_COLOUR_TAG: run_colour(name), **run_identity()}
-        run = mlflow.start_run(run_name=title, nested=True, tags=tags)
+        run = mlflow.start_run(run_name=redact(title), nested=True, tags=redact_value(tags))
         logged = {}
     missing = {key: value for key, value in flat_params(params or {}).items() if key not in logged}
     if missing:
-        mlflow.log_params(missing)
+        mlflow.log_params(redact_value(missing))
     try:
         yield run
     except BaseException:

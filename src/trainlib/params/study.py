@@ -63,6 +63,7 @@ class TuningParams(Section):
     sampler_seed: int
     pruner: Literal["none", "median"]  # median: stop a trial whose step evaluations fall below the trials' median
     storage: Annotated[str, Field(min_length=1)]  # an Optuna storage URL: sqlite:///<file>, postgresql://..., ...
+    credentials: str | None = None  # an entry of conf/local/credentials.yml exported as environment variables
     name: Annotated[str, Field(min_length=1)]  # Optuna study <name>/<recipe>
     spaces: dict[TunableRow, RecipeSpace]
 

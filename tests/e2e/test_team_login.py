@@ -1,0 +1,108 @@
+"""A team's MLflow server as docs/team.md sets it up: ``mlflow server --app-name model-training-auth`` (MLflow's
+login, the model-training view) on a real PostgreSQL backend store with proxied artifacts (``team_server``).
+A project logs to it as the user ``alice``, whose password lives only in conf/local/credentials.yml, exported by
+kedro-mlflow (``server.credentials``): the baseline and thor runs arrive, the report reads them back, the baseline's
+model is registered, given the alias ``champion`` and used by ``predict`` through the login. A wrong password is
+one ``Error:`` line naming the server and the variables to set, and leaves no run behind."""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from unittest import mock
+
+import mlflow
+import pandas as pd
+import pytest
+import yaml
+
+from tests.e2e.test_secrets import error_blocks, files_holding
+from tests.support.projects import TINY_PARAMS, kedro, make_project
+from tests.support.stores import THOR_PARAMS
+from tests.support.trees import write_image_tree
+
+EXPERIMENT = "resnet-recipes"
+
+
+def logged_in_project(root: Path, server: str, user: tuple[str, str]) -> Path:
+    tree = write_image_tree(root / "tree", classes=("cat", "dog", "fox"), per_class={"train": 8, "val": 3})
+    params = {**TINY_PARAMS, "data": {**TINY_PARAMS["data"], "root": str(tree)}, "thor": THOR_PARAMS}
+    project = make_project(root / "project", {**params, "model": {"register": True}})
+    local = project / "conf" / "local"
+    (local / "mlflow.yml").write_text(
+        yaml.safe_dump({"server": {"mlflow_tracking_uri": server, "credentials": "mlflow_login"}})
+    )
+    login = {"MLFLOW_TRACKING_USERNAME": user[0], "MLFLOW_TRACKING_PASSWORD": user[1]}
+    (local / "credentials.yml").write_text(yaml.safe_dump({"mlflow_login": login}))
+    return project
+
+
+@contextmanager
+def logged_in(user: tuple[str, str]):
+    """This process's MLflow client logged in as ``user`` meanwhile."""
+    with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_USERNAME": user[0], "MLFLOW_TRACKING_PASSWORD": user[1]}):
+        yield
+
+
+def run(project: Path, *args: str):
+    result = kedro(project, "run", *args)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def team_project(team_server, tmp_path_factory):
+    """The baseline, thor, report and predict runs of one project, logged through the login."""
+    project = logged_in_project(tmp_path_factory.mktemp("team_login"), team_server.url, team_server.user)
+    outputs = [run(project), run(project, "--pipelines=thor"), run(project, "--pipelines=report")]
+    with logged_in(team_server.user):
+        client = mlflow.MlflowClient(team_server.url)
+        (version,) = client.search_model_versions("name = 'baseline'")
+        client.set_registered_model_alias("baseline", "champion", version.version)
+    outputs.append(run(project, "--pipelines=predict", "--params=predict.model=models:/baseline@champion"))
+    (project / "conf" / "local" / "credentials.yml").unlink()  # where the user put the password: the only place
+    return project, outputs
+
+
+def test_runs_report_and_registered_model_go_through_the_login(team_server, team_project):
+    project, _ = team_project
+    with logged_in(team_server.user):
+        client = mlflow.MlflowClient(team_server.url)
+        experiment = client.get_experiment_by_name(EXPERIMENT).experiment_id
+        found = client.search_runs([experiment])
+        by_pipeline = {run.data.tags.get("pipeline"): run for run in found if "mlflow.parentRunId" not in run.data.tags}
+        assert set(by_pipeline) == {"baseline", "thor", "report", "predict"}
+        assert {run.info.status for run in found} == {"FINISHED"}
+        compared = set(by_pipeline["report"].data.tags["compared_runs"].split(","))
+        assert {by_pipeline["baseline"].info.run_id, by_pipeline["thor"].info.run_id} <= compared
+    # nothing stayed local: the store is the server's PostgreSQL database
+    assert not (project / "mlflow.db").exists() and not (project / "mlruns").exists()
+    predictions = pd.read_csv(project / "data/07_model_output/predictions.csv", keep_default_na=False)
+    report = json.loads((project / "data/08_reporting/baseline_eval.json").read_text())
+    assert (predictions["class_1"] == predictions["class_name"]).mean() == pytest.approx(report["top1"])
+
+
+def test_the_password_stays_in_credentials_yml(team_server, team_project):
+    project, outputs = team_project
+    password = team_server.user[1]
+    assert not [result.args for result in outputs if password in result.stdout + result.stderr]
+    assert files_holding(project, password) == []
+
+
+def test_a_wrong_password_is_one_error_naming_the_server_and_leaves_no_run(team_server, tmp_path):
+    with logged_in(team_server.admin):
+        client = mlflow.MlflowClient(team_server.url)
+        before = {e.experiment_id: len(client.search_runs([e.experiment_id])) for e in client.search_experiments()}
+    project = logged_in_project(tmp_path, team_server.url, (team_server.user[0], "not-the-password"))
+    result = kedro(project, "run")
+    assert result.returncode != 0
+    error = result.stderr[result.stderr.index("Error:") :]
+    assert error_blocks(result.stderr) == 1
+    assert f"The MLflow server {team_server.url} refused the login of user 'alice' (HTTP 401)" in error
+    assert "MLFLOW_TRACKING_PASSWORD" in error
+    assert "not-the-password" not in result.stdout + result.stderr
+    with logged_in(team_server.admin):
+        after = {e.experiment_id: len(client.search_runs([e.experiment_id])) for e in client.search_experiments()}
+    assert after == before
