@@ -245,8 +245,9 @@ def encoded(image, file_format: str) -> bytes:
 
 def test_an_unreadable_file_is_named_by_what_is_wrong_with_it(exported, tmp_path, monkeypatch):
     """Real broken files, as a user's folder holds them, each with its reason; none is written anywhere (MindSpore
-    copies a GIF or a cut JPEG it refuses into the working directory), and a grayscale image is classified on the
-    pixels of its RGB conversion, as the evaluation's decode reads it."""
+    copies a GIF or a cut JPEG it refuses into the working directory); a complete JPEG with garbled data is named by
+    the decoder's message; and a grayscale image is classified on the pixels of its RGB conversion, as the
+    evaluation's decode reads it."""
     from PIL import Image
 
     _, _, folder = exported
@@ -277,6 +278,10 @@ def test_an_unreadable_file_is_named_by_what_is_wrong_with_it(exported, tmp_path
     ]
     assert predictions["class_1"].iloc[-1] in classifier.classes
     assert list(working.iterdir()) == []
+    # a complete JPEG whose data does not decode: MindSpore's decoder names why (and copies it into the working folder)
+    garbled = jpeg[:200] + b"\xff\xc4" + b"\x13" * 50 + jpeg[252:]
+    (reason,) = classifier.predict([garbled], top_k=2)["error"]
+    assert reason == "corrupt JPEG: Error raised by libjpeg: Bogus Huffman table definition"  # not its advice
     gray = photo.convert("L")
     np.testing.assert_array_equal(
         classifier.pixels(encoded(gray, "PNG")), classifier.pixels(encoded(gray.convert("RGB"), "PNG"))
