@@ -382,9 +382,10 @@ def test_thor_bert_pipeline(workspace):
     assert only_run(uri, "thor_bert").data.metrics[MOST_FREQUENT_TOKEN_ACCURACY] == pytest.approx(most_frequent)
     assert runs["control"].data.params["thor_bert.control.optimizer"] == "adamweightdecay"
     for training, run in runs.items():  # its own section, its target and the shared sections of its context
-        expected = {f"thor_bert.{training}.optimizer", "thor_bert.target_mlm_accuracy", "thor_bert.eval_batch_size"}
-        expected |= {"thor_bert.network.hidden_size", "runtime.seed", "distributed.worker_num"}
-        assert expected <= set(run.data.params), training
+        logged = set(run.data.params)
+        assert any(key.startswith(f"thor_bert.{training}.") for key in logged), training
+        expected = {"thor_bert.target_mlm_accuracy", "thor_bert.eval_batch_size", "thor_bert.network.hidden_size"}
+        assert expected | {"runtime.seed", "distributed.worker_num"} <= logged, training
 
 
 def test_migrate_pipeline(workspace, tmp_path):
