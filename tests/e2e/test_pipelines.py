@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import urllib.request
 from pathlib import Path
 
@@ -144,10 +145,10 @@ def test_the_registered_model_serves_over_rest(baseline_run, champion, tmp_path)
     assert answer[4]["error"] == "not an image: the file starts with no JPEG, PNG or BMP signature"
 
 
-# MLflow's environments built from models' requirements, kept across runs in the repository's data/ (ignored by git):
-# the first build installs MindSpore, MLflow and their dependencies; a later run finds its environment built (one per
-# set of pinned requirements)
-MODEL_ENVS = PROJECT / "data" / "model-envs"
+# MLflow's environments built from models' requirements, kept across runs and clones in the user's cache (CI runs in a
+# fresh clone on the same machine): the first build installs MindSpore, MLflow and their dependencies; a later run
+# finds its environment built (one per set of pinned requirements)
+MODEL_ENVS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "resnet-recipes" / "model-envs"
 
 
 def test_the_registered_model_serves_from_an_environment_built_from_its_requirements(baseline_run, champion, tmp_path):
