@@ -8,7 +8,7 @@ and is frozen (a node cannot change the configuration another node reads). Choic
 keys are model validators that name the key to change (``CrossKeyProblems``).
 
 One module per parameter file (``common``: ``parameters.yml``; ``baseline``: ``parameters_baseline.yml``;
-...), ``base``, ``schedules`` and ``choices`` for what several share, ``root`` for ``Parameters`` (the whole
+...), ``base``, ``numbers``, ``schedules`` and ``choices`` for what several share, ``root`` for ``Parameters`` (the whole
 tree) and ``validate_parameters``, ``errors`` for the wording of the problems. Import from the package:
 every name callers use is here.
 
@@ -21,19 +21,7 @@ load MindSpore (seconds) or MLflow.
 """
 
 from trainlib.params.adasum import AdasumParams
-from trainlib.params.base import (
-    CheckpointParams,
-    Fraction,
-    ImageRecipe,
-    LanguageRecipe,
-    NonNegativeFloat,
-    NonNegativeInt,
-    OpenFraction,
-    PositiveFloat,
-    PositiveInt,
-    Section,
-    TemplateSection,
-)
+from trainlib.params.base import CheckpointParams, ImageRecipe, LanguageRecipe, Section, TemplateSection
 from trainlib.params.baseline import BaselineParams, MomentumTraining
 from trainlib.params.choices import (
     BUILTIN_ADASUM_MIN_DEVICES,
@@ -77,6 +65,7 @@ from trainlib.params.dim_reduce import (
 )
 from trainlib.params.errors import CrossKeyProblems, ParameterError
 from trainlib.params.migrate import MigrateParams, MigrationParity
+from trainlib.params.numbers import Fraction, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt
 from trainlib.params.predict import PredictParams
 from trainlib.params.report import ReportParams, ReportRunIds
 from trainlib.params.root import Parameters, validate_parameters

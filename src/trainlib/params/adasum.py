@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from trainlib.params.base import ImageRecipe, PositiveInt
+from trainlib.params.base import ImageRecipe
 from trainlib.params.baseline import MomentumTraining
 from trainlib.params.choices import AdasumExchange, Implementation
+from trainlib.params.numbers import PositiveInt
 
 
 class AdasumParams(MomentumTraining, ImageRecipe):

@@ -1,18 +1,13 @@
-"""What every section shares: the strict, frozen base model, the bases of the training templates' sections, the
-number types with their ranges, and the checkpoint keys."""
+"""What every section shares: the strict, frozen base model, the bases of the training templates' sections and
+the checkpoint keys (the number types are in ``numbers``)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Any, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, TypeAdapter
 
-PositiveInt = Annotated[int, Field(gt=0)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
-NonNegativeFloat = Annotated[float, Field(ge=0)]
-Fraction = Annotated[float, Field(ge=0, lt=1)]  # [0, 1): momentum, label smoothing, shares of steps
-OpenFraction = Annotated[float, Field(gt=0, lt=1)]  # (0, 1)
+from trainlib.params.numbers import PositiveInt
 
 
 class Section(BaseModel):

@@ -2,16 +2,8 @@
 
 from __future__ import annotations
 
-from trainlib.params.base import (
-    CheckpointParams,
-    Fraction,
-    ImageRecipe,
-    NonNegativeFloat,
-    NonNegativeInt,
-    PositiveFloat,
-    PositiveInt,
-    Section,
-)
+from trainlib.params.base import CheckpointParams, ImageRecipe, Section
+from trainlib.params.numbers import Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 from trainlib.params.schedules import Schedule
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from trainlib.params.base import Fraction, NonNegativeFloat, NonNegativeInt, PositiveInt, Section
+from trainlib.params.base import Section
 from trainlib.params.choices import (
     BadFilePolicy,
     DataSource,
@@ -19,6 +19,7 @@ from trainlib.params.choices import (
     VerifyMode,
 )
 from trainlib.params.errors import CrossKeyProblems
+from trainlib.params.numbers import Fraction, NonNegativeFloat, NonNegativeInt, PositiveInt
 
 
 class RuntimeParams(Section):

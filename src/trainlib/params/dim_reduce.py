@@ -5,19 +5,11 @@ from __future__ import annotations
 
 from pydantic import model_validator
 
-from trainlib.params.base import (
-    CheckpointParams,
-    Fraction,
-    NonNegativeFloat,
-    NonNegativeInt,
-    OpenFraction,
-    PositiveFloat,
-    PositiveInt,
-    Section,
-)
+from trainlib.params.base import CheckpointParams, Section
 from trainlib.params.baseline import MomentumTraining
 from trainlib.params.choices import Implementation
 from trainlib.params.errors import CrossKeyProblems
+from trainlib.params.numbers import Fraction, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt
 
 
 class TrajectoryParams(Section):

@@ -6,8 +6,9 @@ from typing import Annotated
 
 from pydantic import Field
 
-from trainlib.params.base import PositiveFloat, PositiveInt, Section
+from trainlib.params.base import Section
 from trainlib.params.choices import TorchvisionArchitecture
+from trainlib.params.numbers import PositiveFloat, PositiveInt
 
 
 class MigrationParity(Section):

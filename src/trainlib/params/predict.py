@@ -6,7 +6,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from trainlib.params.base import PositiveInt, Section
+from trainlib.params.base import Section
+from trainlib.params.numbers import PositiveInt
 
 
 class PredictParams(Section):

@@ -6,8 +6,9 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import Field
 
-from trainlib.params.base import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Section
+from trainlib.params.base import Section
 from trainlib.params.choices import WarmupShape
+from trainlib.params.numbers import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 
 class WarmupSchedule(Section):

@@ -6,8 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from trainlib.params.base import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Section
+from trainlib.params.base import Section
 from trainlib.params.errors import CrossKeyProblems
+from trainlib.params.numbers import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 # dim_reduce gives two result rows, stage2 and control (P-BFGS against Momentum from the same stage 1); adasum
 # two, adasum and allreduce (the adasum section's training on study.adasum_workers msrun ranks, both ways)

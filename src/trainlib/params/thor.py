@@ -7,18 +7,10 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from trainlib.params.base import (
-    CheckpointParams,
-    Fraction,
-    ImageRecipe,
-    NonNegativeFloat,
-    NonNegativeInt,
-    PositiveFloat,
-    PositiveInt,
-    Section,
-)
+from trainlib.params.base import CheckpointParams, ImageRecipe, Section
 from trainlib.params.choices import AmpLevel, ComputeMethod, DampingMethod, Implementation
 from trainlib.params.errors import CrossKeyProblems
+from trainlib.params.numbers import Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 from trainlib.params.schedules import Schedule
 
 

@@ -6,18 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from trainlib.params.base import (
-    CheckpointParams,
-    Fraction,
-    LanguageRecipe,
-    NonNegativeFloat,
-    NonNegativeInt,
-    OpenFraction,
-    PositiveFloat,
-    PositiveInt,
-    Section,
-)
+from trainlib.params.base import CheckpointParams, LanguageRecipe, Section
 from trainlib.params.errors import CrossKeyProblems
+from trainlib.params.numbers import Fraction, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt
 from trainlib.params.schedules import Schedule
 from trainlib.params.thor import ThorOptions
 
