@@ -9,6 +9,7 @@ import torch
 from tests.support.torch_weights import IMAGE_SIZE, PARITY, random_torch_resnet, save_state_dict
 from trainlib.migrate.convert import (
     MigrationError,
+    ParityInput,
     check_parity,
     convert,
     forward_parity,
@@ -84,7 +85,9 @@ def test_names_and_batchnorm_statistics_are_mapped(resnet18):
 
 def test_resnet18_forward_parity(resnet18, pynative):
     _, state_dict = resnet18
-    result = forward_parity(state_dict, convert(state_dict, "resnet18", 10), "resnet18", 10, IMAGE_SIZE, 4, 0)
+    result = forward_parity(
+        state_dict, convert(state_dict, "resnet18", 10), "resnet18", 10, ParityInput(IMAGE_SIZE, 4, 0)
+    )
     assert result["max_abs_diff"] <= 1e-4, result
     assert 0.5 < result["max_abs_logit"] < 50, result  # a scale at which an absolute bound of 1e-4 means something
 
@@ -114,7 +117,7 @@ def test_a_mapping_mistake_breaks_parity(resnet18, pynative):
         params["layers.3.bn1.moving_variance"],
         params["layers.3.bn1.moving_mean"],
     )
-    result = forward_parity(state_dict, checkpoint, "resnet18", 10, IMAGE_SIZE, 2, 0)
+    result = forward_parity(state_dict, checkpoint, "resnet18", 10, ParityInput(IMAGE_SIZE, 2, 0))
     assert result["max_abs_diff"] > 1e-2
     report = {
         "architecture": "resnet18",
@@ -151,7 +154,9 @@ def test_a_failed_step_is_explained():
 def test_resnet50_forward_parity(tmp_path, pynative):
     model = random_torch_resnet("resnet50", 10)
     state_dict = load_state_dict(save_state_dict(model, tmp_path / "resnet50.pth"))
-    result = forward_parity(state_dict, convert(state_dict, "resnet50", 10), "resnet50", 10, IMAGE_SIZE, 2, 0)
+    result = forward_parity(
+        state_dict, convert(state_dict, "resnet50", 10), "resnet50", 10, ParityInput(IMAGE_SIZE, 2, 0)
+    )
     assert result["max_abs_diff"] <= 1e-4, result
 
 

@@ -20,6 +20,7 @@ PyTorch is needed only for ``load_state_dict`` and the parity checks (``torch_re
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -160,11 +161,20 @@ def load_state_dict(path: str | Path) -> dict[str, np.ndarray]:
     }
 
 
-def parity_batch(batch_size: int, image_size: int, num_classes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """The fixed input of both checks: standard-normal NCHW float32 images and int32 labels."""
-    rng = np.random.default_rng(seed)
-    images = rng.standard_normal((batch_size, 3, image_size, image_size)).astype(np.float32)
-    return images, rng.integers(0, num_classes, batch_size).astype(np.int32)
+@dataclass(frozen=True)
+class ParityInput:
+    """The fixed input of both checks: ``batch_size`` images of ``image_size`` x ``image_size`` pixels, drawn
+    with their labels from ``seed``."""
+
+    image_size: int
+    batch_size: int
+    seed: int
+
+    def arrays(self, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+        """Standard-normal NCHW float32 images and int32 labels below ``num_classes``."""
+        rng = np.random.default_rng(self.seed)
+        images = rng.standard_normal((self.batch_size, 3, self.image_size, self.image_size)).astype(np.float32)
+        return images, rng.integers(0, num_classes, self.batch_size).astype(np.int32)
 
 
 def _torch_model(state_dict: Mapping[str, np.ndarray], architecture: str, num_classes: int):
@@ -198,9 +208,7 @@ def forward_parity(
     checkpoint: Checkpoint,
     architecture: str,
     num_classes: int,
-    image_size: int,
-    batch_size: int,
-    seed: int,
+    batch: ParityInput,
 ) -> dict[str, float]:
     """Largest absolute difference between PyTorch's and MindSpore's logits in inference mode.
 
@@ -209,7 +217,7 @@ def forward_parity(
     import mindspore as ms
     import torch
 
-    images, _ = parity_batch(batch_size, image_size, num_classes, seed)
+    images, _ = batch.arrays(num_classes)
     model = _torch_model(state_dict, architecture, num_classes).eval()
     with torch.no_grad():
         expected = model(torch.from_numpy(images)).numpy()
@@ -268,9 +276,7 @@ def single_step_parity(
     checkpoint: Checkpoint,
     architecture: str,
     num_classes: int,
-    image_size: int,
-    batch_size: int,
-    seed: int,
+    batch: ParityInput,
     lr: float,
 ) -> tuple[dict[str, float], pd.DataFrame]:
     """One SGD step (``lr``, mean cross-entropy, training-mode BatchNorm) in both frameworks, compared.
@@ -289,7 +295,7 @@ def single_step_parity(
     import torch
     from mindspore import nn
 
-    images, labels = parity_batch(batch_size, image_size, num_classes, seed)
+    images, labels = batch.arrays(num_classes)
     torch_loss, torch_after, _ = _torch_step(state_dict, architecture, num_classes, images, labels, lr, torch.float32)
     _, exact_after, near_kinks = _torch_step(state_dict, architecture, num_classes, images, labels, lr, torch.float64)
 
@@ -352,11 +358,11 @@ def check_parity(
     to exact, when MindSpore's update error against PyTorch's float64 step is at most
     ``step_noise_factor`` times PyTorch's own float32 error (``criterion: float32_noise``).
     """
-    batch = {"image_size": parity.image_size, "batch_size": parity.batch_size, "seed": parity.seed}
-    forward = forward_parity(state_dict, checkpoint, architecture, num_classes, **batch)
+    batch = ParityInput(parity.image_size, parity.batch_size, parity.seed)
+    forward = forward_parity(state_dict, checkpoint, architecture, num_classes, batch)
     forward["tolerance"] = parity.forward_tolerance
     forward["passed"] = forward["max_abs_diff"] <= parity.forward_tolerance
-    step, table = single_step_parity(state_dict, checkpoint, architecture, num_classes, **batch, lr=parity.lr)
+    step, table = single_step_parity(state_dict, checkpoint, architecture, num_classes, batch, lr=parity.lr)
     step.update(
         lr=parity.lr,
         weight_tolerance=parity.step_weight_tolerance,
@@ -373,7 +379,7 @@ def check_parity(
     report = {
         "architecture": architecture,
         "num_classes": num_classes,
-        "input": {**batch, "layout": "NCHW float32, standard normal"},
+        "input": {**asdict(batch), "layout": "NCHW float32, standard normal"},
         "forward": forward,
         "single_step": step,
         "passed": forward["passed"] and step["passed"],
