@@ -8,9 +8,9 @@ and is frozen (a node cannot change the configuration another node reads). Choic
 keys are model validators that name the key to change (``CrossKeyProblems``).
 
 One module per parameter file (``common``: ``parameters.yml``; ``baseline``: ``parameters_baseline.yml``;
-...), ``base``, ``numbers``, ``schedules`` and ``choices`` for what several share, ``root`` for ``Parameters`` (the whole
-tree) and ``validate_parameters``, ``errors`` for the wording of the problems. Import from the package:
-every name callers use is here.
+...), ``base``, ``numbers``, ``schedules`` and ``choices`` for what several share, ``root`` for ``Parameters``
+(the whole tree) and ``validate_parameters``, ``errors`` for the wording of the problems. Import from the
+package: every name callers use is here.
 
 ``pipelines.hooks`` validates the merged configuration against ``Parameters`` before any run starts.
 Nodes take single sections (``runtime: RuntimeParams`` from ``params:runtime``), which Kedro builds from
