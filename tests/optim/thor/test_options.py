@@ -226,6 +226,12 @@ def test_the_defaults_add_no_state():
     assert not any("eigvec" in key or "graft" in key or "eigen_scale" in key for key in state)
 
 
+@pytest.mark.parametrize("precondition", [True, False])
+def test_a_misspelt_preconditioner_option_is_refused_with_or_without_the_preconditioner(precondition):
+    with pytest.raises(TypeError, match="klclip"):
+        make_thor(TinyNet(), precondition=precondition, klclip=0.001)
+
+
 def test_factored_damping_under_the_trace_rule():
     """The trace rule's per-layer refresh (``inverse._LayerInverses``) gives the factored closed form."""
     net = TinyNet()

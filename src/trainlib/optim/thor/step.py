@@ -4,6 +4,7 @@ baseline's Momentum optimizer (``create_thor_step``)."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import mindspore as ms
@@ -191,43 +192,26 @@ def create_thor_step(
     momentum: float,
     weight_decay: float,
     loss_scale: float,
-    frequency: int,
-    block_size: int | None,
-    trace_rule: tuple[float, float] | None,
     rank_size: int,
-    inverse_method: str | None,
     precondition: bool,
     decays: Callable[[str], bool] = decays_unless_norm_or_bias,
-    damping_method: str = "fixed",
-    compute_method: str = "inverse",
-    kl_clip: float | None = None,
-    adam_graft: tuple[float, float, float] | None = None,
+    **preconditioner_options,
 ) -> ThorStep:
     """THOR for ``net``: the preconditioner, then the baseline's Momentum (``create_momentum``: weight decay on the
     parameters ``decays`` names, by default all but BatchNorm gamma/beta and biases; ``lr_per_step`` indexed by its
     global step) with loss scale 1, as the preconditioner already receives unscaled gradients. ``net_with_loss``: a
     cell that computes the batch-mean loss of ``net`` from a batch's columns (``nn.WithLossCell(net, loss_fn)``, or
-    BERT's pre-training network with its losses). See ``ThorPreconditioner``
-    for the other arguments (the options ``damping_method`` .. ``adam_graft`` default to off: today's THOR);
-    ``precondition`` False builds no preconditioner (``ThorStep``: THOR's recipe without its second order)."""
-    preconditioner = (
-        ThorPreconditioner(
-            net,
-            damping,
-            loss_scale=loss_scale,
-            frequency=frequency,
-            block_size=block_size,
-            trace_rule=trace_rule,
-            rank_size=rank_size,
-            inverse_method=inverse_method,
-            damping_method=damping_method,
-            compute_method=compute_method,
-            kl_clip=kl_clip,
-            adam_graft=adam_graft,
-        )
-        if precondition
-        else None
-    )
+    BERT's pre-training network with its losses). The other keyword arguments are ``ThorPreconditioner``'s
+    (``frequency``, ``block_size``, ``trace_rule``, ``inverse_method``, and the options ``damping_method`` ..
+    ``adam_graft``, which default to off: today's THOR); ``precondition`` False builds no preconditioner
+    (``ThorStep``: THOR's recipe without its second order)."""
+    options = {"loss_scale": loss_scale, "rank_size": rank_size, **preconditioner_options}
+    if precondition:
+        preconditioner = ThorPreconditioner(net, damping, **options)
+    else:
+        # unused, but checked all the same: a misspelt or missing option is a TypeError with or without them
+        inspect.signature(ThorPreconditioner).bind(net, damping, **options)
+        preconditioner = None
     lr_per_step = np.asarray(lr_per_step, np.float32).ravel()
     optimizer = create_momentum(net, lr_per_step, momentum, weight_decay, 1.0, decays=decays)
     return ThorStep(
