@@ -25,11 +25,13 @@ pytestmark = pytest.mark.slow
 UNREACHABLE = "127.0.0.1:1/tuning"
 STUDY = {"recipes": ["baseline"], "seeds": [0], "epochs": 1, "eval_every_steps": 2, "tuning": {"trials": 1}}
 
+
 def project_on(root: Path) -> Path:
     tree = write_image_tree(root / "tree", classes=("cat", "dog"), per_class={"train": 4, "val": 2})
     return make_project(
         root / "project", {**TINY_PARAMS, "study": STUDY, "data": {**TINY_PARAMS["data"], "root": str(tree)}}
     )
+
 
 def error_blocks(stderr: str) -> int:
     """How many ``Error:`` blocks ``stderr`` holds (click starts each on a line of its own)."""
@@ -41,6 +43,7 @@ def files_holding(folder: Path, secret: str) -> list[str]:
     return [
         str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file() and needle in path.read_bytes()
     ]
+
 
 def assert_kept_secret(project: Path, result, secret: str, storage_param: str) -> None:
     assert result.returncode != 0
@@ -56,6 +59,7 @@ def assert_kept_secret(project: Path, result, secret: str, storage_param: str) -
     texts = [run.info.run_name, *run.data.tags.values(), *run.data.params.values()]
     assert not [text for text in texts if secret in text]
 
+
 def test_a_password_in_the_storage_url_of_params_is_masked_everywhere(tmp_path):
     secret = "Secr3t-in-url"
     project = project_on(tmp_path)
@@ -65,6 +69,7 @@ def test_a_password_in_the_storage_url_of_params_is_masked_everywhere(tmp_path):
     assert_kept_secret(project, result, secret, f"postgresql://alice:***@{UNREACHABLE}")
     assert f"postgresql://alice:***@{UNREACHABLE}" in result.stderr
 
+
 def test_a_password_from_the_environment_is_masked_everywhere(tmp_path, monkeypatch):
     secret = "Secr3t-in-env"
     monkeypatch.setenv("PGPASSWORD", secret)
@@ -73,6 +78,7 @@ def test_a_password_from_the_environment_is_masked_everywhere(tmp_path, monkeypa
         project, "run", "--pipelines=study", f"--params=study.tuning.storage=postgresql://alice@{UNREACHABLE}"
     )
     assert_kept_secret(project, result, secret, f"postgresql://alice@{UNREACHABLE}")
+
 
 def test_a_password_from_credentials_yml_is_exported_and_masked_everywhere(tmp_path, monkeypatch):
     """conf/local/credentials.yml's entry named by study.tuning.credentials is exported for libpq, and nothing the
