@@ -263,7 +263,7 @@ def test_kedro_viz_shows_dim_reduce_stages_collapsed_with_layers(viz_site, brows
         settled_screenshot(browser, "kedro_viz_stage2_expanded")
         assert drawn(browser, "modularPipeline") == {"data", *stages} - {"dim_reduce.stage2"}
         # labelled by the last part of their names: stage 2's training tells itself from the control's
-        assert drawn(browser, "task") == {"train_stage2", "evaluate", "export_model"}
+        assert drawn(browser, "task") == {"training_context", "train_stage2", "evaluate", "export_model"}
 
 
 def test_mlflow_ui_shows_the_run_and_its_metrics(filled_project, mlflow_ui, browser):
