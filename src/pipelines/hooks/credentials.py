@@ -40,7 +40,7 @@ def _item(section, key: str):
 
 
 class CredentialHooks:
-    @hook_impl(tryfirst=True)  # before anything opens the storage
+    @hook_impl(trylast=True)  # after ConfigurationHooks checked the environment and the parameters; before any node
     def after_context_created(self, context) -> None:
         # the raw parameters, not context.params: that property runs Kedro's typed validation, which imports every
         # pipeline's nodes (MindSpore) before ConfigurationHooks names a bad or renamed parameter
