@@ -205,6 +205,7 @@ def test_the_mlflow_model_is_logged_registered_and_loaded_by_alias_and_run_id(tr
         model_uri("baseline")
 
 
+@pytest.mark.slow  # a process of its own: the slow tier
 def test_the_registered_model_loads_and_predicts_in_a_python_without_this_project(exported, tmp_path):
     """docs/use-a-model.md's way to use a registered model elsewhere: downloaded by its alias, then loaded and run by
     a Python that has the model's requirements and not this project (tests/support/standalone.py), on an image file

@@ -91,6 +91,7 @@ def test_tuned_study_records_every_trial_and_trains_the_best_on_fresh_seeds(tmp_
         assert runs_to_compare(study_run.info.run_id) == [fresh[0].info.run_id]
 
 
+@pytest.mark.slow  # six BERT trainings (a minute): the slow tier
 def test_thor_bert_tunes_each_training_at_equal_effort_and_trains_both_bests_on_fresh_seeds(tmp_path):
     """thor_bert's THOR and AdamWeightDecay trainings: ``trials`` trials each, each trial training its own row alone
     from its own space over its own section, on the masked-LM target; then both bests on the fresh seed."""

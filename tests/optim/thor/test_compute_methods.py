@@ -18,6 +18,9 @@ from mindspore.train.anf_ir_pb2 import ModelProto
 from tests.optim.thor.legacy import LegacyPrecondition
 from tests.support.thor import TinyNet, batch, make_thor, params_of, run
 
+# The slow tier: a refactoring's proof (the former cell against the new ones, each compiled), not a unit test.
+pytestmark = pytest.mark.slow
+
 GRAFT = (0.9, 0.99, 1e-8)
 # test_options' cases: each option alone, and all four together (kl_clip binding: a loose one is the off case)
 CASES = {
