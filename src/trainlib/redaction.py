@@ -1,8 +1,9 @@
 """Secrets stay where they were given: the one place that masks a password or token before anything records it.
 
 Every writer that keeps text passes it through ``redact``: MLflow params, tags and run names
-(``pipelines.tracking``), log records (``redact_log_records``, as each is created), the ``Error:``
-block (``trainlib.errors``) and the files the study writes. Two kinds of secret are masked:
+(``pipelines.tracking``, ``pipelines.hooks``), log records (``redact_log_records``, as each is created), the
+``Error:`` block (``trainlib.errors``) and the tuning storage's errors (``trainlib.study.tuning``). The study's
+files hold no storage URL (tests/e2e/test_secrets.py searches every file of a run). Two kinds of secret are masked:
 
 - the password of a URL, ``postgresql://alice:<password>@db-host/tuning`` -> ``postgresql://alice:***@db-host/tuning``,
   wherever such a URL appears in a text;

@@ -32,20 +32,13 @@ class CredentialsError(KeyError):
         return str(self.args[0])
 
 
-def _item(section, key: str):
-    """``section[key]`` of a parameter mapping or a validated parameter model (Kedro gives either); None if absent."""
-    if section is None:
-        return None
-    return section.get(key) if isinstance(section, dict) else getattr(section, key, None)
-
-
 class CredentialHooks:
     @hook_impl(trylast=True)  # after ConfigurationHooks checked the environment and the parameters; before any node
     def after_context_created(self, context) -> None:
         # the raw parameters, not context.params: that property runs Kedro's typed validation, which imports every
         # pipeline's nodes (MindSpore) before ConfigurationHooks names a bad or renamed parameter
-        name = _item(_item(context.config_loader["parameters"], "study"), "tuning")
-        name = _item(name, "credentials")
+        study = context.config_loader["parameters"].get("study") or {}
+        name = (study.get("tuning") or {}).get("credentials")
         if not name:
             return
         credentials = context.config_loader["credentials"]
