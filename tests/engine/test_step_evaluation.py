@@ -38,8 +38,8 @@ class StepRows(Callback):
         self.rows.append(dict(row))
 
 
-def run(train_data, epochs: int, checkpoints: Checkpointing | None = None, callbacks=()):
-    """Two-step-interval evaluations that take ``EVALUATION_S`` each, on a step that trains nothing."""
+def run(train_data, epochs: int, checkpoints: Checkpointing | None = None, callbacks=(), every: int = 2):
+    """Evaluations every ``every`` steps that take ``EVALUATION_S`` each, on a step that trains nothing."""
     import mindspore as ms
     from mindspore import nn
 
@@ -50,7 +50,7 @@ def run(train_data, epochs: int, checkpoints: Checkpointing | None = None, callb
         return {"top1": float(next(accuracies)), "top5": 1.0}
 
     network = nn.Dense(1, 1)
-    spec = TrainingSpec(epochs=epochs, batch_size=BATCH, examples_per_step=BATCH, eval_every_steps=2)
+    spec = TrainingSpec(epochs=epochs, batch_size=BATCH, examples_per_step=BATCH, eval_every_steps=every)
     return train(
         spec,
         train_data,
@@ -75,6 +75,18 @@ def test_step_evaluations_are_timed_apart_from_training(train_data):
     elapsed = [row[TRAIN_ELAPSED_S] for row in rows]
     assert elapsed == sorted(elapsed) and elapsed[-1] <= training_s
     assert "val/top1" not in result.history[0]  # no evaluate: only the step evaluations ran
+
+
+@pytest.mark.parametrize(("epochs", "every", "steps"), [(1, 6, [4]), (2, 3, [3, 6, 8])])
+def test_the_trainings_last_step_is_always_a_point_of_the_curve(train_data, epochs, every, steps):
+    # an epoch of 4 steps and an interval of 6 (the study's 15 < 20) once left the curve empty
+    recorder = StepRows()
+    result = run(train_data, epochs=epochs, callbacks=[recorder], every=every)
+    assert [row[STEP_KEY] for row in result.step_history] == steps
+    assert recorder.rows == result.step_history
+    training_s = sum(row[TRAIN_EPOCH_TIME_S] for row in result.history)
+    assert result.step_history[-1][TRAIN_ELAPSED_S] == pytest.approx(training_s, abs=0.05)
+    assert training_s < EVALUATION_S  # the end point's evaluation is not training time either
 
 
 def test_step_rows_survive_a_resume(tmp_path, train_data):

@@ -157,7 +157,12 @@ class EpochLoop:
         self.callbacks.on_step_evaluation(row)
 
     def end(self, epoch: int) -> dict[str, float]:
-        """The epoch's row: training figures, evaluation when due, the callbacks' own figures."""
+        """The epoch's row: training figures, evaluation when due, the callbacks' own figures. The training's last
+        step is always step-evaluated: a curve whose interval outlasts the training (an epoch of 15 steps,
+        ``eval_every_steps`` 20) still has its end point, and every curve reaches the training's end."""
+        last_step = (epoch + 1) * self.steps_per_epoch
+        if self.evaluate_steps is not None and epoch + 1 == self.spec.epochs and last_step % self.spec.eval_every_steps:
+            self._evaluate_at(epoch, last_step)
         elapsed = time.perf_counter() - self.started - self.evaluating_s - self.compiling_s
         row: dict[str, float] = {
             "epoch": epoch + 1,
