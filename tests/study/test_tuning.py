@@ -5,10 +5,13 @@ any work."""
 
 from __future__ import annotations
 
+import socket
+
 import click
 import mlflow
 import optuna
 import pytest
+import sqlalchemy
 
 from pipelines.tracking.links import runs_to_compare
 from tests.support.runner import process_state_kept, run_pipeline, session_project, tiny_params, tracking_uri
@@ -38,23 +41,48 @@ def tuned(storage: str, recipes=("baseline",), spaces=BASELINE_SPACE, **tuning) 
     }
 
 
+def dead_machines_trial(storage: str, store: str) -> tuple[str, str]:
+    """A trial left RUNNING by a machine that died long ago (its last heartbeat in 2000), with its MLflow child run
+    and study run RUNNING in ``store``; their ids."""
+    client = mlflow.MlflowClient(tracking_uri=store)
+    experiment = client.create_experiment("resnet-recipes")
+    study_run = client.create_run(experiment).info.run_id
+    child = client.create_run(experiment, tags={"mlflow.parentRunId": study_run}).info.run_id
+    rdb = optuna.storages.RDBStorage(storage, heartbeat_interval=60)
+    trial = optuna.create_study(storage=rdb, study_name="study/baseline").ask()
+    trial.suggest_float("lr.peak", 0.01, 0.2, log=True)
+    trial.set_user_attr("host", "a-machine-that-died")
+    trial.set_user_attr("run_ids", [child])
+    rdb.record_heartbeat(trial._trial_id)
+    with rdb.engine.begin() as connection:
+        connection.execute(sqlalchemy.text("UPDATE trial_heartbeats SET heartbeat = '2000-01-01 00:00:00'"))
+    return study_run, child
+
+
 def test_tuned_study_records_every_trial_and_trains_the_best_on_fresh_seeds(tmp_path):
     tree = write_image_tree(tmp_path / "tree", classes=("cat", "dog", "fox"), per_class={"train": 8, "val": 3})
     project = session_project(tmp_path / "project")
     storage = f"sqlite:///{tmp_path / 'tuning.db'}"
-    # the first trial's values diverge: it fails, and the study goes on
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    optuna.create_study(storage=storage, study_name="study/baseline").enqueue_trial({"lr.peak": DIVERGING_LR})
+    dead_study_run, dead_child = dead_machines_trial(storage, tracking_uri(project))
+    # the next trial's values diverge: it fails, and the study goes on
+    optuna.load_study(storage=storage, study_name="study/baseline").enqueue_trial({"lr.peak": DIVERGING_LR})
     with pytest.warns(UserWarning, match="out of range"):
         outputs = run_pipeline("study", tiny_params(tree, tuned(storage)), project)
 
     trials = optuna.load_study(study_name="study/baseline", storage=storage).trials
     states = [trial.state.name for trial in trials]
-    assert states == ["FAIL", "COMPLETE"]  # the budget, the failure counted in it
-    assert trials[0].user_attrs["error"] == "NonFiniteLossError"
-    best = trials[1]
+    # the dead machine's trial failed, not counted; the budget of 2 with the divergence counted, and the dead
+    # trial's values retried
+    assert states == ["FAIL", "FAIL", "COMPLETE"]
+    assert "error" not in trials[0].user_attrs and trials[1].user_attrs["error"] == "NonFiniteLossError"
+    best = trials[2]
+    assert best.system_attrs["failed_trial"] == 0 and best.params == trials[0].params
+    assert best.user_attrs["host"] == socket.gethostname()
 
     client = mlflow.MlflowClient(tracking_uri=tracking_uri(project))
+    assert [client.get_run(run).info.status for run in (dead_study_run, dead_child)] == ["FAILED", "FAILED"]
+    assert client.get_run(dead_child).data.tags["trial_error"] == "stale"
     experiment = client.get_experiment_by_name("resnet-recipes").experiment_id
     (study_run,) = client.search_runs([experiment], "tags.pipeline = 'study'")
     children = client.search_runs(
@@ -62,7 +90,7 @@ def test_tuned_study_records_every_trial_and_trains_the_best_on_fresh_seeds(tmp_
     )
     by_trial = {child.data.tags["trial"]: child for child in children if "trial" in child.data.tags}
     fresh = [child for child in children if "trial" not in child.data.tags]
-    assert sorted(by_trial) == ["0", "1"]  # one child run per trial
+    assert sorted(by_trial) == ["1", "2"]  # one child run per trial this process ran
     assert [(child.data.tags["seed"], child.data.tags["recipe"]) for child in fresh] == [("0", "baseline")]
     for number, child in by_trial.items():
         trial = trials[int(number)]
@@ -70,10 +98,10 @@ def test_tuned_study_records_every_trial_and_trains_the_best_on_fresh_seeds(tmp_
         assert child.data.tags["seed"] == "100"  # the tuning seed, never the study's
         assert float(child.data.params["tuning.lr.peak"]) == trial.params["lr.peak"]
         assert child.info.run_name == f"seed100 baseline/trial{number}"
-    assert by_trial["0"].data.tags["trial_error"] == "NonFiniteLossError"
-    assert by_trial["0"].info.status == "FAILED"
+    assert by_trial["1"].data.tags["trial_error"] == "NonFiniteLossError"
+    assert by_trial["1"].info.status == "FAILED"
     assert {child.info.status for child in children} - {"FAILED"} == {"FINISHED"}  # none left RUNNING
-    assert "final/top1" in by_trial["1"].data.metrics and "val/step_top1" in by_trial["1"].data.metrics
+    assert "final/top1" in by_trial["2"].data.metrics and "val/step_top1" in by_trial["2"].data.metrics
     # the fresh seed trains the best trial's values
     assert float(fresh[0].data.params["baseline.lr.peak"]) == best.params["lr.peak"]
 
@@ -81,7 +109,7 @@ def test_tuned_study_records_every_trial_and_trains_the_best_on_fresh_seeds(tmp_
     assert choices[["recipe", "key", "documented", "chosen"]].values.tolist() == [
         ["baseline", "lr.peak", 0.05, best.params["lr.peak"]]
     ]
-    assert choices.loc[0, ["trials", "complete", "fail", "best_trial"]].tolist() == [2, 1, 1, 1]
+    assert choices.loc[0, ["trials", "complete", "fail", "best_trial"]].tolist() == [2, 1, 2, 2]
     assert list(outputs["study.runs"]["seed"]) == [0]  # the paired tables: fresh seeds only
     assert set(outputs["study.tuning_history_plots"]) == {"baseline.png"}
     assert outputs["study.tuning_importance_plots"] == {}  # one completed trial: no importances (the log says so)

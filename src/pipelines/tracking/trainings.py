@@ -4,16 +4,20 @@ two; each training of a study), each with its own parameters, rows and final fig
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+import logging
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import mlflow
+from mlflow.exceptions import MlflowException
 
 from pipelines.tracking.naming import RUN_COLOUR_TAG, run_colour
 from pipelines.tracking.runs import run_identity
 from pipelines.tracking.writer import EpochMetrics, TimeToTarget, log_final, set_tags
 from trainlib.engine.callbacks import Callback
 from trainlib.redaction import redact, redact_value
+
+logger = logging.getLogger(__name__)
 
 
 def flat_params(sections: Mapping[str, object]) -> dict[str, str]:
@@ -107,3 +111,20 @@ class StudyRuns:
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         set_tags(tags)
+
+    def fail_runs(self, run_ids: Sequence[str], *, error: str) -> None:
+        """The child runs ``run_ids`` of a trial whose process died, and that process's study runs, end FAILED
+        (none stays RUNNING once another process has found it dead); runs this MLflow store does not hold (the
+        other machine logged elsewhere) are left alone."""
+        client = mlflow.MlflowClient()
+        for run_id in run_ids:
+            try:
+                run = client.get_run(run_id)
+            except MlflowException:
+                logger.info("tuning: run %s of a dead trial is not in this tracking store; left as it is", run_id)
+                continue
+            client.set_tag(run_id, "trial_state", "FAIL")
+            client.set_tag(run_id, "trial_error", error)
+            for ended in (run, client.get_run(run.data.tags["mlflow.parentRunId"])):
+                if ended.info.status == "RUNNING":
+                    client.set_terminated(ended.info.run_id, "FAILED")

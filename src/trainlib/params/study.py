@@ -67,10 +67,23 @@ class TuningParams(Section):
     credentials: str | None = None  # an entry of conf/local/credentials.yml exported as environment variables
     name: Annotated[str, Field(min_length=1)]  # Optuna study <name>/<recipe>
     spaces: dict[TunableRow, RecipeSpace]
+    # a running trial records a heartbeat every heartbeat_interval seconds; one silent for grace_period seconds (its
+    # machine died) is failed by the next process to look, and its values retried up to max_retry times
+    heartbeat_interval: PositiveInt = 60
+    grace_period: PositiveInt = 180
+    max_retry: NonNegativeInt = 2
 
     @model_validator(mode="after")
     def _ranges(self) -> TuningParams:
         problems = []
+        if self.grace_period <= self.heartbeat_interval:
+            problems.append(
+                (
+                    "study.tuning.grace_period",
+                    f"is {self.grace_period} s; give more than heartbeat_interval ({self.heartbeat_interval} s), or "
+                    "every running trial looks dead between two heartbeats",
+                )
+            )
         for recipe, space in self.spaces.items():
             for key, (low, high) in space_ranges(space).items():
                 if not low < high:

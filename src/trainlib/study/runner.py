@@ -91,6 +91,10 @@ class StudyTracking(Protocol):
     def set_tags(self, tags: Mapping[str, str]) -> None:
         """Set ``tags`` on the active child run (a tuning trial's state)."""
 
+    def fail_runs(self, run_ids: Sequence[str], *, error: str) -> None:
+        """End FAILED, tagged ``trial_state`` FAIL and ``trial_error`` ``error``, the child runs ``run_ids`` of a
+        tuning trial whose process died (maybe on another machine), and the study runs they belong to."""
+
 
 @dataclass(frozen=True)
 class StudyInputs:

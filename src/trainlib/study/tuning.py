@@ -18,10 +18,17 @@ trainings' best) are then trained on the study's seeds, fresh, for the paired in
 Each tuned training's trials are one Optuna study, ``<name>/<recipe>``, in ``storage`` (an RDB URL): any number of
 processes, on any machines, given the same storage share it and split its budget. The budget counts every
 COMPLETE, PRUNED, RUNNING and failed trial across the processes (a process starts a trial only while fewer than
-``trials`` are counted, and gives back one that raced past the budget); a trial left RUNNING by a killed process
-of this machine is failed without an error (not counted) and its values enqueued again, so a rerun trains them
-(resuming the killed training from its checkpoints). Optuna's ``MaxTrialsCallback`` counts finished trials only,
-so two processes would each start one past the budget.
+``trials`` are counted, and gives back one that raced past the budget); a process whose budget is counted waits
+for the other processes' running trials before choosing the best. Optuna's ``MaxTrialsCallback`` counts finished
+trials only, so two processes would each start one past the budget.
+
+A running trial records a heartbeat in the storage every ``heartbeat_interval`` seconds. One whose process died
+(kill -9, a machine lost) is failed without an error, so not counted, by the first process to notice: any process
+once its heartbeat is ``grace_period`` seconds old (Optuna's ``fail_stale_trials``), or a rerun on its own machine
+at once (its pid is gone). Its values are enqueued again (Optuna's ``RetryHeartbeatStaleTrialCallback``, up to
+``max_retry`` times), so the next trial trains them (on the same machine, resuming the killed training from its
+checkpoints), and its tracking runs end FAILED. Optuna's ``Study.optimize`` does the heartbeats and the stale check
+itself; this loop asks and tells trials itself (its budget counts across processes), so it does them too.
 
 This module imports Optuna, never Kedro or MLflow (tracking comes in as ``StudyTracking``).
 """
@@ -41,6 +48,9 @@ from pathlib import Path
 import optuna
 import sqlalchemy.exc
 from matplotlib.figure import Figure
+from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
+from optuna.storages import RetryHeartbeatStaleTrialCallback
+from optuna.storages._heartbeat import get_heartbeat_thread
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from trainlib.engine.callbacks import Callback
@@ -78,6 +88,9 @@ TRIAL_FAILURES = (FloatingPointError,)
 HOST = socket.gethostname()
 SCHEMA_ATTEMPTS = 5  # opening a new storage that other processes create at the same moment
 ERROR_ATTR = "error"  # a trial's user attribute: the name of the error that failed its training
+RUN_IDS_ATTR = "run_ids"  # a trial's user attribute: its trainings' tracking runs, ended FAILED if its process dies
+RUNNING_POLL_S = 5  # how often a process done with its share looks again at the other processes' running trials
+DEAD_TRIAL_ERROR = "stale"  # the trial_error tag of a trial whose process died (Optuna: heartbeat-stale)
 _STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)  # the states reported
 
 
@@ -136,18 +149,32 @@ def tune_recipe(
     """Run trials of ``recipe`` (a tuned training, ``SECTION``) until its Optuna study counts ``tuning.trials``
     (every process's), then its best."""
     ranges = space_ranges(tuning.spaces[recipe])
-    study = open_study(recipe, tuning=tuning)
-    _release_abandoned(study)
+    on_dead_trial = RetryDeadTrial(tracking, max_retry=tuning.max_retry)
+    study = open_study(recipe, tuning=tuning, on_dead_trial=on_dead_trial)
+    _release_abandoned(study, on_dead_trial)
     started = time.monotonic()
-    while len(_counted(study)) < tuning.trials:
-        trial = study.ask()
-        trial.set_user_attr("host", HOST)
-        trial.set_user_attr("pid", os.getpid())
+    waiting = False
+    while True:
+        _fail_stale_trials(study)
+        counted = _counted(study)
+        if len(counted) >= tuning.trials:
+            running = sum(t.state == TrialState.RUNNING for t in counted)
+            if not running:
+                break
+            if not waiting:
+                logger.info("tuning %s: waiting for %d trials running in other processes", recipe, running)
+                waiting = True
+            # each either ends, or goes stale and its values come back to this loop
+            time.sleep(min(tuning.heartbeat_interval, RUNNING_POLL_S))
+            continue
+        trial = _ask(study)
         values = {key: _suggest(trial, key, low, high) for key, (low, high) in ranges.items()}
         if sorted(t.number for t in _counted(study)).index(trial.number) >= tuning.trials:
             study.tell(trial, state=TrialState.FAIL)  # another process took the last trial at the same moment
-            break
-        _run_trial(study, trial, recipe, values, inputs, plan, tracking, tuning=tuning, target=target)
+            continue
+        # Study.optimize's own heartbeat thread (Optuna has no public handle on it for an ask-and-tell loop)
+        with get_heartbeat_thread(trial._trial_id, study._storage):
+            _run_trial(study, trial, recipe, values, inputs, plan, tracking, tuning=tuning, target=target)
     wall_time_s = time.monotonic() - started
     trials = study.get_trials(deepcopy=False)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
@@ -157,11 +184,6 @@ def tune_recipe(
             f"study.tuning: no trial of {recipe} completed in {study.study_name!r} ({len(trials)} trials; failures: "
             f"{', '.join(failures) or 'none'}); narrow study.tuning.spaces.{recipe} "
             "(conf/base/parameters_study.yml) or raise study.tuning.trials"
-        )
-    running = sum(t.state == TrialState.RUNNING for t in trials)
-    if running:
-        logger.info(
-            "tuning %s: %d trials still run in other processes; the best finished one is chosen", recipe, running
         )
     best = min(complete, key=lambda t: t.value)
     section = _section(inputs, recipe)
@@ -182,11 +204,12 @@ def study_name(recipe: str, *, tuning: TuningParams) -> str:
     return f"{tuning.name}/{recipe}"
 
 
-def open_study(recipe: str, *, tuning: TuningParams) -> optuna.Study:
-    """``recipe``'s Optuna study in the storage (created by the first process to ask), minimising the objective."""
+def open_study(recipe: str, *, tuning: TuningParams, on_dead_trial: RetryDeadTrial) -> optuna.Study:
+    """``recipe``'s Optuna study in the storage (created by the first process to ask), minimising the objective,
+    with ``tuning``'s heartbeats; ``on_dead_trial`` is called with each trial this process fails as dead."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own log lines say what each trial did
     return optuna.create_study(
-        storage=_storage(tuning.storage),
+        storage=_storage(tuning.storage, heartbeats=(tuning, on_dead_trial)),
         study_name=study_name(recipe, tuning=tuning),
         direction="minimize",
         sampler=_sampler(tuning),
@@ -272,7 +295,7 @@ def tuning_figures(recipes: Sequence[str], *, tuning: TuningParams) -> tuple[dic
     figures; importances need two completed trials (a recipe with fewer has none, and the log says so)."""
     histories, importances = {}, {}
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.simplefilter("ignore", ExperimentalWarning)
         for recipe in recipes:
             study = load_study(recipe, tuning=tuning)
             histories[f"{recipe}.png"] = _titled(
@@ -307,20 +330,65 @@ def _counted(study: optuna.Study) -> list[FrozenTrial]:
     ]
 
 
-def _release_abandoned(study: optuna.Study) -> None:
-    """Trials left RUNNING by a killed process of this machine: failed without an error (so not counted), their
-    values enqueued again (the next trial trains them, resuming from the killed training's checkpoints)."""
+def _release_abandoned(study: optuna.Study, on_dead_trial: RetryDeadTrial) -> None:
+    """Trials left RUNNING by a killed process of this machine, failed at once (not after the grace period), as
+    Optuna fails a stale one: their values run again (the next trial, resuming from the killed training's
+    checkpoints)."""
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         pid = trial.user_attrs.get("pid")
         if trial.user_attrs.get("host") == HOST and isinstance(pid, int) and not process_alive(pid):
-            study.tell(trial.number, state=TrialState.FAIL)
-            study.enqueue_trial(trial.params, skip_if_exists=False)
-            logger.info(
-                "tuning: trial %d of %s was left running by process %d; its values run again",
-                trial.number,
-                study.study_name,
-                pid,
-            )
+            try:
+                study.tell(trial.number, state=TrialState.FAIL)
+            except (ValueError, UpdateFinishedTrialError):
+                continue  # another process failed it first
+            on_dead_trial(study, trial)
+
+
+def _fail_stale_trials(study: optuna.Study) -> None:
+    """Fail the trials whose heartbeat is ``grace_period`` old (each then goes to ``RetryDeadTrial``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
+def _ask(study: optuna.Study) -> Trial:
+    """A new trial (a dead one's values first, when enqueued), marked with this process and machine."""
+    with warnings.catch_warnings():
+        # Optuna warns that heartbeats are meant for Study.optimize: this loop records them itself
+        warnings.filterwarnings("ignore", "Heartbeat of storage", UserWarning)
+        trial = study.ask()
+    # a retried trial arrives with the dead one's attributes: this process's replace them
+    trial.set_user_attr("host", HOST)
+    trial.set_user_attr("pid", os.getpid())
+    trial.set_user_attr(RUN_IDS_ATTR, [])
+    return trial
+
+
+class RetryDeadTrial:
+    """What follows a trial failed because its process died: its values enqueued again (Optuna's
+    ``RetryHeartbeatStaleTrialCallback``, up to ``max_retry`` times) and its tracking runs ended FAILED."""
+
+    def __init__(self, tracking: StudyTracking, *, max_retry: int):
+        self._tracking = tracking
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            self._retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+        self._max_retry = max_retry
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            self._retry(study, trial)
+        self._tracking.fail_runs(trial.user_attrs.get(RUN_IDS_ATTR, []), error=DEAD_TRIAL_ERROR)
+        retried = len(trial.system_attrs.get("retry_history", [])) < self._max_retry
+        logger.warning(
+            "tuning: trial %d of %s stopped with its process (%s on %s); %s",
+            trial.number,
+            study.study_name,
+            trial.user_attrs.get("pid"),
+            trial.user_attrs.get("host"),
+            "its values run again" if retried else f"retried {self._max_retry} times: new values take its place",
+        )
 
 
 def _run_trial(
@@ -378,6 +446,9 @@ class TrialTracking:
         with self._tracking.run(
             f"{rest}/trial{self._trial.number}/{seed}", tags, {**params, "tuning": self._values}
         ) as run_id:
+            if run_id is not None:  # so that whoever finds this trial's process dead ends its run
+                runs = self._trial.user_attrs.get(RUN_IDS_ATTR, [])
+                self._trial.set_user_attr(RUN_IDS_ATTR, [*runs, run_id])
             try:
                 yield run_id
             except optuna.TrialPruned:
@@ -440,7 +511,7 @@ def _values_text(values: Mapping[str, float]) -> str:
 
 def _sampler(tuning: TuningParams) -> optuna.samplers.BaseSampler:
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.simplefilter("ignore", ExperimentalWarning)
         if tuning.sampler == "qmc":
             return optuna.samplers.QMCSampler(seed=tuning.sampler_seed, scramble=True)
     # TPE's first half of a small budget at random (its default, 10, would leave nothing to model)
@@ -466,20 +537,28 @@ def storage_url(url: str) -> str:
     return url
 
 
-def _storage(url: str) -> optuna.storages.RDBStorage:
-    """An Optuna RDB storage; a SQLite file's folder is made, and its writers wait for each other's locks.
+def _storage(url: str, heartbeats: tuple[TuningParams, RetryDeadTrial] | None = None) -> optuna.storages.RDBStorage:
+    """An Optuna RDB storage; a SQLite file's folder is made, and its writers wait for each other's locks. With
+    ``heartbeats``, its trials record them and a dead one's goes to the ``RetryDeadTrial``.
 
     Processes started together on a new storage all create its schema: the ones that lose that race get
     ``IntegrityError`` (``alembic_version``) or "table already exists", and open the storage the winner made.
     A storage that cannot be opened at all stops the study with ``TuningStorageError``, the URL's password
     masked."""
-    engine = {}
+    options: dict = {}
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        engine = {"connect_args": {"timeout": 60}}
+        options["engine_kwargs"] = {"connect_args": {"timeout": 60}}
+    if heartbeats is not None:
+        tuning, on_dead_trial = heartbeats
+        options |= {
+            "heartbeat_interval": tuning.heartbeat_interval,
+            "grace_period": tuning.grace_period,
+            "heartbeat_stale_trial_callback": on_dead_trial,
+        }
     for attempt in range(SCHEMA_ATTEMPTS):
         try:
-            return optuna.storages.RDBStorage(storage_url(url), engine_kwargs=engine)
+            return _rdb_storage(url, options)
         except sqlalchemy.exc.IntegrityError:
             continue
         except sqlalchemy.exc.OperationalError as error:
@@ -489,7 +568,13 @@ def _storage(url: str) -> optuna.storages.RDBStorage:
                     f"study.tuning.storage {redact(url)} cannot be opened: {redact(reason)}. Check the server, the "
                     "user and the password (PGPASSWORD or conf/local/credentials.yml, docs/team.md)"
                 ) from None
-    return optuna.storages.RDBStorage(storage_url(url), engine_kwargs=engine)
+    return _rdb_storage(url, options)
+
+
+def _rdb_storage(url: str, options: Mapping) -> optuna.storages.RDBStorage:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeat_interval
+        return optuna.storages.RDBStorage(storage_url(url), **options)
 
 
 def _schema_race(url: str, error: sqlalchemy.exc.OperationalError) -> bool:
