@@ -86,6 +86,7 @@ def problems(params: dict, sources: dict | None = None) -> list[str]:
         ("thor.implementation", "mindspore_builtin", "thor.implementation is mindspore_builtin, whose kernels"),
         ("thor.damping_method", "tikhonov", "thor.damping_method is 'tikhonov'; choose one of fixed, factored"),
         ("thor.kl_clip", 0, "thor.kl_clip is 0 but must be > 0"),
+        ("thor.statistics_dtype", "float16", "thor.statistics_dtype is 'float16'; choose one of float32, float64"),
         (
             "thor_bert.thor.adam_graft",
             {"beta1": 0.9, "beta2": 1.0, "eps": 1e-8},

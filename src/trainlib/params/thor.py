@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from trainlib.params.base import CheckpointParams, ImageRecipe, Section
-from trainlib.params.choices import AmpLevel, ComputeMethod, DampingMethod, Implementation
+from trainlib.params.choices import AmpLevel, ComputeMethod, DampingMethod, Implementation, StatisticsDtype
 from trainlib.params.errors import CrossKeyProblems
 from trainlib.params.numbers import Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 from trainlib.params.schedules import Schedule
@@ -41,6 +41,9 @@ class ThorOptions(Section):
     compute_method: ComputeMethod = "inverse"
     kl_clip: PositiveFloat | None = None  # kfac-pytorch's bound on lr^2 * sum(g . direction); None: off
     adam_graft: AdamGraft | None = None  # None: off
+    # float32: A and G by oneDNN's float32 GEMM, whose bits depend on the CPU's L2 cache size | float64: the same
+    # products in float64, rounded once to float32: the same bits on every x86 CPU (docs/recipes.md#thor-options)
+    statistics_dtype: StatisticsDtype = "float32"
 
     def option_problems(self, section: str) -> list[tuple[str, str]]:
         """Combinations the options cannot run (``section``: the dotted name of this section, for the message)."""

@@ -71,6 +71,7 @@ def thor_step_settings(section: ThorParams | BertThorTraining) -> dict:
         "block_size": section.block_size,
         "damping_method": section.damping_method,
         "compute_method": section.compute_method,
+        "statistics_dtype": section.statistics_dtype,
         "kl_clip": section.kl_clip,
         "adam_graft": None if graft is None else (graft.beta1, graft.beta2, graft.eps),
     }

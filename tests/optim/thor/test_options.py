@@ -258,10 +258,11 @@ def test_the_recipe_passes_each_option_to_the_library():
 
     section = yaml.safe_load((CONF / "base" / "parameters_thor.yml").read_text())["thor"]
     assert {key: section[key] for key in OFF} == OFF  # the documented recipe: every option off
-    options = {"damping_method": "factored", "compute_method": "eigen", "kl_clip": 0.001}
+    options = {"damping_method": "factored", "compute_method": "eigen", "kl_clip": 0.001, "statistics_dtype": "float64"}
     graft = {"beta1": 0.8, "beta2": 0.99, "eps": 1e-6}
     thor = ThorParams.model_validate({**section, **options, "adam_graft": graft})
     step = own_thor_step(TinyNet(), CrossEntropySmooth(4, 0.0), thor, np.ones(4), np.ones(4), rank_size=1)
     preconditioner = step.preconditioner
     assert (preconditioner.damping_method, preconditioner.compute_method) == ("factored", "eigen")
     assert preconditioner.kl_clip == 0.001 and preconditioner.adam_graft == (0.8, 0.99, 1e-6)
+    assert {wrapper.statistics_dtype for wrapper in preconditioner.wrappers} == {"float64"}

@@ -80,10 +80,11 @@ A and G inverses were computed; without a trace rule every layer is computed at 
 step, in the one fused graph.
 
 Options (issue 29), each off by default: ``damping_method`` (fixed or factored), ``compute_method`` (inverse or
-eigen), ``adam_graft``, ``kl_clip``; their maths: see docs/recipes.md, section "THOR's options". The compute method
-is one cell chosen at construction (``inverse.InverseMethod``, ``eigen.EigenMethod``, as kfac-pytorch's
-``KFACInverseLayer`` and ``KFACEigenLayer``), and the graft (``graft.AdamGraft``) and the clip (``clip.KlClip``) are
-steps after it, each holding only its own buffers; with every option off the compiled graphs are the ones above.
+eigen), ``adam_graft``, ``kl_clip``, and ``statistics_dtype`` (issue 44); their maths: see docs/recipes.md, section
+"THOR's options". The compute method is one cell chosen at construction (``inverse.InverseMethod``,
+``eigen.EigenMethod``, as kfac-pytorch's ``KFACInverseLayer`` and ``KFACEigenLayer``), and the graft
+(``graft.AdamGraft``) and the clip (``clip.KlClip``) are steps after it, each holding only its own buffers; with
+every option off the compiled graphs are the ones above.
 
 Loss scale: the loss is multiplied by ``loss_scale`` before differentiation (like
 ``TrainOneStepCell(sens=loss_scale)``); gradients are divided by it before the preconditioner and ``G``
@@ -94,5 +95,7 @@ Data parallel (``rank_size > 1``, after ``init()`` under msrun): gradients, the 
 statistics are averaged across ranks with ``ops.AllReduce`` before use, so all ranks hold the same
 inverses and apply the same update. (Not exercised by the tests: that needs msrun.)
 
-Everything is float32; the network must not be cast to float16 (amp O2/O3).
+Everything is float32; the network must not be cast to float16 (amp O2/O3). ``statistics_dtype: float64`` takes the
+products of A and G in float64 and rounds them to float32, so that THOR's figures are the same bits on every CPU
+(``capture``; float32's oneDNN GEMM splits its sums by the CPU's L2 cache size).
 """

@@ -12,7 +12,13 @@ configured batch size instead (``batch_size_scale``), which on thor_bert's CPU d
 shift (``sqrt(damping)`` = 0.084) on the attention and feed-forward outputs, pooler, masked-LM transform and
 classifier, and at 1e-7 (query, key) to 1e-2 (feed-forward input) times it on the others; nn.thor's scale would
 put every layer but the pooler and the classifier two to eleven orders below the shift. That per-layer
-spread is not a normalisation constant: ``damping_method: factored`` scales each layer's shift instead."""
+spread is not a normalisation constant: ``damping_method: factored`` scales each layer's shift instead.
+
+``statistics_dtype`` float64 takes the products ``rows^T rows / n`` in float64 and rounds them once to the float32
+buffers. MindSpore's float32 ``MatMul`` on CPU is oneDNN's GEMM, which splits a long sum between threads by the L2
+cache size it reads from CPUID, so float32 statistics differ in their last bits between CPUs; its float64 ``MatMul``
+is a single-threaded Eigen kernel, the same bits everywhere (docs/troubleshooting.md#thor-cpu). The rest of THOR
+(inverses, preconditioning) then reads the same float32 statistics on every CPU."""
 
 from __future__ import annotations
 
@@ -37,12 +43,13 @@ def _same_pads(size: int, kernel: int, stride: int, dilation: int) -> tuple[int,
 class CapturedLayer(nn.Cell):
     """Transparent wrapper of a Conv2d / Dense layer that records A, G and P while ``capture`` is on."""
 
-    def __init__(self, layer: nn.Cell, loss_scale: float):
+    def __init__(self, layer: nn.Cell, loss_scale: float, statistics_dtype: str = "float32"):
         super().__init__(auto_prefix=False)
         self.layer = layer
         self.is_conv = isinstance(layer, nn.Conv2d)
         self.capture = False
         self.inverse_loss_scale = 1.0 / loss_scale
+        self.statistics_dtype = statistics_dtype
         out_dim = layer.out_channels
         if self.is_conv:
             kh, kw = layer.kernel_size
@@ -94,6 +101,13 @@ class CapturedLayer(nn.Cell):
         rows = ops.reshape(ops.transpose(cols, (0, 2, 1)), (-1, self.in_dim))
         return rows, positions
 
+    def _second_moment(self, rows):
+        """``rows^T rows / n`` of float32 ``rows`` as float32, the product in ``statistics_dtype``."""
+        if self.statistics_dtype == "float64":
+            rows = ops.cast(rows, ms.float64)
+            return ops.cast(ops.matmul(ops.transpose(rows, (1, 0)), rows) / rows.shape[0], ms.float32)
+        return ops.matmul(ops.transpose(rows, (1, 0)), rows) / rows.shape[0]
+
     def _save_g(self, dout):
         batch = dout.shape[0]
         if self.is_conv:
@@ -101,8 +115,7 @@ class CapturedLayer(nn.Cell):
         else:
             rows = ops.reshape(dout, (-1, self.out_dim))
         rows = ops.cast(rows, ms.float32) * (batch * self.inverse_loss_scale)
-        stat = ops.matmul(ops.transpose(rows, (1, 0)), rows) / rows.shape[0]
-        return ops.depend(dout, ops.assign(self.g_stat, stat))
+        return ops.depend(dout, ops.assign(self.g_stat, self._second_moment(rows)))
 
     def construct(self, x):
         if self.capture:
@@ -111,8 +124,7 @@ class CapturedLayer(nn.Cell):
                 rows, positions = self._patches(inputs)
             else:
                 rows, positions = ops.reshape(inputs, (-1, self.in_dim)), 1
-            stat = ops.matmul(ops.transpose(rows, (1, 0)), rows) / rows.shape[0]
-            x = ops.depend(x, ops.assign(self.a_stat, stat))
+            x = ops.depend(x, ops.assign(self.a_stat, self._second_moment(rows)))
             x = ops.depend(x, ops.assign(self.positions, ops.scalar_to_tensor(positions, ms.float32)))
             return self.hook(self.layer(x))
         return self.layer(x)
@@ -124,10 +136,10 @@ def supported(cell: nn.Cell) -> bool:
     return type(cell) is nn.Dense and not cell.activation_flag
 
 
-def wrap_layers(net: nn.Cell, loss_scale: float) -> list[CapturedLayer]:
+def wrap_layers(net: nn.Cell, loss_scale: float, statistics_dtype: str = "float32") -> list[CapturedLayer]:
     """Replace every supported Conv2d / Dense of ``net`` by a ``CapturedLayer`` wrapper (in place).
 
-    Idempotent: wrappers already present are reused (with the new loss scale). Returns the
+    Idempotent: wrappers already present are reused (with the new loss scale and statistics dtype). Returns the
     wrappers in traversal order.
     """
     found: list[CapturedLayer] = []
@@ -139,9 +151,10 @@ def wrap_layers(net: nn.Cell, loss_scale: float) -> list[CapturedLayer]:
                 continue
             if isinstance(child, CapturedLayer):
                 child.inverse_loss_scale = 1.0 / loss_scale
+                child.statistics_dtype = statistics_dtype
                 found.append(child)
             elif supported(child):
-                wrapper = CapturedLayer(child, loss_scale)
+                wrapper = CapturedLayer(child, loss_scale, statistics_dtype)
                 cell.insert_child_to_cell(name, wrapper)
                 found.append(wrapper)
                 changed = True

@@ -18,7 +18,7 @@ from trainlib.optim.thor.curvature import Curvature, scalar_parameter
 from trainlib.optim.thor.eigen import EigenMethod
 from trainlib.optim.thor.graft import AdamGraft
 from trainlib.optim.thor.inverse import InverseMethod
-from trainlib.optim.thor.linalg import COMPUTE_METHODS, DAMPING_METHODS, INVERSE_METHODS
+from trainlib.optim.thor.linalg import COMPUTE_METHODS, DAMPING_METHODS, INVERSE_METHODS, STATISTICS_DTYPES
 
 STATE_PREFIX = "thor."  # the preconditioner's keys in the optimizer state
 COUNTERS = ("steps", "second_order_steps", "reuse_steps", "trace_skips", "inverses_computed")
@@ -117,7 +117,8 @@ class ThorPreconditioner:
     "eigen" pick ``method`` (``InverseMethod`` or ``EigenMethod``: full factors, no trace rule, CPU/GPU);
     ``adam_graft`` ``(beta1, beta2, eps)`` adds the step ``graft`` (``AdamGraft``), then ``kl_clip`` (a bound) the
     step ``clip`` (``KlClip``); each is None when off. ``last_clip_factor``, ``last_graft_scales`` and ``eigen()``
-    show them.
+    show them. ``statistics_dtype`` "float64" takes A and G's products in float64 (``capture.CapturedLayer``), so
+    that they, and all that follows from them, are the same bits on every CPU.
     """
 
     def __init__(
@@ -135,6 +136,7 @@ class ThorPreconditioner:
         compute_method: str = "inverse",
         kl_clip: float | None = None,
         adam_graft: tuple[float, float, float] | None = None,
+        statistics_dtype: str = "float32",
     ):
         self.damping = np.asarray(damping, np.float32).ravel()
         if not len(self.damping):
@@ -147,6 +149,8 @@ class ThorPreconditioner:
             raise ValueError(f"unknown damping_method {damping_method!r}; choose one of {DAMPING_METHODS}")
         if compute_method not in COMPUTE_METHODS:
             raise ValueError(f"unknown compute_method {compute_method!r}; choose one of {COMPUTE_METHODS}")
+        if statistics_dtype not in STATISTICS_DTYPES:
+            raise ValueError(f"unknown statistics_dtype {statistics_dtype!r}; choose one of {STATISTICS_DTYPES}")
         if compute_method == "eigen" and (block_size is not None or trace_rule is not None):
             raise ValueError(
                 "compute_method eigen decomposes the full factors at every second-order step: "
@@ -156,6 +160,7 @@ class ThorPreconditioner:
             raise ValueError("compute_method eigen needs MindSpore's Eigh, which runs on CPU and GPU, not Ascend")
         self.damping_method = damping_method
         self.compute_method = compute_method
+        self.statistics_dtype = statistics_dtype
         self.kl_clip = None if kl_clip is None else float(kl_clip)
         self.adam_graft = None if adam_graft is None else tuple(float(x) for x in adam_graft)
         self.frequency = frequency
@@ -164,7 +169,7 @@ class ThorPreconditioner:
         self.rank_size = rank_size
         self.inverse_method = inverse_method
 
-        self.wrappers = wrap_layers(net, float(loss_scale))
+        self.wrappers = wrap_layers(net, float(loss_scale), statistics_dtype)
         if not self.wrappers:
             raise ValueError("the network has no Conv2d (group 1) or Dense (no activation) layer for THOR")
         weights = net.trainable_params()
