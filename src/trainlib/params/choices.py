@@ -28,6 +28,10 @@ ComputeMethod = Literal["inverse", "eigen"]  # trainlib.optim.thor
 # the dtype of the GEMMs that take THOR's A and G (stored as float32 either way): float64 gives the same bits on every
 # CPU, float32 (oneDNN) splits its sums by the L2 cache size (docs/troubleshooting.md#thor-cpu)
 StatisticsDtype = Literal["float32", "float64"]  # trainlib.optim.thor.capture
+# none | median: a trial behind the median of earlier trials at a step evaluation | successive_halving: Optuna's
+# (asynchronous) successive halving from the first step evaluation | hyperband: several such brackets
+# (trainlib.study.tuning.create_pruner)
+Pruner = Literal["none", "median", "successive_halving", "hyperband"]
 # the Momentum recipes' schedules (trainlib.optim.schedules); the other shapes are one schedule model each
 WarmupShape = Literal["linear", "cosine", "quadratic", "steps", "constant"]
 

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from trainlib.params.base import Section
+from trainlib.params.choices import Pruner
 from trainlib.params.errors import CrossKeyProblems
 from trainlib.params.numbers import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
@@ -62,7 +63,7 @@ class TuningParams(Section):
     seeds: Annotated[list[int], Field(min_length=1)]  # runtime.seed of the trials: disjoint from study.seeds
     sampler: Literal["tpe", "qmc"]
     sampler_seed: int
-    pruner: Literal["none", "median"]  # median: stop a trial whose step evaluations fall below the trials' median
+    pruner: Pruner  # stop a trial whose step evaluations trail the other trials' (docs/study.md, Pruners)
     storage: Annotated[str, Field(min_length=1)]  # an Optuna storage URL: sqlite:///<file>, postgresql://..., ...
     credentials: str | None = None  # an entry of conf/local/credentials.yml exported as environment variables
     name: Annotated[str, Field(min_length=1)]  # Optuna study <name>/<recipe>

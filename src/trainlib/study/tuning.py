@@ -12,7 +12,8 @@ averaged over the tuning seeds; a seed that misses the target counts ``total ste
 every trial that reached the target ranks first, the rest by their final accuracy. A trial
 whose training diverges (``FloatingPointError``: ``NonFiniteLossError``, THOR's ``ThorInverseError`` and
 ``ThorDivergenceError``) is a FAIL trial naming its error and the tuning goes on; a pruned one stops at a step
-evaluation behind the median of earlier trials (``pruner: median``). The best trial's values (thor_bert: both
+evaluation its pruner rules out (``pruner``: ``median``, ``successive_halving``, ``hyperband``;
+``create_pruner``). The best trial's values (thor_bert: both
 trainings' best) are then trained on the study's seeds, fresh, for the paired intervals the study reports.
 
 Each tuned training's trials are one Optuna study, ``<name>/<recipe>``, in ``storage`` (an RDB URL): any number of
@@ -92,6 +93,7 @@ RUN_IDS_ATTR = "run_ids"  # a trial's user attribute: its trainings' tracking ru
 RUNNING_POLL_S = 5  # how often a process done with its share looks again at the other processes' running trials
 DEAD_TRIAL_ERROR = "stale"  # the trial_error tag of a trial whose process died (Optuna: heartbeat-stale)
 _STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)  # the states reported
+REDUCTION_FACTOR = 3  # successive halving's and hyperband's: a third of the trials at a rung go on (Optuna's default)
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,7 @@ def tune_recipe(
     (every process's), then its best."""
     ranges = space_ranges(tuning.spaces[recipe])
     on_dead_trial = RetryDeadTrial(tracking, max_retry=tuning.max_retry)
-    study = open_study(recipe, tuning=tuning, on_dead_trial=on_dead_trial)
+    study = open_study(recipe, tuning=tuning, on_dead_trial=on_dead_trial, eval_every_steps=plan.eval_every_steps)
     _release_abandoned(study, on_dead_trial)
     started = time.monotonic()
     waiting = False
@@ -204,16 +206,19 @@ def study_name(recipe: str, *, tuning: TuningParams) -> str:
     return f"{tuning.name}/{recipe}"
 
 
-def open_study(recipe: str, *, tuning: TuningParams, on_dead_trial: RetryDeadTrial) -> optuna.Study:
+def open_study(
+    recipe: str, *, tuning: TuningParams, on_dead_trial: RetryDeadTrial, eval_every_steps: int
+) -> optuna.Study:
     """``recipe``'s Optuna study in the storage (created by the first process to ask), minimising the objective,
-    with ``tuning``'s heartbeats; ``on_dead_trial`` is called with each trial this process fails as dead."""
+    with ``tuning``'s heartbeats and pruner (on step evaluations every ``eval_every_steps`` steps); ``on_dead_trial``
+    is called with each trial this process fails as dead."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own log lines say what each trial did
     return optuna.create_study(
         storage=_storage(tuning.storage, heartbeats=(tuning, on_dead_trial)),
         study_name=study_name(recipe, tuning=tuning),
         direction="minimize",
         sampler=_sampler(tuning),
-        pruner=_pruner(tuning),
+        pruner=create_pruner(tuning.pruner, eval_every_steps=eval_every_steps),
         load_if_exists=True,
     )
 
@@ -518,9 +523,22 @@ def _sampler(tuning: TuningParams) -> optuna.samplers.BaseSampler:
     return optuna.samplers.TPESampler(seed=tuning.sampler_seed, n_startup_trials=max(1, tuning.trials // 2))
 
 
-def _pruner(tuning: TuningParams) -> optuna.pruners.BasePruner:
-    if tuning.pruner == "median":
+def create_pruner(pruner: str, *, eval_every_steps: int) -> optuna.pruners.BasePruner:
+    """The Optuna pruner ``study.tuning.pruner`` names. A trial reports each step evaluation's error at its step
+    (``_Pruning``: steps ``eval_every_steps``, twice that, ...), so a resource is a number of training steps.
+    ``successive_halving`` (asynchronous, Li et al. 2018): rungs at ``eval_every_steps * 3^k`` steps, where a trial goes
+    on only if its error is among the best third of the trials that reached that rung (the first trial always does).
+    ``hyperband``: brackets of such rungs starting ever later, up to the steps of the first completed trial (every
+    trial of a study trains the same steps); each trial falls in one bracket, and Optuna's sampler then learns from
+    that bracket's trials only (docs/study.md, Pruners)."""
+    if pruner == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=2)
+    if pruner == "successive_halving":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=eval_every_steps, reduction_factor=REDUCTION_FACTOR)
+    if pruner == "hyperband":
+        return optuna.pruners.HyperbandPruner(
+            min_resource=eval_every_steps, max_resource="auto", reduction_factor=REDUCTION_FACTOR
+        )
     return optuna.pruners.NopPruner()
 
 
