@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pipelines  # noqa: F401  (sets the CPU speed environment before MindSpore loads)
+from trainlib.readable import counted
 
 NUM_CLASSES = {"resnet_narrow": 10, "resnet50": 1001}
 LOSS_SCALE = 1024.0
@@ -257,7 +258,7 @@ def main() -> None:
 
         print(
             f"\nImages/s, resnet_narrow {args.image_size} px, batch {args.batch_size} per rank, "
-            f"median of {args.epochs} epochs of {args.steps} steps"
+            f"median of {counted(args.epochs, 'epoch')} of {args.steps} steps"
         )
         single = args.batch_size * args.steps / statistics.median(timing[1][0]["plain"]["seconds"])
         print(f"{'1 rank (no communication)':<34}{single:>10.1f}")

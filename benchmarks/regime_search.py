@@ -22,6 +22,8 @@ import argparse
 import pandas as pd
 from study_runner import PROJECT, TABLES, interval, params_argument, run_study
 
+from trainlib.readable import write_csv
+
 RESULTS = PROJECT / "data/08_reporting/regime_search"
 
 # Every setting trains on 600 train images per class (6,000), 32 px, 3,000 val images (600 for the step
@@ -77,7 +79,7 @@ def run_setting(grid: str, name: str, overrides: dict[str, object], seeds: list[
     folder = RESULTS / grid / name
     folder.mkdir(parents=True, exist_ok=True)
     for table in TABLES:
-        getattr(outcome, table).to_csv(folder / f"{table}.csv", index=False)
+        write_csv(getattr(outcome, table), folder / f"{table}.csv")
     paired = outcome.paired.copy()
     paired.insert(0, "setting", name)
     paired.insert(1, "overrides", params_argument(overrides) or "(grid defaults)")
@@ -178,7 +180,7 @@ def main() -> None:
                 continue
             done = pd.concat([done, run_setting(args.grid, name, GRIDS[args.grid][name], seeds)], ignore_index=True)
             table.parent.mkdir(parents=True, exist_ok=True)
-            done.to_csv(table, index=False)
+            write_csv(done, table)
     if not len(done):
         print("nothing run yet")
         return

@@ -32,6 +32,7 @@ from thor_options_cost import interleaved_medians
 from thor_vs_momentum import PROJECT
 
 import pipelines  # noqa: F401  (sets the CPU speed environment before MindSpore loads)
+from trainlib.readable import write_csv
 
 DOCUMENTED_LR = 0.006464
 KL_CLIP = "thor_bert.thor.kl_clip=0.001"
@@ -272,7 +273,7 @@ def main() -> None:
             print(" ".join(f"{key}={value}" for key, value in line.items()), flush=True)
             args.out.parent.mkdir(parents=True, exist_ok=True)
             earlier = [pd.read_csv(args.out)] if args.out.is_file() else []  # rows differ in columns: no plain append
-            pd.concat([*earlier, pd.DataFrame([line])]).to_csv(args.out, index=False)
+            write_csv(pd.concat([*earlier, pd.DataFrame([line])]), args.out)
 
 
 if __name__ == "__main__":
