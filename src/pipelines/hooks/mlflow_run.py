@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 import click
@@ -39,10 +40,15 @@ from trainlib import fast_dev_run, signals
 from trainlib.distributed.launch import hand_off_runs_with
 from trainlib.errors import Failure
 from trainlib.redaction import redact_value
+from trainlib.study.budget import study_budget
 
 # run_params entries that run only part of the pipelines
 NODE_FILTERS = ("node_names", "from_nodes", "to_nodes", "from_inputs", "to_outputs", "tags", "namespaces")
 DEFAULT_UI = ("127.0.0.1", 5000)  # kedro-mlflow's mlflow.yml ui: host, port
+STUDY = "study"
+# Pipelines that read no recipe section: beside them, the study's budget is the only value of each key it sets
+# (baseline.epochs); beside a recipe's own pipeline, which logs the configured value, the configured values stay
+WITHOUT_RECIPE_SECTIONS = {"data", "report", STUDY}
 
 
 def git_commit(project_path: Path) -> str:
@@ -59,6 +65,14 @@ def runner_name(described: str) -> str:
     """``SequentialRunner`` for Kedro's ``<kedro.runner.sequential_runner.SequentialRunner object at 0x…>``."""
     found = re.search(r"(\w+) object at 0x", described)
     return found[1] if found else described
+
+
+def with_values(value, key: str, values: Mapping[str, object]):
+    """``value``, the configuration's mapping (or value) at dotted ``key``, with the leaves ``values`` names (dotted
+    keys) set to their values; a copy, the configuration is left as it is."""
+    if isinstance(value, Mapping):
+        return {name: with_values(inner, f"{key}.{name}" if key else name, values) for name, inner in value.items()}
+    return values.get(key, value)
 
 
 def raw_value(raw_params: dict, dataset_name: str):
@@ -81,6 +95,7 @@ class MlflowRunHooks:
         self._ui = DEFAULT_UI
         self._run_id: str | None = None
         self._data_size_tagged = True
+        self._study_budget: dict[str, int] = {}
 
     @hook_impl(trylast=True)  # after kedro-mlflow's hook has read mlflow.yml into context.mlflow
     def after_context_created(self, context) -> None:
@@ -95,10 +110,16 @@ class MlflowRunHooks:
         # its YAML value (thor.lr.peak), not one param holding a model's repr; the node itself still receives the
         # models.
         # Either way, a password in a parameter (a storage URL's) is masked before kedro-mlflow logs it.
+        # A study node's recipe sections are logged as the study trains them (baseline.epochs is study.epochs).
         raw_params = self._configuration.configuration.raw_params
         for name, value in inputs.items():
             if name.startswith("params:") or name == "parameters":
-                inputs[name] = redact_value(raw_value(raw_params, name) if isinstance(value, BaseModel) else value)
+                logged = raw_value(raw_params, name) if isinstance(value, BaseModel) else value
+                if node.namespace == STUDY and self._study_budget:
+                    logged = with_values(
+                        logged, name.removeprefix("params:").removeprefix("parameters"), self._study_budget
+                    )
+                inputs[name] = redact_value(logged)
 
     @hook_impl(trylast=True)  # after kedro-mlflow's hook has started the run
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
@@ -109,6 +130,12 @@ class MlflowRunHooks:
         chosen_env = configuration.env if configuration.env not in ("base", "local") else None
         rehearsal = configuration.rehearsal
         keys = [key for key, _ in leaf_items(configuration.raw_params)]
+        study = configuration.params.study
+        self._study_budget = (
+            study_budget(epochs=study.epochs, eval_every_steps=study.eval_every_steps)
+            if STUDY in names and set(names) <= WITHOUT_RECIPE_SECTIONS
+            else {}
+        )
         overrides = redact_value(configuration.overrides)  # a password in --params, masked before it is cut
         set_run_name(run_name(names, chosen_env, overrides, keys, partial, fast_dev_run=rehearsal is not None))
         command = invoked_command()

@@ -55,6 +55,7 @@ from trainlib.recipes.language_model import build_bert
 from trainlib.recipes.momentum import train_adasum, train_baseline
 from trainlib.recipes.thor import train_thor
 from trainlib.recipes.thor_bert import train_bert_control, train_bert_thor
+from trainlib.study.budget import budget_update
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +142,8 @@ def run_study(inputs: StudyInputs, plan: StudyPlan, tracking: StudyTracking) -> 
         )
     results = plan.directory / "runs"
     results.mkdir(parents=True, exist_ok=True)
-    records = []
+    records: list[dict] = []
+    warned: set[str] = set()  # the result rows warned of an epoch shorter than the evaluation interval
     for recipe in plan.recipes:
         for seed in plan.seeds:
             key = f"{recipe}-seed{seed}-{_configuration(inputs, plan, recipe, seed)}"
@@ -149,6 +151,7 @@ def run_study(inputs: StudyInputs, plan: StudyPlan, tracking: StudyTracking) -> 
             if all(path.exists() for path in paths.values()):
                 logger.info("study: %s finished earlier (%s), not run again", key, results)
                 records += [json.loads(path.read_text()) for path in paths.values()]
+                _warn_of_short_epochs(records, plan.eval_every_steps, warned)
                 continue
             logger.info("study: training %s (seed %d)", key, seed)
             trained, finals = _TRAINERS[recipe](inputs, plan, seed, key, tracking)
@@ -158,7 +161,36 @@ def run_study(inputs: StudyInputs, plan: StudyPlan, tracking: StudyTracking) -> 
             for final in finals:
                 remove_finished_checkpoints(final)
             records += trained.values()
+            _warn_of_short_epochs(records, plan.eval_every_steps, warned)
     return records
+
+
+def short_epochs(records: Sequence[Mapping], eval_every_steps: int) -> dict[str, int]:
+    """The result rows of ``records`` whose epoch has fewer steps than ``eval_every_steps``, with their steps per
+    epoch: their step evaluations fall across epochs, or only at the training's end (``EpochLoop.end``)."""
+    return {
+        record["recipe"]: record["steps_per_epoch"]
+        for record in records
+        if 0 < record["steps_per_epoch"] < eval_every_steps
+    }
+
+
+def _warn_of_short_epochs(records: Sequence[Mapping], eval_every_steps: int, warned: set[str]) -> None:
+    # once per result row: its seeds share the steps per epoch
+    for recipe, steps in short_epochs(records, eval_every_steps).items():
+        if recipe in warned:
+            continue
+        warned.add(recipe)
+        logger.warning(
+            "study.eval_every_steps is %d, but an epoch of %s has %d steps: its curve has a point every %d steps "
+            "across epochs and one at the training's end; set study.eval_every_steps to at most %d for a point in "
+            "every epoch",
+            eval_every_steps,
+            recipe,
+            steps,
+            eval_every_steps,
+            steps,
+        )
 
 
 def _configuration(inputs: StudyInputs, plan: StudyPlan, recipe: str, seed: int) -> str:
@@ -191,25 +223,27 @@ def _trains(plan: StudyPlan, row: str) -> bool:
     return plan.results is None or row in plan.results
 
 
+def _budget(section: str, plan: StudyPlan) -> dict[str, int]:
+    return budget_update(section, epochs=plan.epochs, eval_every_steps=plan.eval_every_steps)
+
+
 def _baseline(inputs: StudyInputs, plan: StudyPlan) -> BaselineParams:
-    return inputs.baseline.model_copy(update={"epochs": plan.epochs, "eval_every_steps": plan.eval_every_steps})
+    return inputs.baseline.model_copy(update=_budget("baseline", plan))
 
 
 def _thor(inputs: StudyInputs, plan: StudyPlan, *, precondition: bool) -> ThorParams:
     """The thor section on the study's budget; ``precondition`` False: thor_first_order, its recipe without the
     preconditioner."""
-    return inputs.thor.model_copy(
-        update={"epochs": plan.epochs, "eval_every_steps": plan.eval_every_steps, "precondition": precondition}
-    )
+    return inputs.thor.model_copy(update={**_budget("thor", plan), "precondition": precondition})
 
 
 def _adasum(inputs: StudyInputs, plan: StudyPlan) -> AdasumParams:
-    return inputs.adasum.model_copy(update={"epochs": plan.epochs, "eval_every_steps": plan.eval_every_steps})
+    return inputs.adasum.model_copy(update=_budget("adasum", plan))
 
 
 def _bert(section, plan: StudyPlan):
     """A thor_bert training section (thor or control) on the study's budget and step evaluation."""
-    return section.model_copy(update={"epochs": plan.epochs, "eval_every_steps": plan.eval_every_steps})
+    return section.model_copy(update=_budget("thor_bert.thor", plan))
 
 
 def _checkpoint_dir(section, folder: Path):
@@ -284,7 +318,7 @@ def _train_dim_reduce(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str,
         }
     )
     stage2 = dim.stage2.model_copy(
-        update={"checkpoint": _checkpoint_dir(dim.stage2, folder / "stage2"), "eval_every_steps": plan.eval_every_steps}
+        update={"checkpoint": _checkpoint_dir(dim.stage2, folder / "stage2"), **_budget("dim_reduce.stage2", plan)}
     )
     control = dim.control.model_copy(update={"checkpoint": _checkpoint_dir(dim.control, folder / "control")})
     tags = {"recipe": "dim_reduce", "seed": str(seed), "study_key": key}

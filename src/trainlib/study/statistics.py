@@ -224,7 +224,8 @@ def curves_figure(
         group = rows.assign(top1=rows["mlm_accuracy"]) if language else rows
         series = [run.sort_values("elapsed_s") for _, run in group.groupby("seed")]
         for run in series:
-            axes.plot(run["elapsed_s"], run["top1"], color=colour, alpha=0.25, linewidth=0.8)
+            # a marker at each evaluation: a seed evaluated once (at its training's end) is a point, not nothing
+            axes.plot(run["elapsed_s"], run["top1"], color=colour, alpha=0.25, linewidth=0.8, marker="o", markersize=3)
         end = min(run["elapsed_s"].max() for run in series)
         start = max(run["elapsed_s"].min() for run in series)
         if len(series) > 1 and end > start:

@@ -1,0 +1,31 @@
+"""What a study changes in the recipes' sections, in one place: each training trains ``study.epochs`` epochs and
+evaluates every ``study.eval_every_steps`` steps (dim_reduce keeps its stages' own epochs; its stage 2 and control
+take the step evaluation). The runner trains with these values, and the study's MLflow run logs them as its
+parameters in place of the sections' configured ones (``baseline.epochs 1``, not the baseline's own 5)."""
+
+from __future__ import annotations
+
+# section, dotted as the configuration nests it -> the study keys it takes (the control evaluates as stage 2 does)
+BUDGETED_SECTIONS: dict[str, tuple[str, ...]] = {
+    "baseline": ("epochs", "eval_every_steps"),
+    "thor": ("epochs", "eval_every_steps"),
+    "adasum": ("epochs", "eval_every_steps"),
+    "thor_bert.thor": ("epochs", "eval_every_steps"),
+    "thor_bert.control": ("epochs", "eval_every_steps"),
+    "dim_reduce.stage2": ("eval_every_steps",),
+}
+
+
+def budget_update(section: str, *, epochs: int, eval_every_steps: int) -> dict[str, int]:
+    """The keys of ``section`` (``BUDGETED_SECTIONS``) the study sets, with its values: a ``model_copy`` update."""
+    values = {"epochs": epochs, "eval_every_steps": eval_every_steps}
+    return {key: values[key] for key in BUDGETED_SECTIONS[section]}
+
+
+def study_budget(*, epochs: int, eval_every_steps: int) -> dict[str, int]:
+    """Every dotted parameter key the study sets, with its value (``baseline.epochs``: ``study.epochs``)."""
+    return {
+        f"{section}.{key}": value
+        for section in BUDGETED_SECTIONS
+        for key, value in budget_update(section, epochs=epochs, eval_every_steps=eval_every_steps).items()
+    }
