@@ -6,6 +6,7 @@ The same pipelines as real ``kedro run`` processes, with the command line, are t
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import platform
@@ -18,6 +19,7 @@ import pytest
 
 from pipelines.pipeline_registry import PIPELINE_NAMES
 from tests.support.backends import assert_declared_on_every_target, dumped_graphs
+from tests.support.csv_files import assert_readable_csv_files
 from tests.support.runner import process_state_kept, run_pipeline, session_project, tiny_params, tracking_uri
 from tests.support.trees import write_image_tree
 from trainlib.metrics import (
@@ -214,6 +216,7 @@ def test_baseline_thor_and_report_pipelines(workspace, tmp_path):
     }
     logged = {artifact.path for artifact in client(uri).list_artifacts(report_run.info.run_id, "report")}
     assert "report/summary.md" in logged and "report/explained_variance.png" not in logged
+    assert_readable_csv_files(project / "data")
 
     # a partial rerun (`kedro run --nodes=baseline.evaluate`) reads the training's context, which lives in memory: the
     # node that makes it runs first, with the run's hooks, so the run logs the sections it is made of as before
@@ -304,10 +307,31 @@ def test_dim_reduce_pipeline(workspace, tmp_path):
     assert "dim_reduce.stage1.epochs" in stage1_params and any(key.startswith("boost.") for key in stage1_params)
 
 
-def test_study_pipeline(workspace):
+@pytest.mark.pipelines("study", "report")
+def test_study_pipeline(workspace, caplog):
+    """The study of three recipes, each an epoch of 6 steps shorter than its evaluation interval of 8 (the issue's 15
+    < 20), then the report over the study's runs."""
     tree, project = workspace
     uri = tracking_uri(project)
-    outputs = run_pipeline("study", tiny_params(tree, {"target": {"top1": 0.01}}), project)
+    params = tiny_params(tree, {"target": {"top1": 0.01}, "study": {"eval_every_steps": 8}})
+    with caplog.at_level(logging.WARNING, logger="trainlib.study"):
+        outputs = run_pipeline("study", params, project)
+    warnings = [record.getMessage() for record in caplog.records if record.name == "trainlib.study.runner"]
+    assert warnings == [
+        f"study.eval_every_steps is 8, but an epoch of {recipe} has 6 steps: its curve has a point every 8 steps "
+        "across epochs and one at the training's end; set study.eval_every_steps to at most 6 for a point in every "
+        "epoch"
+        for recipe in ("baseline", "thor", "thor_first_order")
+    ]
+    # the curve is never empty: each training's end is a point of it
+    curves = outputs["study.curves"]
+    assert sorted(curves.groupby("recipe")["step"].apply(list).items()) == [
+        ("baseline", [6]),
+        ("thor", [6]),
+        ("thor_first_order", [6]),
+    ]
+    drawn = [line for line in outputs["study.top1_vs_time_plot"].axes[0].get_lines() if line.get_marker() == "o"]
+    assert [len(line.get_xdata()) for line in drawn] == [1, 1, 1]  # one point each, drawn as a marker
     summary = outputs["study.summary"]
     assert list(summary["recipe"]) == ["baseline", "thor", "thor_first_order"] and (summary["runs"] == 1).all()
     # the recipe as documented, and the curvature alone at equal recipe
@@ -341,6 +365,25 @@ def test_study_pipeline(workspace):
         assert child.data.metrics["target/reached"] == 1
         assert child.data.metrics["target/epochs"] == pytest.approx(table.loc[recipe, "epochs_to_target"], rel=1e-6)
         assert child.data.metrics["target/time_s"] == pytest.approx(table.loc[recipe, "time_to_target_s"], rel=1e-6)
+    # the study's run holds the values it trained with, not the recipes' own (baseline.epochs 2 in these params)
+    for key in ("baseline.epochs", "thor.epochs", "thor_bert.thor.epochs", "adasum.epochs"):
+        assert study_run.data.params[key] == "1", key
+    assert study_run.data.params["thor.eval_every_steps"] == study_run.data.params["dim_reduce.stage2.eval_every_steps"]
+    assert study_run.data.params["baseline.eval_every_steps"] == "8"
+
+    # the report over the study: its rows, histories and link are the study's runs, and no compared recipe is missing
+    outputs = run_pipeline("report", {**params, "report": {"recipes": ["baseline", "thor"]}}, project)
+    table = outputs["report.table"].set_index("recipe")
+    assert list(table["source"]) == ["study, 1 seed"] * 2 and list(table["run_status"]) == ["FINISHED"] * 2
+    assert list(table["left_out"]) == ["", ""]
+    for recipe in ("baseline", "thor"):
+        assert table.at[recipe, "top1"] == pytest.approx(names[f"seed0 {recipe}"].data.metrics[FINAL_TOP1])
+    assert outputs["report.summary"].startswith(("thor beat baseline", "baseline beat thor", "Inconclusive: thor"))
+    axes = outputs["report.top1_vs_epoch_plot"].axes[0]
+    assert [line.get_label() for line in axes.get_lines()] == ["baseline", "thor", "_target"]
+    compared = only_run(uri, "report").data.tags["compared_runs"].split(",")
+    assert sorted(compared) == sorted(names[f"seed0 {recipe}"].info.run_id for recipe in ("baseline", "thor"))
+    assert_readable_csv_files(project / "data")
 
 
 def test_thor_bert_pipeline(workspace):

@@ -102,6 +102,17 @@ def test_one_run_each_is_inconclusive_and_nothing_to_compare_says_so():
     assert verdict(single.iloc[0:0]).startswith("No verdict: no study in the experiment and no pair of single runs")
 
 
+def test_a_budget_of_one_epoch_is_singular():
+    paired = pd.DataFrame(
+        {"comparison": ["thor vs baseline"], "measure": ["final_top1_difference"], "mean": [0.01]}
+        | {"ci_low": [-0.02], "ci_high": [0.04], "n": [2]}
+    )
+    assert list(study_differences(paired, seeds=2, epochs=1)["budget"]) == ["1 epoch each"]
+    finals = {name: {"top1": 0.5, "top5": 0.9, "epochs": 1.0} for name in ("baseline", "thor")}
+    single, _ = single_run_differences(finals)
+    assert set(single["budget"]) == {"1 epoch each"}
+
+
 def test_the_newest_finished_study_of_the_experiment_is_read_back(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
@@ -223,3 +234,59 @@ def test_a_study_and_single_runs_of_unequal_budget_tell_one_story(study_and_uneq
     assert "| thor vs baseline | time_to_target_ratio | — | 0 |" in summary and "nan" not in summary
     assert "—: no seed on which both recipes reached the target top-1 of 75 % (target.top1)" in summary
     assert "0.185" not in summary and "0.18500000000000005" not in differences.to_csv()
+
+
+@pytest.fixture
+def study_with_trainings(tmp_path):
+    """The issue's walk: the default run (baseline, 5 epochs), then a study of baseline and thor over 2 seeds of 1
+    epoch each, whose trainings are child runs of the study's run as the study pipeline logs them."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment(EXPERIMENT, artifact_location=(tmp_path / "mlruns").as_uri())
+    data = {"data.image_size": "32", "model.name": "resnet_narrow"}
+    default = log_recipe_run(client, experiment, "baseline", data, [0.5, 0.7, 0.8, 0.84, 0.85])
+    study = client.create_run(experiment, tags={"pipeline": "study", "env": "base"}).info.run_id
+    for key, value in {**data, "study.epochs": "1"}.items():
+        client.log_param(study, key, value)
+    finals = {("baseline", 0): 0.30, ("baseline", 1): 0.40, ("thor", 0): 0.50, ("thor", 1): 0.62}
+    trainings = {}
+    for (recipe, seed), top1 in finals.items():
+        tags = {"mlflow.parentRunId": study, "recipe": recipe, "result": recipe, "seed": str(seed)}
+        trainings[recipe, seed] = log_recipe_run(client, experiment, "study", {}, [top1], **tags)
+    runs = pd.DataFrame(
+        {"recipe": [r for r, _ in finals], "seed": [s for _, s in finals], "final_top1": list(finals.values())}
+        | {"final_top5": [0.99] * 4, "time_to_target_s": [math.nan] * 4, "epochs_to_target": [math.nan] * 4}
+    )
+    (tmp_path / "study").mkdir()
+    in_points(paired_differences(runs)).to_csv(tmp_path / "study/paired.csv", index=False)
+    client.log_artifact(study, str(tmp_path / "study/paired.csv"), "study")
+    client.set_terminated(study)
+    return MlflowRunReader(uri, EXPERIMENT), default, study, trainings
+
+
+def test_the_table_figures_and_runs_of_a_studied_recipe_are_the_studys(study_with_trainings):
+    reader, default, study, trainings = study_with_trainings
+    comparison = compare(reader, ["baseline", "thor"], TARGET)
+    differences, left_out = by_how_much(comparison.finals, reader, settings=comparison.settings)
+    summary = readable(differences, left_out, target_top1=TARGET)
+    assert (
+        summary.startswith("thor beat baseline by +21.00 pt final top-1") and "study, 2 seeds, 1 epoch each" in summary
+    )
+
+    # thor is compared in the summary, so it is in the table, from the same study as the baseline: not `missing`
+    table = comparison.table.set_index("recipe")
+    assert list(table["source"]) == ["study, 2 seeds", "study, 2 seeds"]
+    assert list(table["run_id"]) == [study, study] and list(table["run_status"]) == ["FINISHED", "FINISHED"]
+    assert table.loc["baseline", "top1"] == pytest.approx(0.35) and table.loc["thor", "top1"] == pytest.approx(0.56)
+    assert list(table["epochs"]) == [1, 1] and list(table["left_out"]) == ["", ""] and table["seed"].isna().all()
+    # the figures draw both, from the seeds' mean; the link charts the four trainings, not the 5-epoch default run
+    drawn = compared_histories(comparison.histories, comparison.table)
+    assert drawn.groupby("recipe")["val/top1"].mean().to_dict() == pytest.approx({"baseline": 0.35, "thor": 0.56})
+    assert sorted(comparison.read_runs) == sorted(trainings.values()) and default not in comparison.read_runs
+
+    # a pinned run comes first: the baseline's single run beside thor's study means is not a pair, and says so
+    pinned = compare(reader, ["baseline", "thor"], TARGET, {"baseline": default}).table.set_index("recipe")
+    assert list(pinned["source"]) == ["single run", "study, 2 seeds"] and pinned.at["baseline", "run_id"] == default
+    assert pinned.at["thor", "left_out"] == (
+        "from study, 2 seeds, baseline from single run: not a pair; pin thor's run (report.run_ids)"
+    )

@@ -10,6 +10,7 @@ from matplotlib.figure import Figure
 from pipelines import tracking
 from pipelines.tracking import MlflowRunReader
 from trainlib.params import ReportParams, TargetParams
+from trainlib.readable import counted
 from trainlib.report.compare import compare
 from trainlib.report.differences import by_how_much, readable
 from trainlib.report.figures import compared_histories, figures
@@ -22,8 +23,10 @@ def compare_recipes(
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame, str]:
     """The comparison table, the per-epoch histories, dim_reduce's explained variance, and by how much the recipes
     differ (a table in points and ``summary.md``): from the newest study of the experiment where it compared the
-    same recipes (means and 95 % intervals over its seeds), else from the single runs at equal budget; single runs
-    of unequal budget are left out, and the summary says why.
+    same recipes (means and 95 % intervals over its seeds; the table's rows and histories of the recipes it trained
+    are its seeds' means), else from the single runs at equal budget; single runs of unequal budget are left out,
+    and the summary says why. The report's run is tagged with the runs behind the table (``compared_runs``), which
+    its closing link charts.
 
     Runs are read from the tracking URI and experiment kedro-mlflow set up from ``mlflow.yml``
     for this run itself, so the report reads the same store the training pipelines wrote.
@@ -31,16 +34,18 @@ def compare_recipes(
     reader = MlflowRunReader.of_active_run()
     comparison = compare(reader, report.recipes, target.top1, report.run_ids.model_dump())
     differences, left_out = by_how_much(comparison.finals, reader, settings=comparison.settings)
-    tracking.record_compared_runs([run_id for run_id in comparison.table["run_id"] if isinstance(run_id, str)])
+    # the runs behind the table's rows, so the closing link charts what the table, figures and summary show
+    tracking.record_compared_runs(comparison.read_runs)
     for row in comparison.table.itertuples():
         if row.run_status == "missing":
             continue
         logger.info(
-            "%s: top-1 %.2f%%, top-5 %.2f%%, %d epochs, %.0f s training, %.0f img/s, target %.0f%% %s%s",
+            "%s (%s): top-1 %.2f%%, top-5 %.2f%%, %s, %.0f s training, %.0f img/s, target %.0f%% %s%s",
             row.recipe,
+            row.source,
             100 * row.top1,
             100 * row.top5,
-            row.epochs,
+            counted(int(row.epochs), "epoch"),
             row.train_time_s,
             row.images_per_s,
             100 * row.target_top1,

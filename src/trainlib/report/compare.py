@@ -20,14 +20,18 @@ import numpy as np
 import pandas as pd
 
 from trainlib.metrics import EPOCH_KEYS, FINAL_KEYS, TRAIN_EPOCH_TIME_S, TRAIN_IMAGES_PER_S
+from trainlib.readable import counted
+from trainlib.report.differences import newest_study_run
 from trainlib.report.histories import final_accuracy, recipe_curve, recipe_history, time_to_target
 from trainlib.report.runs import (
+    PARENT_TAG,
     NoRunsError,
     Recipe,
     RunReader,
     RunRecord,
     children_by_training,
     find_run,
+    missing_metrics,
     recipes_by_name,
 )
 
@@ -58,7 +62,9 @@ TABLE_COLUMNS = [
     "resumed",
     "differs",
     "left_out",
+    "source",
 ]
+SINGLE_RUN = "single run"
 VARIANCE_ARTIFACT = "pca/pca_explained_variance.csv"
 VARIANCE_COLUMNS = ["component", "explained_variance", "explained_variance_ratio", "cumulative_ratio"]
 
@@ -75,6 +81,9 @@ class Comparison:
     finals: dict[str, dict[str, float]] = field(default_factory=dict)
     # the data and model settings of each training's run (data_and_model), by the same names
     settings: dict[str, dict[str, str | None]] = field(default_factory=dict)
+    # the runs behind the table's rows, for the report's closing link: the single runs, and the study's trainings of
+    # the recipes reported from the study
+    read_runs: list[str] = field(default_factory=list)
 
 
 def _number(value: str | None) -> int | None:
@@ -169,17 +178,55 @@ def unequal_budgets(table: pd.DataFrame, settings: Mapping[str, Mapping[str, str
     return reasons
 
 
+def study_trainings(reader: RunReader, study: RunRecord) -> dict[str, dict[int, dict[str, RunRecord]]]:
+    """The finished training runs of ``study`` (its child runs; not a tuning's trials), by their ``recipe``, ``seed``
+    and ``result`` tags: ``{"dim_reduce": {0: {"stage1": ..., "stage2": ..., "control": ...}}}``."""
+    found: dict[str, dict[int, dict[str, RunRecord]]] = {}
+    for child in reader.search(f"tags.`{PARENT_TAG}` = '{study['run_id']}' and attributes.status = 'FINISHED'"):
+        tags = child["tags"]
+        if "trial" in tags or "recipe" not in tags or not tags.get("seed", "").isdigit():
+            continue
+        by_result = found.setdefault(tags["recipe"], {}).setdefault(int(tags["seed"]), {})
+        by_result.setdefault(tags.get("result", tags["recipe"]), child)  # newest first
+    return found
+
+
+def studied_seeds(recipe: Recipe, trainings: Mapping[int, Mapping[str, RunRecord]]) -> dict[int, dict[str, RunRecord]]:
+    """The seeds on which the study trained all of ``recipe``'s trainings, each complete (``missing_metrics``)."""
+    names = (*recipe.trainings, *recipe.side_trainings) or (recipe.name,)
+    complete = {}
+    for seed, by_result in sorted(trainings.items()):
+        if not all(name in by_result for name in names):
+            continue
+        run = by_result[recipe.name] if not recipe.trainings else by_result[recipe.trainings[-1]]
+        if not missing_metrics(recipe, run, by_result):
+            complete[seed] = {name: by_result[name] for name in names}
+    return complete
+
+
+def mean_history(histories: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """The per-epoch mean of several seeds' histories of one recipe (``recipe_history``), epoch by epoch."""
+    keys = ["recipe", "run_id", "training", "epoch"]
+    joined = pd.concat(histories, ignore_index=True)
+    numbers = [column for column in joined.columns if column not in keys]
+    return joined.groupby(keys, sort=False, as_index=False)[numbers].mean()[list(joined.columns)]
+
+
 def compare(
     reader: RunReader,
     recipes: Sequence[str],
     target_top1: float,
     run_ids: Mapping[str, str | None] | None = None,
 ) -> Comparison:
-    """Find each recipe's run in ``reader``'s experiment and build the table and histories.
+    """Find each recipe's runs in ``reader``'s experiment and build the table and histories.
 
-    A recipe without a run is a row with ``run_status`` ``missing`` (and a log line); no run at
-    all raises ``NoRunsError``. Runs that differ in data or model are named in a warning and in
-    the table's ``differs`` column.
+    A recipe the newest study (``newest_study_run``, the one ``by_how_much`` compares) trained is reported from the
+    study, unless ``run_ids`` pins its run: its row holds the means over the study's seeds (``source`` ``study, N
+    seeds``), its history their per-epoch mean; so the table, the figures and the summary tell one story. Another
+    recipe is reported from its single run (``find_run``); one of these whose source differs from the reference's
+    (the baseline's) is left out of the side-by-side comparison, with why. A recipe without a run is a row with
+    ``run_status`` ``missing`` (and a log line); no run at all raises ``NoRunsError``. Runs that differ in data or
+    model are named in a warning and in the table's ``differs`` column.
     """
     chosen = recipes_by_name(recipes)
     if not reader.experiment_exists:
@@ -193,7 +240,21 @@ def compare(
     histories = []
     finals: dict[str, dict[str, float]] = {}
     training_settings: dict[str, dict[str, str | None]] = {}
+    sources: dict[str, str] = {}
+    read_runs: list[str] = []
+    study = newest_study_run(reader)
+    studied = study_trainings(reader, study[0]) if study else {}
     for recipe in chosen:
+        seeds = studied_seeds(recipe, studied.get(recipe.name, {}))
+        if seeds and study and not (run_ids or {}).get(recipe.name):
+            history, rows[recipe.name] = _studied(reader, recipe, study[0], seeds, target_top1)
+            histories.append(history)
+            sources[recipe.name] = rows[recipe.name]["source"]
+            settings[recipe.name] = data_and_model(study[0])
+            read_runs += [training["run_id"] for by_result in seeds.values() for training in by_result.values()]
+            runs[recipe.name] = None  # no single run: its figures are the study's
+            logger.info("Report: %s from study %s (%s)", recipe.name, study[0]["run_id"], sources[recipe.name])
+            continue
         run = find_run(reader, recipe, (run_ids or {}).get(recipe.name))
         runs[recipe.name] = run
         if run is None:
@@ -214,7 +275,9 @@ def compare(
         final = final_accuracy(metrics[(recipe.trainings or (recipe.name,))[-1]])
         resumed = any(key == "resumed_from" for r in (run, *trained.values()) for key in r["tags"])
         rows[recipe.name] = table_row(recipe, run, recipe_curve(history), final, target_top1, resumed)
+        rows[recipe.name]["source"] = sources[recipe.name] = SINGLE_RUN
         settings[recipe.name] = data_and_model(run)
+        read_runs.append(run["run_id"])
         for name in (*recipe.trainings[1:], *recipe.side_trainings) or (recipe.name,):
             ended = history[history["training"] == name]["epoch"]
             finals[name] = {**final_accuracy(metrics[name]), "epochs": float(ended.max()) if len(ended) else math.nan}
@@ -228,6 +291,7 @@ def compare(
                 "top5": finals[side]["top5"],
                 "epochs": int(finals[side]["epochs"]),
                 "target_top1": target_top1,
+                "source": SINGLE_RUN,
             }
         logger.info("Report: %s from run %s", recipe.name, run["run_id"])
     if not histories:
@@ -246,7 +310,7 @@ def compare(
     table = pd.DataFrame(list(rows.values()), columns=TABLE_COLUMNS).astype(
         {"epochs": "Int64", "epoch_to_target": "Int64", "image_size": "Int64", "train_images": "Int64", "seed": "Int64"}
     )
-    left_out = unequal_budgets(table, settings)
+    left_out = unequal_budgets(table, settings) | other_sources(sources)
     table["left_out"] = table["recipe"].map(left_out).fillna("")
     for recipe, reason in left_out.items():
         if reason:
@@ -262,4 +326,42 @@ def compare(
         explained_variance=pd.DataFrame(columns=VARIANCE_COLUMNS) if variance is None else variance,
         finals=finals,
         settings=training_settings,
+        read_runs=read_runs,
     )
+
+
+def _studied(
+    reader: RunReader, recipe: Recipe, study: RunRecord, seeds: Mapping[int, Mapping[str, RunRecord]], target: float
+) -> tuple[pd.DataFrame, dict]:
+    """A recipe reported from the study: its per-epoch mean history over ``seeds`` (its trainings' runs by seed)
+    and its table row (the study's run, the means of the seeds' final evaluations)."""
+    histories, finals = [], []
+    for trained in seeds.values():
+        metrics = {
+            name: reader.metric_history(child["run_id"], (*EPOCH_KEYS, *FINAL_KEYS)) for name, child in trained.items()
+        }
+        histories.append(recipe_history(recipe, study["run_id"], metrics))
+        finals.append(final_accuracy(metrics[(recipe.trainings or (recipe.name,))[-1]]))
+    history = mean_history(histories)
+    final = {key: float(np.mean([each[key] for each in finals])) for key in ("top1", "top5")}
+    resumed = any("resumed_from" in child["tags"] for trained in seeds.values() for child in trained.values())
+    row = table_row(recipe, study, recipe_curve(history), final, target, resumed)
+    # the study's run is not one training: no single seed, and its wall time is every recipe's
+    row |= {"seed": None, "wall_time_s": math.nan, "source": f"study, {counted(len(seeds), 'seed')}"}
+    return history, row
+
+
+def other_sources(sources: Mapping[str, str]) -> dict[str, str]:
+    """Per recipe reported from another source than the reference's (the baseline's, else the first recipe's): why
+    it is not compared side by side. A study's means and a single run are not a pair."""
+    if not sources:
+        return {}
+    reference = "baseline" if "baseline" in sources else next(iter(sources))
+    return {
+        recipe: (
+            f"from {source}, {reference} from {sources[reference]}: not a pair; "
+            + (f"add {recipe} to study.recipes" if source == SINGLE_RUN else f"pin {recipe}'s run (report.run_ids)")
+        )
+        for recipe, source in sources.items()
+        if source != sources[reference]
+    }

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 import pandas as pd
 
 from trainlib import fast_dev_run
-from trainlib.report.runs import RunReader
+from trainlib.readable import counted
+from trainlib.report.runs import RunReader, RunRecord
 
 DIFFERENCE_COLUMNS = ["comparison", "measure", "mean", "ci_low", "ci_high", "n", "unit", "budget", "source"]
 LEFT_OUT_COLUMNS = ["comparison", "reason"]
@@ -80,6 +81,10 @@ def _count(value: float) -> str:
     return str(int(value)) if math.isfinite(value) else "?"
 
 
+def _budget(epochs: float) -> str:
+    return f"{counted(int(epochs), 'epoch')} each" if math.isfinite(epochs) else "? epochs each"
+
+
 def _setting(value: str | None) -> str:
     return "?" if value is None else value
 
@@ -114,7 +119,7 @@ def single_run_differences(
                     "ci_low": math.nan,
                     "ci_high": math.nan,
                     "n": 1,
-                    "budget": f"{_count(this['epochs'])} epochs each",
+                    "budget": _budget(this["epochs"]),
                     "source": SINGLE_RUNS,
                 }
             )
@@ -126,14 +131,14 @@ def study_differences(paired: pd.DataFrame, seeds: int, epochs: int | None) -> p
     """The study's paired differences (``study.statistics.paired_differences``, or its ``paired.csv`` in points),
     in points and labelled with its seeds and budget."""
     table = in_points(paired)
-    table["budget"] = f"{epochs} epochs each" if epochs else "the study's"
-    table["source"] = f"study, {seeds} seeds"
+    table["budget"] = _budget(epochs) if epochs else "the study's"
+    table["source"] = f"study, {counted(seeds, 'seed')}"
     return table[DIFFERENCE_COLUMNS]
 
 
-def newest_study(reader: RunReader) -> pd.DataFrame | None:
-    """The paired differences of the experiment's newest finished study (not a ``fast_dev_run`` rehearsal), in
-    points and labelled with its seeds and budget."""
+def newest_study_run(reader: RunReader) -> tuple[RunRecord, pd.DataFrame] | None:
+    """The experiment's newest finished study with paired differences (not a ``fast_dev_run`` rehearsal), and those
+    differences in points, labelled with its seeds and budget."""
     for run in reader.search("tags.pipeline = 'study' and attributes.status = 'FINISHED'"):
         if fast_dev_run.TAG in run["tags"]:
             continue
@@ -142,8 +147,14 @@ def newest_study(reader: RunReader) -> pd.DataFrame | None:
             headline = paired[paired["measure"].isin(HEADLINE_MEASURES)]
             seeds = int((headline if len(headline) else paired)["n"].max())
             epochs = run["params"].get("study.epochs", "")
-            return study_differences(paired, seeds, int(epochs) if epochs.isdigit() else None)
+            return run, study_differences(paired, seeds, int(epochs) if epochs.isdigit() else None)
     return None
+
+
+def newest_study(reader: RunReader) -> pd.DataFrame | None:
+    """The paired differences of the experiment's newest finished study (``newest_study_run``)."""
+    found = newest_study_run(reader)
+    return None if found is None else found[1]
 
 
 def combined(single: pd.DataFrame, study: pd.DataFrame | None) -> pd.DataFrame:
