@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 
 from pipelines.pipeline_registry import PIPELINE_NAMES
+from pipelines.tracking.links import runs_to_compare
 from tests.support.backends import assert_declared_on_every_target, dumped_graphs
 from tests.support.csv_files import assert_readable_csv_files
 from tests.support.runner import process_state_kept, run_pipeline, session_project, tiny_params, tracking_uri
@@ -382,7 +383,11 @@ def test_study_pipeline(workspace, caplog):
     axes = outputs["report.top1_vs_epoch_plot"].axes[0]
     assert [line.get_label() for line in axes.get_lines()] == ["baseline", "thor", "_target"]
     compared = only_run(uri, "report").data.tags["compared_runs"].split(",")
-    assert sorted(compared) == sorted(names[f"seed0 {recipe}"].info.run_id for recipe in ("baseline", "thor"))
+    studied = sorted(names[f"seed0 {recipe}"].info.run_id for recipe in ("baseline", "thor"))
+    assert sorted(compared) == studied
+    with process_state_kept(project):  # what the closing link charts: those runs, not the report's own
+        mlflow.set_tracking_uri(uri)
+        assert sorted(runs_to_compare(only_run(uri, "report").info.run_id)) == studied
     assert_readable_csv_files(project / "data")
 
 
