@@ -239,27 +239,34 @@ def test_a_study_and_single_runs_of_unequal_budget_tell_one_story(study_and_uneq
 @pytest.fixture
 def study_with_trainings(tmp_path):
     """The issue's walk: the default run (baseline, 5 epochs), then a study of baseline and thor over 2 seeds of 1
-    epoch each, whose trainings are child runs of the study's run as the study pipeline logs them."""
+    epoch each, whose trainings are child runs of the study's run as the study pipeline logs them; killed after its
+    first training and rerun, so that training is a child of the killed run, and the rerun's runs.csv names it."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     experiment = client.create_experiment(EXPERIMENT, artifact_location=(tmp_path / "mlruns").as_uri())
     data = {"data.image_size": "32", "model.name": "resnet_narrow"}
     default = log_recipe_run(client, experiment, "baseline", data, [0.5, 0.7, 0.8, 0.84, 0.85])
-    study = client.create_run(experiment, tags={"pipeline": "study", "env": "base"}).info.run_id
+    killed, study = (client.create_run(experiment, tags={"pipeline": "study", "env": "base"}) for _ in range(2))
+    killed, study = killed.info.run_id, study.info.run_id
     for key, value in {**data, "study.epochs": "1"}.items():
         client.log_param(study, key, value)
     finals = {("baseline", 0): 0.30, ("baseline", 1): 0.40, ("thor", 0): 0.50, ("thor", 1): 0.62}
     trainings = {}
     for (recipe, seed), top1 in finals.items():
-        tags = {"mlflow.parentRunId": study, "recipe": recipe, "result": recipe, "seed": str(seed)}
+        parent = killed if (recipe, seed) == ("baseline", 0) else study
+        tags = {"mlflow.parentRunId": parent, "recipe": recipe, "result": recipe, "seed": str(seed)}
         trainings[recipe, seed] = log_recipe_run(client, experiment, "study", {}, [top1], **tags)
+    client.set_terminated(killed, "KILLED")
     runs = pd.DataFrame(
         {"recipe": [r for r, _ in finals], "seed": [s for _, s in finals], "final_top1": list(finals.values())}
         | {"final_top5": [0.99] * 4, "time_to_target_s": [math.nan] * 4, "epochs_to_target": [math.nan] * 4}
+        | {"mlflow_run_id": list(trainings.values())}
     )
     (tmp_path / "study").mkdir()
     in_points(paired_differences(runs)).to_csv(tmp_path / "study/paired.csv", index=False)
-    client.log_artifact(study, str(tmp_path / "study/paired.csv"), "study")
+    runs.to_csv(tmp_path / "study/runs.csv", index=False)
+    for table in ("paired", "runs"):
+        client.log_artifact(study, str(tmp_path / f"study/{table}.csv"), "study")
     client.set_terminated(study)
     return MlflowRunReader(uri, EXPERIMENT), default, study, trainings
 

@@ -24,7 +24,6 @@ from trainlib.readable import counted
 from trainlib.report.differences import newest_study_run
 from trainlib.report.histories import final_accuracy, recipe_curve, recipe_history, time_to_target
 from trainlib.report.runs import (
-    PARENT_TAG,
     NoRunsError,
     Recipe,
     RunReader,
@@ -66,6 +65,7 @@ TABLE_COLUMNS = [
 ]
 SINGLE_RUN = "single run"
 VARIANCE_ARTIFACT = "pca/pca_explained_variance.csv"
+STUDY_RUNS_ARTIFACT = "study/runs.csv"  # a study's results: recipe (its result row), seed, mlflow_run_id, ...
 VARIANCE_COLUMNS = ["component", "explained_variance", "explained_variance_ratio", "cumulative_ratio"]
 
 
@@ -179,15 +179,26 @@ def unequal_budgets(table: pd.DataFrame, settings: Mapping[str, Mapping[str, str
 
 
 def study_trainings(reader: RunReader, study: RunRecord) -> dict[str, dict[int, dict[str, RunRecord]]]:
-    """The finished training runs of ``study`` (its child runs; not a tuning's trials), by their ``recipe``, ``seed``
-    and ``result`` tags: ``{"dim_reduce": {0: {"stage1": ..., "stage2": ..., "control": ...}}}``."""
+    """The finished training runs behind ``study``'s results, by their ``recipe`` tag, seed and result row:
+    ``{"dim_reduce": {0: {"stage1": ..., "stage2": ..., "control": ...}}}``. Read from its ``runs.csv`` (each
+    result's MLflow run), not from its child runs: a resumed study reads a result trained by an earlier, killed
+    run, whose run is that run's child; and a tuning's trials are not results. dim_reduce's stage 1, which gives no
+    result row, is the run of the same ``study_key``."""
+    table = reader.artifact_csv(study["run_id"], STUDY_RUNS_ARTIFACT)
     found: dict[str, dict[int, dict[str, RunRecord]]] = {}
-    for child in reader.search(f"tags.`{PARENT_TAG}` = '{study['run_id']}' and attributes.status = 'FINISHED'"):
-        tags = child["tags"]
-        if "trial" in tags or "recipe" not in tags or not tags.get("seed", "").isdigit():
+    for row in [] if table is None else table.itertuples():
+        run = reader.get(row.mlflow_run_id) if isinstance(row.mlflow_run_id, str) else None
+        if run is None or run["status"] != "FINISHED":
             continue
-        by_result = found.setdefault(tags["recipe"], {}).setdefault(int(tags["seed"]), {})
-        by_result.setdefault(tags.get("result", tags["recipe"]), child)  # newest first
+        tags = run["tags"]
+        by_result = found.setdefault(tags.get("recipe", row.recipe), {}).setdefault(int(row.seed), {})
+        by_result[row.recipe] = run
+        if "stage1" not in by_result and tags.get("recipe") == "dim_reduce" and "study_key" in tags:
+            stage1 = reader.search(
+                f"tags.study_key = '{tags['study_key']}' and tags.result = 'stage1' and attributes.status = 'FINISHED'"
+            )
+            if stage1:
+                by_result["stage1"] = stage1[0]
     return found
 
 
