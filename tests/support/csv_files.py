@@ -6,6 +6,8 @@ import csv
 import re
 from pathlib import Path
 
+# how close a float read back from a CSV file is to the value written: six significant digits (trainlib.readable)
+CSV_REL = 1e-5
 # a decimal number as written, its mantissa's digits apart from its exponent
 NUMBER = re.compile(r"^[-+]?(?P<mantissa>\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
 
