@@ -14,6 +14,7 @@ import click
 import pytest
 
 from pipelines.cli import split_params
+from pipelines.viz_page import PAGE_SCRIPT
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -57,10 +58,10 @@ def test_kedro_viz_offline_shows_no_update_banner(monkeypatch):
     assert not response.is_outdated and response.latest == __version__
 
 
-def test_kedro_viz_pages_open_without_the_feature_tour_and_its_server_without_fastapis_warning(monkeypatch):
-    """kedro-viz 12.5's first-visit tour covers the flowchart; the page ``kedro viz run`` serves and the one ``kedro
-    viz build`` writes turn it off in the browser's state (unless the user set it); the server's spawned process
-    gets the warnings filter through the environment."""
+def test_kedro_viz_pages_carry_the_page_script_and_its_server_runs_without_fastapis_warning(monkeypatch):
+    """The page ``kedro viz run`` serves and the one ``kedro viz build`` writes carry ``viz_page.PAGE_SCRIPT`` once,
+    before kedro-viz's own scripts (its first view: no feature tour, layout, minimap, zoom; tests/ui/test_browser.py
+    checks what it draws); the server's spawned process gets the warnings filter through the environment."""
     from kedro_viz.api import apps
     from kedro_viz.integrations.deployment.base_deployer import BaseDeployer
 
@@ -70,11 +71,11 @@ def test_kedro_viz_pages_open_without_the_feature_tour_and_its_server_without_fa
     monkeypatch.setattr(BaseDeployer, "_write_heap_injected_index", BaseDeployer._write_heap_injected_index)
     monkeypatch.setenv("PYTHONWARNINGS", "default")
     page = (Path(apps.__file__).parent.parent / "html" / "index.html").read_text()
-    cli._kedro_viz_without_a_first_visit_tour()
-    cli._kedro_viz_without_a_first_visit_tour()  # idempotent: quiet_start runs in each process
+    cli._kedro_viz_page_script()
+    cli._kedro_viz_page_script()  # idempotent: quiet_start runs in each process
     served = apps.HTMLResponse(page).body.decode()
-    assert served.count("showFeatureHints = false") == 1
-    assert served.index("showFeatureHints") < served.index('<script type="module"')  # before the app reads it
+    assert served.count(PAGE_SCRIPT) == 1
+    assert served.index(PAGE_SCRIPT) < served.index('<script type="module"')  # before the app reads its storage
     written = []
 
     class Files:  # stands for the build's fsspec file system
@@ -84,7 +85,7 @@ def test_kedro_viz_pages_open_without_the_feature_tour_and_its_server_without_fa
     deployer = BaseDeployer.__new__(BaseDeployer)
     deployer._fs, deployer._path = Files(), "build"
     BaseDeployer._write_heap_injected_index(deployer, page)
-    assert written[0].count("showFeatureHints = false") == 1
+    assert written[0].count(PAGE_SCRIPT) == 1
     cli._kedro_viz_server_quietly()
     cli._kedro_viz_server_quietly()
     assert os.environ["PYTHONWARNINGS"] == f"default,{cli.VIZ_SERVER_WARNINGS}"

@@ -177,7 +177,7 @@ def quiet_start() -> None:
     plain_logs_when_piped()
     if sys.argv[1:2] == ["viz"]:
         _kedro_viz_without_a_false_update_banner()
-        _kedro_viz_without_a_first_visit_tour()
+        _kedro_viz_page_script()
         _kedro_viz_server_quietly()
 
 
@@ -198,48 +198,30 @@ def _kedro_viz_without_a_false_update_banner() -> None:
     version.get_latest_version = latest_known
 
 
-# Run in the page before kedro-viz's own scripts: its first-visit feature tour ("Workflow run status", 1 of 6) opens
-# over the flowchart unless the browser's state says otherwise; off unless the user turned it on (Settings, "New
-# feature hints"), so a first visit sees the graph.
-NO_TOUR_SCRIPT = """<script>
-(function () {
-  var key = "KedroViz", state = {};
-  try { state = JSON.parse(window.localStorage.getItem(key)) || {}; } catch (error) {}
-  if (!("showFeatureHints" in state)) {
-    state.showFeatureHints = false;
-    window.localStorage.setItem(key, JSON.stringify(state));
-  }
-})();
-</script>
-"""
-
-
-def without_tour(html: str) -> str:
-    """kedro-viz's page ``html`` with ``NO_TOUR_SCRIPT`` first in its head, before its own scripts."""
-    return html.replace("<head>", "<head>\n" + NO_TOUR_SCRIPT, 1) if NO_TOUR_SCRIPT not in html else html
-
-
-def _kedro_viz_without_a_first_visit_tour() -> None:
-    """kedro-viz 12.5 has no option or query parameter for its feature tour, only the browser's local storage: the
-    page it serves (``kedro viz run``, ``apps.HTMLResponse``) and the one it writes (``kedro viz build``,
-    ``BaseDeployer._write_heap_injected_index``) get ``NO_TOUR_SCRIPT``."""
+def _kedro_viz_page_script() -> None:
+    """kedro-viz 12.5 has no option or query parameter for its first view (its feature tour, layout, minimap,
+    zoom), only the browser's local storage and its own page: the page it serves (``kedro viz run``,
+    ``apps.HTMLResponse``) and the one it writes (``kedro viz build``, ``BaseDeployer._write_heap_injected_index``)
+    get ``viz_page.PAGE_SCRIPT``."""
     from kedro_viz.api import apps
     from kedro_viz.integrations.deployment.base_deployer import BaseDeployer
 
-    class PageWithoutTour(apps.HTMLResponse):
-        def __init__(self, content=None, *args, **kwargs):
-            super().__init__(without_tour(content) if isinstance(content, str) else content, *args, **kwargs)
+    from pipelines.viz_page import with_page_script
 
-    apps.HTMLResponse = PageWithoutTour
+    class PageWithScript(apps.HTMLResponse):
+        def __init__(self, content=None, *args, **kwargs):
+            super().__init__(with_page_script(content) if isinstance(content, str) else content, *args, **kwargs)
+
+    apps.HTMLResponse = PageWithScript
     write = BaseDeployer._write_heap_injected_index
-    if getattr(write, "without_tour", False):
+    if getattr(write, "with_page_script", False):
         return
 
-    def write_without_tour(self, html_content):
-        write(self, without_tour(html_content))
+    def write_with_page_script(self, html_content):
+        write(self, with_page_script(html_content))
 
-    write_without_tour.without_tour = True
-    BaseDeployer._write_heap_injected_index = write_without_tour
+    write_with_page_script.with_page_script = True
+    BaseDeployer._write_heap_injected_index = write_with_page_script
 
 
 # -W syntax: kedro-viz's server runs in a spawned process, which takes no filter of this one, only the environment

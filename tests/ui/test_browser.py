@@ -27,6 +27,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from pipelines.tracking.naming import RUN_COLOUR_TAG
+from pipelines.viz_page import LABEL_PX
 from tests.support.projects import PROJECT, TINY_PARAMS, kedro, make_project, run_on_tiny_tree
 from tests.support.servers import mlflow_server
 from tests.support.stores import REPORT_OUTPUT, store_report, tracking_uri
@@ -39,6 +40,7 @@ ARTIFACTS = PROJECT / "test-artifacts" / "browser"
 PAGE_TIMEOUT_S = 90  # a page's scripts, on 2 shared cores
 # The baseline pipeline's task nodes, named here so that the check cannot pass on an empty graph.
 FLOWCHART_NODES = "svg g.pipeline-node[data-node-fullname]"
+LABELS = "svg g.pipeline-node text"
 LAYER_NAMES = ".pipeline-flowchart__layer-names--visible .pipeline-layer-name"
 DIM_REDUCE_STAGES = ("stage1", "trajectory_pca", "stage2", "control", "comparison")
 LAYERS = ("raw", "intermediate", "primary", "model_input", "models", "model_output", "reporting")
@@ -196,7 +198,9 @@ def test_kedro_viz_site_shows_the_pipeline(viz_site, browser):
         settled_screenshot(browser, "kedro_viz")
         nodes = browser.find_elements(By.CSS_SELECTOR, FLOWCHART_NODES)
         shown = {(n.get_attribute("data-node-fullname"), n.get_attribute("data-node-type")) for n in nodes}
-        labels = {t.text for t in browser.find_elements(By.CSS_SELECTOR, "svg g.pipeline-node text")}
+        # every pipeline expanded is wider than the window at readable labels: the right part is a drag away, out of
+        # view, where selenium's .text reads nothing; the drawn text elements carry the names all the same
+        labels = {t.get_attribute("textContent") for t in browser.find_elements(By.CSS_SELECTOR, LABELS)}
         tour = browser.find_elements(By.CSS_SELECTOR, ".feature-hints")
     assert shown == expected
     assert {name for name, _ in expected} <= labels  # the names are drawn, not only carried as attributes
@@ -264,6 +268,71 @@ def test_kedro_viz_shows_dim_reduce_stages_collapsed_with_layers(viz_site, brows
         assert drawn(browser, "modularPipeline") == {"data", *stages} - {"dim_reduce.stage2"}
         # labelled by the last part of their names: stage 2's training tells itself from the control's
         assert drawn(browser, "task") == {"training_context", "train_stage2", "evaluate", "export_model"}
+
+
+# Each node label's drawn size (its font size times the zoom), the left edge of the chart (right of the toolbar and
+# sidebar), the labels' extent, the minimap's right edge and its button's state.
+VIZ_VIEW = """
+const labels = [...document.querySelectorAll(arguments[0])];
+const zoomed = document.querySelector('svg.pipeline-flowchart__graph[data-page-script-zoom]');
+const drawn = labels.map(t => parseFloat(getComputedStyle(t).fontSize) * t.getScreenCTM().a);
+const boxes = labels.map(t => t.getBoundingClientRect());
+const minimap = document.querySelector('.pipeline-minimap-container').getBoundingClientRect();
+return {
+  labels: zoomed ? labels.length : 0,
+  smallest_px: Math.min(...drawn),
+  smallest_box_px: Math.min(...boxes.map(b => b.height)),
+  chart_left: document.querySelector('.pipeline-sidebar').getBoundingClientRect().right,
+  left: Math.min(...boxes.map(b => b.left)), top: Math.min(...boxes.map(b => b.top)),
+  bottom: Math.max(...boxes.map(b => b.bottom)), height: window.innerHeight,
+  minimap_right: minimap.right,
+  minimap_button: document.querySelector('.pipeline-minimap-button--map').getAttribute('aria-label'),
+};
+"""
+
+
+def readable_view(driver: webdriver.Chrome, name: str) -> dict:
+    """The opened pipeline's ``VIZ_VIEW`` once the page script has zoomed (after kedro-viz's own fit, which it
+    marks on the graph) and the labels are drawn at ``viz_page.LABEL_PX`` or more; fails with a screenshot if they
+    never are."""
+
+    def measured(d):
+        view = d.execute_script(VIZ_VIEW, LABELS)
+        return view if view["labels"] and view["smallest_px"] >= LABEL_PX else None
+
+    view = wait_for(driver, measured, name, f"labels of {LABEL_PX} px or more")
+    settled_screenshot(driver, name)
+    return view
+
+
+def test_kedro_viz_opens_every_pipeline_readable_without_the_minimap(viz_site, browser):
+    pipelines = sorted(path.name for path in (viz_site / "build" / "api" / "pipelines").iterdir())
+    assert "dim_reduce" in pipelines
+    with static_site(viz_site / "build") as url:
+        # a first visit (a fresh profile, nothing stored) in the window widths people use: before the page script,
+        # dim_reduce opened at 38 % (labels 5 px), under the minimap, its rightmost label cut off
+        for width in (1280, 1440):
+            browser.set_window_size(width, 900)
+            browser.get(f"{url}/?pid=dim_reduce")
+            view = readable_view(browser, f"kedro_viz_readable_dim_reduce_{width}")
+            assert view["smallest_box_px"] >= LABEL_PX, view
+            assert view["minimap_button"] == "Turn minimap on", view  # kedro-viz's own state: off
+            assert view["minimap_right"] <= view["chart_left"], view  # moved out, under the toolbar
+            # wider than the window at this size: the graph starts at its first nodes, top to bottom in view
+            assert view["chart_left"] <= view["left"] <= view["chart_left"] + 60, view
+            assert 0 <= view["top"] and view["bottom"] <= view["height"], view
+        stored = json.loads(browser.execute_script("return localStorage.getItem('KedroViz')"))
+        assert stored["orientation"] == "horizontal" and stored["visible"]["miniMap"] is False
+        for pipeline in pipelines:  # every registered pipeline opens readable at 1440 px
+            browser.get(f"{url}/?pid={pipeline}")
+            readable_view(browser, f"kedro_viz_readable_{pipeline}")
+        # a choice the user made stays: the minimap turned on is on at the next visit
+        browser.execute_script(
+            "const s = JSON.parse(localStorage.getItem('KedroViz')); s.visible.miniMap = true;"
+            "localStorage.setItem('KedroViz', JSON.stringify(s));"
+        )
+        browser.get(f"{url}/?pid=dim_reduce")
+        assert readable_view(browser, "kedro_viz_readable_minimap_kept")["minimap_button"] == "Turn minimap off"
 
 
 def test_mlflow_ui_shows_the_run_and_its_metrics(filled_project, mlflow_ui, browser):

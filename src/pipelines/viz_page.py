@@ -1,0 +1,132 @@
+"""The script this project puts first in kedro-viz's page (the page ``kedro viz run`` serves and the one ``kedro viz
+build`` writes; ``cli.quiet_start`` installs it): a first visit opens every pipeline readable.
+
+kedro-viz 12.5 keeps its view preferences in the browser's localStorage key ``KedroViz`` (``orientation``,
+``visible.miniMap``, ``visible.sidebar``, ``showFeatureHints``, ``expandAllPipelines``, …: its store writes them on
+every change and merges them over its defaults when the page loads) and no zoom: it fits the whole graph into the
+window, so dim_reduce opened at 38 % (labels of 14 px drawn 5 px high), the minimap covered its lower-left nodes and
+its rightmost label was cut off. The script
+
+- sets the preferences the user has not set yet: no first-visit feature tour, the graph laid out left to right
+  (``orientation: horizontal``: dim_reduce's nine reporting datasets then stack in one column instead of a row 2,600
+  px wide), the minimap and the sidebar closed (the graph gets the window's width; the toolbar's first button opens
+  the sidebar); a choice the user made, kept by kedro-viz in the same key, stays;
+- zooms each pipeline as it opens (on load, or another pipeline chosen) to the whole graph fitted to the width left
+  by the sidebar, measured on the drawn labels, but never below ``LABEL_PX`` for the labels: a graph wider than
+  that starts at its left edge (its first nodes) and the rest is a drag away. A box expanded or collapsed, or the
+  reset button, gets kedro-viz's own fit, so the whole changed graph is in view. kedro-viz has no zoom setting; the
+  script reaches its Redux store through ``window.__REDUX_DEVTOOLS_EXTENSION_COMPOSE__``, the hook kedro-viz reads
+  when it creates the store (the Redux DevTools extension's, which it keeps working when installed), and sends the
+  zoom as kedro-viz's own minimap does (``UPDATE_ZOOM``).
+
+tests/ui/test_browser.py measures the drawn label height on dim_reduce and the hidden minimap, so a kedro-viz upgrade
+that renames a key or the store hook fails there.
+"""
+
+from __future__ import annotations
+
+LABEL_PX = 10  # the smallest label height a pipeline opens with, in CSS pixels
+
+PAGE_SCRIPT = (
+    """<script>
+(function () {
+  var key = "KedroViz", state = {};
+  try { state = JSON.parse(window.localStorage.getItem(key)) || {}; } catch (error) {}
+  var visible = state.visible || {};
+  if (!("showFeatureHints" in state)) state.showFeatureHints = false;
+  if (!("orientation" in state)) state.orientation = "horizontal";
+  if (!("miniMap" in visible)) visible.miniMap = false;
+  if (!("sidebar" in visible)) visible.sidebar = false;
+  state.visible = visible;
+  window.localStorage.setItem(key, JSON.stringify(state));
+
+  var LABEL_PX = """
+    + str(LABEL_PX)
+    + """, MARGIN_PX = 16, FRAMES_TO_FIT = 120;
+  var devtools = window.__REDUX_DEVTOOLS_EXTENSION_COMPOSE__;
+  window.__REDUX_DEVTOOLS_EXTENSION_COMPOSE__ = function () {
+    var enhancers = Array.prototype.slice.call(arguments);
+    var enhance = devtools ? devtools.apply(null, enhancers) : function (create) {
+      return enhancers.reduceRight(function (made, enhancer) { return enhancer(made); }, create);
+    };
+    return function (create) {
+      return function () {
+        var store = enhance(create).apply(null, arguments);
+        zoomEachOpenedPipeline(store);
+        return store;
+      };
+    };
+  };
+
+  // After kedro-viz has fitted a new layout (its zoom changed and no transition runs), once per pipeline opened and
+  // again when the same nodes are laid out anew (labels measured, orientation, sidebar, window size).
+  function zoomEachOpenedPipeline(store) {
+    var seen = {}, zoomed = {}, pending = null;
+    store.subscribe(function () {
+      var now = store.getState(), nodes = now.graph.nodes || [];
+      // by value: kedro-viz replaces the graph object when a node is clicked, with the same layout
+      var view = {
+        layout: nodes.map(function (node) { return [node.id, node.x, node.y].join(":"); }).join(),
+        sidebar: now.visible.sidebar,
+        size: [now.chartSize.width, now.chartSize.height].join(),
+        pipeline: now.pipeline.active,
+        nodes: nodes.map(function (node) { return node.id; }).sort().join(),
+      };
+      if (view.layout === seen.layout && view.sidebar === seen.sidebar && view.size === seen.size) return;
+      seen = view;
+      if (!nodes.length || (view.pipeline === zoomed.pipeline && view.nodes !== zoomed.nodes)) {
+        pending = null;
+        return;
+      }
+      if (pending === null) window.requestAnimationFrame(settle);
+      pending = {view: view, zoom: now.zoom, frames: 0};
+    });
+    function settle() {
+      if (pending === null) return;
+      var svg = document.querySelector("svg.pipeline-flowchart__graph"), wrapper = svg && svg.querySelector("g");
+      var fitted = store.getState().zoom !== pending.zoom || ++pending.frames > FRAMES_TO_FIT;
+      if (!wrapper || !fitted || wrapper.classList.contains("pipeline-flowchart__zoom-wrapper--animating")) {
+        window.requestAnimationFrame(settle);
+        return;
+      }
+      zoomed = pending.view;
+      pending = null;
+      zoomToRead(store, svg);
+    }
+  }
+
+  function zoomToRead(store, svg) {
+    var nodes = svg.querySelector("g.pipeline-flowchart__nodes"), label = svg.querySelector("g.pipeline-node text");
+    if (!nodes || !label) return;
+    var box = nodes.getBBox(), font = parseFloat(window.getComputedStyle(label).fontSize);
+    var sidebar = document.querySelector(".pipeline-sidebar");
+    var left = sidebar ? sidebar.getBoundingClientRect().right - svg.getBoundingClientRect().left : 0;
+    var width = svg.clientWidth - left - 2 * MARGIN_PX, height = svg.clientHeight - 2 * MARGIN_PX;
+    var fit = Math.min(width / box.width, height / box.height);
+    // a thousandth above the floor: the label's drawn height is then LABEL_PX or more after rounding
+    var scale = Math.min(Math.max(fit, (1.001 * LABEL_PX) / font), store.getState().zoom.maxScale || 2);
+    var x = left + MARGIN_PX + Math.max(0, (width - box.width * scale) / 2);
+    var y = MARGIN_PX + Math.max(0, (height - box.height * scale) / 2);
+    svg.setAttribute("data-page-script-zoom", scale);  // the zoom it asked for: tests/ui/test_browser.py waits on it
+    // kedro-viz's zoom action centres the point (x / scale, y / scale) of the graph: the one that puts the box there
+    store.dispatch({
+      type: "UPDATE_ZOOM",
+      zoom: {
+        scale: scale,
+        x: svg.clientWidth / 2 - (x - box.x * scale),
+        y: svg.clientHeight / 2 - (y - box.y * scale),
+        applied: false,
+        transition: false,
+        relative: false,
+      },
+    });
+  }
+})();
+</script>
+"""
+)
+
+
+def with_page_script(html: str) -> str:
+    """kedro-viz's page ``html`` with ``PAGE_SCRIPT`` first in its head, before its own scripts."""
+    return html.replace("<head>", "<head>\n" + PAGE_SCRIPT, 1) if PAGE_SCRIPT not in html else html
