@@ -102,17 +102,17 @@ def prepared_text(conf, saved: Path):
         columns = {f"train.{k}": v for k, v in context.train_examples.items()}
         columns |= {f"held_out.{k}": v for k, v in context.held_out_examples.items()}
         saved.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(saved, vocab_size=context.vocab_size, **columns)
+        np.savez(saved, vocabulary=np.array(context.vocabulary), **columns)
     with np.load(saved) as arrays:
         split = {
             part: {k.split(".", 1)[1]: arrays[k] for k in arrays if k.startswith(part + ".")}
             for part in ("train", "held_out")
         }
-        vocab_size = int(arrays["vocab_size"])
+        vocabulary = tuple(arrays["vocabulary"].tolist())
     return LanguageModelContext(
         split["train"],
         split["held_out"],
-        vocab_size,
+        vocabulary,
         bert.network,
         bert.eval_batch_size,
         bert.step_eval_examples,

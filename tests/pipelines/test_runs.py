@@ -14,6 +14,7 @@ from pathlib import Path
 
 import mindspore
 import mlflow
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -34,6 +35,7 @@ from trainlib.metrics import (
     VAL_TOP1,
 )
 from trainlib.recipes.language_model import COLLAPSED, MOST_FREQUENT_TOKEN_ACCURACY
+from trainlib.text.tokenizer import pieces, tokenizer_from_json
 
 CLASSES = ("cat", "dog", "fox")
 
@@ -403,7 +405,11 @@ def test_thor_bert_pipeline(workspace):
     assert examples["input_ids"].shape[1] == 32 and examples["masked_lm_ids"].shape[1] == 5
     comparison = outputs["thor_bert.comparison.comparison"].set_index("training")
     assert list(comparison.index)[:2] == ["thor", "control"]
-    assert comparison.index[2].startswith("most frequent token (")
+    assert list(comparison["optimizer"][:2]) == ["THOR", "AdamWeightDecay"]  # named by optimizer
+    # the token by its text and id, as the collapse warning names it
+    vocabulary = pieces(tokenizer_from_json(outputs["thor_bert.tokenizer.tokenizer"]))
+    token_id = int(np.bincount(examples["masked_lm_ids"][examples["masked_lm_weights"] > 0]).argmax())
+    assert comparison.index[2] == f"most frequent token {vocabulary[token_id]!r} (id {token_id})"
     most_frequent = comparison["mlm_accuracy"].iloc[2]  # always the most frequent train target, on the held-out
     assert 0 < most_frequent < 1
     for training in ("thor", "control"):

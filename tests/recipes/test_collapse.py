@@ -5,21 +5,24 @@ beside both trainings."""
 from __future__ import annotations
 
 import logging
+import typing
 from types import SimpleNamespace
 
 import pytest
 
 from trainlib.metrics import STEP_KEY, VAL_MLM_ACCURACY, VAL_STEP_MLM_ACCURACY
+from trainlib.params import BertControlTraining
 from trainlib.recipes.language_model import (
     COLLAPSE_STEP,
     COLLAPSED,
     MOST_FREQUENT_TOKEN_ACCURACY,
     CollapseWatch,
     compare_trainings,
+    control_optimizer,
 )
 from trainlib.text.examples import MostFrequentToken
 
-MOST_FREQUENT = MostFrequentToken(token_id=11, accuracy=0.05, subset_accuracy=0.06)
+MOST_FREQUENT = MostFrequentToken(token_id=11, token="the", accuracy=0.05, subset_accuracy=0.06)
 
 
 def watch_over(epoch_accuracies, step_accuracies, steps_per_epoch=100) -> tuple[CollapseWatch, list[dict]]:
@@ -46,8 +49,8 @@ def test_a_training_back_at_the_most_frequent_token_accuracy_is_collapsed_since_
     with caplog.at_level(logging.WARNING):
         watch.on_train_end()
     assert (
-        "thor_bert thor collapsed: its held-out masked-LM accuracy has been at most 0.5 points above the most "
-        "frequent token's accuracy (5.00%, always token 11) since step 150" in caplog.text
+        "thor_bert thor collapsed: its held-out masked-LM accuracy has been at most 0.5 points above always "
+        "predicting the most frequent token 'the' (id 11), 5.00%, since step 150" in caplog.text
     )
 
 
@@ -73,18 +76,33 @@ def test_a_resumed_training_counts_the_evaluations_of_its_earlier_epochs():
     assert watch.epoch_metrics(1)[COLLAPSE_STEP] == 100.0
 
 
-def test_the_comparison_prints_and_tabulates_the_most_frequent_token_accuracy_beside_both_trainings(caplog):
+@pytest.mark.parametrize(("optimizer", "name"), [("adamweightdecay", "AdamWeightDecay"), ("lamb", "Lamb")])
+def test_the_comparison_names_the_trainings_by_optimizer_and_the_token_by_its_text_and_says_it_is_one_run(
+    caplog, optimizer, name
+):
     def report(accuracy):
         return {"mlm_accuracy": accuracy, "mlm_loss": 6.0, "nsp_accuracy": 0.5, "examples": 300}
 
-    sections = SimpleNamespace(epochs=2, optimizer="adamweightdecay")
+    thor, control = SimpleNamespace(epochs=1), SimpleNamespace(epochs=2, optimizer=optimizer)
     with caplog.at_level(logging.INFO):
-        table = compare_trainings(report(0.052), report(0.2), sections, sections, MOST_FREQUENT, "the")
-    assert list(table["training"]) == ["thor", "control", "most frequent token (the)"]
+        table = compare_trainings(report(0.052), report(0.2), thor, control, MOST_FREQUENT, seed=42)
+    assert list(table["training"]) == ["thor", "control", "most frequent token 'the' (id 11)"]
+    assert list(table["optimizer"][:2]) == ["THOR", name]
     assert list(table["mlm_accuracy"]) == [0.052, 0.2, 0.05]
     assert list(table["collapsed"][:2]) == [True, False]
+    assert list(table["seed"][:2]) == [42, 42]
     assert (
-        "THOR 5.20% (2 epochs), adamweightdecay control 20.00% (2 epochs), most frequent token 5.00% (always 'the'); "
-        "THOR - control -14.80 points, on 300 held-out examples; collapsed to the most frequent token's accuracy: thor"
+        f"THOR 5.20% (1 epoch), {name} (control) 20.00% (2 epochs), most frequent token 'the' (id 11) 5.00%; "
+        f"THOR - {name} -14.80 points on 300 held-out examples; collapsed to the most frequent token's accuracy: "
+        "THOR. One run each (seed 42): no interval; the study trains both over seeds for one (kedro run "
+        '--pipelines=study --params="study.recipes=[thor_bert]", docs/study.md)'
     ) in caplog.text
     assert table["mlm_accuracy_minus_control"].iloc[0] == pytest.approx(-0.148)
+
+
+def test_every_control_optimizer_the_parameters_offer_has_its_mindspore_class():
+    choices = typing.get_args(BertControlTraining.model_fields["optimizer"].annotation)
+    assert {choice: control_optimizer(SimpleNamespace(optimizer=choice)).__name__ for choice in choices} == {
+        "adamweightdecay": "AdamWeightDecay",
+        "lamb": "Lamb",
+    }

@@ -148,8 +148,10 @@ def test_most_frequent_token_accuracy_predicts_the_most_frequent_train_target_an
     # token 7 is the train targets' most frequent (the padding's 0s, weight 0, more frequent still, do not count)
     train = predictions([[7, 7, 9, 0, 0, 0], [7, 9, 5, 0, 0, 0]], [[1, 1, 1, 0, 0, 0], [1, 1, 1, 0, 0, 0]])
     held_out = predictions([[7, 9, 0], [5, 5, 7], [7, 7, 7]], [[1, 1, 0], [1, 1, 1], [1, 1, 0]])
-    most_frequent = most_frequent_token_accuracy(train, held_out, subset=2)
-    assert most_frequent.token_id == 7
+    vocabulary = [f"piece{i}" for i in range(10)]
+    vocabulary[7] = "the"
+    most_frequent = most_frequent_token_accuracy(train, held_out, vocabulary, subset=2)
+    assert (most_frequent.token_id, most_frequent.token, most_frequent.label) == (7, "the", "'the' (id 7)")
     assert most_frequent.accuracy == pytest.approx(4 / 7)  # of 7 weighted predictions, 4 are 7
     assert most_frequent.subset_accuracy == pytest.approx(2 / 5)  # the first two examples' 5 predictions
-    assert most_frequent_token_accuracy(train, held_out).subset_accuracy == pytest.approx(4 / 7)
+    assert most_frequent_token_accuracy(train, held_out, vocabulary).subset_accuracy == pytest.approx(4 / 7)

@@ -12,6 +12,7 @@ from trainlib.text.tokenizer import (
     PAD_ID,
     SEP_ID,
     UNK_ID,
+    pieces,
     tokenizer_from_json,
     tokenizer_to_json,
     train_wordpiece,
@@ -22,6 +23,13 @@ def test_special_tokens_have_fixed_ids(tokenizer):
     ids = [tokenizer.token_to_id(token) for token in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")]
     assert ids == [PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID] == [0, 1, 2, 3, 4]
     assert 1000 < tokenizer.get_vocab_size() <= 2000
+
+
+def test_pieces_are_the_vocabulary_by_id(tokenizer):
+    vocabulary = pieces(tokenizer)
+    assert len(vocabulary) == tokenizer.get_vocab_size()
+    assert vocabulary[:5] == ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+    assert all(tokenizer.id_to_token(i) == piece for i, piece in enumerate(vocabulary))
 
 
 def test_train_sentences_become_known_pieces(tokenizer, train_documents):

@@ -37,7 +37,7 @@ from trainlib.recipes.thor_bert import train_bert
 from trainlib.text import pretraining
 from trainlib.text.corpus import documents_from_table, documents_table
 from trainlib.text.examples import most_frequent_token_accuracy
-from trainlib.text.tokenizer import tokenizer_from_json, tokenizer_to_json
+from trainlib.text.tokenizer import pieces, tokenizer_from_json, tokenizer_to_json
 
 logger = logging.getLogger(__name__)
 
@@ -92,11 +92,11 @@ def language_context(
     runtime: RuntimeParams,
     distributed: DistributedParams,
 ) -> LanguageModelContext:
-    """What the training's nodes read besides their own section: the examples, the tokenizer's vocabulary size and
-    the shared sections, in one value (``LanguageModelContext``)."""
-    vocab_size = tokenizer_from_json(tokenizer).get_vocab_size()
+    """What the training's nodes read besides their own section: the examples, the tokenizer's pieces and the shared
+    sections, in one value (``LanguageModelContext``)."""
+    vocabulary = pieces(tokenizer_from_json(tokenizer))
     sections = (network, eval_batch_size, step_eval_examples, runtime, distributed)
-    return LanguageModelContext(train_examples, held_out_examples, vocab_size, *sections)
+    return LanguageModelContext(train_examples, held_out_examples, vocabulary, *sections)
 
 
 def train(
@@ -130,12 +130,14 @@ def compare(
     train_examples: dict[str, np.ndarray],
     held_out_examples: dict[str, np.ndarray],
     tokenizer: str,
+    runtime: RuntimeParams,
 ) -> pd.DataFrame:
-    """One row per training and one for the most frequent token (``recipes.language_model.compare_trainings``);
-    THOR's gain over the control and the most frequent token's accuracy go to the run."""
-    most_frequent = most_frequent_token_accuracy(train_examples, held_out_examples)
-    token = tokenizer_from_json(tokenizer).id_to_token(most_frequent.token_id)
-    table = compare_trainings(thor_report, control_report, thor, control, most_frequent, token)
+    """One row per training, named by optimizer, and one for the most frequent token
+    (``recipes.language_model.compare_trainings``; both trainings' seed ``runtime.seed``); THOR's gain over the
+    control and the most frequent token's accuracy go to the run."""
+    vocabulary = pieces(tokenizer_from_json(tokenizer))
+    most_frequent = most_frequent_token_accuracy(train_examples, held_out_examples, vocabulary)
+    table = compare_trainings(thor_report, control_report, thor, control, most_frequent, runtime.seed)
     tracking.log_metrics(
         {
             THOR_MINUS_CONTROL_MLM: float(table["mlm_accuracy_minus_control"].iloc[0]),

@@ -125,6 +125,7 @@ def create_pipeline(**kwargs) -> Pipeline:
                     "train_examples",
                     "held_out_examples",
                     "tokenizer",
+                    "params:runtime",
                 ],
                 "comparison",
                 name="compare",

@@ -38,17 +38,22 @@ class TrainingContext:
 @dataclass(frozen=True)
 class LanguageModelContext:
     """What every BERT training reads besides its own section: the train and held-out examples (column name ->
-    array, ``text.examples.COLUMNS``), the vocabulary size, the network section, runtime and distributed. Frozen; a
-    training on another seed makes its own copy (``with_seed``)."""
+    array, ``text.examples.COLUMNS``), the tokenizer's pieces (each at its id: the size of the network's vocabulary,
+    and the text a log names a token by), the network section, runtime and distributed. Frozen; a training on
+    another seed makes its own copy (``with_seed``)."""
 
     train_examples: dict[str, np.ndarray]
     held_out_examples: dict[str, np.ndarray]
-    vocab_size: int
+    vocabulary: tuple[str, ...]
     network: BertNetworkParams
     eval_batch_size: int
     step_eval_examples: int | None
     runtime: RuntimeParams
     distributed: DistributedParams
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocabulary)
 
     def with_seed(self, seed: int) -> LanguageModelContext:
         """The same training with ``runtime.seed`` ``seed`` (initial weights, data order)."""

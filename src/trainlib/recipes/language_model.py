@@ -13,15 +13,16 @@ from trainlib.engine.state import capture_state, restore_network
 from trainlib.metrics import STEP_KEY, VAL_MLM_ACCURACY, VAL_STEP_MLM_ACCURACY
 from trainlib.models.bert import BertConfig, create_bert, mlm_metrics
 from trainlib.models.resnet import count_parameters
-from trainlib.params import BertNetworkParams, DistributedParams, RuntimeParams, ThorBertParams
+from trainlib.params import BertControlTraining, BertNetworkParams, DistributedParams, RuntimeParams, ThorBertParams
 from trainlib.predict.export import ExportedModel, export_fill_mask
 from trainlib.predict.fill_mask import masked_text
+from trainlib.readable import counted
 from trainlib.recipes.classifier import configure
 from trainlib.recipes.context import LanguageModelContext
 from trainlib.text.dataset import create_text_dataset
 from trainlib.text.examples import MostFrequentToken
 from trainlib.text.pretraining import fit_tokenizer, pretraining_examples, split_corpus
-from trainlib.text.tokenizer import tokenizer_from_json
+from trainlib.text.tokenizer import pieces, tokenizer_from_json
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def prepare_language_model(
     return LanguageModelContext(
         pretraining_examples(train_documents, tokenizer, thor_bert.examples),
         pretraining_examples(held_out, tokenizer, thor_bert.examples),
-        tokenizer.get_vocab_size(),
+        pieces(tokenizer),
         thor_bert.network,
         thor_bert.eval_batch_size,
         thor_bert.step_eval_examples,
@@ -117,12 +118,12 @@ class CollapseWatch(Callback):
         since = self.collapse_step()
         if since is not None:
             logger.warning(
-                "%s collapsed: its held-out masked-LM accuracy has been at most %.1f points above the most "
-                "frequent token's accuracy (%.2f%%, always token %d) since step %d",
+                "%s collapsed: its held-out masked-LM accuracy has been at most %.1f points above always predicting "
+                "the most frequent token %s, %.2f%%, since step %d",
                 self.label,
                 100 * COLLAPSE_MARGIN,
+                self.most_frequent.label,
                 100 * self.most_frequent.accuracy,
-                self.most_frequent.token_id,
                 since,
             )
 
@@ -204,14 +205,29 @@ def export_bert(
     )
 
 
+def control_optimizer(control: BertControlTraining) -> type:
+    """The MindSpore optimizer class ``control.optimizer`` names (``adamweightdecay``: ``nn.AdamWeightDecay``,
+    ``lamb``: ``nn.Lamb``): what the control trains with, and its name in the comparison."""
+    from mindspore import nn
+
+    return {optimizer.__name__.lower(): optimizer for optimizer in (nn.AdamWeightDecay, nn.Lamb)}[control.optimizer]
+
+
 def compare_trainings(
-    thor_report: dict, control_report: dict, thor, control, most_frequent: MostFrequentToken, token: str
-):
-    """One row per training of ``thor`` and ``control`` (their sections), then the most frequent token's (always
-    ``token``): held-out masked-LM accuracy and loss, next-sentence accuracy, epochs, the difference to the
-    control, and whether the training collapsed (its final accuracy at the most frequent token's); the log gives
-    all three accuracies."""
+    thor_report: dict,
+    control_report: dict,
+    thor,
+    control: BertControlTraining,
+    most_frequent: MostFrequentToken,
+    seed: int,
+) -> pd.DataFrame:
+    """One row per training of ``thor`` and ``control`` (their sections), named by optimizer (``THOR``, the
+    control's ``AdamWeightDecay`` or ``Lamb``), then the most frequent token's: held-out masked-LM accuracy and
+    loss, next-sentence accuracy, epochs, the seed, the difference to the control, and whether the training
+    collapsed (its final accuracy at the most frequent token's). The log's closing line gives all three accuracies
+    and says that one run of each has no interval: the study trains them over seeds for one."""
     reports = {"thor": thor_report, "control": control_report}
+    optimizers = {"thor": "THOR", "control": control_optimizer(control).__name__}
     budgets = {"thor": thor.epochs, "control": control.epochs}
     collapsed = [
         name
@@ -220,14 +236,14 @@ def compare_trainings(
     ]
     table = pd.DataFrame(
         [
-            {"training": name, "epochs": budgets[name]}
+            {"training": name, "optimizer": optimizers[name], "epochs": budgets[name], "seed": seed}
             | {key: report[key] for key in ("mlm_accuracy", "mlm_loss", "nsp_accuracy", "examples")}
             | {"collapsed": name in collapsed}
             for name, report in reports.items()
         ]
         + [
             {
-                "training": f"most frequent token ({token})",
+                "training": f"most frequent token {most_frequent.label}",
                 "mlm_accuracy": most_frequent.accuracy,
                 "examples": thor_report["examples"],
             }
@@ -235,17 +251,23 @@ def compare_trainings(
     )
     table["mlm_accuracy_minus_control"] = table["mlm_accuracy"] - control_report["mlm_accuracy"]
     logger.info(
-        "thor_bert: held-out masked-LM accuracy THOR %.2f%% (%d epochs), %s control %.2f%% (%d epochs), most frequent "
-        "token %.2f%% (always %r); THOR - control %+.2f points, on %d held-out examples%s",
+        "thor_bert: held-out masked-LM accuracy THOR %.2f%% (%s), %s (control) %.2f%% (%s), most frequent token %s "
+        "%.2f%%; THOR - %s %+.2f points on %d held-out examples%s. One run each (seed %d): no interval; the study "
+        'trains both over seeds for one (kedro run --pipelines=study --params="study.recipes=[thor_bert]", '
+        "docs/study.md)",
         100 * thor_report["mlm_accuracy"],
-        budgets["thor"],
-        control.optimizer,
+        counted(budgets["thor"], "epoch"),
+        optimizers["control"],
         100 * control_report["mlm_accuracy"],
-        budgets["control"],
+        counted(budgets["control"], "epoch"),
+        most_frequent.label,
         100 * most_frequent.accuracy,
-        token,
+        optimizers["control"],
         100 * (thor_report["mlm_accuracy"] - control_report["mlm_accuracy"]),
         thor_report["examples"],
-        f"; collapsed to the most frequent token's accuracy: {', '.join(collapsed)}" if collapsed else "",
+        f"; collapsed to the most frequent token's accuracy: {', '.join(optimizers[name] for name in collapsed)}"
+        if collapsed
+        else "",
+        seed,
     )
     return table

@@ -46,7 +46,13 @@ from trainlib.optim.thor.step import ThorStep, create_thor_step
 from trainlib.params import BertControlTraining, BertThorTraining
 from trainlib.recipes.classifier import configure
 from trainlib.recipes.context import LanguageModelContext
-from trainlib.recipes.language_model import NETWORK_NAME, CollapseWatch, bert_from_checkpoint, held_out_dataset
+from trainlib.recipes.language_model import (
+    NETWORK_NAME,
+    CollapseWatch,
+    bert_from_checkpoint,
+    control_optimizer,
+    held_out_dataset,
+)
 from trainlib.recipes.thor import OwnThorStep, ThorFigures, thor_schedules, thor_step_settings
 from trainlib.text.dataset import create_text_dataset
 from trainlib.text.examples import most_frequent_token_accuracy
@@ -108,7 +114,7 @@ def _train(
         return make_step(net, steps_per_epoch)
 
     most_frequent = most_frequent_token_accuracy(
-        context.train_examples, context.held_out_examples, subset=context.step_eval_examples
+        context.train_examples, context.held_out_examples, context.vocabulary, subset=context.step_eval_examples
     )
     watch = CollapseWatch(most_frequent, f"thor_bert {name}")
     result = train(
@@ -179,12 +185,12 @@ def train_bert_control(
 ) -> TrainingResult:
     """The first-order control (AdamWeightDecay or Lamb, warm-up polynomial lr) from ``start`` for
     ``control.epochs`` epochs, resuming this training's newest checkpoint in ``control.checkpoint.dir``."""
-    from mindspore import Tensor, nn
+    from mindspore import Tensor
 
     def make_step(net: BertPreTraining, steps_per_epoch: int) -> TrainStep:
         lr_per_step = per_step(control.lr, epochs=control.epochs, steps_per_epoch=steps_per_epoch)
         groups = decay_groups(net, control.weight_decay, decays_unless_layernorm_or_bias)
-        optimizer_class = {"adamweightdecay": nn.AdamWeightDecay, "lamb": nn.Lamb}[control.optimizer]
+        optimizer_class = control_optimizer(control)
         optimizer = optimizer_class(groups, learning_rate=Tensor(lr_per_step), eps=control.eps)
         gradients = UnscaledGradients(
             BertNetworkWithLoss(net), optimizer.parameters, control.loss_scale, context.distributed.worker_num

@@ -13,6 +13,7 @@ masked (no whole-word masking). All examples are shuffled at the end.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -228,13 +229,19 @@ def create_pretraining_examples(
 
 @dataclass(frozen=True)
 class MostFrequentToken:
-    """Always predicting the train examples' most frequent masked token (``token_id``): its masked-LM accuracy on
-    the held-out examples (``accuracy``), and on the first ``subset`` of them (``subset_accuracy``), the floor a
-    masked-LM accuracy is read against."""
+    """Always predicting the train examples' most frequent masked token (``token``, id ``token_id``): its masked-LM
+    accuracy on the held-out examples (``accuracy``), and on the first ``subset`` of them (``subset_accuracy``), the
+    floor a masked-LM accuracy is read against."""
 
     token_id: int
+    token: str
     accuracy: float
     subset_accuracy: float
+
+    @property
+    def label(self) -> str:
+        """How a log names the token: ``'the' (id 1844)``, its text first, its id to find it in the examples."""
+        return f"{self.token!r} (id {self.token_id})"
 
 
 def _hits(examples: dict[str, np.ndarray], token_id: int) -> float:
@@ -243,12 +250,17 @@ def _hits(examples: dict[str, np.ndarray], token_id: int) -> float:
 
 
 def most_frequent_token_accuracy(
-    train: dict[str, np.ndarray], held_out: dict[str, np.ndarray], *, subset: int | None = None
+    train: dict[str, np.ndarray],
+    held_out: dict[str, np.ndarray],
+    vocabulary: Sequence[str],
+    *,
+    subset: int | None = None,
 ) -> MostFrequentToken:
     """The held-out masked-LM accuracy of always predicting the most frequent masked token of ``train`` (ties: the
-    smaller id), weighted as ``models.bert.mlm_metrics`` weighs predictions; ``subset``: also on the first
-    ``subset`` held-out examples (the step evaluation's; None: all)."""
+    smaller id; its text from ``vocabulary``, the tokenizer's pieces by id), weighted as ``models.bert.mlm_metrics``
+    weighs predictions; ``subset``: also on the first ``subset`` held-out examples (the step evaluation's; None:
+    all)."""
     ids = train["masked_lm_ids"][train["masked_lm_weights"] > 0]
     token_id = int(np.bincount(ids.ravel()).argmax())
     first = held_out if subset is None else {name: column[:subset] for name, column in held_out.items()}
-    return MostFrequentToken(token_id, _hits(held_out, token_id), _hits(first, token_id))
+    return MostFrequentToken(token_id, vocabulary[token_id], _hits(held_out, token_id), _hits(first, token_id))

@@ -28,6 +28,7 @@ __all__ = [
     "SPECIAL_TOKENS",
     "UNK_ID",
     "check_special_tokens",
+    "pieces",
     "tokenizer_from_json",
     "tokenizer_to_json",
     "train_wordpiece",
@@ -59,6 +60,12 @@ def train_wordpiece(documents: list[Document], *, vocab_size: int, min_frequency
     tokenizer.model = models.WordPiece({piece: i for i, piece in enumerate(pieces)}, unk_token="[UNK]")
     check_special_tokens(tokenizer)
     return tokenizer
+
+
+def pieces(tokenizer: Tokenizer) -> tuple[str, ...]:
+    """The tokenizer's vocabulary, each piece at its id: ``pieces(t)[1844]`` is ``'the'``."""
+    vocabulary = tokenizer.get_vocab()
+    return tuple(sorted(vocabulary, key=vocabulary.__getitem__))
 
 
 def tokenizer_to_json(tokenizer: Tokenizer) -> str:
