@@ -37,10 +37,10 @@ def run_trial(study: optuna.Study, curve: list[float]) -> tuple[str, int]:
     return "COMPLETE", step
 
 
-# where each pruner stops the three trailing trials: median and successive halving at the first step evaluation;
-# Hyperband at its bracket's first rung, 20, 60 or 180 steps (brackets 0, 1, 2 of floor(log3(460 / 20)) + 1 = 3:
-# trials 6, 7, 8 of study/baseline fall in brackets 1, 0, 2)
-PRUNED_AT = {"median": [20, 20, 20], "successive_halving": [20, 20, 20], "hyperband": [60, 20, 180]}
+# where each pruner stops the three trailing trials: median at the first step evaluation; successive halving at its
+# first rung, 460 // 9 + 1 = 52 steps (the evaluation at 60); Hyperband at its bracket's first rung, 20, 60 or 180
+# steps (brackets 0, 1, 2 of floor(log3(460 / 20)) + 1 = 3: trials 6, 7, 8 of study/baseline fall in 1, 0, 2)
+PRUNED_AT = {"median": [20, 20, 20], "successive_halving": [60, 60, 60], "hyperband": [60, 20, 180]}
 
 
 @pytest.mark.parametrize("pruner", sorted(PRUNED_AT))
@@ -59,6 +59,16 @@ def test_a_trial_that_trails_is_stopped_early_and_the_leaders_run_to_the_end(pru
     trailing = [run_trial(study, [0.1] * len(STEPS)) for _ in range(3)]
     assert trailing == [("PRUNED", step) for step in PRUNED_AT[pruner]]
     assert run_trial(study, accuracies(0.85)) == ("COMPLETE", STEPS[-1])
+
+
+def test_successive_halving_judges_within_the_first_third_of_a_training_only():
+    """Its rungs are at 52 and 156 steps of 460: a trial that trails only after that trains to the end (stopping
+    it then would save little and lose a finished trial), and nothing is pruned before a trial completes."""
+    study = optuna.create_study(direction="minimize", pruner=create_pruner("successive_halving", eval_every_steps=20))
+    late_fall = [top1 if step <= 160 else 0.1 for step, top1 in zip(STEPS, accuracies(0.9), strict=True)]
+    assert run_trial(study, [0.1] * len(STEPS)) == ("COMPLETE", STEPS[-1])  # the first: no training length yet
+    assert run_trial(study, accuracies(0.8)) == ("COMPLETE", STEPS[-1])
+    assert run_trial(study, late_fall) == ("COMPLETE", STEPS[-1])
 
 
 def test_without_a_pruner_every_trial_runs_to_the_end():

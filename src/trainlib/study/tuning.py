@@ -525,21 +525,45 @@ def _sampler(tuning: TuningParams) -> optuna.samplers.BaseSampler:
 
 def create_pruner(pruner: str, *, eval_every_steps: int) -> optuna.pruners.BasePruner:
     """The Optuna pruner ``study.tuning.pruner`` names. A trial reports each step evaluation's error at its step
-    (``_Pruning``: steps ``eval_every_steps``, twice that, ...), so a resource is a number of training steps.
-    ``successive_halving`` (asynchronous, Li et al. 2018): rungs at ``eval_every_steps * 3^k`` steps, where a trial goes
-    on only if its error is among the best third of the trials that reached that rung (the first trial always does).
-    ``hyperband``: brackets of such rungs starting ever later, up to the steps of the first completed trial (every
-    trial of a study trains the same steps); each trial falls in one bracket, and Optuna's sampler then learns from
-    that bracket's trials only (docs/study.md, Pruners)."""
+    (``_Pruning``: steps ``eval_every_steps``, twice that, ..., and the training's last step), so a resource is a
+    number of training steps, and every trial of a study trains the same steps. ``successive_halving``:
+    ``SuccessiveHalving`` (rungs at a ninth and a third of a training). ``hyperband``: Optuna's brackets of such rungs,
+    the first from the first step evaluation on, up to the steps of the first completed trial; each trial falls in one
+    bracket, and Optuna's sampler then learns from that bracket's trials only (docs/study.md#pruners)."""
     if pruner == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=2)
     if pruner == "successive_halving":
-        return optuna.pruners.SuccessiveHalvingPruner(min_resource=eval_every_steps, reduction_factor=REDUCTION_FACTOR)
+        return SuccessiveHalving()
     if pruner == "hyperband":
         return optuna.pruners.HyperbandPruner(
             min_resource=eval_every_steps, max_resource="auto", reduction_factor=REDUCTION_FACTOR
         )
     return optuna.pruners.NopPruner()
+
+
+class SuccessiveHalving(optuna.pruners.BasePruner):
+    """Optuna's (asynchronous) ``SuccessiveHalvingPruner`` with reduction factor 3 and its rungs inside a training:
+    at ``r`` and ``3 r`` steps with ``r = total // 9 + 1``, ``total`` the steps of the first completed trial (the
+    study's training length, as Hyperband's ``max_resource: auto`` reads it). At each rung a trial goes on only if its
+    error is among the best third of the trials that reached that rung so far (the first to reach it does). So a
+    trial is judged after a ninth of a training, when the curves have parted (the first step evaluation, 4 % of the
+    default study's, is noise: every trial near chance), and never at the training's end, where stopping saves
+    nothing and loses a finished trial. Until a trial completes, none is pruned."""
+
+    def __init__(self) -> None:
+        self._pruner: optuna.pruners.SuccessiveHalvingPruner | None = None
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        if self._pruner is None:
+            completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            steps = [t.last_step for t in completed if t.last_step is not None]
+            if not steps:
+                return False
+            first_rung = max(steps) // REDUCTION_FACTOR**2 + 1
+            self._pruner = optuna.pruners.SuccessiveHalvingPruner(
+                min_resource=first_rung, reduction_factor=REDUCTION_FACTOR
+            )
+        return self._pruner.prune(study, trial)
 
 
 class TuningStorageError(RuntimeError):
