@@ -9,6 +9,7 @@ from .hooks import (
     CheckpointHooks,
     ConfigurationHooks,
     CredentialHooks,
+    ExperimentHooks,
     MemoryInputHooks,
     MlflowRunHooks,
     ModelHooks,
@@ -27,6 +28,7 @@ configuration = ConfigurationHooks()
 HOOKS = (
     configuration,
     CredentialHooks(),
+    ExperimentHooks(),
     MlflowRunHooks(configuration),
     SignalHooks(),
     CheckpointHooks(),

@@ -6,6 +6,8 @@
 - ``MlflowRunHooks`` (``mlflow_run``): the MLflow run's name and tags, the nodes' parameters as the
   configuration's values, orphaned runs ended KILLED, the hand-off to msrun's rank 0, failure tags, the
   closing links;
+- ``ExperimentHooks`` (``experiment``): a run whose MLflow experiment another machine created at the same moment
+  sets up again and joins it;
 - ``CredentialHooks`` (``credentials``): ``study.tuning.credentials`` from conf/local/credentials.yml into the
   environment, each value masked wherever the run records text;
 - ``SignalHooks`` (``signals``): SIGINT and SIGTERM stop the run in order (``trainlib.signals``);
@@ -29,6 +31,7 @@ from pipelines.hooks.checkpoints import CheckpointHooks
 from pipelines.hooks.configuration import ConfigurationHooks, RunConfiguration
 from pipelines.hooks.credentials import CredentialHooks
 from pipelines.hooks.errors import NodeErrorHooks
+from pipelines.hooks.experiment import ExperimentHooks
 from pipelines.hooks.memory_inputs import MemoryInputHooks
 from pipelines.hooks.mlflow_run import MlflowRunHooks
 from pipelines.hooks.models import ModelHooks
@@ -40,6 +43,7 @@ __all__ = [
     "CheckpointHooks",
     "ConfigurationHooks",
     "CredentialHooks",
+    "ExperimentHooks",
     "MemoryInputHooks",
     "MlflowRunHooks",
     "ModelHooks",

@@ -13,6 +13,7 @@ import socket
 
 import mlflow
 from mlflow.entities import RunStatus
+from mlflow.exceptions import MlflowException
 
 from trainlib.engine.runtime import describe_machine
 from trainlib.processes import process_alive
@@ -45,6 +46,12 @@ def run_identity() -> dict[str, str]:
     """Where a run runs: its process, so that a later run can find it if the process is killed outright
     (``mark_orphaned_runs_killed``), and its machine (``machine_tags``); every run and child run is tagged so."""
     return {"pid": str(os.getpid()), "host": socket.gethostname(), **machine_tags()}
+
+
+def experiment_created_meanwhile(error: BaseException) -> bool:
+    """Whether ``error`` is the server refusing to create an experiment because another process has just created
+    it (``RESOURCE_ALREADY_EXISTS``)."""
+    return isinstance(error, MlflowException) and error.error_code == "RESOURCE_ALREADY_EXISTS"
 
 
 def mark_orphaned_runs_killed() -> None:
