@@ -10,18 +10,16 @@ data copied to every node. Needs root (``ip netns``); skipped where that is not 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.support.netns import Node, two_hosts
 from tests.support.projects import TINY_PARAMS, kedro, make_project
 from tests.support.trees import write_image_tree
 from trainlib.engine.checkpoint import load_checkpoint
@@ -31,53 +29,6 @@ pytestmark = pytest.mark.slow
 FINAL = "data/06_models/baseline/final.ckpt"
 PORT = 8131
 CHECKPOINTS = {"every_epochs": 1, "keep_last": 2}  # a node killed between two epochs is one behind
-
-
-@dataclass(frozen=True)
-class Node:
-    namespace: str
-    address: str
-
-
-def _ip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
-
-
-@contextmanager
-def two_hosts() -> Iterator[tuple[Node, Node]]:
-    """Two namespaces with a veth pair between them and loopback up; removed afterwards, also on failure."""
-    if shutil.which("ip") is None:
-        reason = "the ip command (Debian package iproute2) is missing"
-    else:
-        tag = f"{os.getpid() % 100000}"
-        nodes = (Node(f"msrun-test{tag}-0", f"10.231.{os.getpid() % 250}.1"), Node(f"msrun-test{tag}-1", ""))
-        nodes = (nodes[0], Node(nodes[1].namespace, nodes[0].address.rsplit(".", 1)[0] + ".2"))
-        made = _ip("netns", "add", nodes[0].namespace)
-        reason = None if made.returncode == 0 else f"ip netns add is not permitted here: {made.stderr.strip()}"
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    try:
-        steps = [
-            ("netns", "add", nodes[1].namespace),
-            ("link", "add", f"veth{tag}a", "type", "veth", "peer", "name", f"veth{tag}b"),
-            ("link", "set", f"veth{tag}a", "netns", nodes[0].namespace),
-            ("link", "set", f"veth{tag}b", "netns", nodes[1].namespace),
-        ]
-        for node, veth in zip(nodes, (f"veth{tag}a", f"veth{tag}b"), strict=True):
-            steps += [
-                ("-n", node.namespace, "addr", "add", f"{node.address}/24", "dev", veth),
-                ("-n", node.namespace, "link", "set", veth, "up"),
-                ("-n", node.namespace, "link", "set", "lo", "up"),
-            ]
-        for step in steps:
-            result = _ip(*step)
-            assert result.returncode == 0, f"ip {' '.join(step)}: {result.stderr}"
-        yield nodes
-    finally:
-        for node in nodes:
-            _ip("netns", "del", node.namespace)  # takes its end of the veth pair with it
 
 
 @pytest.fixture(scope="module")
