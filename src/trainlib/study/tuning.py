@@ -164,7 +164,7 @@ def tune_recipe(
             if not running:
                 break
             if not waiting:
-                logger.info("tuning %s: waiting for %d trials running in other processes", recipe, running)
+                logger.info("tuning %s: waiting for the trials running in other processes (%d)", recipe, running)
                 waiting = True
             # each either ends, or goes stale and its values come back to this loop
             time.sleep(min(tuning.heartbeat_interval, RUNNING_POLL_S))
