@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
@@ -20,6 +21,7 @@ import yaml
 
 from tests.e2e.test_secrets import error_blocks, files_holding
 from tests.support.projects import TINY_PARAMS, kedro, make_project
+from tests.support.servers import TeamServer, basic_auth
 from tests.support.stores import THOR_PARAMS
 from tests.support.trees import write_image_tree
 
@@ -91,18 +93,37 @@ def test_the_password_stays_in_credentials_yml(team_server, team_project):
     assert files_holding(project, password) == []
 
 
-def test_a_wrong_password_is_one_error_naming_the_server_and_leaves_no_run(team_server, tmp_path):
+def rotate_password(server: str, user: str, old: str, new: str) -> None:
+    """The user's own password change, as docs/team.md gives it (MLflow's users REST API, logged in with the old)."""
+    request = urllib.request.Request(
+        f"{server}/api/2.0/mlflow/users/update-password",
+        data=json.dumps({"username": user, "password": new, "current_password": old}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": basic_auth(user, old)},
+        method="PATCH",
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert response.status == 200
+
+
+def test_a_rotated_password_is_one_error_naming_the_server_and_leaves_no_run(team_server, tmp_path):
+    """A teammate's password rotated as docs/team.md says: a project still holding the old one stops with one line
+    and no run; the new one logs in."""
+    old, new = "the-password-before", "the-password-after"
+    TeamServer.with_user(team_server.url, team_server.admin, "carol", old)
+    rotate_password(team_server.url, "carol", old, new)
     with logged_in(team_server.admin):
         client = mlflow.MlflowClient(team_server.url)
         before = {e.experiment_id: len(client.search_runs([e.experiment_id])) for e in client.search_experiments()}
-    project = logged_in_project(tmp_path, team_server.url, (team_server.user[0], "not-the-password"))
+    project = logged_in_project(tmp_path, team_server.url, ("carol", old))
     result = kedro(project, "run")
     assert result.returncode != 0
     error = result.stderr[result.stderr.index("Error:") :]
     assert error_blocks(result.stderr) == 1
-    assert f"The MLflow server {team_server.url} refused the login of user 'alice' (HTTP 401)" in error
+    assert f"The MLflow server {team_server.url} refused the login of user 'carol' (HTTP 401)" in error
     assert "MLFLOW_TRACKING_PASSWORD" in error
-    assert "not-the-password" not in result.stdout + result.stderr
+    assert old not in result.stdout + result.stderr
     with logged_in(team_server.admin):
         after = {e.experiment_id: len(client.search_runs([e.experiment_id])) for e in client.search_experiments()}
     assert after == before
+    with logged_in(("carol", new)):
+        assert mlflow.MlflowClient(team_server.url).search_experiments()

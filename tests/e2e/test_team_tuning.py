@@ -58,9 +58,12 @@ def test_the_study_tunes_on_postgresql_with_the_password_from_credentials_only(t
     assert files_holding(project, password) == []
 
 
-def test_a_wrong_password_is_one_error_line_naming_the_storage(tmp_path, postgres, monkeypatch):
+def test_a_rotated_password_is_one_error_line_naming_the_storage(tmp_path, postgres, monkeypatch):
+    """The role's password rotated as docs/team.md says (ALTER ROLE): a project still holding the old one stops
+    with one line; the new one opens the storage."""
     monkeypatch.delenv("PGPASSWORD", raising=False)
-    postgres.add_user("late", "the-right-one", "late_tuning")
+    postgres.add_user("late", "Wr0ng-password", "late_tuning")
+    postgres.sql("ALTER ROLE late PASSWORD 'the-right-one';")
     project = tuned_project(tmp_path, postgres.url("late", "late_tuning"), "Wr0ng-password")
 
     result = kedro(project, "run", "--pipelines=study")
@@ -71,3 +74,4 @@ def test_a_wrong_password_is_one_error_line_naming_the_storage(tmp_path, postgre
     assert "Wr0ng-password" not in result.stdout + result.stderr
     client, found = runs(project)
     assert {run.info.status for run in found} == {"FAILED"}
+    optuna.storages.RDBStorage(postgres.url("late", "late_tuning", "the-right-one", "postgresql+psycopg"))
