@@ -216,6 +216,16 @@ def test_tuning_seeds_must_differ_from_the_study_seeds(tmp_path):
     assert "conf/base/parameters_study.yml" in str(error.value)
 
 
+def test_the_grace_period_must_outlast_the_heartbeat_interval(tmp_path):
+    """A grace period no longer than the heartbeat interval would fail live trials between two heartbeats: the
+    error (before any work) names the key and where it was set."""
+    project = session_project(tmp_path / "project")
+    with pytest.raises(click.ClickException) as error:
+        run_pipeline("study", {"study": {"tuning": {"heartbeat_interval": 60, "grace_period": 60}}}, project)
+    assert "study.tuning.grace_period is 60 s; give more than heartbeat_interval (60 s)" in str(error.value)
+    assert str(error.value).endswith("(--params)")
+
+
 def test_a_tuned_recipe_needs_a_space_and_a_warmup_needs_a_schedule_with_one(tmp_path):
     project = session_project(tmp_path / "project")
     bad = {
