@@ -115,16 +115,17 @@ class StudyRuns:
     def fail_runs(self, run_ids: Sequence[str], *, error: str) -> None:
         """The child runs ``run_ids`` of a trial whose process died, and that process's study runs, end FAILED
         (none stays RUNNING once another process has found it dead); runs this MLflow store does not hold (the
-        other machine logged elsewhere) are left alone."""
+        other machine logged elsewhere) are left alone, with a warning."""
         client = mlflow.MlflowClient()
         for run_id in run_ids:
             try:
                 run = client.get_run(run_id)
-            except MlflowException:
-                logger.info("tuning: run %s of a dead trial is not in this tracking store; left as it is", run_id)
-                continue
-            client.set_tag(run_id, "trial_state", "FAIL")
-            client.set_tag(run_id, "trial_error", error)
-            for ended in (run, client.get_run(run.data.tags["mlflow.parentRunId"])):
-                if ended.info.status == "RUNNING":
-                    client.set_terminated(ended.info.run_id, "FAILED")
+                client.set_tag(run_id, "trial_state", "FAIL")
+                client.set_tag(run_id, "trial_error", error)
+                parent = run.data.tags.get("mlflow.parentRunId")
+                for ended in (run, *([client.get_run(parent)] if parent else [])):
+                    if ended.info.status == "RUNNING":
+                        client.set_terminated(ended.info.run_id, "FAILED")
+            # another machine's store, or the server out of reach: the tuning goes on
+            except MlflowException as refused:
+                logger.warning("tuning: run %s of a dead trial was left as it is: %s", run_id, refused)

@@ -362,6 +362,8 @@ def _ask(study: optuna.Study) -> Trial:
         # Optuna warns that heartbeats are meant for Study.optimize: this loop records them itself
         warnings.filterwarnings("ignore", "Heartbeat of storage", UserWarning)
         trial = study.ask()
+    # at once: a trial with no heartbeat yet is never found stale, so one killed here would be waited for forever
+    study._storage.record_heartbeat(trial._trial_id)
     # a retried trial arrives with the dead one's attributes: this process's replace them
     trial.set_user_attr("host", HOST)
     trial.set_user_attr("pid", os.getpid())
