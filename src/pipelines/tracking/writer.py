@@ -14,6 +14,7 @@ from pathlib import Path
 
 import mlflow
 from mlflow.entities import Metric
+from mlflow.exceptions import MlflowException
 
 from trainlib.engine.callbacks import Callback
 from trainlib.metrics import (
@@ -85,7 +86,13 @@ def mark_model_training_experiment() -> None:
     client = mlflow.MlflowClient()
     experiment = client.get_experiment(active.info.experiment_id)
     if EXPERIMENT_KIND_TAG not in experiment.tags:
-        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
+        try:
+            client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
+        except MlflowException:
+            # two machines starting together both find the tag missing; the server refuses the second insert
+            # (a unique key): the tag is there, as wanted
+            if EXPERIMENT_KIND_TAG not in client.get_experiment(experiment.experiment_id).tags:
+                raise
 
 
 def log_artifact(path: str | Path, artifact_path: str) -> None:
