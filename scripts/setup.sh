@@ -45,6 +45,16 @@ if ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql
 fi
 
+# A C compiler: tests/e2e/test_thor_statistics_dtype.py builds tests/support/fake_nprocs.c, the preload that shows
+# a process 2 or 4 cores (so oneDNN splits THOR's statistics differently)
+if ! command -v cc >/dev/null; then
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  echo "Installing Debian package gcc (the THOR statistics test's preload library)"
+  $sudo apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev
+fi
+
 python=$(command -v python3.11 || command -v python3)
 if [ ! -x .venv/bin/python ]; then
   echo "Creating .venv with $($python --version)"
