@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh Debian machine: the Fashion-MNIST package
 # (default dataset), the Python 3.11 documentation's sources (the thor_bert text corpus), Chromium
-# and its WebDriver (tests/test_browser.py opens kedro-viz and the MLflow UI in it) and a virtual
+# and its WebDriver (tests/test_browser.py opens kedro-viz and the MLflow UI in it), PostgreSQL (the
+# slow tier's database server), a C compiler (one slow test's preload library) and a virtual
 # environment in .venv/ with the locked dependencies.
 # Safe to rerun: each step is skipped when already done.
 set -euo pipefail
