@@ -2,8 +2,9 @@
 login, the model-training view) on a real PostgreSQL backend store with proxied artifacts (``team_server``).
 A project logs to it as the user ``alice``, whose password lives only in conf/local/credentials.yml, exported by
 kedro-mlflow (``server.credentials``): the baseline and thor runs arrive, the report reads them back, the baseline's
-model is registered, given the alias ``champion`` and used by ``predict`` through the login. A wrong password is
-one ``Error:`` line naming the server and the variables to set, and leaves no run behind."""
+model is registered, given the alias ``champion`` and used by ``predict`` through the login; an adasum run on two msrun
+workers, whose rank 0 logs into the run with the credentials it inherits from the ``kedro run`` (no file holds them).
+A wrong password is one ``Error:`` line naming the server and the variables to set, and leaves no run behind."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ import yaml
 
 from tests.e2e.test_secrets import error_blocks, files_holding
 from tests.support.projects import TINY_PARAMS, kedro, make_project
-from tests.support.servers import TeamServer, basic_auth
-from tests.support.stores import THOR_PARAMS
+from tests.support.servers import TeamServer, basic_auth, free_port
+from tests.support.stores import ADASUM_PARAMS, THOR_PARAMS
 from tests.support.trees import write_image_tree
 
 EXPERIMENT = "resnet-recipes"
@@ -30,7 +31,8 @@ EXPERIMENT = "resnet-recipes"
 
 def logged_in_project(root: Path, server: str, user: tuple[str, str]) -> Path:
     tree = write_image_tree(root / "tree", classes=("cat", "dog", "fox"), per_class={"train": 8, "val": 3})
-    params = {**TINY_PARAMS, "data": {**TINY_PARAMS["data"], "root": str(tree)}, "thor": THOR_PARAMS}
+    data = {**TINY_PARAMS["data"], "root": str(tree)}
+    params = {**TINY_PARAMS, "data": data, "thor": THOR_PARAMS, "adasum": ADASUM_PARAMS}
     project = make_project(root / "project", {**params, "model": {"register": True}})
     local = project / "conf" / "local"
     (local / "mlflow.yml").write_text(
@@ -56,9 +58,16 @@ def run(project: Path, *args: str):
 
 @pytest.fixture(scope="module")
 def team_project(team_server, tmp_path_factory):
-    """The baseline, thor, report and predict runs of one project, logged through the login."""
+    """The baseline, thor, adasum (two msrun workers), report and predict runs of one project, logged through the
+    login."""
     project = logged_in_project(tmp_path_factory.mktemp("team_login"), team_server.url, team_server.user)
-    outputs = [run(project), run(project, "--pipelines=thor"), run(project, "--pipelines=report")]
+    two_workers = f"distributed.worker_num=2,distributed.local_worker_num=2,distributed.master_port={free_port()}"
+    outputs = [
+        run(project),
+        run(project, "--pipelines=thor"),
+        run(project, "--pipelines=adasum", f"--params={two_workers}"),
+        run(project, "--pipelines=report"),
+    ]
     with logged_in(team_server.user):
         client = mlflow.MlflowClient(team_server.url)
         (version,) = client.search_model_versions("name = 'baseline'")
@@ -75,8 +84,12 @@ def test_runs_report_and_registered_model_go_through_the_login(team_server, team
         experiment = client.get_experiment_by_name(EXPERIMENT).experiment_id
         found = client.search_runs([experiment])
         by_pipeline = {run.data.tags.get("pipeline"): run for run in found if "mlflow.parentRunId" not in run.data.tags}
-        assert set(by_pipeline) == {"baseline", "thor", "report", "predict"}
+        assert set(by_pipeline) == {"baseline", "thor", "adasum", "report", "predict"}
         assert {run.info.status for run in found} == {"FINISHED"}
+        # msrun's rank 0 logged through the login, with the credentials the workers inherited
+        adasum = by_pipeline["adasum"].info.run_id
+        assert [m.step for m in client.get_metric_history(adasum, "train/loss")] == [1, 2]
+        assert "distributed/replica_max_abs_diff" in by_pipeline["adasum"].data.metrics  # two ranks compared
         compared = set(by_pipeline["report"].data.tags["compared_runs"].split(","))
         assert {by_pipeline["baseline"].info.run_id, by_pipeline["thor"].info.run_id} <= compared
     # nothing stayed local: the store is the server's PostgreSQL database
@@ -90,6 +103,7 @@ def test_the_password_stays_in_credentials_yml(team_server, team_project):
     project, outputs = team_project
     password = team_server.user[1]
     assert not [result.args for result in outputs if password in result.stdout + result.stderr]
+    assert list((project / "logs" / "msrun").glob("*/worker_*.log"))  # the adasum job's folder, checked too
     assert files_holding(project, password) == []
 
 
