@@ -14,6 +14,7 @@ from .hooks import (
     MlflowRunHooks,
     ModelHooks,
     NodeErrorHooks,
+    NodeParamsMlflowHook,
     SignalHooks,
     TrainingRunHooks,
 )
@@ -37,7 +38,12 @@ HOOKS = (
     NodeErrorHooks(),
     TrainingRunHooks(),
     MemoryInputHooks(),
+    # kedro-mlflow's hook, logging a node's parameters in one batch: in place of the one its plugin registers
+    # (disabled below). Last here, it is still called before every hook above, as the plugin's was (pluggy calls
+    # the hooks registered last first; Kedro registers these before the plugins').
+    NodeParamsMlflowHook(),
 )
+DISABLE_HOOKS_FOR_PLUGINS = ("kedro_mlflow",)  # the name in its installed metadata, which Kedro matches
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader
 # Environments override base key by key: conf/ascend/parameters.yml may set only

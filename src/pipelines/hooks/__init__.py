@@ -18,6 +18,8 @@
 - ``NodeErrorHooks`` (``errors``): a failing node's name goes with its error, for the command's ``Error:`` block;
 - ``TrainingRunHooks`` (``training_runs``): the nodes of one of a pipeline's several trainings run in its MLflow
   child run;
+- ``NodeParamsMlflowHook`` (``node_params``): kedro-mlflow's own hook, in its place, sending each node's
+  parameters in one batch instead of one request per parameter;
 - ``MemoryInputHooks`` (``memory_inputs``): a partial run first runs the left-out node that makes an in-memory
   dataset it reads (a training's ``training_context``).
 
@@ -35,6 +37,7 @@ from pipelines.hooks.experiment import ExperimentHooks
 from pipelines.hooks.memory_inputs import MemoryInputHooks
 from pipelines.hooks.mlflow_run import MlflowRunHooks
 from pipelines.hooks.models import ModelHooks
+from pipelines.hooks.node_params import NodeParamsMlflowHook
 from pipelines.hooks.signals import SignalHooks
 from pipelines.hooks.training_runs import TrainingRunHooks
 
@@ -48,6 +51,7 @@ __all__ = [
     "MlflowRunHooks",
     "ModelHooks",
     "NodeErrorHooks",
+    "NodeParamsMlflowHook",
     "RunConfiguration",
     "SignalHooks",
     "TrainingRunHooks",

@@ -1,4 +1,4 @@
-"""Writing to the active MLflow run: metrics, final figures, tags, artifacts and per-epoch rows.
+"""Writing to the active MLflow run: metrics, final figures, params, tags, artifacts and per-epoch rows.
 
 Every function here is a no-op outside an active run (library tests, ranks > 0), so the library can call
 them unconditionally. Metric keys follow the schema of ``trainlib.metrics`` (``train/loss``, ``val/top1``, …,
@@ -64,6 +64,13 @@ def log_final(figures: Mapping[str, float]) -> None:
     """Log a final evaluation (``top1``, ``top5`` fractions; a language model's ``mlm_accuracy``, ``mlm_loss``,
     ``nsp_accuracy``) as ``final/top1``, …; other keys of ``figures`` (a report's ``epoch``) are not metrics."""
     log_metrics({FINAL_PREFIX + k: figures[k] for k in FINAL_FIGURES if k in figures})
+
+
+def log_params(params: Mapping[str, object]) -> None:
+    """Log ``params`` to the active MLflow run, if there is one, in as few requests as MLflow allows (``log_batch``,
+    100 params a request)."""
+    if mlflow.active_run() is not None:
+        mlflow.log_params(redact_value(dict(params)))
 
 
 def set_tags(tags: Mapping[str, str]) -> None:
