@@ -10,7 +10,14 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from trainlib.study.statistics import curves_figure, first_crossing, paired_differences, summarise, t_interval
+from trainlib.study.statistics import (
+    curves_figure,
+    first_crossing,
+    paired_differences,
+    seeds_to_decide,
+    summarise,
+    t_interval,
+)
 
 
 def test_t_interval_is_the_student_t_interval():
@@ -84,6 +91,24 @@ def test_summary_and_paired_differences():
     difference = paired.loc["final_top1_difference"]
     assert difference["mean"] == pytest.approx(np.mean([0.03, 0.02, 0.04]))
     assert difference["ci_low"] < difference["mean"] < difference["ci_high"]
+    assert difference["ci_low"] > 0 and difference["seeds_to_decide"] == 3  # decided on its 3 seeds
+    assert ratio["ci_high"] > 1 and ratio["seeds_to_decide"] > 2  # 0.6 and 0.75: more seeds to tell it from 1
+
+
+def test_seeds_to_decide_is_the_first_n_whose_interval_would_exclude_no_effect():
+    values = [0.03, -0.01, 0.02]  # mean 0.0133, sd 0.0208: the 3-seed interval spans 0
+    n = seeds_to_decide(values, 0.0)
+    mean, sd = np.mean(values), np.std(values, ddof=1)
+
+    def half_width(seeds: int) -> float:
+        return stats.t.ppf(0.975, seeds - 1) * sd / math.sqrt(seeds)
+
+    assert half_width(3) > mean  # undecided now
+    assert half_width(int(n)) < mean <= half_width(int(n) - 1)  # the first n that decides it
+    assert seeds_to_decide([1.2, 1.15, 1.25], 1.0) == 3  # a ratio whose interval is above 1 already
+    assert math.isnan(seeds_to_decide([0.01, -0.01], 0.0))  # no effect observed: no number of seeds
+    assert math.isnan(seeds_to_decide([0.5], 0.0))  # one seed: no spread
+    assert math.isnan(seeds_to_decide([0.001, -0.3, 0.31], 0.0, most=50))  # beyond an affordable count
 
 
 def test_run_figures_of_an_image_recipe_have_no_masked_lm_figures():

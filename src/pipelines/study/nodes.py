@@ -5,6 +5,7 @@ statistics and figure (``study.statistics``). Each training is an MLflow child r
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -121,9 +122,16 @@ def _log_table(summary: pd.DataFrame, paired: pd.DataFrame) -> None:
         unit = " pt" if row["unit"] == "pt" else ""
         lines.append(
             f"  {row['comparison']} {row['measure']}: {row['mean']:g}{unit} [{row['ci_low']:g}, {row['ci_high']:g}] "
-            f"n={row['n']}"
+            f"n={row['n']}{_undecided(row)}"
         )
     logger.info("\n".join(lines))
+
+
+def _undecided(row: pd.Series) -> str:
+    needed = row["seeds_to_decide"]
+    if not math.isfinite(needed) or needed <= row["n"]:
+        return ""  # decided, or no count of seeds would be
+    return f" (undecided: about {needed:.0f} seeds at this spread)"
 
 
 def plot_study(curves: pd.DataFrame, target: TargetParams, thor_bert: ThorBertParams) -> Figure:

@@ -49,6 +49,7 @@ PAIRS = (
     ("thor_bert", "thor_bert_control"),
 )
 CONFIDENCE = 0.95
+MOST_SEEDS = 1000  # seeds_to_decide's search: past this many, a difference is not one seeds can decide
 # the study's tables: one row per result (``runs_table``), one per step evaluation (``curves_table``)
 RUN_COLUMNS = ["recipe", "seed", *MEASURES, "train_time_s", "steps_per_epoch", "mlflow_run_id", "key"]
 CURVE_COLUMNS = ["recipe", "seed", "step", "elapsed_s", "top1", "top5", "mlm_accuracy"]
@@ -153,6 +154,25 @@ def t_interval(
     return mean, low, high, n
 
 
+def seeds_to_decide(
+    values: Sequence[float], no_effect: float, confidence: float = CONFIDENCE, most: int = MOST_SEEDS
+) -> float:
+    """How many seeds the observed paired ``values`` would need for their t-interval to exclude ``no_effect`` (0 for
+    a difference, 1 for a ratio), if each new seed followed their mean and spread: the smallest n with
+    t(n - 1) * sd / sqrt(n) < |mean - no_effect|; the seeds there are when the interval already excludes it. NaN
+    when fewer than 2 values, when the mean is no_effect itself, or past ``most`` seeds (no affordable number)."""
+    finite = np.asarray([v for v in values if math.isfinite(v)], np.float64)
+    if len(finite) < 2:
+        return math.nan
+    effect, spread = abs(float(finite.mean()) - no_effect), float(finite.std(ddof=1))
+    if effect == 0:
+        return math.nan
+    for n in range(len(finite), most + 1):
+        if _t_quantile(0.5 + confidence / 2, n - 1) * spread / math.sqrt(n) < effect:
+            return float(n)
+    return math.nan
+
+
 def summarise(runs: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataFrame:
     """Per recipe (in order of appearance): ``runs`` (seeds), then per measure of ``MEASURES`` its mean,
     ``_ci_low``, ``_ci_high`` and ``_n`` (the runs with a value: time and epochs to target count only the runs
@@ -176,7 +196,8 @@ def paired_differences(
     a language model's pair) and the differences of final top-1 and top-5 (``final_top1_difference``, recipe -
     reference, same epochs; masked-LM accuracy and loss for a language model's pair); mean and t-interval of each.
 
-    Columns: ``comparison`` (``thor vs baseline``), ``measure``, ``mean``, ``ci_low``, ``ci_high``, ``n``.
+    Columns: ``comparison`` (``thor vs baseline``), ``measure``, ``mean``, ``ci_low``, ``ci_high``, ``n``, and
+    ``seeds_to_decide`` (``seeds_to_decide``: ``n`` when the interval excludes no effect already).
     """
     by_seed = runs.set_index(["recipe", "seed"])
     present = set(runs["recipe"])
@@ -202,11 +223,13 @@ def paired_differences(
             }
         for measure, values in measures.items():
             mean, low, high, n = t_interval(values, confidence, DIFFERENCE_BOUNDS.get(measure))
+            no_effect = 1.0 if measure.endswith("_ratio") else 0.0
             rows.append(
                 {"comparison": f"{recipe} vs {reference}", "measure": measure, "mean": mean}
                 | {"ci_low": low, "ci_high": high, "n": n}
+                | {"seeds_to_decide": seeds_to_decide(values, no_effect, confidence)}
             )
-    return pd.DataFrame(rows, columns=["comparison", "measure", "mean", "ci_low", "ci_high", "n"])
+    return pd.DataFrame(rows, columns=["comparison", "measure", "mean", "ci_low", "ci_high", "n", "seeds_to_decide"])
 
 
 def curves_figure(
