@@ -9,18 +9,22 @@ its rightmost label was cut off. The script
 
 - sets the preferences the user has not set yet: no first-visit feature tour, the graph laid out left to right
   (``orientation: horizontal``: dim_reduce's nine reporting datasets then stack in one column instead of a row 2,600
-  px wide), the minimap and the sidebar closed (the graph gets the window's width; the toolbar's first button opens
-  the sidebar); a choice the user made, kept by kedro-viz in the same key, stays;
+  px wide), the catalog's layer bands off (``layer.visible``: drawn, they put each layer in columns of its own, and
+  dim_reduce at labels of 10 px was 58 px wider than a 1440 px window, 218 px at 1280; without them it fits at 11
+  px; the toolbar's layers button draws them), the minimap and the sidebar closed (the graph gets the window's
+  width; the toolbar's first button opens the sidebar); a choice the user made, kept by kedro-viz in the same key,
+  stays;
 - zooms each pipeline as it opens (on load, or another pipeline chosen) to the whole graph fitted to the width left
   by the sidebar, measured on the drawn labels, but never below ``LABEL_PX`` for the labels: a graph wider than
-  that starts at its left edge (its first nodes) and the rest is a drag away. A box expanded or collapsed, or the
-  reset button, gets kedro-viz's own fit, so the whole changed graph is in view. kedro-viz has no zoom setting; the
-  script reaches its Redux store through ``window.__REDUX_DEVTOOLS_EXTENSION_COMPOSE__``, the hook kedro-viz reads
-  when it creates the store (the Redux DevTools extension's, which it keeps working when installed), and sends the
-  zoom as kedro-viz's own minimap does (``UPDATE_ZOOM``).
+  that would start at its left edge (its first nodes), the rest a drag away (none is at 1280 and 1440 px with the
+  layer bands off). A box expanded or collapsed, or the reset button, gets kedro-viz's own fit, so the whole changed
+  graph is in view. kedro-viz has no zoom setting; the script reaches its Redux store through
+  ``window.__REDUX_DEVTOOLS_EXTENSION_COMPOSE__``, the hook kedro-viz reads when it creates the store (the Redux
+  DevTools extension's, which it keeps working when installed), and sends the zoom as kedro-viz's own minimap does
+  (``UPDATE_ZOOM``).
 
-tests/ui/test_browser.py measures the drawn label height on dim_reduce and the hidden minimap, so a kedro-viz upgrade
-that renames a key or the store hook fails there.
+tests/ui/test_browser.py measures the drawn label height and the graph's width on dim_reduce and every pipeline and
+the hidden minimap, so a kedro-viz upgrade that renames a key or the store hook fails there.
 """
 
 from __future__ import annotations
@@ -32,12 +36,14 @@ PAGE_SCRIPT = (
 (function () {
   var key = "KedroViz", state = {};
   try { state = JSON.parse(window.localStorage.getItem(key)) || {}; } catch (error) {}
-  var visible = state.visible || {};
+  var visible = state.visible || {}, layer = state.layer || {};
   if (!("showFeatureHints" in state)) state.showFeatureHints = false;
   if (!("orientation" in state)) state.orientation = "horizontal";
   if (!("miniMap" in visible)) visible.miniMap = false;
   if (!("sidebar" in visible)) visible.sidebar = false;
+  if (!("visible" in layer)) layer.visible = false;
   state.visible = visible;
+  state.layer = layer;
   window.localStorage.setItem(key, JSON.stringify(state));
 
   var LABEL_PX = """

@@ -207,11 +207,6 @@ def test_kedro_viz_site_shows_the_pipeline(viz_site, browser):
     assert tour == []  # no "Workflow run status, 1 of 6" over the graph
 
 
-def no_feature_tour(driver: webdriver.Chrome) -> None:
-    """No first-visit feature tour over the flowchart."""
-    before_each_page(driver, "localStorage.setItem('KedroViz', JSON.stringify({showFeatureHints: false}));")
-
-
 def drawn(driver: webdriver.Chrome, kind: str) -> set[str]:
     """The ``data-node-fullname`` of every flowchart node of type ``kind`` (task, data, modularPipeline)."""
     nodes = driver.find_elements(By.CSS_SELECTOR, f"{FLOWCHART_NODES}[data-node-type='{kind}']")
@@ -227,7 +222,10 @@ def test_kedro_viz_shows_dim_reduce_stages_collapsed_with_layers(viz_site, brows
     graph = json.loads((viz_site / "build" / "api" / "pipelines" / "dim_reduce").read_text())
     (stage2_train,) = [n["id"] for n in graph["nodes"] if n.get("full_name") == "dim_reduce.stage2.train_stage2"]
     stages = {f"dim_reduce.{stage}" for stage in DIM_REDUCE_STAGES}
-    no_feature_tour(browser)
+    # the layer bands turned on, as the toolbar's layers button stores it (the page script leaves them off at first)
+    before_each_page(
+        browser, "localStorage.setItem('KedroViz', JSON.stringify({showFeatureHints: false, layer: {visible: true}}));"
+    )
     with static_site(viz_site / "build") as url:
         browser.get(f"{url}/?pid=dim_reduce")
         # every namespace starts collapsed: the data pipeline and dim_reduce are one box each, no task is drawn
@@ -270,21 +268,29 @@ def test_kedro_viz_shows_dim_reduce_stages_collapsed_with_layers(viz_site, brows
         assert drawn(browser, "task") == {"training_context", "train_stage2", "evaluate", "export_model"}
 
 
-# Each node label's drawn size (its font size times the zoom), the left edge of the chart (right of the toolbar and
-# sidebar), the labels' extent, the minimap's right edge and its button's state.
+# Each node label's drawn size (its font size times the zoom), the zoom the page script asked for and the one drawn
+# (kedro-viz keeps a small graph at its own larger fit), the left edge of the chart (right of the toolbar and sidebar),
+# the labels' extent, the graph's extent (its nodes and edges, not the layer bands, which span the chart), the
+# window's size, the minimap's right edge and its button's state.
 VIZ_VIEW = """
 const labels = [...document.querySelectorAll(arguments[0])];
 const zoomed = document.querySelector('svg.pipeline-flowchart__graph[data-page-script-zoom]');
 const drawn = labels.map(t => parseFloat(getComputedStyle(t).fontSize) * t.getScreenCTM().a);
 const boxes = labels.map(t => t.getBoundingClientRect());
+const graph = [...document.querySelectorAll('g.pipeline-flowchart__nodes, g.pipeline-flowchart__edges')]
+  .map(g => g.getBoundingClientRect());
 const minimap = document.querySelector('.pipeline-minimap-container').getBoundingClientRect();
 return {
   labels: zoomed ? labels.length : 0,
+  zoom_asked: zoomed ? parseFloat(zoomed.getAttribute('data-page-script-zoom')) : null,
+  zoom_drawn: labels.length ? labels[0].getScreenCTM().a : null,
   smallest_px: Math.min(...drawn),
   smallest_box_px: Math.min(...boxes.map(b => b.height)),
   chart_left: document.querySelector('.pipeline-sidebar').getBoundingClientRect().right,
   left: Math.min(...boxes.map(b => b.left)), top: Math.min(...boxes.map(b => b.top)),
   bottom: Math.max(...boxes.map(b => b.bottom)), height: window.innerHeight,
+  graph_left: Math.min(...graph.map(b => b.left)), graph_right: Math.max(...graph.map(b => b.right)),
+  width: window.innerWidth,
   minimap_right: minimap.right,
   minimap_button: document.querySelector('.pipeline-minimap-button--map').getAttribute('aria-label'),
 };
@@ -293,16 +299,26 @@ return {
 
 def readable_view(driver: webdriver.Chrome, name: str) -> dict:
     """The opened pipeline's ``VIZ_VIEW`` once the page script has zoomed (after kedro-viz's own fit, which it
-    marks on the graph) and the labels are drawn at ``viz_page.LABEL_PX`` or more; fails with a screenshot if they
-    never are."""
+    marks on the graph) and the labels are drawn at ``viz_page.LABEL_PX`` or more, measured again when the page is
+    still (the zoom drawn); fails with a screenshot if the labels never are that size."""
 
     def measured(d):
         view = d.execute_script(VIZ_VIEW, LABELS)
         return view if view["labels"] and view["smallest_px"] >= LABEL_PX else None
 
-    view = wait_for(driver, measured, name, f"labels of {LABEL_PX} px or more")
+    wait_for(driver, measured, name, f"labels of {LABEL_PX} px or more")
     settled_screenshot(driver, name)
+    view = driver.execute_script(VIZ_VIEW, LABELS)
+    print(
+        f"{name}: zoom {view['zoom_drawn']:.3f}, labels {view['smallest_px']:.2f} px, graph x {view['graph_left']:.0f}"
+        f"-{view['graph_right']:.0f} in {view['chart_left']}-{view['width']} px"
+    )
     return view
+
+
+def fits_the_width(view: dict) -> bool:
+    """The whole graph (nodes and edges) between the toolbar and the window's right edge: nothing cut off."""
+    return view["chart_left"] <= view["graph_left"] and view["graph_right"] <= view["width"]
 
 
 def test_kedro_viz_opens_every_pipeline_readable_without_the_minimap(viz_site, browser):
@@ -310,7 +326,8 @@ def test_kedro_viz_opens_every_pipeline_readable_without_the_minimap(viz_site, b
     assert "dim_reduce" in pipelines
     with static_site(viz_site / "build") as url:
         # a first visit (a fresh profile, nothing stored) in the window widths people use: before the page script,
-        # dim_reduce opened at 38 % (labels 5 px), under the minimap, its rightmost label cut off
+        # dim_reduce opened at 38 % (labels 5 px), under the minimap, its rightmost label cut off; with the layer
+        # bands drawn, at labels of 10 px its right edge was still 58 px past the window at 1440 px, 218 px at 1280
         for width in (1280, 1440):
             browser.set_window_size(width, 900)
             browser.get(f"{url}/?pid=dim_reduce")
@@ -318,14 +335,15 @@ def test_kedro_viz_opens_every_pipeline_readable_without_the_minimap(viz_site, b
             assert view["smallest_box_px"] >= LABEL_PX, view
             assert view["minimap_button"] == "Turn minimap on", view  # kedro-viz's own state: off
             assert view["minimap_right"] <= view["chart_left"], view  # moved out, under the toolbar
-            # wider than the window at this size: the graph starts at its first nodes, top to bottom in view
-            assert view["chart_left"] <= view["left"] <= view["chart_left"] + 60, view
+            assert fits_the_width(view), view
             assert 0 <= view["top"] and view["bottom"] <= view["height"], view
         stored = json.loads(browser.execute_script("return localStorage.getItem('KedroViz')"))
         assert stored["orientation"] == "horizontal" and stored["visible"]["miniMap"] is False
-        for pipeline in pipelines:  # every registered pipeline opens readable at 1440 px
+        assert stored["layer"]["visible"] is False
+        for pipeline in pipelines:  # every registered pipeline opens readable and whole in width at 1440 px
             browser.get(f"{url}/?pid={pipeline}")
-            readable_view(browser, f"kedro_viz_readable_{pipeline}")
+            view = readable_view(browser, f"kedro_viz_readable_{pipeline}")
+            assert fits_the_width(view), (pipeline, view)
         # a choice the user made stays: the minimap turned on is on at the next visit
         browser.execute_script(
             "const s = JSON.parse(localStorage.getItem('KedroViz')); s.visible.miniMap = true;"
