@@ -39,8 +39,8 @@ HOOKS = (
     TrainingRunHooks(),
     MemoryInputHooks(),
     # kedro-mlflow's hook, logging a node's parameters in one batch: in place of the one its plugin registers
-    # (disabled below). Last here, it is still called before every hook above, as the plugin's was (pluggy calls
-    # the hooks registered last first; Kedro registers these before the plugins').
+    # (disabled below). Last here, it is still called before the hooks above that set no tryfirst/trylast, as the
+    # plugin's was (pluggy calls the hooks registered last first; Kedro registers these before the plugins').
     NodeParamsMlflowHook(),
 )
 DISABLE_HOOKS_FOR_PLUGINS = ("kedro_mlflow",)  # the name in its installed metadata, which Kedro matches
