@@ -13,7 +13,7 @@ from mlflow.exceptions import MlflowException
 
 from pipelines.tracking.naming import RUN_COLOUR_TAG, run_colour
 from pipelines.tracking.runs import run_identity
-from pipelines.tracking.writer import EpochMetrics, TimeToTarget, log_final, set_tags
+from pipelines.tracking.writer import EpochMetrics, TimeToTarget, log_final, log_params, set_tags
 from trainlib.engine.callbacks import Callback
 from trainlib.redaction import redact, redact_value
 
@@ -71,7 +71,7 @@ def training_run(
         logged = {}
     missing = {key: value for key, value in flat_params(params or {}).items() if key not in logged}
     if missing:
-        mlflow.log_params(redact_value(missing))
+        log_params(missing)
     try:
         yield run
     except BaseException:
