@@ -40,6 +40,10 @@ TOGETHER = ("thor", "study", "baseline,adasum,dim_reduce")
 BERT_ENVS = ("base",)
 # ResNet-50's rehearsals take 11 to 13 GB: one at a time, beside the in-process fast tier (6 GB) and nothing else
 LARGE_MEMORY_ENVS = ("ascend", "gpu")
+# Their study rehearses the study's nodes on the environment's parameters with the baseline alone: its THOR training
+# is the thor rehearsal's (the same nodes and parameters, ResNet-50's THOR graph compiled again for 1-2 minutes), and
+# the study's own code, the same in every environment, is rehearsed with THOR in base's
+ENV_STUDY_RECIPES = "[baseline]"
 ENVS = ("base", *LARGE_MEMORY_ENVS)
 REHEARSALS = [
     pytest.param(env, pipelines, marks=[pytest.mark.large_memory] if env in LARGE_MEMORY_ENVS else [])
@@ -102,6 +106,8 @@ def test_the_pipelines_rehearse_the_environment_on_cpu(tmp_path, tree, env, pipe
     if same is not None:
         pytest.skip(f"fast_dev_run --env={env} --pipelines={pipelines}: the same training as --env={same}'s")
     params = f"runtime.fast_dev_run=true,data.root={tree},distributed.master_port={free_port()}"
+    if pipelines == "study" and env in LARGE_MEMORY_ENVS:
+        params += f",study.recipes={ENV_STUDY_RECIPES}"
     started = time.monotonic()
     result = kedro(project, "run", f"--pipelines={pipelines}", f"--env={env}", f"--params={params}", timeout=1500)
     with capsys.disabled():
