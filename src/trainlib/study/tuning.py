@@ -169,8 +169,7 @@ def tune_recipe(
             # each either ends, or goes stale and its values come back to this loop
             time.sleep(min(tuning.heartbeat_interval, RUNNING_POLL_S))
             continue
-        trial = _ask(study)
-        values = {key: _suggest(trial, key, low, high) for key, (low, high) in ranges.items()}
+        trial, values = draw_trial(study, ranges, tuning=tuning)
         if sorted(t.number for t in _counted(study)).index(trial.number) >= tuning.trials:
             study.tell(trial, state=TrialState.FAIL)  # another process took the last trial at the same moment
             continue
@@ -492,6 +491,18 @@ class _Pruning(Callback):
             raise optuna.TrialPruned(f"trial {self._trial.number} at step {step}")
 
 
+def draw_trial(
+    study: optuna.Study, ranges: Mapping[str, Sequence[float]], *, tuning: TuningParams
+) -> tuple[Trial, dict[str, float]]:
+    """A new trial and its values, drawn by ``tuning``'s sampler seeded with the trial's number: a process that
+    resumes or joins a tuning draws what an uninterrupted process would give that trial. A sampler seeded once per
+    process starts its sequence over, and drew trials 0 and 1's values again in a resumed tuning (measured);
+    QMC's sequence already indexes by the trials in the storage."""
+    trial = _ask(study)
+    study.sampler = _sampler(tuning, trial_number=trial.number)
+    return trial, {key: _suggest(trial, key, low, high) for key, (low, high) in ranges.items()}
+
+
 def _suggest(trial: Trial, key: str, low: float, high: float) -> float:
     if key in INTEGER:
         return trial.suggest_int(key, int(low), int(high))
@@ -516,13 +527,15 @@ def _values_text(values: Mapping[str, float]) -> str:
     return ", ".join(f"{key} {value:.4g}" for key, value in values.items())
 
 
-def _sampler(tuning: TuningParams) -> optuna.samplers.BaseSampler:
+def _sampler(tuning: TuningParams, *, trial_number: int = 0) -> optuna.samplers.BaseSampler:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
         if tuning.sampler == "qmc":
             return optuna.samplers.QMCSampler(seed=tuning.sampler_seed, scramble=True)
     # TPE's first half of a small budget at random (its default, 10, would leave nothing to model)
-    return optuna.samplers.TPESampler(seed=tuning.sampler_seed, n_startup_trials=max(1, tuning.trials // 2))
+    return optuna.samplers.TPESampler(
+        seed=tuning.sampler_seed + trial_number, n_startup_trials=max(1, tuning.trials // 2)
+    )
 
 
 def create_pruner(pruner: str, *, eval_every_steps: int) -> optuna.pruners.BasePruner:
