@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is missing, then runs the fast test tier: everything in-process, spread over the cores (minutes).
 # `--all` then runs the slow tier too (kedro run processes, msrun, browsers, JupyterLab; what CI runs):
-# - the tests marked `large_memory` (ResNet-50's rehearsals, 11-13 GB, mostly one core compiling THOR's graphs),
-#   one at a time, beside the fast tier on one worker (about 6 GB): together they fill the two cores;
-# - then two slow tests at a time (each starts processes that use the two cores and a few GB; the tests of one
-#   shared set-up stay on one worker);
+# - two slow tests at a time (each starts processes that use the two cores and a few GB; the tests of one shared
+#   set-up stay on one worker), the `large_memory` ones (ResNet-50's rehearsals, 11-13 GB, mostly one core compiling
+#   THOR's graphs) first, one after the other on one worker, while the other worker runs the rest;
 # - then the tests marked `exclusive` (signal timing), one at a time.
 # Other arguments go to pytest; the 15 slowest tests of each part are listed.
 set -euo pipefail
@@ -21,19 +20,8 @@ part() {
 
 if [ "${1:-}" = "--all" ]; then
   shift
-  large_memory_log=$(mktemp)
-  part -m "slow and large_memory" -p no:xdist "$@" >"$large_memory_log" 2>&1 &
-  large_memory=$!
-  fast_status=0
-  (part -n 1 "$@") || fast_status=$?
-  large_memory_status=0
-  wait "$large_memory" || large_memory_status=$?
-  echo "--- the large_memory tests, run beside the fast tier ---"
-  cat "$large_memory_log"
-  rm -f "$large_memory_log"
-  [ "$fast_status" -eq 0 ] || exit "$fast_status"
-  [ "$large_memory_status" -eq 0 ] || exit "$large_memory_status"
-  part -m "slow and not large_memory and not exclusive" -n 2 --dist loadgroup "$@"
+  part -n auto --dist worksteal "$@"
+  part -m "slow and not exclusive" -n 2 --dist loadgroup --no-loadscope-reorder "$@"
   part -m "slow and exclusive" -p no:xdist "$@"
   exit 0
 fi

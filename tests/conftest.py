@@ -27,7 +27,8 @@ from tests.support.trees import write_image_tree
 
 SLOW_FOLDERS = ("e2e", "distributed", "ui")
 # The slow tier runs two tests at a time, grouped by ``xdist_group`` (``--dist loadgroup``): the tests of an
-# expensive session set-up share the worker that builds it once, and so do the tests of a module-scoped set-up
+# expensive session set-up share the worker that builds it once, and so do the tests of a module-scoped set-up; the
+# large_memory tests (11-13 GB each) share one group, so no two of them run together
 SHARED_SETUPS = ("recipe_store", "viz_site", "postgres")
 # The fast tier's modules of the longest tests (each 10-30 s: whole pipelines, a tuned study, P-BFGS's compiled steps,
 # THOR's options), started first so that the two workers end together on short ones
@@ -40,8 +41,11 @@ LONGEST_FIRST = (
 
 
 def setup_group(item: pytest.Item) -> str | None:
-    """The one ``xdist_group`` of ``item`` (xdist joins several into a name of their own): the session set-up it
-    reads, else its module when it reads a module-scoped fixture, else none."""
+    """The one ``xdist_group`` of ``item`` (xdist joins several into a name of their own): ``large_memory`` for
+    the tests taking 11 GB or more (one at a time), else the session set-up it reads, else its module when it reads
+    a module-scoped fixture, else none."""
+    if item.get_closest_marker("large_memory"):
+        return "large_memory"
     names = getattr(item, "fixturenames", ())
     shared = [setup for setup in SHARED_SETUPS if setup in names]
     if shared:
@@ -66,6 +70,11 @@ def pytest_collection_modifyitems(config, items):
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
     if config.getoption("--all") or config.getoption("-m"):
+        # in this order to the two workers (scripts/test.sh: --no-loadscope-reorder): the large_memory group (about
+        # 15 minutes on one worker), the long shared set-ups, then the rest; the short tests end the session
+        items.sort(
+            key=lambda item: 0 if item.get_closest_marker("large_memory") else 2 - (setup_group(item) in SHARED_SETUPS)
+        )
         return
     slow = [item for item in items if item.get_closest_marker("slow")]
     if slow:

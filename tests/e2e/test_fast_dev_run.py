@@ -11,7 +11,7 @@ Processes are shared to keep the slow tier short: per environment one ``kedro ru
 and dim_reduce together (2 msrun workers), one of thor and one of the study (a run that may train THOR starts the
 workers memory takes: ResNet-50's THOR needs about 13 GB a worker; and Kedro 1.7 cannot validate the study's
 ``params:dim_reduce`` and dim_reduce's ``params:dim_reduce.pca`` in one run: "intermediate key 'dim_reduce' is not
-a dictionary"). ascend's and gpu's are marked ``large_memory``: one at a time, beside the fast tier only.
+a dictionary"). ascend's and gpu's are marked ``large_memory``: one at a time, beside one other slow test.
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from tests.support.views import charted, linked_view
 from trainlib.engine.runtime import device_available
 from trainlib.fast_dev_run import ROOT, TAG
 
-# THOR's first, every environment's: ResNet-50's THOR compiles on one core, and scripts/test.sh --all runs the fast tier
-# beside it
+# THOR's first, every environment's: ResNet-50's THOR compiles on one core, and scripts/test.sh --all runs the other
+# slow tests beside it
 TOGETHER = ("thor", "study", "baseline,adasum,dim_reduce")
 # thor_bert rehearses each environment's BERT: BERT-base's and BERT-large's THOR exceed this machine's 23 GB
 # (docs/configuration.md#fast_dev_run), so the slow tier rehearses base's
 BERT_ENVS = ("base",)
-# ResNet-50's rehearsals take 11 to 13 GB: one at a time, beside the in-process fast tier (6 GB) and nothing else
+# ResNet-50's rehearsals take 11 to 13 GB: one at a time (one xdist group), beside one other slow test
 LARGE_MEMORY_ENVS = ("ascend", "gpu")
 # Their study rehearses the study's nodes on the environment's parameters with the baseline alone: its THOR training
 # is the thor rehearsal's (the same nodes and parameters, ResNet-50's THOR graph compiled again for 1-2 minutes), and
