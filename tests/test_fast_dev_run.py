@@ -170,6 +170,24 @@ def test_a_run_that_may_train_thor_starts_only_the_workers_memory_takes():
     assert workers(64, ["thor"]) == 2
 
 
+def test_a_run_that_may_run_the_study_trains_on_one_worker():
+    """The study trains in its own process on one device, and refuses more: ascend's study without THOR, which
+    memory would give 2 workers, failed its rehearsal."""
+    extra = {"runtime": {"fast_dev_run": True}, "data": {"root": "/local/tree"}, "study": {"recipes": ["baseline"]}}
+    for pipelines in (["study"], ["study", "baseline"]):
+        found = fast_dev_run_overrides(
+            merged_params("ascend", extra),
+            env="ascend",
+            cpu_workers=2,
+            memory_gb=64,
+            pipelines=pipelines,
+            default_data=DEFAULT_DATA,
+            classes_in=lambda root, train: 3,
+            default_classes=10,
+        )
+        assert found.values["distributed.worker_num"] == 1, pipelines
+
+
 @pytest.mark.parametrize("env", ["base", "ascend", "gpu"])
 def test_thor_bert_keeps_the_envs_bert_on_a_few_documents(env):
     extra = {"runtime": {"fast_dev_run": True}}

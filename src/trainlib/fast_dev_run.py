@@ -257,7 +257,7 @@ def fast_dev_run_overrides(
 
     ``cpu_workers``: the machine's cores; ``memory_gb`` its memory; msrun workers: as many as both take (at least 2
     where the environment has several and memory allows), fewer where ``pipelines`` (the run's, ``None``: unknown)
-    may train THOR (``THOR_MEMORY_GB`` each). ``default_data``: the CPU default tree's
+    may train THOR (``THOR_MEMORY_GB`` each), one where they may run the study. ``default_data``: the CPU default tree's
     ``source``, ``root`` and ``split_dirs`` (conf/base's data section), used when ``data.root`` does not exist.
     ``classes_in(root, train_dir)``: the class folders of a tree's train split, ``None`` when ``root`` does not
     exist; ``default_classes``: the default tree's classes before it is written out.
@@ -272,6 +272,8 @@ def fast_dev_run_overrides(
     fit = int(min(memory_gb / (THOR_MEMORY_GB if thor_may_run else WORKER_MEMORY_GB), 1 << 16))
     workers = 1 if workers_in_env == 1 else _power_of_two_at_most(max(2, min(workers_in_env, cpu_workers)))
     workers = max(1, min(workers, _power_of_two_at_most(fit)))
+    if pipelines is not None and "study" in pipelines:
+        workers = 1  # the study trains in its own process, on one device (its adasum: study.adasum_workers ranks)
     study_adasum = raw_params.get("study", {}).get("adasum_workers", 2)
     plan = Plan(
         env=env,
