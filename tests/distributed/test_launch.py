@@ -1,4 +1,8 @@
-"""Data-parallel training under msrun: 2 CPU workers, one MLflow run, failures and interruptions."""
+"""Data-parallel training under msrun: 2 CPU workers, one MLflow run, failures and interruptions.
+
+The baseline's, adasum's and dim_reduce's trainings on two workers (identical replicas, one MLflow run per ``kedro
+run``, one child run per training, no worker left) are checked in ascend's rehearsal of the three
+(``tests/e2e/test_fast_dev_run.py``): ResNet-50 on 2 msrun workers, the same launch."""
 
 from __future__ import annotations
 
@@ -9,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.config import distributed_params
-from tests.support.processes import Watched, wait_until_gone
-from tests.support.projects import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project, runs
+from tests.support.processes import Watched, assert_no_worker_left
+from tests.support.projects import TINY_PARAMS, kedro, make_project, runs
 from tests.support.servers import free_port
 from tests.support.trees import write_image_tree
 from trainlib.distributed.launch import DistributedTrainingError, launch
@@ -31,22 +35,12 @@ def tiny_project(root: Path, params: dict, per_class: dict) -> Path:
     )
 
 
-def worker_pids(project: Path) -> list[int]:
-    return [int(p.read_text()) for p in (project / "logs/msrun").glob("*/rank_*.pid")]
-
-
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
         return False
     return state != "Z"
-
-
-def assert_no_worker_left(project: Path) -> None:
-    pids = worker_pids(project)
-    assert pids, "no worker ever started"
-    assert wait_until_gone(pids, timeout=15) == [], "msrun workers outlived the run"
 
 
 def test_a_rank_that_raises_fails_the_launch_with_its_traceback(tmp_path, monkeypatch):
@@ -61,41 +55,6 @@ def test_a_rank_that_raises_fails_the_launch_with_its_traceback(tmp_path, monkey
     (job,) = (tmp_path / "logs").iterdir()
     pids = [int(p.read_text()) for p in job.glob("rank_*.pid")]
     assert len(pids) == 2 and not [p for p in pids if alive(p)]
-
-
-def test_baseline_on_two_workers_keeps_replicas_identical_in_one_mlflow_run(tmp_path):
-    project = tiny_project(tmp_path, {}, {"train": 8, "val": 3})
-    result = kedro(project, "run", "--pipelines=baseline")
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-6000:]
-    assert "Launching 2 of 2 workers on node 0" in output
-    client, found = runs(project)
-    assert len(found) == 1, "one MLflow run per kedro run, not one per rank"
-    run = found[0]
-    assert run.info.status == "FINISHED"
-    assert run.data.metrics["distributed/replica_max_abs_diff"] == 0.0
-    for key in ("train/loss", "val/top1"):  # logged by rank 0 alone: one value per epoch
-        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [1, 2], key
-    assert "final/top1" in run.data.metrics
-    final = load_checkpoint(project / "data/06_models/baseline/final.ckpt")
-    assert final.metadata["epoch"] == 2
-    assert_no_worker_left(project)
-
-
-def test_dim_reduce_on_two_workers(tmp_path):
-    project = tiny_project(tmp_path, DIM_REDUCE_PARAMS, {"train": 8, "val": 3})
-    result = kedro(project, "run", "--pipelines=dim_reduce")
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-6000:]
-    assert output.count("Launching 2 of 2 workers") == 3  # stage 1, stage 2, control
-    _, found = runs(project)
-    assert len([r for r in found if "mlflow.parentRunId" not in r.data.tags]) == 1  # one run per kedro run
-    children = {r.data.tags["training"]: r.data.metrics for r in found if r.data.tags.get("mlflow.parentRunId")}
-    assert set(children) == {"stage1", "stage2", "control"}  # one child run per training, not one per rank
-    for training in ("stage1", "stage2", "control"):
-        assert children[training]["distributed/replica_max_abs_diff"] == 0.0, training
-        assert {"final/top1", "final/top5"} <= children[training].keys(), training
-    assert_no_worker_left(project)
 
 
 def wait_for_training(project: Path, run: Watched, epochs: int) -> dict[int, int]:
@@ -130,26 +89,6 @@ def test_ctrl_c_stops_every_worker(tmp_path):
     assert_no_worker_left(project)
     _, found = runs(project)
     assert [r.info.status for r in found] == ["KILLED"]
-
-
-def test_adasum_on_two_workers_keeps_replicas_identical(tmp_path):
-    adasum = {"epochs": 2, "batch_size": 4, "lr": {"peak": 0.05, "warmup_epochs": 0}, "eval_interval": 0}
-    project = tiny_project(tmp_path, {"adasum": adasum}, {"train": 8, "val": 3})
-    result = kedro(project, "run", "--pipelines=adasum")
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-6000:]
-    assert "Adasum of the weight deltas across 2 ranks" in output
-    client, found = runs(project)
-    assert len(found) == 1
-    run = found[0]
-    assert run.info.status == "FINISHED" and run.data.tags["pipeline"] == "adasum"
-    assert run.data.metrics["distributed/replica_max_abs_diff"] == 0.0
-    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/loss")) == [1, 2]
-    assert "final/top1" in run.data.metrics
-    initial = load_checkpoint(project / "data/06_models/adasum/initial.ckpt").params
-    final = load_checkpoint(project / "data/06_models/adasum/final.ckpt").network_params()
-    assert any(not (initial[name] == final[name]).all() for name in initial)
-    assert_no_worker_left(project)
 
 
 def test_adasum_refuses_a_rank_count_that_is_not_a_power_of_two(tmp_path):

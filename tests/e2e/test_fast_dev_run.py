@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 from pipelines.hooks.rehearsal import rehearsal_substitutions
 from pipelines.pipeline_registry import register_pipelines
 from tests.support.config import load_config
+from tests.support.processes import assert_no_worker_left
 from tests.support.projects import kedro, make_project, runs
 from tests.support.servers import free_port
 from tests.support.trees import write_image_tree
@@ -122,6 +123,8 @@ def test_the_pipelines_rehearse_the_environment_on_cpu(tmp_path, tree, env, pipe
     client, found = runs(project)
     ran = {name for run in found for name in run.data.tags.get("pipeline", "").split("+")}  # adasum+dim_reduce+…
     assert ran >= set(pipelines.split(","))
+    if env != "base" and pipelines == "baseline,adasum,dim_reduce":
+        assert_data_parallel(client, found, result.stdout + result.stderr, project)
     for run in found:
         if run.data.tags.get("mlflow.parentRunId"):
             continue  # dim_reduce's and the study's trainings: their parent carries the tags
@@ -138,6 +141,26 @@ def test_the_pipelines_rehearse_the_environment_on_cpu(tmp_path, tree, env, pipe
             if "adasum" in run.data.tags["pipeline"].split("+"):
                 assert "distributed.worker_num=2" in listed  # Adasum's exchange between 2 ranks
             assert run.data.params["model.name"] == "resnet50" and run.data.params["data.image_size"] == "224"
+
+
+def assert_data_parallel(client, found, output: str, project) -> None:
+    """baseline, adasum and dim_reduce's three trainings each on 2 msrun workers: identical replicas, the metrics of
+    each training logged once (by rank 0, not by each rank) into the run's one MLflow run (dim_reduce's into one
+    child run per training), Adasum applied across the ranks, and no worker outliving the run."""
+    assert output.count("Launching 2 of 2 workers on node 0") == 5  # baseline, adasum, stage1, stage2, control
+    worker_logs = "".join(log.read_text() for log in (project / "logs/msrun").glob("*/*.log"))
+    assert "Adasum of the weight deltas across 2 ranks" in worker_logs
+    (parent,) = [run for run in found if not run.data.tags.get("mlflow.parentRunId")]
+    children = {run.data.tags["training"]: run for run in found if run.data.tags.get("mlflow.parentRunId")}
+    assert set(children) == {"stage1", "stage2", "control"}
+    # the parent holds baseline's and adasum's trainings, a child each of dim_reduce's: one value a training
+    for run, trainings in [(parent, 2), *((child, 1) for child in children.values())]:
+        for key in ("distributed/replica_max_abs_diff", "final/top1"):
+            history = client.get_metric_history(run.info.run_id, key)
+            assert len(history) == trainings, (run.data.tags.get("training", "parent"), key, history)
+        replicas = client.get_metric_history(run.info.run_id, "distributed/replica_max_abs_diff")
+        assert {metric.value for metric in replicas} == {0.0}
+    assert_no_worker_left(project)
 
 
 def test_a_recipe_environment_without_fast_dev_run_is_still_refused(tmp_path, tree):

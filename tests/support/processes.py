@@ -110,3 +110,14 @@ def _running(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state != "Z"
+
+
+def msrun_worker_pids(project: Path) -> list[int]:
+    """The pids of every msrun worker the project's runs started (each rank writes its own file)."""
+    return [int(p.read_text()) for p in (project / "logs/msrun").glob("*/rank_*.pid")]
+
+
+def assert_no_worker_left(project: Path) -> None:
+    pids = msrun_worker_pids(project)
+    assert pids, "no worker ever started"
+    assert wait_until_gone(pids, timeout=15) == [], "msrun workers outlived the run"
