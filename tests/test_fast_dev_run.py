@@ -35,6 +35,21 @@ def overrides(env: str, *, trees: dict[str, int] | None = None, cpu_workers: int
     )
 
 
+def ascend_overrides(extra: dict, *, pipelines, memory_gb: float, cpu_workers: int = 2, classes: int | None = 3):
+    """The substitutions for a run of ``pipelines`` in ascend's configuration with ``extra``, on a machine of
+    ``cpu_workers`` cores and ``memory_gb``, its tree holding ``classes`` classes (``None``: no tree)."""
+    return fast_dev_run_overrides(
+        merged_params("ascend", extra),
+        env="ascend",
+        cpu_workers=cpu_workers,
+        memory_gb=memory_gb,
+        pipelines=pipelines,
+        default_data=DEFAULT_DATA,
+        classes_in=lambda root, train: classes,
+        default_classes=10,
+    )
+
+
 @pytest.mark.parametrize("env", ["base", "ascend", "gpu"])
 @pytest.mark.parametrize("root", ["/local/tree", "/data/imagenet"])
 def test_the_substituted_configuration_is_valid_and_runs_on_cpu(env, root):
@@ -151,17 +166,7 @@ def test_a_run_that_may_train_thor_starts_only_the_workers_memory_takes():
     extra = {"runtime": {"fast_dev_run": True}, "data": {"root": "/local/tree"}}
 
     def workers(memory_gb, pipelines):
-        found = fast_dev_run_overrides(
-            merged_params("ascend", extra),
-            env="ascend",
-            cpu_workers=2,
-            memory_gb=memory_gb,
-            pipelines=pipelines,
-            default_data=DEFAULT_DATA,
-            classes_in=lambda root, train: 3,
-            default_classes=10,
-        )
-        return found.values["distributed.worker_num"]
+        return ascend_overrides(extra, pipelines=pipelines, memory_gb=memory_gb).values["distributed.worker_num"]
 
     assert workers(23, ["baseline", "adasum", "dim_reduce"]) == 2
     assert workers(23, ["thor"]) == 1  # ResNet-50 THOR: 12.8 GB a worker
@@ -175,16 +180,7 @@ def test_a_run_that_may_run_the_study_trains_on_one_worker():
     memory would give 2 workers, failed its rehearsal."""
     extra = {"runtime": {"fast_dev_run": True}, "data": {"root": "/local/tree"}, "study": {"recipes": ["baseline"]}}
     for pipelines in (["study"], ["study", "baseline"]):
-        found = fast_dev_run_overrides(
-            merged_params("ascend", extra),
-            env="ascend",
-            cpu_workers=2,
-            memory_gb=64,
-            pipelines=pipelines,
-            default_data=DEFAULT_DATA,
-            classes_in=lambda root, train: 3,
-            default_classes=10,
-        )
+        found = ascend_overrides(extra, pipelines=pipelines, memory_gb=64)
         assert found.values["distributed.worker_num"] == 1, pipelines
 
 
@@ -203,16 +199,7 @@ def test_thor_bert_keeps_the_envs_bert_on_a_few_documents(env):
         assert training.checkpoint.dir.startswith(f"data/fast_dev_run/{env}/")
     assert bert.thor.lr == configured.thor.lr and bert.control.lr == configured.control.lr  # schedule shapes kept
     # a run of thor_bert may train THOR: the workers are bounded by THOR's memory, as for thor
-    small = fast_dev_run_overrides(
-        merged_params("ascend", extra),
-        env="ascend",
-        cpu_workers=8,
-        memory_gb=23,
-        pipelines=["thor_bert"],
-        default_data=DEFAULT_DATA,
-        classes_in=lambda root, train: None,
-        default_classes=10,
-    )
+    small = ascend_overrides(extra, pipelines=["thor_bert"], memory_gb=23, cpu_workers=8, classes=None)
     assert small.values["distributed.worker_num"] == 1
 
 
@@ -220,16 +207,8 @@ def test_a_run_with_one_worker_reads_images_for_three_steps_not_for_the_studys_a
     extra = {"runtime": {"fast_dev_run": True}, "data": {"root": "/local/tree"}}
 
     def per_class(pipelines, recipes):
-        return fast_dev_run_overrides(
-            merged_params("ascend", {**extra, "study": {"recipes": recipes}}),
-            env="ascend",
-            cpu_workers=2,
-            memory_gb=23,
-            pipelines=pipelines,
-            default_data=DEFAULT_DATA,
-            classes_in=lambda root, train: 3,
-            default_classes=10,
-        ).values["data.max_per_class.train"]
+        found = ascend_overrides({**extra, "study": {"recipes": recipes}}, pipelines=pipelines, memory_gb=23)
+        return found.values["data.max_per_class.train"]
 
     assert per_class(["thor"], ["baseline", "thor"]) * 3 == 3 * 1 * 2  # 3 steps x 1 worker x batch 2
     assert per_class(["study"], ["adasum"]) * 3 == 3 * 2 * 2  # the study's adasum trains on 2 ranks
