@@ -314,6 +314,26 @@ def test_an_interrupted_training_resumes_with_its_state_and_history(tmp_path, tr
         np.testing.assert_allclose(result.checkpoint.params[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
+def test_a_released_training_frees_its_network_and_its_graphs(tmp_path, train_data, val_data):
+    # MindSpore keeps a cell whose construct takes *args (TrainOneStepCell) once it ran in GRAPH mode, and its graphs:
+    # a study's process grew by a network, an optimizer and their graphs each training
+    import gc
+    import weakref
+
+    from mindspore.graph.api import _cell_graph_executor
+
+    result = momentum_training(tmp_path, train_data, val_data, epochs=1)
+    network, optimizer = weakref.ref(result.step.network), weakref.ref(result.step.optimizer)
+    phases = set(result.step.run.compile_cache) | set(result.step.network.compile_cache)  # training, evaluation
+    assert {phase.split(".")[0] for phase in phases} == {"train", "predict"}
+    assert all(_cell_graph_executor.has_compiled(phase) for phase in phases)
+    result.release()
+    gc.collect()
+    assert result.step is None and network() is None and optimizer() is None
+    assert not any(_cell_graph_executor.has_compiled(phase) for phase in phases)
+    assert result.history and result.checkpoint.params  # what the caller keeps of the training
+
+
 def model_step(start_checkpoint, steps_per_epoch: int, epochs: int, poison: bool = False) -> ModelTrainStep:
     """The Momentum network of ``build`` trained by ``mindspore.Model.train`` (as MindSpore's THOR is)."""
     import mindspore as ms

@@ -91,6 +91,13 @@ class TrainingResult:
     def __getstate__(self) -> dict:
         return {**self.__dict__, "step": None}
 
+    def release(self) -> None:
+        """Free the trained step's network, optimizer and graphs (``TrainStep.release``): a process that trains
+        again and again (the study) calls it once it is done with ``step``."""
+        if self.step is not None:
+            self.step.release()
+            self.step = None
+
 
 def train(
     spec: TrainingSpec,

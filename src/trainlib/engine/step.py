@@ -79,3 +79,45 @@ class TrainStep:
 
     def prepare(self) -> None:
         """Called once after ``restore`` (if any) and before the first batch; nothing to do by default."""
+
+    def release(self) -> None:
+        """Free what the step holds in MindSpore (``release_cells``); the step is unusable afterwards."""
+        release_cells(self)
+
+
+# the objects whose attributes may hold a step's cells: this project's, and MindSpore's Model (ModelThor, boost)
+_HOLDERS = ("trainlib.", "mindspore.train.")
+
+
+def release_cells(root: object) -> None:
+    """Free the compiled graphs of every cell reachable from ``root`` and empty those cells.
+
+    MindSpore never frees a cell whose ``construct`` takes ``*args`` once it has run in GRAPH mode (MindSpore 2.10:
+    something in C++ keeps a reference, and ``ms_memory_recycle`` does not drop it), nor the graphs compiled for it:
+    ``TrainOneStepCell`` and this project's step cells, so each training kept its network, optimizer and graphs, about
+    0.85 GB a THOR training in a long study process. Emptied, only the cells' shells stay.
+    """
+    from mindspore import nn
+    from mindspore.graph.api import _cell_graph_executor
+
+    cells, seen, todo = [], set(), [root]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, nn.Cell):
+            cells.append(obj)
+            todo.extend(vars(obj).values())  # its _cells, _params and _primitives too
+        elif isinstance(obj, list | tuple | set | frozenset):
+            todo.extend(obj)
+        elif isinstance(obj, dict):
+            todo.extend(obj.values())
+        elif type(obj).__module__.startswith(_HOLDERS) and hasattr(obj, "__dict__"):
+            todo.extend(vars(obj).values())
+    for cell in cells:
+        compiled = vars(cell).get("_compile_cache")  # the set behind Cell.compile_cache; None: never compiled
+        if compiled:
+            _cell_graph_executor.del_net_res(cell, set(compiled))
+            compiled.clear()
+        vars(cell).clear()

@@ -300,6 +300,7 @@ def _train_single(recipe: str):
             else:
                 result = train_thor(context, initial, section, callbacks=tracking.callbacks())
             record = _record(recipe, seed, key, run_id, _figures(result), tracking)
+        result.release()  # the study trains on in this process
         return {recipe: record}, [result.checkpoint]
 
     return train_one
@@ -332,6 +333,7 @@ def _train_dim_reduce(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str,
         first, trajectory = train_stage1(context, initial, stage1, boost=inputs.boost, callbacks=tracking.callbacks())
         # its final evaluation, as dim_reduce's stage1 child run has one
         tracking.log_final({"top1": first.history[-1]["val/top1"], "top5": first.history[-1]["val/top5"]})
+        first.release()
     chosen = collect_trajectory(trajectory, model, class_index, dim.collect, dim.pca)
     components = trajectory_pca(chosen, model, class_index, dim.pca).components
     records, finals = {}, [first.checkpoint]
@@ -351,6 +353,7 @@ def _train_dim_reduce(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str,
                     callbacks=tracking.callbacks(),
                 )
             records[row] = _record(row, seed, key, run_id, _figures(result), tracking)
+        result.release()
         finals.append(result.checkpoint)
     return records, finals
 
@@ -406,6 +409,7 @@ def _train_thor_bert(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str, 
         with tracking.run(f"thor_bert/{row.removeprefix('thor_bert_') or 'thor'}/seed{seed}", tags, params) as run_id:
             result = train(context, initial, section, callbacks=tracking.callbacks())
             records[row] = _record(row, seed, key, run_id, _figures(result), tracking)
+        result.release()
         finals.append(result.checkpoint)
     return records, finals
 
