@@ -263,12 +263,8 @@ def fast_dev_run_overrides(
     exist; ``default_classes``: the default tree's classes before it is written out.
     """
     workers_in_env = raw_params["distributed"]["worker_num"]
-    study_thor = any(r.startswith("thor") for r in raw_params.get("study", {}).get("recipes", []))
-    thor_may_run = (
-        pipelines is None
-        or any(name.startswith("thor") for name in pipelines)  # thor, thor_bert
-        or ("study" in pipelines and study_thor)
-    )
+    # thor, thor_bert; a run of the study trains on one worker below, whatever its recipes
+    thor_may_run = pipelines is None or any(name.startswith("thor") for name in pipelines)
     fit = int(min(memory_gb / (THOR_MEMORY_GB if thor_may_run else WORKER_MEMORY_GB), 1 << 16))
     workers = 1 if workers_in_env == 1 else _power_of_two_at_most(max(2, min(workers_in_env, cpu_workers)))
     workers = max(1, min(workers, _power_of_two_at_most(fit)))
