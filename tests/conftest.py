@@ -55,6 +55,16 @@ def setup_group(item: pytest.Item) -> str | None:
     return item.nodeid.split("::")[0] if "module" in scopes else None
 
 
+def slow_order(item: pytest.Item) -> int:
+    """Where ``item`` goes in the slow tier's order: large_memory, shared set-ups, module set-ups, the rest."""
+    group = setup_group(item)
+    if group == "large_memory":
+        return 0
+    if group in SHARED_SETUPS:
+        return 1
+    return 2 if group is not None else 3
+
+
 def pytest_addoption(parser):
     parser.addoption("--all", action="store_true", help="also run the slow tier (kedro run processes, msrun, browsers)")
 
@@ -71,10 +81,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(group))
     if config.getoption("--all") or config.getoption("-m"):
         # in this order to the two workers (scripts/test.sh: --no-loadscope-reorder): the large_memory group (about
-        # 15 minutes on one worker), the long shared set-ups, then the rest; the short tests end the session
-        items.sort(
-            key=lambda item: 0 if item.get_closest_marker("large_memory") else 2 - (setup_group(item) in SHARED_SETUPS)
-        )
+        # 15 minutes on one worker), the long shared set-ups, the modules of one set-up (a minute or more each), then
+        # the tests that stand alone, so that the session ends on short units (a module last, the browser's 2.5
+        # minutes, left one worker idle that long at a79bc46)
+        items.sort(key=slow_order)
         return
     slow = [item for item in items if item.get_closest_marker("slow")]
     if slow:
