@@ -19,13 +19,15 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import docutils.core
 import pandas as pd
 from docutils import nodes
 from docutils.parsers.rst import Directive, directives, roles
-from nltk.tokenize.punkt import PunktSentenceTokenizer, PunktTrainer
+
+if TYPE_CHECKING:
+    from nltk.tokenize.punkt import PunktSentenceTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -192,6 +194,10 @@ def read_sources(root: str | Path, *, limit: int | None) -> list[Source]:
 def fit_sentence_splitter(sources: Sequence[Source]) -> PunktSentenceTokenizer:
     """Punkt trained on the paragraphs of ``sources`` (the train documents): its abbreviations, collocations and
     sentence starters."""
+    # imported here: importing NLTK loads all of it (about 1 s), and every `kedro run` and msrun worker imports
+    # this module through the pipelines' registry, BERT or not
+    from nltk.tokenize.punkt import PunktSentenceTokenizer, PunktTrainer
+
     trainer = PunktTrainer()
     for source in sources:
         trainer.train("\n\n".join(source.paragraphs), finalize=False)
