@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.config import distributed_params
-from tests.support.processes import Watched, assert_no_worker_left
+from tests.support.processes import Watched, assert_no_worker_left, running
 from tests.support.projects import TINY_PARAMS, kedro, make_project, runs
 from tests.support.servers import free_port
 from tests.support.trees import write_image_tree
@@ -35,14 +35,6 @@ def tiny_project(root: Path, params: dict, per_class: dict) -> Path:
     )
 
 
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
-
-
 def test_a_rank_that_raises_fails_the_launch_with_its_traceback(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
@@ -54,7 +46,7 @@ def test_a_rank_that_raises_fails_the_launch_with_its_traceback(tmp_path, monkey
     assert str(failure.value).rstrip().endswith("ValueError: bad shard on rank 1")
     (job,) = (tmp_path / "logs").iterdir()
     pids = [int(p.read_text()) for p in job.glob("rank_*.pid")]
-    assert len(pids) == 2 and not [p for p in pids if alive(p)]
+    assert len(pids) == 2 and not [p for p in pids if running(p)]
 
 
 def wait_for_training(project: Path, run: Watched, epochs: int) -> dict[int, int]:

@@ -97,13 +97,13 @@ def wait_until_gone(pids: list[int], timeout: float) -> list[int]:
                 break
             for pid in [pid for pid, fd in handles.items() if fd in ready]:
                 os.close(handles.pop(pid))
-        return sorted(pid for pid in handles if _running(pid))
+        return sorted(pid for pid in handles if running(pid))
     finally:
         for fd in handles.values():
             os.close(fd)
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
     """Whether ``pid`` is a live process (a zombie awaiting its parent's wait is not)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
