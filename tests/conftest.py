@@ -55,9 +55,9 @@ def setup_group(item: pytest.Item) -> str | None:
     return item.nodeid.split("::")[0] if "module" in scopes else None
 
 
-def slow_order(item: pytest.Item) -> int:
-    """Where ``item`` goes in the slow tier's order: large_memory, shared set-ups, module set-ups, the rest."""
-    group = setup_group(item)
+def slow_order(group: str | None) -> int:
+    """Where a test of ``group`` (``setup_group``) goes in the slow tier's order: large_memory, shared set-ups,
+    module set-ups, the rest."""
     if group == "large_memory":
         return 0
     if group in SHARED_SETUPS:
@@ -72,11 +72,12 @@ def pytest_addoption(parser):
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks this adds
 def pytest_collection_modifyitems(config, items):
     tests = Path(__file__).parent
+    groups = {}
     for item in items:
         in_slow_folder = Path(item.fspath).relative_to(tests).parts[0] in SLOW_FOLDERS
         if in_slow_folder and not item.get_closest_marker("fast"):
             item.add_marker(pytest.mark.slow)
-        group = setup_group(item)
+        groups[item.nodeid] = group = setup_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
     if config.getoption("--all") or config.getoption("-m"):
@@ -84,7 +85,7 @@ def pytest_collection_modifyitems(config, items):
         # 15 minutes on one worker), the long shared set-ups, the modules of one set-up (a minute or more each), then
         # the tests that stand alone, so that the session ends on short units (a module last, the browser's 2.5
         # minutes, left one worker idle that long at a79bc46)
-        items.sort(key=slow_order)
+        items.sort(key=lambda item: slow_order(groups[item.nodeid]))
         return
     slow = [item for item in items if item.get_closest_marker("slow")]
     if slow:
