@@ -3,7 +3,7 @@
 # (default dataset), the Python 3.11 documentation's sources (the thor_bert text corpus), Chromium
 # and its WebDriver (tests/test_browser.py opens kedro-viz and the MLflow UI in it), PostgreSQL (the
 # slow tier's database server), a C compiler (one slow test's preload library) and a virtual
-# environment in .venv/ with the locked dependencies.
+# environment in .venv/ with the locked dependencies (installed by uv, below).
 # Safe to rerun: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,16 +62,21 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 
+# uv installs the lock: it downloads and unpacks in parallel and compiles the bytecode on every core (this script on a
+# fresh clone, empty caches: 122 s with pip, 71 s with uv; docs/experiments/2026-11-25-test-suite-timings.md). The
+# bytecode is compiled at install because nothing compiles it later where PYTHONDONTWRITEBYTECODE is set.
+uv_install=(.venv/bin/uv pip install -q --python .venv/bin/python --compile-bytecode)
 stamp=.venv/.installed
 if [ ! -f "$stamp" ] || [ requirements.lock -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "Installing locked dependencies into .venv (mindspore is an 800 MB wheel: minutes on first run)"
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -r requirements.lock
-  .venv/bin/python -m pip install -q --no-deps -e .
+  echo "Installing locked dependencies into .venv (mindspore is an 800 MB wheel)"
+  .venv/bin/python -m pip install -q uv==0.13.9
+  "${uv_install[@]}" -r requirements.lock
+  "${uv_install[@]}" --no-deps -e .
   touch "$stamp"
 fi
 
-# The optional 'migrate' extra (PyTorch CPU): only the migrate pipeline and tests/test_migrate.py use it.
+# The optional 'migrate' extra (PyTorch CPU): only the migrate pipeline and tests/test_migrate.py use it. Through pip:
+# where the CPU build lies (an index or find-links) is pip's configuration, which uv does not read.
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   echo "Installing the 'migrate' extra (PyTorch CPU: about 750 MB installed)"
   .venv/bin/python -m pip install -q -e ".[migrate]"
@@ -80,5 +85,5 @@ fi
 # The optional 'notebook' extra (JupyterLab, about 80 MB installed): notebooks/compare_recipes.ipynb in JupyterLab.
 if ! .venv/bin/python -c "import jupyterlab" 2>/dev/null; then
   echo "Installing the 'notebook' extra (JupyterLab)"
-  .venv/bin/python -m pip install -q -e ".[notebook]"
+  "${uv_install[@]}" -e ".[notebook]"
 fi
