@@ -75,15 +75,20 @@ if [ ! -f "$stamp" ] || [ requirements.lock -nt "$stamp" ] || [ pyproject.toml -
   touch "$stamp"
 fi
 
+# whether .venv has a package, found without importing it (importing torch alone takes 2-3 s, on every test command)
+installed() {
+  .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)"
+}
+
 # The optional 'migrate' extra (PyTorch CPU): only the migrate pipeline and tests/test_migrate.py use it. Through pip:
 # where the CPU build lies (an index or find-links) is pip's configuration, which uv does not read.
-if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+if ! installed torch; then
   echo "Installing the 'migrate' extra (PyTorch CPU: about 750 MB installed)"
   .venv/bin/python -m pip install -q -e ".[migrate]"
 fi
 
 # The optional 'notebook' extra (JupyterLab, about 80 MB installed): notebooks/compare_recipes.ipynb in JupyterLab.
-if ! .venv/bin/python -c "import jupyterlab" 2>/dev/null; then
+if ! installed jupyterlab; then
   echo "Installing the 'notebook' extra (JupyterLab)"
   "${uv_install[@]}" -e ".[notebook]"
 fi
