@@ -66,10 +66,12 @@ fi
 # fresh clone, empty caches: 122 s with pip, 71 s with uv; docs/experiments/2026-11-25-test-suite-timings.md). The
 # bytecode is compiled at install because nothing compiles it later where PYTHONDONTWRITEBYTECODE is set.
 uv_install=(.venv/bin/uv pip install -q --python .venv/bin/python --compile-bytecode)
+if [ ! -x .venv/bin/uv ]; then
+  .venv/bin/python -m pip install -q uv==0.13.9
+fi
 stamp=.venv/.installed
 if [ ! -f "$stamp" ] || [ requirements.lock -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "Installing locked dependencies into .venv (mindspore is an 800 MB wheel)"
-  .venv/bin/python -m pip install -q uv==0.13.9
   "${uv_install[@]}" -r requirements.lock
   "${uv_install[@]}" --no-deps -e .
   touch "$stamp"
