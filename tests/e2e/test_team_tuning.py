@@ -8,11 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import optuna
+import sqlalchemy
 import yaml
 
 from tests.e2e.test_secrets import error_blocks, files_holding
 from tests.support.projects import TINY_PARAMS, kedro, make_project, runs
 from tests.support.trees import write_image_tree
+from trainlib.study.tuning import _storage, storage_url
 
 SPACE = {"baseline": {"lr": {"peak": [0.01, 0.2], "warmup_epochs": None}, "weight_decay": None}}
 
@@ -75,3 +77,29 @@ def test_a_rotated_password_is_one_error_line_naming_the_storage(tmp_path, postg
     client, found = runs(project)
     assert {run.info.status for run in found} == {"FAILED"}
     optuna.storages.RDBStorage(postgres.url("late", "late_tuning", "the-right-one", "postgresql+psycopg"))
+
+
+def test_a_machine_that_loses_the_race_to_create_the_schema_opens_the_winners(postgres):
+    """Machines started together on a new database all create Optuna's schema; one whose ``CREATE TABLE`` comes
+    after another's commit gets PostgreSQL's "relation already exists" (optuna/optuna#1092, as a CI run of
+    ``test_team_machines`` did). Here the other machine creates the storage at exactly that moment, every time."""
+    postgres.add_user("racer", "Rac3-pw", "raced_tuning")
+    url = postgres.url("racer", "raced_tuning", "Rac3-pw")
+    other_machine_ran = []
+
+    def the_other_machine_commits_first(connection, cursor, statement, *args):
+        if statement.lstrip().startswith("CREATE TABLE alembic_version") and not other_machine_ran:
+            other_machine_ran.append(True)
+            optuna.storages.RDBStorage(storage_url(url))
+
+    sqlalchemy.event.listen(sqlalchemy.engine.Engine, "before_cursor_execute", the_other_machine_commits_first)
+    try:
+        storage = _storage(url)
+    finally:
+        sqlalchemy.event.remove(sqlalchemy.engine.Engine, "before_cursor_execute", the_other_machine_commits_first)
+
+    assert other_machine_ran
+    assert postgres.sql("SELECT count(*) FROM alembic_version;", "raced_tuning").split()[2] == "1"
+    study = optuna.create_study(storage=storage, study_name="raced")
+    study.tell(study.ask(), 1.0)
+    assert [trial.state.name for trial in study.trials] == ["COMPLETE"]

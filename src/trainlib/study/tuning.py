@@ -598,8 +598,8 @@ def _storage(url: str, heartbeats: tuple[TuningParams, RetryDeadTrial] | None = 
     """An Optuna RDB storage; a SQLite file's folder is made, and its writers wait for each other's locks. With
     ``heartbeats``, its trials record them and a dead one's goes to the ``RetryDeadTrial``.
 
-    Processes started together on a new storage all create its schema: the ones that lose that race get
-    ``IntegrityError`` (``alembic_version``) or "table already exists", and open the storage the winner made.
+    Processes started together on a new storage all create its schema: the ones that lose that race get a
+    duplicate key or "relation already exists" (``_schema_race``), and open the storage the winner made.
     A storage that cannot be opened at all stops the study with ``TuningStorageError``, the URL's password
     masked."""
     options: dict = {}
@@ -613,19 +613,19 @@ def _storage(url: str, heartbeats: tuple[TuningParams, RetryDeadTrial] | None = 
             "grace_period": tuning.grace_period,
             "heartbeat_stale_trial_callback": on_dead_trial,
         }
-    for attempt in range(SCHEMA_ATTEMPTS):
+    attempt = 1
+    while True:
         try:
             return _rdb_storage(url, options)
-        except sqlalchemy.exc.IntegrityError:
-            continue
-        except sqlalchemy.exc.OperationalError as error:
-            if attempt == SCHEMA_ATTEMPTS - 1 or not _schema_race(url, error):
-                reason = str(error.orig or error).strip().splitlines()[0]
-                raise TuningStorageError(
-                    f"study.tuning.storage {redact(url)} cannot be opened: {redact(reason)}. Check the server, the "
-                    "user and the password (PGPASSWORD or conf/local/credentials.yml, docs/team.md)"
-                ) from None
-    return _rdb_storage(url, options)
+        except sqlalchemy.exc.DBAPIError as error:
+            if attempt < SCHEMA_ATTEMPTS and _schema_race(url, error):
+                attempt += 1
+                continue
+            reason = str(error.orig or error).strip().splitlines()[0]
+            raise TuningStorageError(
+                f"study.tuning.storage {redact(url)} cannot be opened: {redact(reason)}. Check the server, the "
+                "user and the password (PGPASSWORD or conf/local/credentials.yml, docs/team.md)"
+            ) from None
 
 
 def _rdb_storage(url: str, options: Mapping) -> optuna.storages.RDBStorage:
@@ -634,7 +634,14 @@ def _rdb_storage(url: str, options: Mapping) -> optuna.storages.RDBStorage:
         return optuna.storages.RDBStorage(storage_url(url), **options)
 
 
-def _schema_race(url: str, error: sqlalchemy.exc.OperationalError) -> bool:
-    """Whether ``error`` may be another process creating the same schema (any error of a SQLite file, whose
-    writers lock each other out; elsewhere "... already exists"), not a database that cannot be reached."""
-    return url.startswith("sqlite") or "already exists" in str(error.orig or error)
+def _schema_race(url: str, error: sqlalchemy.exc.DBAPIError) -> bool:
+    """Whether ``error`` may be another process creating the same schema, not a database that cannot be
+    reached: a duplicate row or type (``IntegrityError``), a table "already exists" (PostgreSQL's
+    ``DuplicateTable`` is a ``ProgrammingError``, SQLite's an ``OperationalError``), or any error of a SQLite file,
+    whose writers lock each other out. Optuna's answer, creating the storage before starting the machines
+    (optuna/optuna#1092), is one more step for every team; a retry needs none."""
+    return (
+        isinstance(error, sqlalchemy.exc.IntegrityError)
+        or url.startswith("sqlite")
+        or "already exists" in str(error.orig or error)
+    )
