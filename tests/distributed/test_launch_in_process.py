@@ -16,7 +16,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests.support.config import distributed_params
-from trainlib.distributed.launch import _failure_message, _Job, msrun_command
+from trainlib.distributed.launch import _failure_message, _Job, msrun_command, msrun_environment
 from trainlib.params import DistributedParams
 
 pytestmark = pytest.mark.fast
@@ -46,6 +46,18 @@ def test_inconsistent_worker_counts_are_named(distributed, key):
         distributed_params(**distributed)
     (problem,) = error.value.errors()
     assert [k for k, _ in problem["ctx"]["problems"]] == [key]
+
+
+def test_the_scheduler_retry_interval_reaches_msrun_and_its_workers(monkeypatch):
+    monkeypatch.setenv("MS_RETRY_INTERVAL_UPPER", "9")  # the configuration decides, not a leftover variable
+    environment = msrun_environment(distributed_params(scheduler_retry_interval_s=[2, 4]))
+    assert (environment["MS_RETRY_INTERVAL_LOWER"], environment["MS_RETRY_INTERVAL_UPPER"]) == ("2", "4")
+    assert environment["PATH"].split(":")[0] == str(Path(sys.executable).parent)  # msrun starts the bare `python`
+    assert msrun_environment(distributed_params(scheduler_retry_interval_s=None))["MS_RETRY_INTERVAL_UPPER"] == "9"
+    with pytest.raises(ValidationError) as error:
+        distributed_params(scheduler_retry_interval_s=[5, 3])
+    (problem,) = error.value.errors()
+    assert problem["ctx"]["problems"] == [("distributed.scheduler_retry_interval_s", "is [5, 3]: give [lower, upper]")]
 
 
 def test_two_nodes_of_eight_are_valid_and_launch_their_own_workers(tmp_path):

@@ -120,6 +120,17 @@ def msrun_command(distributed: DistributedParams, job_dir: Path) -> list[str]:
     ]
 
 
+def msrun_environment(distributed: DistributedParams) -> dict[str, str]:
+    """The environment ``msrun`` and its workers start with: this one, the interpreter's folder first on ``PATH``
+    (msrun starts the bare ``python``), and the scheduler's retry interval if configured, which sets how long
+    joining and leaving the cluster take."""
+    environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    if distributed.scheduler_retry_interval_s is not None:
+        lower, upper = distributed.scheduler_retry_interval_s
+        environment |= {"MS_RETRY_INTERVAL_LOWER": str(lower), "MS_RETRY_INTERVAL_UPPER": str(upper)}
+    return environment
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -246,7 +257,6 @@ def launch(
     write_atomically(job_dir / JOB_FILE, pickle.dumps(job))
     # setpriv: msrun gets SIGINT, on which it stops its workers, if this process dies (even by SIGKILL)
     command = ["setpriv", "--pdeathsig", "INT", *msrun_command(distributed, job_dir)]
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     logger.info(
         "Launching %d of %d workers on node %d: %s",
         distributed.local_worker_num,
@@ -258,7 +268,7 @@ def launch(
     with open(job_dir / "msrun.log", "wb") as msrun_log:
         msrun = subprocess.Popen(
             command,
-            env=env,
+            env=msrun_environment(distributed),
             stdout=None if distributed.node_rank == 0 else msrun_log,
             stderr=msrun_log,
         )

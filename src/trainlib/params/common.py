@@ -39,6 +39,10 @@ class DistributedParams(Section):
     master_port: Annotated[int, Field(ge=1024, le=65535)]
     node_rank: NonNegativeInt
     cluster_timeout_s: PositiveInt  # seconds
+    # seconds a worker waits between its messages to msrun's scheduler while it joins, exchanges hostnames and
+    # leaves: [lower, upper], a random value between (MindSpore's MS_RETRY_INTERVAL_LOWER / _UPPER); null leaves
+    # them to MindSpore (its default, or the environment's variables)
+    scheduler_retry_interval_s: Annotated[list[PositiveInt], Field(min_length=2, max_length=2)] | None
     log_dir: str
 
     @property
@@ -49,6 +53,7 @@ class DistributedParams(Section):
     @model_validator(mode="after")
     def _node_layout(self) -> DistributedParams:
         workers, local, node = self.worker_num, self.local_worker_num, self.node_rank
+        interval = self.scheduler_retry_interval_s
         if local > workers:
             problem = ("distributed.local_worker_num", f"is {local}, more than distributed.worker_num ({workers})")
         elif workers % local:
@@ -62,6 +67,8 @@ class DistributedParams(Section):
                 "distributed.node_rank",
                 f"is {node}; with {workers} workers, {local} per node, use 0..{self.nodes - 1}",
             )
+        elif interval and interval[0] > interval[1]:
+            problem = ("distributed.scheduler_retry_interval_s", f"is {interval}: give [lower, upper]")
         else:
             return self
         CrossKeyProblems.raise_if_any([problem])
