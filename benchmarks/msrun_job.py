@@ -30,8 +30,6 @@ from trainlib.distributed.launch import launch  # noqa: E402
 def job(interval: list[int] | None) -> tuple[float, dict[str, float]]:
     """Seconds of one empty 2-worker job, and the seconds at which its workers started and returned (the
     modification times of their files)."""
-    for name in ("MS_RETRY_INTERVAL_LOWER", "MS_RETRY_INTERVAL_UPPER"):
-        os.environ.pop(name, None)  # null means MindSpore's own default here, not a leftover variable
     with tempfile.TemporaryDirectory() as log_dir:
         distributed = distributed_params(
             worker_num=2,
@@ -55,6 +53,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5, help="jobs per setting, alternated")
     args = parser.parse_args()
+    # null means MindSpore's own default here, not a leftover variable (launch sets a configured one in msrun's
+    # environment only)
+    for name in ("MS_RETRY_INTERVAL_LOWER", "MS_RETRY_INTERVAL_UPPER"):
+        os.environ.pop(name, None)
 
     configured = distributed_params().scheduler_retry_interval_s
     settings = {f"conf/base {configured}": configured, "MindSpore's default": None}
