@@ -1,6 +1,7 @@
 """A loaded classifier: encoded images (PNG, JPEG, BMP as bytes) in, each image's top classes and their
 probabilities out. Each image is decoded, resized and cropped by the evaluation's own operations
-(``images.eval_image_ops``), so a model predicts on the pixels its evaluation scored."""
+(``images.eval_image_ops``), so a model predicts on the pixels its evaluation scored, behind the checks of
+``decoding``: no image can end the process."""
 
 from __future__ import annotations
 
@@ -11,17 +12,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mindir_serving.decoding import ImageDecoder
 from mindir_serving.files import DESCRIPTION_FILE, MINDIR_FILE
-from mindir_serving.images import UnreadableImageError, eval_image_ops, network_input
+from mindir_serving.images import UnreadableImageError
 
 ERROR_COLUMN = "error"  # empty for an image that was classified; otherwise why it could not be
+WARNING_COLUMN = "warning"  # what the decoder said of an image it still read (libjpeg's "Corrupt JPEG data: …")
 PROBABILITY_DIGITS = 6  # decimals of a probability: float32 softmax carries about seven
 
 
 def prediction_columns(top_k: int) -> list[str]:
-    """``class_1`` … ``class_k``, ``probability_1`` … ``probability_k``, ``error``: a prediction's columns."""
+    """``class_1`` … ``class_k``, ``probability_1`` … ``probability_k``, ``error``, ``warning``: a prediction's
+    columns."""
     ranks = range(1, top_k + 1)
-    return [*(f"class_{k}" for k in ranks), *(f"probability_{k}" for k in ranks), ERROR_COLUMN]
+    return [*(f"class_{k}" for k in ranks), *(f"probability_{k}" for k in ranks), ERROR_COLUMN, WARNING_COLUMN]
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -53,7 +57,7 @@ class MindirClassifier:
         self.classes: list[str] = description["classes"]
         self.batch_size: int = description["batch_size"]
         self._network = nn.GraphCell(ms.load(str(mindir_path)))
-        self._image_ops = eval_image_ops(description["image_size"], description["eval_resize_ratio"])
+        self._decoder = ImageDecoder(description["image_size"], description["eval_resize_ratio"])
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> MindirClassifier:
@@ -63,7 +67,10 @@ class MindirClassifier:
     def pixels(self, image: bytes) -> np.ndarray:
         """One encoded image as the network's input, ``(3, size, size)`` float32; an image that cannot be read
         raises ``UnreadableImageError`` saying why."""
-        return network_input(image, self._image_ops)
+        decoded = self._decoder.decode(image)
+        if decoded.pixels is None:
+            raise UnreadableImageError(decoded.error)
+        return decoded.pixels
 
     def logits(self, pixels: np.ndarray) -> np.ndarray:
         """The network's outputs for a batch ``(n, 3, size, size)``."""
@@ -75,15 +82,18 @@ class MindirClassifier:
         """One row per image (``prediction_columns``): its ``top_k`` classes, most probable first. An image that
         cannot be read gets None for its classes and probabilities and its reason under ``error``; the others are
         still classified. The network reads the images in batches of its exported size, the last padded with zero
-        images."""
+        images. ``warning``: what the decoder said of an image it read, else empty."""
         top_k = min(top_k, len(self.classes))
         rows: list[dict] = [{} for _ in images]
         decoded: list[tuple[int, np.ndarray]] = []
+        warnings: dict[int, str] = {}
         for position, image in enumerate(images):
-            try:
-                decoded.append((position, self.pixels(image)))
-            except UnreadableImageError as error:
-                rows[position] = {ERROR_COLUMN: str(error)}
+            result = self._decoder.decode(image)
+            if result.pixels is None:
+                rows[position] = {ERROR_COLUMN: result.error, WARNING_COLUMN: result.warning}
+            else:
+                decoded.append((position, result.pixels))
+                warnings[position] = result.warning
         for start in range(0, len(decoded), self.batch_size):
             batch = decoded[start : start + self.batch_size]
             logits = self.logits(padded(np.stack([pixels for _, pixels in batch]), self.batch_size))[: len(batch)]
@@ -98,5 +108,6 @@ class MindirClassifier:
                         for k, index in enumerate(order)
                     },
                     ERROR_COLUMN: "",
+                    WARNING_COLUMN: warnings[position],
                 }
         return answer_table(rows, prediction_columns(top_k))

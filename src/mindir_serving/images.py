@@ -4,9 +4,8 @@ generic "Exception thrown from dataset pipeline"."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import numpy as np
+import io
+import warnings
 
 # ImageNet channel statistics, in 0-255 pixel units (recipe values).
 MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
@@ -56,41 +55,50 @@ def image_format(image: bytes) -> str | None:
 
 
 def refused_before_decoding(image: bytes) -> str | None:
-    """Why ``image`` is not worth decoding, for the files MindSpore would refuse and copy into the working directory
-    (an empty file, a GIF or WebP, a JPEG cut short); None for every other file, which goes to the decoder."""
+    """Why ``image`` is not worth decoding, by its bytes alone: empty, no JPEG, PNG or BMP signature, a GIF or WebP
+    (MindSpore refuses them), a JPEG or PNG cut before its end; None for every other file."""
     if not image:
         return "empty file"
     found = image_format(image)
     if found in REFUSED_SIGNATURES.values():
         return f"{found} image: the model reads {DECODED}"
+    if found is None:
+        return f"not an image: the file starts with no {DECODED} signature"
     if found == "JPEG" and JPEG_END not in image:
         return "truncated JPEG: the file ends before its end-of-image marker"
+    if found == "PNG" and PNG_END not in image:
+        return "truncated PNG: the file ends before its IEND chunk"
     return None
 
 
 def decode_failure(image: bytes, error: Exception) -> str:
     """Why the decoder failed on ``image`` (``error``: MindSpore's exception), named by what the bytes are."""
     found = image_format(image)
-    if found is None:
-        return f"not an image: the file starts with no {DECODED} signature"
-    if found == "PNG" and PNG_END not in image:
-        return "truncated PNG: the file ends before its IEND chunk"
     # MindSpore's own line, without its advice to open the copy it writes or to delete the file from a dataset
     lines = [line.strip().removeprefix("[ERROR]").strip() for line in str(error).splitlines() if "[ERROR]" in line]
     cause = (lines[0] if lines else str(error).strip().splitlines()[0]).split(" Dump the ")[0].rstrip(". ")
     return f"corrupt {found}: {cause}"
 
 
-def network_input(image: bytes, operations: Sequence) -> np.ndarray:
-    """One encoded image through ``operations`` (``eval_image_ops``); an image they cannot read raises
-    ``UnreadableImageError`` saying why."""
-    reason = refused_before_decoding(image)
-    if reason is not None:
-        raise UnreadableImageError(reason)
-    array = np.frombuffer(image, dtype=np.uint8)
+def pillow_problem(image: bytes, max_pixels: int) -> str | None:
+    """Why Pillow cannot read ``image`` (a JPEG, PNG or BMP by its signature), or None: its header is parsed in Python
+    and a declared size over ``max_pixels`` refused before a pixel is decoded; then every pixel is decoded, and what
+    the decoder refuses is named (``decoding`` says why this runs before MindSpore's decoder)."""
+    from PIL import Image, UnidentifiedImageError
+
+    found = image_format(image)
     try:
-        for operation in operations:
-            array = operation(array)
-    except RuntimeError as error:
-        raise UnreadableImageError(decode_failure(image, error)) from None
-    return array
+        # over Pillow's warning size, above this limit anyway: an exception here, not a warning in the caller's log
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            opened = Image.open(io.BytesIO(image), formats=list(DECODED_SIGNATURES.values()))
+        with opened:
+            width, height = opened.size
+            if width * height > max_pixels:
+                return f"{found} of {width} x {height} pixels: over the {max_pixels:,} pixels a model decodes"
+            opened.load()
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):  # Pillow's limits, met before this one
+        return f"{found} of over {Image.MAX_IMAGE_PIXELS:,} pixels: over the {max_pixels:,} pixels a model decodes"
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as error:
+        return f"corrupt {found}: {error}"
+    return None

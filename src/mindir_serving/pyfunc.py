@@ -20,8 +20,8 @@ INPUT_COLUMNS = {IMAGE_CLASSIFICATION: ("image", "binary"), FILL_MASK: ("text", 
 # The distributions a model of each task imports, beside the standard library and this package: its requirements.
 # BERT's tokenizer is imported by a fill-mask model only.
 REQUIREMENTS = {
-    IMAGE_CLASSIFICATION: ("mindspore", "mlflow", "numpy", "pandas"),
-    FILL_MASK: ("mindspore", "mlflow", "numpy", "pandas", "tokenizers"),
+    IMAGE_CLASSIFICATION: ("mindspore", "mlflow", "numpy", "pandas", "pillow"),
+    FILL_MASK: ("mindspore", "mlflow", "numpy", "pandas", "pillow", "tokenizers"),
 }
 
 

@@ -19,13 +19,17 @@ import pytest
 from mindspore import nn
 from PIL import Image
 
+from pipelines.data.nodes import build_manifest  # (its import sets Kedro's logging up: before caplog's handler)
+from tests.support.config import load_config
 from tests.support.trees import class_colour
 from trainlib.data import verify as verify_module
 from trainlib.data.folder import InputPipelineError, checked_batches, create_dataset, scan_image_tree
 from trainlib.data.links import ChangedImageError, link_split
 from trainlib.data.verify import FolderFiles, verify_files
+from trainlib.params import DataParams
 
 SPLITS = {"train": "train", "val": "val"}
+BAD_IMAGES = Path(__file__).parents[1] / "predict" / "bad_images"  # the regression files of mindir_serving.decoding
 CLASSES = ("ant", "bee")
 SIZE = 16
 
@@ -74,7 +78,17 @@ def fault_tree(tmp_path) -> tuple[Path, dict[str, str], set[str]]:
     # A file that cannot be opened. Root opens any file whatever its mode, so use what nobody can
     # open: a link to itself (ELOOP); as another user, a file without read permission as well.
     (bee / "loop.JPEG").symlink_to(bee / "loop.JPEG")
+    # the files that ended or hung MindSpore's decoder (issue 52): Pillow's decode refuses each before training sees it
+    crashers = {}
+    for kept in sorted(BAD_IMAGES.iterdir()):
+        copy = (bee if kept.name.startswith("sig") else ant) / kept.name.replace(".jpg", ".JPEG")
+        shutil.copyfile(kept, copy)
+        if kept.name.startswith("warns_"):
+            loads.add(copy)  # decodes, with libjpeg's warning
+        else:
+            crashers[copy] = "cannot be decoded"
     faults = {
+        **crashers,
         truncated: "cannot be decoded",
         ant / "empty.JPEG": "empty file",
         ant / ".DS_Store": "hidden or system file",
@@ -377,3 +391,13 @@ def test_verification_workers_end_with_a_killed_parent(make_image_tree):
             alive = {pid: fd for pid, fd in alive.items() if fd not in ready}
     finally:
         parent.kill()
+
+
+@pytest.mark.parametrize("level", ["header", "none", "decode"])
+def test_a_level_below_decode_is_warned_of_at_ingest(jpeg_tree, tmp_path, caplog, level):
+    """The data pipeline's ingest says that files reach MindSpore's decoder unchecked below ``decode``."""
+    data = {**load_config()["data"], "verify": level, "cache_dir": str(tmp_path / "cache")}
+    with caplog.at_level(logging.WARNING, logger="pipelines.data"):
+        build_manifest(str(jpeg_tree), DataParams(**data))
+    warned = f"data.verify is {level!r}: image contents reach MindSpore's decoder unchecked" in caplog.text
+    assert warned == (level != "decode")

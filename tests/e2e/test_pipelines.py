@@ -13,9 +13,11 @@ import mlflow
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
 
 from mindir_serving.classifier import MindirClassifier, prediction_columns
 from tests.support.csv_files import CSV_REL
+from tests.support.fuzz_images import mutated_images
 from tests.support.projects import (
     DIM_REDUCE_PARAMS,
     EPOCHS,
@@ -33,6 +35,9 @@ from tests.support.standalone import strict_json
 from tests.support.trees import write_image_tree
 from trainlib.engine.checkpoint import load_checkpoint
 from trainlib.metrics import EPOCH_KEYS
+
+# files that ended MindSpore's decoder (SIGFPE, SIGSEGV, a hang), and one it reads with a warning (warns_*)
+BAD_IMAGES = Path(__file__).parents[1] / "predict" / "bad_images"
 
 
 @pytest.fixture(scope="module")
@@ -125,18 +130,43 @@ def test_predict_over_the_evaluations_images_gives_its_top1(baseline_run, champi
     assert hits.mean() == pytest.approx(report["top5"])  # 3 classes: the top 5 is the top 3
 
 
+def invoke(url: str, images: list[bytes], top_k: int) -> list[dict]:
+    """The served model's reply to ``images``, parsed as strict JSON (no bare NaN)."""
+    rows = [[base64.b64encode(image).decode()] for image in images]
+    body = {"dataframe_split": {"columns": ["image"], "data": rows}, "params": {"top_k": top_k}}
+    request = urllib.request.Request(
+        f"{url}/invocations", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return strict_json(response.read().decode())["predictions"]
+
+
 def test_the_registered_model_serves_over_rest(baseline_run, champion, tmp_path):
+    """The evaluation's classes for val images, a named error for a non-image; then 60 fuzzed files (Hypothesis's
+    mutations of JPEG, PNG, GIF, WebP and BMP files), one request each: every reply is strict JSON with classes or a
+    reason, and the server still classifies a good image after them (issue 52: one garbled JPEG ended it)."""
     project, _ = baseline_run
     manifest = pd.read_csv(project / "data/02_intermediate/manifest.csv")
     paths = list(manifest.loc[manifest["split"] == "val", "path"][:4])
-    images = [[base64.b64encode(Path(path).read_bytes()).decode()] for path in paths] + [["bm90IGFuIGltYWdl"]]
-    body = {"dataframe_split": {"columns": ["image"], "data": images}, "params": {"top_k": 2}}
+    images = [Path(path).read_bytes() for path in paths]
     with model_server(champion, f"sqlite:///{project / 'mlflow.db'}", project, tmp_path / "serve.log") as url:
-        request = urllib.request.Request(
-            f"{url}/invocations", json.dumps(body).encode(), {"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=120) as response:
-            answer = json.loads(response.read())["predictions"]
+        answer = invoke(url, [*images, b"not an image"], top_k=2)
+
+        @settings(max_examples=60, derandomize=True, database=None, deadline=None)
+        @given(image=mutated_images())
+        def fuzzed(image):
+            (reply,) = invoke(url, [image], top_k=2)
+            assert (reply["class_1"] is not None) != bool(reply["error"]), reply
+
+        fuzzed()
+        kept = sorted(BAD_IMAGES.iterdir())
+        replies = invoke(url, [path.read_bytes() for path in kept] + images[:1], top_k=2)
+        for path, reply in zip(kept, replies, strict=False):
+            if path.name.startswith("warns_"):
+                assert reply["class_1"] is not None and reply["warning"].startswith("Corrupt JPEG data: "), reply
+            else:
+                assert reply["error"].startswith(("corrupt JPEG: ", "truncated JPEG: ")), (path.name, reply)
+        assert replies[-1]["class_1"] is not None and replies[-1]["error"] == ""
     expected = MindirClassifier.from_folder(project / "data/06_models/baseline/model").predict(
         [Path(path).read_bytes() for path in paths], top_k=2
     )
@@ -180,6 +210,7 @@ def test_the_registered_model_serves_from_an_environment_built_from_its_requirem
     assert answer[-1] == {
         **dict.fromkeys(prediction_columns(3), None),
         "error": "truncated PNG: the file ends before its IEND chunk",
+        "warning": "",
     }
     for packages in MODEL_ENVS.glob("mlflow-*/lib/python*/site-packages"):  # the model's code came with the model
         assert not {"pipelines", "trainlib", "mindir_serving"} & {path.name for path in packages.iterdir()}

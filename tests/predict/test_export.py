@@ -194,12 +194,12 @@ def test_the_mlflow_model_is_logged_registered_and_loaded_by_alias_and_run_id(tr
         reply = io.StringIO()
         predictions_to_json(predictor(model, top_k=2)([b"", images[0]]), reply)
         answer = strict_json(reply.getvalue())["predictions"]
-        assert answer[0] == {**dict.fromkeys(prediction_columns(2), None), "error": "empty file"}
+        assert answer[0] == {**dict.fromkeys(prediction_columns(2), None), "error": "empty file", "warning": ""}
         assert answer[1]["class_1"] == expected["class_1"].iloc[0] and answer[1]["error"] == ""
         # its requirements: what its code imports, pinned
         listed = Path(mlflow.pyfunc.get_model_dependencies("models:/baseline@champion")).read_text().split()
         assert listed == requirements("image_classification")
-        assert [line.split("==")[0] for line in listed] == ["mindspore", "mlflow", "numpy", "pandas"]
+        assert [line.split("==")[0] for line in listed] == ["mindspore", "mlflow", "numpy", "pandas", "pillow"]
     assert model_uri("runs:/abc/model") == "runs:/abc/model"
     with pytest.raises(ModelUriError, match="predict.model 'baseline' names no model: give models:/<name>@<alias>"):
         model_uri("baseline")
@@ -247,7 +247,7 @@ def encoded(image, file_format: str) -> bytes:
 def test_an_unreadable_file_is_named_by_what_is_wrong_with_it(exported, tmp_path, monkeypatch):
     """Real broken files, as a user's folder holds them, each with its reason; none is written anywhere (MindSpore
     copies a GIF or a cut JPEG it refuses into the working directory); a complete JPEG with garbled data is named by
-    the decoder's message; and a grayscale image is classified on the pixels of its RGB conversion, as the
+    Pillow's message; and a grayscale image is classified on the pixels of its RGB conversion, as the
     evaluation's decode reads it."""
     from PIL import Image
 
@@ -279,10 +279,10 @@ def test_an_unreadable_file_is_named_by_what_is_wrong_with_it(exported, tmp_path
     ]
     assert predictions["class_1"].iloc[-1] in classifier.classes
     assert list(working.iterdir()) == []
-    # a complete JPEG whose data does not decode: MindSpore's decoder names why (and copies it into the working folder)
+    # a complete JPEG whose data does not decode: refused by Pillow's decode, before MindSpore's (``decoding``)
     garbled = jpeg[:200] + b"\xff\xc4" + b"\x13" * 50 + jpeg[252:]
     (reason,) = classifier.predict([garbled], top_k=2)["error"]
-    assert reason == "corrupt JPEG: Error raised by libjpeg: Bogus Huffman table definition"  # not its advice
+    assert reason == "corrupt JPEG: broken data stream when reading image file"
     gray = photo.convert("L")
     np.testing.assert_array_equal(
         classifier.pixels(encoded(gray, "PNG")), classifier.pixels(encoded(gray.convert("RGB"), "PNG"))
@@ -294,6 +294,7 @@ def test_the_shipped_package_imports_only_the_models_requirements():
     """Every module of ``mindir_serving`` (logged inside each model) imports the standard library, itself and the
     model's requirements only, and a model's requirements are exactly the distributions its code imports."""
     import ast
+    import importlib.metadata
     import sys
 
     import mindir_serving
@@ -306,8 +307,13 @@ def test_the_shipped_package_imports_only_the_models_requirements():
                 imported |= {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module != "__future__":
                 imported.add(node.module.split(".")[0])
-    outside = imported - set(sys.stdlib_module_names) - {"mindir_serving"}
-    assert outside == set(REQUIREMENTS["fill_mask"])
+    required = set(REQUIREMENTS["fill_mask"])
+    distributions = importlib.metadata.packages_distributions()  # PIL -> pillow; mlflow -> mlflow, mlflow-tracing, …
+    outside = {
+        next((d.lower() for d in distributions[name] if d.lower() in required), distributions[name][0].lower())
+        for name in imported - set(sys.stdlib_module_names) - {"mindir_serving"}
+    }
+    assert outside == required
     assert set(REQUIREMENTS["image_classification"]) == outside - {"tokenizers"}  # BERT's tokenizer: BERT's only
 
 

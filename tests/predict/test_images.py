@@ -66,6 +66,7 @@ def test_a_file_that_cannot_be_read_is_named_and_the_others_are_classified(tmp_p
     assert bad_images(predictions).to_dict("list") == {
         "path": [str(tmp_path / "gone.png")],
         "error": [predictions["error"].iloc[1]],
+        "warning": [""],
     }
 
 

@@ -18,15 +18,23 @@ SHOWN_BAD_IMAGES = 5  # named in the log; bad_images.csv lists them all
 
 def predict_images(predict: PredictParams) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The top ``predict.top_k`` classes (at most the model's) of every image ``predict.images`` names, by the model
-    ``predict.model``, and the images it could not classify. Where the images' classes are known, top-1/top-k go to
-    the run as ``predict/top1``, ``predict/top<k>``; ``predict/images`` and ``predict/bad_images`` always."""
+    ``predict.model``, and the images it could not classify or classified despite a decoder's warning. Where the
+    images' classes are known, top-1/top-k go to the run as ``predict/top1``, ``predict/top<k>``;
+    ``predict/images`` and ``predict/bad_images`` always."""
     model = load_model(predict.model)
     images = list_images(predict.images, split=predict.split, classes=model_classes(model))
     predictions = classify(images, predictor(model, top_k=predict.top_k))
-    bad = bad_images(predictions)
+    flagged = bad_images(predictions)
+    bad = flagged[flagged["error"] != ""]
     if len(bad):
         named = ", ".join(f"{row.path} ({row.error})" for row in bad.head(SHOWN_BAD_IMAGES).itertuples())
         logger.warning("%d of %d images could not be classified: %s", len(bad), len(predictions), named)
+    warned = flagged[flagged["error"] == ""]
+    if len(warned):
+        named = ", ".join(f"{row.path} ({row.warning})" for row in warned.head(SHOWN_BAD_IMAGES).itertuples())
+        logger.warning(
+            "%d of %d images were classified despite the decoder's warning: %s", len(warned), len(predictions), named
+        )
     scores = accuracy(predictions)
     if scores:
         logger.info(
@@ -39,4 +47,4 @@ def predict_images(predict: PredictParams) -> tuple[pd.DataFrame, pd.DataFrame]:
         )
     summary = {"images": len(predictions), "bad_images": len(bad), **{k: v for k, v in scores.items() if k != "images"}}
     tracking.log_metrics({f"predict/{key}": value for key, value in summary.items()})
-    return predictions, bad
+    return predictions, flagged

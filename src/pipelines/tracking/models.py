@@ -22,7 +22,7 @@ from mlflow.models import ModelSignature
 from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
 import mindir_serving
-from mindir_serving.classifier import ERROR_COLUMN
+from mindir_serving.classifier import ERROR_COLUMN, WARNING_COLUMN
 from mindir_serving.files import DESCRIPTION_FILE, EXAMPLE_FILE, IMAGE_CLASSIFICATION, MINDIR_FILE
 from mindir_serving.fill_mask import FILL_MASK_COLUMNS
 from mindir_serving.pyfunc import (
@@ -51,6 +51,7 @@ def signature(task: str, top_k: int = TOP_K) -> ModelSignature:
             *(ColSpec("string", f"class_{k}") for k in ranks),
             *(ColSpec("double", f"probability_{k}") for k in ranks),
             ColSpec("string", ERROR_COLUMN),
+            ColSpec("string", WARNING_COLUMN),
         ]
     else:
         outputs = [ColSpec("string", name) for name in FILL_MASK_COLUMNS]

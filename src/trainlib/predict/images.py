@@ -77,5 +77,8 @@ def classify(images: pd.DataFrame, predict: Callable[[list[bytes]], pd.DataFrame
 
 
 def bad_images(predictions: pd.DataFrame) -> pd.DataFrame:
-    """The rows of ``predictions`` that got no classes: ``path`` and ``error``."""
-    return predictions.loc[predictions["error"] != "", ["path", "error"]].reset_index(drop=True)
+    """The rows of ``predictions`` that got no classes or a decoder's warning: ``path``, ``error``, ``warning`` (a
+    model logged before the ``warning`` column gives none)."""
+    warnings = predictions["warning"].fillna("") if "warning" in predictions else pd.Series("", predictions.index)
+    flagged = predictions.assign(warning=warnings)
+    return flagged.loc[(flagged["error"] != "") | (warnings != ""), ["path", "error", "warning"]].reset_index(drop=True)
