@@ -11,7 +11,7 @@ def test_each_error_class_with_advice_exists():
     """Every class name of the advice table is an error class of this project (or Kedro's DatasetError)."""
     from kedro.io import DatasetError
 
-    from trainlib.errors import ADVICE
+    from pipelines.failures import ADVICE
 
     defined = {
         node.name

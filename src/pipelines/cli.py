@@ -34,7 +34,7 @@ import click
 from kedro.framework.cli.project import run as kedro_run
 from kedro.framework.cli.utils import CONTEXT_SETTINGS
 
-from trainlib.errors import Failure, RunFailed
+from pipelines.failures import Failure
 from trainlib.signals import Interrupted
 
 logger = logging.getLogger(__name__)
@@ -235,6 +235,22 @@ def _kedro_viz_server_quietly() -> None:
     current = os.environ.get("PYTHONWARNINGS", "")
     if VIZ_SERVER_WARNINGS not in current.split(","):
         os.environ["PYTHONWARNINGS"] = ",".join(filter(None, (current, VIZ_SERVER_WARNINGS)))
+
+
+class RunFailed(click.ClickException):
+    """A failed ``kedro run``, shown by click as one ``Error:`` block on stderr (exit status 1)."""
+
+    def __init__(self, failure: Failure, log_files: list[str], verbose: bool):
+        named = failure.lines[0].startswith(f"{failure.error_class}: ")  # an error without advice names its class
+        where = f"in node {failure.node}" if failure.node else None
+        what = " ".join(w for w in (None if named else failure.error_class, where) if w)
+        details = [what] if what else []
+        if not verbose and log_files:
+            details.append(f"traceback in {', '.join(log_files)}, or rerun with --verbose")
+        elif not verbose:
+            details.append("--verbose shows the traceback")
+        lines = [*failure.lines, *([failure.advice] if failure.advice else [])]
+        super().__init__("\n".join([*lines, f"({'; '.join(details)})"] if details else lines))
 
 
 def _log_files() -> list[logging.FileHandler]:

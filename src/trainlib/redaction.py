@@ -2,7 +2,7 @@
 
 Every writer that keeps text passes it through ``redact``: MLflow params, tags and run names
 (``pipelines.tracking``, ``pipelines.hooks``), log records (``redact_log_records``, as each is created), the
-``Error:`` block (``trainlib.errors``) and the tuning storage's errors (``trainlib.study.tuning``). The study's
+``Error:`` block (``pipelines.failures``) and the tuning storage's errors (``trainlib.study.tuning``). The study's
 files hold no storage URL (tests/e2e/test_secrets.py searches every file of a run). Two kinds of secret are masked:
 
 - the password of a URL, ``postgresql://alice:<password>@db-host/tuning`` -> ``postgresql://alice:***@db-host/tuning``,

@@ -14,18 +14,17 @@ import numpy as np
 import pytest
 
 from tests.support.checkpoints import save_mindspore_ckpt
+from trainlib.atomic_write import atomic_path, remove_abandoned_temporaries
 from trainlib.engine.checkpoint import (
     METADATA_KEY,
     Checkpoint,
     CheckpointError,
     CheckpointMemoryError,
     CheckpointSpaceError,
-    atomic_path,
     check_compatible,
     is_safetensors,
     load_checkpoint,
     load_metadata,
-    remove_abandoned_temporaries,
     save_checkpoint,
 )
 from trainlib.engine.resume import find_resume_checkpoint
@@ -208,8 +207,8 @@ def test_corrupt_file_raises_checkpoint_error_naming_the_path(tmp_path, content)
 
 
 def test_an_intact_file_larger_than_the_available_memory_is_not_called_corrupt(tmp_path, checkpoint, monkeypatch):
+    from pipelines.failures import Failure
     from trainlib.engine import checkpoint as checkpoints
-    from trainlib.errors import Failure
 
     path = tmp_path / "model.ckpt"
     save_checkpoint(checkpoint, path)

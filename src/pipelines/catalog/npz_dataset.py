@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from kedro.io import AbstractDataset, DatasetError
 
-from trainlib.engine.checkpoint import remove_abandoned_temporaries, write_atomically
+from trainlib.atomic_write import remove_abandoned_temporaries, write_atomically
 
 
 class NpzArraysDataset(AbstractDataset[dict[str, np.ndarray], dict[str, np.ndarray]]):

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from kedro.io import AbstractDataset, DatasetError
 
-from trainlib.engine.checkpoint import atomic_path, remove_abandoned_temporaries
+from trainlib.atomic_write import atomic_path, remove_abandoned_temporaries
 
 
 class NumpyArrayDataset(AbstractDataset[np.ndarray, np.ndarray]):

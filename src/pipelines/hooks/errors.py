@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from kedro.framework.hooks import hook_impl
 
-from trainlib.errors import NODE_NOTE
+from pipelines.failures import NODE_NOTE
 
 
 class NodeErrorHooks:
-    """Adds the failing node's name to its error as a note (``trainlib.errors.NODE_NOTE``)."""
+    """Adds the failing node's name to its error as a note (``pipelines.failures.NODE_NOTE``)."""
 
     @hook_impl
     def on_node_error(self, error: Exception, node) -> None:

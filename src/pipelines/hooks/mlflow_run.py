@@ -14,6 +14,7 @@ import click
 from kedro.framework.hooks import hook_impl
 from pydantic import BaseModel
 
+from pipelines.failures import Failure
 from pipelines.hooks.command_line import invoked_command
 from pipelines.hooks.config_files import leaf_items
 from pipelines.hooks.configuration import ConfigurationHooks
@@ -38,7 +39,6 @@ from pipelines.tracking.runs import (
 from pipelines.tracking.writer import mark_model_training_experiment, set_tags
 from trainlib import fast_dev_run, signals
 from trainlib.distributed.launch import hand_off_runs_with
-from trainlib.errors import Failure
 from trainlib.redaction import redact_value
 from trainlib.study.budget import study_budget
 

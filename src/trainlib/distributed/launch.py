@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from trainlib.engine.checkpoint import write_atomically
+from trainlib.atomic_write import write_atomically
 from trainlib.processes import die_with_parent
 
 if TYPE_CHECKING:

@@ -19,8 +19,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainlib.processes import process_alive
+from trainlib.atomic_write import NoSpaceError, atomic_path, no_space_error, remove_abandoned_temporaries
 
 METADATA_TYPES = (int, float, bool, str)
 # Metadata travels as one JSON string (safetensors' header holds strings only; MindSpore's .ckpt would have turned
@@ -63,59 +61,19 @@ class Checkpoint:
         return {k.removeprefix(OPTIMIZER_PREFIX): v for k, v in self.params.items() if k.startswith(OPTIMIZER_PREFIX)}
 
 
-class CheckpointSpaceError(OSError):
+class CheckpointSpaceError(NoSpaceError):
     """The disk holding a checkpoint's folder is full; the message names the folder and the space needed."""
 
 
-# Temporaries are ``.<name>.<host>-<pid>.tmp<suffix>``, which a kill or a full disk can leave; so can MindSpore's
-# ``save_checkpoint``'s own ``.<name>.<host>-<pid>.tmp.tmp``, which wrote .ckpt files before 2026-11-26.
-TEMPORARY_MARK = ".tmp"
-
-
-def atomic_path(path: Path) -> Path:
-    """Temporary sibling of ``path``; write there, then ``os.replace`` onto ``path``."""
-    return path.with_name(f".{path.stem}.{socket.gethostname()}-{os.getpid()}{TEMPORARY_MARK}{path.suffix}")
-
-
-def remove_abandoned_temporaries(directory: str | Path) -> list[Path]:
-    """Remove the temporaries in ``directory`` left by a process of this host that no longer runs (a kill, or
-    a full disk during a save); returns those removed. Another host's (a shared folder) and a live process's
-    are left alone."""
-    directory = Path(directory)
-    prefix = f"{socket.gethostname()}-"
-    removed = []
-    for path in directory.glob(f".*{TEMPORARY_MARK}*") if directory.is_dir() else ():
-        owner = path.name.split(TEMPORARY_MARK, 1)[0].rsplit(".", 1)[-1]
-        pid = owner.removeprefix(prefix)
-        if owner.startswith(prefix) and pid.isdigit() and not process_alive(int(pid)):
-            path.unlink(missing_ok=True)
-            removed.append(path)
-    return removed
-
-
-def _space_error(path: Path, needed_bytes: int) -> CheckpointSpaceError:
-    free = shutil.disk_usage(path.parent).free
-    return CheckpointSpaceError(
-        errno.ENOSPC,
-        f"no space left on the device of {path.parent} to write {path.name}: a checkpoint of this training needs "
-        f"about {needed_bytes / 1e6:.1f} MB and {free / 1e6:.1f} MB are free. Free space there (or point the "
-        "training's checkpoint.dir at a larger disk), then rerun the same command: it resumes from the last "
-        "checkpoint written",
+def _space_error(path: Path, needed_bytes: int) -> NoSpaceError:
+    return no_space_error(
+        path,
+        needed_bytes,
+        "a checkpoint of this training",
+        " (or point the training's checkpoint.dir at a larger disk), then rerun the same command: it resumes from the "
+        "last checkpoint written",
+        CheckpointSpaceError,
     )
-
-
-def write_atomically(path: Path, payload: bytes) -> None:
-    """Write ``payload`` to ``path`` so that readers (and a rerun after a kill) see the whole file or none."""
-    tmp = atomic_path(path)
-    try:
-        tmp.write_bytes(payload)
-        os.replace(tmp, path)
-    except OSError as error:
-        if error.errno == errno.ENOSPC:
-            raise _space_error(path, len(payload)) from error
-        raise
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _no_space(error: BaseException) -> bool:

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from trainlib.atomic_write import remove_abandoned_temporaries
 from trainlib.distributed.launch import barrier, rank_context, sum_over_ranks
-from trainlib.engine.checkpoint import Checkpoint, CheckpointError, load_metadata, remove_abandoned_temporaries
+from trainlib.engine.checkpoint import Checkpoint, CheckpointError, load_metadata
 
 logger = logging.getLogger(__name__)
 

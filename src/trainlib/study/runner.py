@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from trainlib.atomic_write import write_atomically
 from trainlib.distributed.launch import on_every_rank
 from trainlib.engine.callbacks import Callback
-from trainlib.engine.checkpoint import write_atomically
 from trainlib.engine.loop import TrainingResult
 from trainlib.engine.resume import fingerprint, remove_finished_checkpoints
 from trainlib.metrics import (

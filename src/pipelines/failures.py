@@ -1,15 +1,13 @@
-"""The errors a ``kedro run`` can end with, each told in a few lines with its own advice (``Failure``), and the
-``Error:`` block click prints for them (``RunFailed``). Used by the command (``pipelines.cli``) and by the hooks,
-which tag the MLflow run with the same text. Error classes are known by name, so telling an error imports nothing.
-"""
+"""The errors a ``kedro run`` can end with, each told in a few lines with its own advice (``Failure``). Used by the
+command (``pipelines.cli``, whose ``Error:`` block prints it) and by the hooks, which tag the MLflow run with the same
+text. Error classes are known by name, so telling an error imports nothing. It lives with the pipelines, not in the
+library: it knows the library's errors and Kedro's, and the library knows nothing above it."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import click
 
 from trainlib.redaction import redact
 
@@ -123,19 +121,3 @@ class Failure:
     def summary(self) -> str:
         """One line: the message and the advice (the MLflow run's ``error`` tag)."""
         return " ".join([*self.lines, *([self.advice] if self.advice else [])])
-
-
-class RunFailed(click.ClickException):
-    """A failed ``kedro run``, shown by click as one ``Error:`` block on stderr (exit status 1)."""
-
-    def __init__(self, failure: Failure, log_files: list[str], verbose: bool):
-        named = failure.lines[0].startswith(f"{failure.error_class}: ")  # an error without advice names its class
-        where = f"in node {failure.node}" if failure.node else None
-        what = " ".join(w for w in (None if named else failure.error_class, where) if w)
-        details = [what] if what else []
-        if not verbose and log_files:
-            details.append(f"traceback in {', '.join(log_files)}, or rerun with --verbose")
-        elif not verbose:
-            details.append("--verbose shows the traceback")
-        lines = [*failure.lines, *([failure.advice] if failure.advice else [])]
-        super().__init__("\n".join([*lines, f"({'; '.join(details)})"] if details else lines))
