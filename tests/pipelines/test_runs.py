@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import platform
+import shutil
 from pathlib import Path
 
 import mindspore
@@ -257,13 +258,25 @@ def test_predict_pipeline(workspace, tmp_path):
         with mlflow.start_run() as trained:
             log_model(tmp_path / "model")
     (tree / "val/dog/broken.png").write_bytes(b"not a png")
+    # the files that ended MindSpore's decoder (issue 52) and one it reads with libjpeg's warning
+    kept = sorted((Path(__file__).parents[1] / "predict/bad_images").iterdir())
+    (tree / "val/unsorted").mkdir()
+    for path in kept:
+        shutil.copyfile(path, tree / "val/unsorted" / path.name)
     params = {"predict": {"model": trained.info.run_id, "images": str(tree / "val"), "top_k": 2}}
     outputs = run_pipeline("predict", params, project)
     predictions, bad = outputs["predict.predictions"], outputs["predict.bad_images"]
-    assert len(predictions) == len(val) + 1
-    assert list(bad["path"]) == [str(tree / "val/dog/broken.png")]
-    assert list(bad["error"]) == ["not an image: the file starts with no JPEG, PNG or BMP signature"]
-    classified = predictions[predictions["error"] == ""]
+    assert len(predictions) == len(val) + 1 + len(kept)
+    crashers = [tree / "val/unsorted" / path.name for path in kept if not path.name.startswith("warns_")]
+    assert list(bad["path"]) == [
+        str(tree / "val/dog/broken.png"),
+        *map(str, crashers),
+        str(tree / "val/unsorted/warns_extraneous_bytes.jpg"),
+    ]
+    assert list(bad["error"])[0] == "not an image: the file starts with no JPEG, PNG or BMP signature"
+    assert all(error.startswith(("corrupt JPEG: ", "truncated JPEG: ")) for error in bad["error"][1:-1])
+    assert bad["error"].iloc[-1] == "" and bad["warning"].iloc[-1].startswith("Corrupt JPEG data: ")
+    classified = predictions[(predictions["error"] == "") & (predictions["class_name"] != "")]
     expected = MindirClassifier.from_folder(tmp_path / "model").predict(
         [Path(path).read_bytes() for path in classified["path"]], top_k=2
     )
@@ -272,7 +285,8 @@ def test_predict_pipeline(workspace, tmp_path):
     top1 = (classified["class_1"] == classified["class_name"]).mean()
     run = only_run(uri, "predict")
     assert run.data.metrics["predict/top1"] == pytest.approx(top1)
-    assert run.data.metrics["predict/images"] == len(val) + 1 and run.data.metrics["predict/bad_images"] == 1
+    assert run.data.metrics["predict/images"] == len(val) + 1 + len(kept)
+    assert run.data.metrics["predict/bad_images"] == 1 + len(crashers)
     assert (project / "data/07_model_output/predictions.csv").is_file()
 
 
