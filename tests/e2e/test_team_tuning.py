@@ -14,7 +14,7 @@ import yaml
 from tests.e2e.test_secrets import error_blocks, files_holding
 from tests.support.projects import TINY_PARAMS, kedro, make_project, runs
 from tests.support.trees import write_image_tree
-from trainlib.study.tuning import _storage, storage_url
+from trainlib.study.tuning_storage import open_storage, storage_url
 
 SPACE = {"baseline": {"lr": {"peak": [0.01, 0.2], "warmup_epochs": None}, "weight_decay": None}}
 
@@ -94,7 +94,7 @@ def test_a_machine_that_loses_the_race_to_create_the_schema_opens_the_winners(po
 
     sqlalchemy.event.listen(sqlalchemy.engine.Engine, "before_cursor_execute", the_other_machine_commits_first)
     try:
-        storage = _storage(url)
+        storage = open_storage(url)
     finally:
         sqlalchemy.event.remove(sqlalchemy.engine.Engine, "before_cursor_execute", the_other_machine_commits_first)
 

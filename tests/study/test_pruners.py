@@ -1,7 +1,7 @@
 """``study.tuning.pruner``: each pruner, built by ``create_pruner`` as the tuning builds it, stops a trial whose step
 evaluations trail the others', in a real Optuna study whose trials report through the tuning's own callback
-(``_Pruning``: the error 1 - top-1 of each step evaluation at its step), on learning curves of the default study's
-shape (a step evaluation every 20 steps of 460)."""
+(``PruneOnStepEvaluations``: the error 1 - top-1 of each step evaluation at its step), on learning curves of the
+default study's shape (a step evaluation every 20 steps of 460)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from optuna.trial import TrialState
 
 from trainlib.metrics import STEP_KEY, VAL_STEP_TOP1
-from trainlib.study.tuning import _Pruning, create_pruner
+from trainlib.study.tuning_search import PruneOnStepEvaluations, create_pruner
 
 EVAL_EVERY_STEPS = 20
 STEPS = range(EVAL_EVERY_STEPS, 461, EVAL_EVERY_STEPS)
@@ -26,7 +26,7 @@ def accuracies(final: float) -> list[float]:
 def run_trial(study: optuna.Study, curve: list[float]) -> tuple[str, int]:
     """One trial reporting ``curve`` as the tuning's trainings report their step evaluations; (state, last step)."""
     trial = study.ask()
-    pruning = _Pruning(trial, VAL_STEP_TOP1)
+    pruning = PruneOnStepEvaluations(trial, VAL_STEP_TOP1)
     for step, top1 in zip(STEPS, curve, strict=True):
         try:
             pruning.on_step_evaluation({STEP_KEY: step, VAL_STEP_TOP1: top1})

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from trainlib.params.study import TuningParams, space_ranges
-from trainlib.study.tuning import RetryDeadTrial, draw_trial, open_study
+from trainlib.study.tuning import RetryDeadTrial, draw_values, open_study
 
 CONF = Path(__file__).parents[2] / "conf/base/parameters_study.yml"
 
@@ -27,10 +27,13 @@ def draws(tuning: TuningParams, processes: list[int]) -> list[dict[str, float]]:
     drawn = []
     for count in processes:
         study = open_study("thor", tuning=tuning, on_dead_trial=RetryDeadTrial(None, max_retry=0), eval_every_steps=20)
-        for _ in range(count):
-            trial, values = draw_trial(study, ranges, tuning=tuning)
-            study.tell(trial, values["lr.peak"])
+
+        def made_up_objective(trial) -> float:
+            values = draw_values(trial, ranges, tuning=tuning)
             drawn.append(values)
+            return values["lr.peak"]
+
+        study.optimize(made_up_objective, n_trials=count)
     return drawn
 
 

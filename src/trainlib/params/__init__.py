@@ -80,13 +80,9 @@ from trainlib.params.schedules import (
     WarmupSchedule,
 )
 from trainlib.params.study import (
-    PRECONDITIONED,
-    TUNED_TRAININGS,
     RecipeSpace,
     ScheduleSpace,
     StudyParams,
-    StudyRecipe,
-    TunableRow,
     TuningParams,
     space_ranges,
 )
@@ -104,9 +100,7 @@ from trainlib.params.thor_bert import (
 __all__ = [
     "BUILTIN_ADASUM_MIN_DEVICES",
     "GRAD_CENTRALIZATION_TARGETS",
-    "PRECONDITIONED",
     "SCHEDULE_SHAPES",
-    "TUNED_TRAININGS",
     "AdamGraft",
     "AdasumExchange",
     "AdasumParams",
@@ -169,7 +163,6 @@ __all__ = [
     "Stage2Params",
     "StatisticsDtype",
     "StudyParams",
-    "StudyRecipe",
     "TargetParams",
     "TemplateSection",
     "ThorBertParams",
@@ -180,7 +173,6 @@ __all__ = [
     "TorchvisionArchitecture",
     "TrackingParams",
     "TrajectoryParams",
-    "TunableRow",
     "TuningParams",
     "VerifyMode",
     "WarmupSchedule",

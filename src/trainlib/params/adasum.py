@@ -8,6 +8,7 @@ from trainlib.params.base import ImageRecipe
 from trainlib.params.baseline import MomentumTraining
 from trainlib.params.choices import AdasumExchange, Implementation
 from trainlib.params.numbers import PositiveInt
+from trainlib.params.recipe_spec import RecipeSpec, ResultRow
 
 
 class AdasumParams(MomentumTraining, ImageRecipe):
@@ -15,3 +16,14 @@ class AdasumParams(MomentumTraining, ImageRecipe):
     exchange: Literal["auto", AdasumExchange]  # auto: default_exchange of trainlib.optim.adasum
     average_batchnorm_statistics: bool
     epochs: PositiveInt
+
+
+# The adasum section's training on study.adasum_workers ranks, the updates combined by Adasum and by averaging
+RECIPES = (
+    RecipeSpec(
+        "adasum",
+        "adasum",
+        AdasumParams,
+        (ResultRow("adasum", "adasum", ("allreduce",)), ResultRow("allreduce", "adasum")),
+    ),
+)

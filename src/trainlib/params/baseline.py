@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from trainlib.params.base import CheckpointParams, ImageRecipe, Section
 from trainlib.params.numbers import Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from trainlib.params.recipe_spec import RecipeSpec, ResultRow
 from trainlib.params.schedules import Schedule
 
 
@@ -24,3 +25,7 @@ class MomentumTraining(Section):
 
 class BaselineParams(MomentumTraining, ImageRecipe):
     epochs: PositiveInt
+
+
+# The Momentum baseline: MindSpore's documented ResNet-50 recipe (conf/base/parameters_baseline.yml)
+RECIPES = (RecipeSpec("baseline", "baseline", BaselineParams, (ResultRow("baseline", "baseline", tunable=True),)),)

@@ -30,7 +30,7 @@ ComputeMethod = Literal["inverse", "eigen"]  # trainlib.optim.thor
 StatisticsDtype = Literal["float32", "float64"]  # trainlib.optim.thor.capture
 # none | median: a trial behind the median of earlier trials at a step evaluation | successive_halving: Optuna's
 # (asynchronous) successive halving, rungs at a ninth and a third of a training | hyperband: Optuna's brackets of
-# such rungs from the first step evaluation on (trainlib.study.tuning.create_pruner)
+# such rungs from the first step evaluation on (trainlib.study.tuning_search.create_pruner)
 Pruner = Literal["none", "median", "successive_halving", "hyperband"]
 # the Momentum recipes' schedules (trainlib.optim.schedules); the other shapes are one schedule model each
 WarmupShape = Literal["linear", "cosine", "quadratic", "steps", "constant"]

@@ -10,6 +10,7 @@ from trainlib.params.baseline import MomentumTraining
 from trainlib.params.choices import Implementation
 from trainlib.params.errors import CrossKeyProblems
 from trainlib.params.numbers import Fraction, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt
+from trainlib.params.recipe_spec import RecipeSpec, ResultRow
 
 
 class TrajectoryParams(Section):
@@ -101,3 +102,18 @@ class DimReduceParams(Section):
             )
         CrossKeyProblems.raise_if_any(problems)
         return self
+
+
+# DimReduce: stage 1, the PCA of its trajectory, then P-BFGS stage 2 against the Momentum control from the same stage-1
+# checkpoint (the control evaluates as stage 2 does; neither is tuned: the control has no schedule of its own)
+RECIPES = (
+    RecipeSpec(
+        "dim_reduce",
+        "dim_reduce",
+        DimReduceParams,
+        (
+            ResultRow("stage2", "dim_reduce.stage2", ("control",), budgeted=("eval_every_steps",)),
+            ResultRow("control", "dim_reduce.control", budgeted=()),
+        ),
+    ),
+)

@@ -10,25 +10,8 @@ from trainlib.params.base import Section
 from trainlib.params.choices import Pruner
 from trainlib.params.errors import CrossKeyProblems
 from trainlib.params.numbers import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from trainlib.params.recipe_spec import recipe_specs, rows, tuned_trainings, unknown_names
 
-# dim_reduce gives two result rows, stage2 and control (P-BFGS against Momentum from the same stage 1); adasum
-# two, adasum and allreduce (the adasum section's training on study.adasum_workers msrun ranks, both ways)
-# thor_first_order: the thor section with thor.precondition false (THOR's recipe without its curvature)
-# thor_bert gives two rows, thor_bert and thor_bert_control (THOR against the first-order control on BERT)
-StudyRecipe = Literal["baseline", "thor", "thor_first_order", "dim_reduce", "adasum", "thor_bert"]
-
-
-# The trainings a study can tune (study.tuning), each named by its result row and with one section of its own:
-# thor_first_order the thor section; thor_bert (THOR) thor_bert.thor, thor_bert_control thor_bert.control
-TunableRow = Literal["baseline", "thor", "thor_first_order", "thor_bert", "thor_bert_control"]
-# The study recipes a tuning covers, and the trainings each gives (thor_bert: its two, each with its own trials)
-TUNED_TRAININGS: dict[str, tuple[TunableRow, ...]] = {
-    "baseline": ("baseline",),
-    "thor": ("thor",),
-    "thor_first_order": ("thor_first_order",),
-    "thor_bert": ("thor_bert", "thor_bert_control"),
-}
-PRECONDITIONED: tuple[TunableRow, ...] = ("thor", "thor_bert")  # the trainings with THOR's damping and frequency
 # [low, high] of a knob a tuning samples: log-uniform (learning rates, damping, weight decay), uniform (warm-up
 # epochs), integers (warm-up steps, THOR's frequency)
 LogRange = Annotated[list[PositiveFloat], Field(min_length=2, max_length=2)]
@@ -67,7 +50,7 @@ class TuningParams(Section):
     storage: Annotated[str, Field(min_length=1)]  # an Optuna storage URL: sqlite:///<file>, postgresql://..., ...
     credentials: str | None = None  # an entry of conf/local/credentials.yml exported as environment variables
     name: Annotated[str, Field(min_length=1)]  # Optuna study <name>/<recipe>
-    spaces: dict[TunableRow, RecipeSpace]
+    spaces: dict[str, RecipeSpace]  # by tunable result row (trainlib.params.recipe_spec)
     # a running trial records a heartbeat every heartbeat_interval seconds; one silent for grace_period seconds (its
     # machine died) is failed by the next process to look, and its values retried up to max_retry times
     heartbeat_interval: PositiveInt = 60
@@ -85,6 +68,10 @@ class TuningParams(Section):
                     "every running trial looks dead between two heartbeats",
                 )
             )
+        tunable = [name for name, row in rows().items() if row.tunable]
+        unknown = unknown_names(self.spaces, "rows that are not tunable", tunable)
+        if unknown:
+            problems.append(("study.tuning.spaces", unknown))
         for recipe, space in self.spaces.items():
             for key, (low, high) in space_ranges(space).items():
                 if not low < high:
@@ -92,7 +79,7 @@ class TuningParams(Section):
                         (f"study.tuning.spaces.{recipe}.{key}", f"is {[low, high]}; give [low, high] with low < high")
                     )
             thor_only = [key for key in ("damping", "frequency") if getattr(space, key) is not None]
-            if recipe not in PRECONDITIONED and thor_only:
+            if recipe in tunable and not rows()[recipe].preconditioned and thor_only:
                 problems.append(
                     (
                         f"study.tuning.spaces.{recipe}.{thor_only[0]}",
@@ -119,7 +106,7 @@ class StudyParams(Section):
     epoch budget and evaluation; each (recipe, seed) run's result is kept in ``dir`` and never rerun."""
 
     # paired differences: thor against baseline, dim_reduce's stage2 against its control
-    recipes: Annotated[list[StudyRecipe], Field(min_length=1)]
+    recipes: Annotated[list[str], Field(min_length=1)]  # recipe names (trainlib.params.recipe_spec)
     seeds: Annotated[list[int], Field(min_length=1)]  # runtime.seed of each run
     epochs: PositiveInt  # baseline's and thor's budget (replaces <recipe>.epochs); dim_reduce keeps its stages'
     # epoch counts
@@ -131,6 +118,9 @@ class StudyParams(Section):
     @model_validator(mode="after")
     def _distinct(self) -> StudyParams:
         problems = []
+        unknown = unknown_names(self.recipes, "unknown recipes", recipe_specs())
+        if unknown:
+            problems.append(("study.recipes", unknown))
         for key, values in (("study.recipes", self.recipes), ("study.seeds", self.seeds)):
             repeated = sorted({value for value in values if values.count(value) > 1})
             if repeated:
@@ -147,18 +137,19 @@ class StudyParams(Section):
                     "seeds it was chosen on",
                 )
             )
+        tuned = tuned_trainings()
         if self.tuning.trials:
             for recipe in self.recipes:
-                if recipe not in TUNED_TRAININGS:
+                if recipe not in tuned:
                     problems.append(
                         (
                             "study.recipes",
                             f"has {recipe}, which study.tuning does not tune (it tunes "
-                            f"{', '.join(TUNED_TRAININGS)}); set study.tuning.trials: 0 or take it out",
+                            f"{', '.join(tuned)}); set study.tuning.trials: 0 or take it out",
                         )
                     )
                     continue
-                for training in TUNED_TRAININGS[recipe]:
+                for training in tuned[recipe]:
                     space = self.tuning.spaces.get(training)
                     if space is None or not space_ranges(space):
                         problems.append(

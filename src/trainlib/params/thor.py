@@ -11,6 +11,7 @@ from trainlib.params.base import CheckpointParams, ImageRecipe, Section
 from trainlib.params.choices import AmpLevel, ComputeMethod, DampingMethod, Implementation, StatisticsDtype
 from trainlib.params.errors import CrossKeyProblems
 from trainlib.params.numbers import Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from trainlib.params.recipe_spec import RecipeSpec, ResultRow
 from trainlib.params.schedules import Schedule
 
 
@@ -106,3 +107,15 @@ class ThorParams(ImageRecipe, ThorOptions):
             )
         CrossKeyProblems.raise_if_any(problems)
         return self
+
+
+# THOR, compared with the baseline and with its own recipe without the preconditioner (thor.precondition false)
+RECIPES = (
+    RecipeSpec(
+        "thor",
+        "thor",
+        ThorParams,
+        (ResultRow("thor", "thor", ("baseline", "thor_first_order"), tunable=True, preconditioned=True),),
+    ),
+    RecipeSpec("thor_first_order", "thor", ThorParams, (ResultRow("thor_first_order", "thor", tunable=True),)),
+)

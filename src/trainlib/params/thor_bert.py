@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from trainlib.params.base import CheckpointParams, LanguageRecipe, Section
 from trainlib.params.errors import CrossKeyProblems
 from trainlib.params.numbers import Fraction, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt
+from trainlib.params.recipe_spec import RecipeSpec, ResultRow
 from trainlib.params.schedules import Schedule
 from trainlib.params.thor import ThorOptions
 
@@ -143,3 +144,18 @@ class ThorBertParams(Section):
             )
         CrossKeyProblems.raise_if_any(problems)
         return self
+
+
+# BERT pre-trained with THOR against its first-order control (AdamWeightDecay or Lamb), each tuned on its own
+RECIPES = (
+    RecipeSpec(
+        "thor_bert",
+        "thor_bert",
+        ThorBertParams,
+        (
+            ResultRow("thor_bert", "thor_bert.thor", ("thor_bert_control",), tunable=True, preconditioned=True),
+            ResultRow("thor_bert_control", "thor_bert.control", tunable=True),
+        ),
+        task="masked_lm",
+    ),
+)

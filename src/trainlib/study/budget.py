@@ -5,27 +5,20 @@ parameters in place of the sections' configured ones (``baseline.epochs 1``, not
 
 from __future__ import annotations
 
-# section, dotted as the configuration nests it -> the study keys it takes (the control evaluates as stage 2 does)
-BUDGETED_SECTIONS: dict[str, tuple[str, ...]] = {
-    "baseline": ("epochs", "eval_every_steps"),
-    "thor": ("epochs", "eval_every_steps"),
-    "adasum": ("epochs", "eval_every_steps"),
-    "thor_bert.thor": ("epochs", "eval_every_steps"),
-    "thor_bert.control": ("epochs", "eval_every_steps"),
-    "dim_reduce.stage2": ("eval_every_steps",),
-}
+from trainlib.params.recipe_spec import budgeted_sections
 
 
 def budget_update(section: str, *, epochs: int, eval_every_steps: int) -> dict[str, int]:
-    """The keys of ``section`` (``BUDGETED_SECTIONS``) the study sets, with its values: a ``model_copy`` update."""
+    """The keys of ``section`` (``recipe_spec.budgeted_sections``) the study sets, with its values: a
+    ``model_copy`` update."""
     values = {"epochs": epochs, "eval_every_steps": eval_every_steps}
-    return {key: values[key] for key in BUDGETED_SECTIONS[section]}
+    return {key: values[key] for key in budgeted_sections()[section]}
 
 
 def study_budget(*, epochs: int, eval_every_steps: int) -> dict[str, int]:
     """Every dotted parameter key the study sets, with its value (``baseline.epochs``: ``study.epochs``)."""
     return {
         f"{section}.{key}": value
-        for section in BUDGETED_SECTIONS
+        for section in budgeted_sections()
         for key, value in budget_update(section, epochs=epochs, eval_every_steps=eval_every_steps).items()
     }

@@ -48,6 +48,7 @@ from trainlib.params import (
     ThorBertParams,
     ThorParams,
 )
+from trainlib.params.recipe_spec import result_rows
 from trainlib.recipes.classifier import build_network
 from trainlib.recipes.context import LanguageModelContext, TrainingContext
 from trainlib.recipes.dim_reduce import collect_trajectory, train_control, train_stage1, train_stage2, trajectory_pca
@@ -58,17 +59,6 @@ from trainlib.recipes.thor_bert import train_bert_control, train_bert_thor
 from trainlib.study.budget import budget_update
 
 logger = logging.getLogger(__name__)
-
-# The result rows a recipe of the study gives: dim_reduce's stage 2 and its control are compared as a pair, and
-# Adasum against plain data parallelism (gradients averaged by AllReduce) on the same ranks and settings.
-RESULT_ROWS = {
-    "baseline": ("baseline",),
-    "thor": ("thor",),
-    "thor_first_order": ("thor_first_order",),
-    "dim_reduce": ("stage2", "control"),
-    "adasum": ("adasum", "allreduce"),
-    "thor_bert": ("thor_bert", "thor_bert_control"),
-}
 
 
 class StudyTracking(Protocol):
@@ -128,7 +118,7 @@ class StudyPlan:
 def run_study(inputs: StudyInputs, plan: StudyPlan, tracking: StudyTracking) -> list[dict]:
     """Every recipe of the plan over every seed, skipping the runs finished earlier; one record per result row.
 
-    A record: ``recipe`` (a result row's name, ``RESULT_ROWS``), ``seed``, ``key``, ``mlflow_run_id``,
+    A record: ``recipe`` (a result row's name, ``recipe_spec.result_rows``), ``seed``, ``key``, ``mlflow_run_id``,
     ``final_top1``/``final_top5`` on the whole val split after the last epoch (thor_bert's rows:
     ``final_mlm_accuracy``/``final_mlm_loss`` on every held-out example), ``step_metric`` (the step-evaluation key
     time to target reads), ``steps_per_epoch``, and the engine's ``history`` (per epoch) and ``step_history`` (per
@@ -147,7 +137,7 @@ def run_study(inputs: StudyInputs, plan: StudyPlan, tracking: StudyTracking) -> 
     for recipe in plan.recipes:
         for seed in plan.seeds:
             key = f"{recipe}-seed{seed}-{_configuration(inputs, plan, recipe, seed)}"
-            paths = {row: results / f"{key}.{row}.json" for row in RESULT_ROWS[recipe] if _trains(plan, row)}
+            paths = {row: results / f"{key}.{row}.json" for row in result_rows()[recipe] if _trains(plan, row)}
             if all(path.exists() for path in paths.values()):
                 logger.info("study: %s finished earlier (%s), not run again", key, results)
                 records += [json.loads(path.read_text()) for path in paths.values()]
@@ -337,7 +327,7 @@ def _train_dim_reduce(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str,
     chosen = collect_trajectory(trajectory, model, class_index, dim.collect, dim.pca)
     components = trajectory_pca(chosen, model, class_index, dim.pca).components
     records, finals = {}, [first.checkpoint]
-    for row in RESULT_ROWS["dim_reduce"]:
+    for row in result_rows()["dim_reduce"]:
         sections = {"dim_reduce.stage2": stage2} if row == "stage2" else {"dim_reduce.control": control}
         with tracking.run(f"dim_reduce/{row}/seed{seed}", tags | {"result": row}, {**sections, **runtime}) as run_id:
             if row == "stage2":
@@ -368,7 +358,7 @@ def _train_adasum(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str, tra
         zero_init_last_bn_gamma=inputs.adasum.zero_init_last_bn_gamma,
     )
     records, finals = {}, []
-    for row in RESULT_ROWS["adasum"]:
+    for row in result_rows()["adasum"]:
         section = _adasum(inputs, plan)
         section = section.model_copy(
             update={"checkpoint": _checkpoint_dir(section, plan.directory / "checkpoints" / key / row)}

@@ -25,6 +25,7 @@ from trainlib.metrics import (
     VAL_STEP_TOP1,
     VAL_STEP_TOP5,
 )
+from trainlib.params.recipe_spec import paired_rows
 
 # columns of the per-run table, each summarised per recipe by ``summarise`` (a language model's rows have the
 # masked-LM figures in place of top-1/top-5; a measure a table lacks, or no run of a recipe has, is left out)
@@ -36,17 +37,6 @@ MEASURES = (
     "time_to_target_s",
     "steps_to_target",
     "epochs_to_target",
-)
-# the paired comparisons, (result row, its reference) on the same seeds: THOR against the Momentum recipe (the recipe
-# as documented), THOR against its own recipe without the preconditioner (what the curvature adds at equal recipe),
-# dim_reduce's P-BFGS stage 2 against Momentum continued from the same stage-1 checkpoint for the same epochs, and
-# Adasum against averaged gradients on the same ranks
-PAIRS = (
-    ("thor", "baseline"),
-    ("thor", "thor_first_order"),
-    ("stage2", "control"),
-    ("adasum", "allreduce"),
-    ("thor_bert", "thor_bert_control"),
 )
 CONFIDENCE = 0.95
 MOST_SEEDS = 1000  # seeds_to_decide's search: past this many, a difference is not one seeds can decide
@@ -188,9 +178,11 @@ def summarise(runs: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataFram
 
 
 def paired_differences(
-    runs: pd.DataFrame, pairs: Sequence[tuple[str, str]] = PAIRS, confidence: float = CONFIDENCE
+    runs: pd.DataFrame, pairs: Sequence[tuple[str, str]] | None = None, confidence: float = CONFIDENCE
 ) -> pd.DataFrame:
-    """Each recipe of ``pairs`` present with its reference, on the seeds both ran: per seed the ratio of times to
+    """Each result row of ``pairs`` (default: every recipe's, ``recipe_spec.paired_rows``: THOR against the baseline and
+    against its recipe without the preconditioner, dim_reduce's stage 2 against its control, Adasum against averaged
+    gradients, …) present with its reference, on the seeds both ran: per seed the ratio of times to
     target (``time_to_target_ratio``, recipe / reference, seeds where both reached it), of epochs to target
     (``epochs_to_target_ratio``: the same without the cost per step, graph compilation included; and of steps, for
     a language model's pair) and the differences of final top-1 and top-5 (``final_top1_difference``, recipe -
@@ -202,7 +194,7 @@ def paired_differences(
     by_seed = runs.set_index(["recipe", "seed"])
     present = set(runs["recipe"])
     rows = []
-    for recipe, reference in pairs:
+    for recipe, reference in paired_rows() if pairs is None else pairs:
         if recipe not in present or reference not in present:
             continue
         other, base = by_seed.loc[recipe], by_seed.loc[reference]

@@ -28,8 +28,9 @@ A running trial records a heartbeat in the storage every ``heartbeat_interval`` 
 once its heartbeat is ``grace_period`` seconds old (Optuna's ``fail_stale_trials``), or a rerun on its own machine
 at once (its pid is gone). Its values are enqueued again (Optuna's ``RetryHeartbeatStaleTrialCallback``, up to
 ``max_retry`` times), so the next trial trains them (on the same machine, resuming the killed training from its
-checkpoints), and its tracking runs end FAILED. Optuna's ``Study.optimize`` does the heartbeats and the stale check
-itself; this loop asks and tells trials itself (its budget counts across processes), so it does them too.
+checkpoints), and its tracking runs end FAILED. Each trial runs through Optuna's ``Study.optimize`` (``n_trials=1``
+inside this module's budget loop, which counts across processes): it asks, beats the heartbeat, fails stale trials
+and tells the outcome, with Optuna's public API only.
 
 This module imports Optuna, never Kedro or MLflow (tracking comes in as ``StudyTracking``).
 """
@@ -44,56 +45,37 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import optuna
-import sqlalchemy.exc
 from matplotlib.figure import Figure
 from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
 from optuna.storages import RetryHeartbeatStaleTrialCallback
-from optuna.storages._heartbeat import get_heartbeat_thread
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from trainlib.engine.callbacks import Callback
 from trainlib.metrics import STEP_KEY, VAL_STEP_MLM_ACCURACY, VAL_STEP_TOP1
-from trainlib.params import TUNED_TRAININGS, TuningParams, space_ranges
+from trainlib.params import TuningParams, space_ranges
+from trainlib.params.recipe_spec import recipe_of_row, row_sections, tuned_trainings
 from trainlib.processes import process_alive
-from trainlib.redaction import redact
 from trainlib.study.runner import StudyInputs, StudyPlan, StudyTracking, run_study
 from trainlib.study.statistics import first_crossing
+from trainlib.study.tuning_search import PruneOnStepEvaluations, create_pruner, create_sampler, draw_values
+from trainlib.study.tuning_storage import open_storage
 
 logger = logging.getLogger(__name__)
 
-# keys sampled on a log scale, and as integers; the rest (warm-up epochs) uniformly
-LOG_SCALE = ("lr.peak", "damping.peak", "weight_decay")
-INTEGER = ("frequency", "lr.warmup_steps")
-# the section a tuned training's values go into (dotted in StudyInputs): thor_first_order is the thor section
-# without its preconditioner
-SECTION = {
-    "baseline": "baseline",
-    "thor": "thor",
-    "thor_first_order": "thor",
-    "thor_bert": "thor_bert.thor",
-    "thor_bert_control": "thor_bert.control",
-}
-# the study recipe that trains a tuned training
-RECIPE = {training: recipe for recipe, trainings in TUNED_TRAININGS.items() for training in trainings}
-# the step evaluation whose target a tuned training's objective counts steps to, and the final figure that orders
-# the trials that missed it
-STEP_METRIC = {
-    training: VAL_STEP_MLM_ACCURACY if RECIPE[training] == "thor_bert" else VAL_STEP_TOP1 for training in RECIPE
-}
+# the step evaluation whose target a tuned training's objective counts steps to (by its recipe's task), and the final
+# figure that orders the trials that missed it
+TASK_STEP_METRIC = {"image_classification": VAL_STEP_TOP1, "masked_lm": VAL_STEP_MLM_ACCURACY}
 FINAL_ACCURACY = {VAL_STEP_TOP1: "final_top1", VAL_STEP_MLM_ACCURACY: "final_mlm_accuracy"}
 # what makes a trial FAIL and lets the tuning go on: the training diverged (a bug still stops the study)
 TRIAL_FAILURES = (FloatingPointError,)
 HOST = socket.gethostname()
-SCHEMA_ATTEMPTS = 5  # opening a new storage that other processes create at the same moment
 ERROR_ATTR = "error"  # a trial's user attribute: the name of the error that failed its training
 RUN_IDS_ATTR = "run_ids"  # a trial's user attribute: its trainings' tracking runs, ended FAILED if its process dies
 RUNNING_POLL_S = 5  # how often a process done with its share looks again at the other processes' running trials
 DEAD_TRIAL_ERROR = "stale"  # the trial_error tag of a trial whose process died (Optuna: heartbeat-stale)
 _STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)  # the states reported
-REDUCTION_FACTOR = 3  # successive halving's and hyperband's: a third of the trials at a rung go on (Optuna's default)
 
 
 @dataclass(frozen=True)
@@ -112,6 +94,11 @@ class RecipeTuning:
     trials_time_s: float
 
 
+def step_metric(row: str) -> str:
+    """The step evaluation a tuned result row's objective counts steps to target on."""
+    return TASK_STEP_METRIC[recipe_of_row()[row].task]
+
+
 def run_tuned_study(
     inputs: StudyInputs,
     plan: StudyPlan,
@@ -126,8 +113,8 @@ def run_tuned_study(
     records, tunings = [], []
     for recipe in plan.recipes:
         chosen = inputs
-        for training in TUNED_TRAININGS[recipe]:
-            tuned = tune_recipe(training, inputs, plan, tracking, tuning=tuning, target=targets[STEP_METRIC[training]])
+        for training in tuned_trainings()[recipe]:
+            tuned = tune_recipe(training, inputs, plan, tracking, tuning=tuning, target=targets[step_metric(training)])
             logger.info(
                 "tuning %s: trial %d of %d chose %s (documented %s); %s; %.0f s here, %.0f s in all trials",
                 training,
@@ -148,14 +135,15 @@ def run_tuned_study(
 def tune_recipe(
     recipe: str, inputs: StudyInputs, plan: StudyPlan, tracking: StudyTracking, *, tuning: TuningParams, target: float
 ) -> RecipeTuning:
-    """Run trials of ``recipe`` (a tuned training, ``SECTION``) until its Optuna study counts ``tuning.trials``
-    (every process's), then its best."""
+    """Run trials of ``recipe`` (a tuned training, ``recipe_spec.tuned_trainings``) until its Optuna study counts
+    ``tuning.trials`` (every process's), then its best."""
     ranges = space_ranges(tuning.spaces[recipe])
     on_dead_trial = RetryDeadTrial(tracking, max_retry=tuning.max_retry)
     study = open_study(recipe, tuning=tuning, on_dead_trial=on_dead_trial, eval_every_steps=plan.eval_every_steps)
     _release_abandoned(study, on_dead_trial)
     started = time.monotonic()
     waiting = False
+    run_trial = _TrialObjective(recipe, ranges, inputs, plan, tracking, tuning=tuning, target=target)
     while True:
         _fail_stale_trials(study)
         counted = _counted(study)
@@ -169,13 +157,9 @@ def tune_recipe(
             # each either ends, or goes stale and its values come back to this loop
             time.sleep(min(tuning.heartbeat_interval, RUNNING_POLL_S))
             continue
-        trial, values = draw_trial(study, ranges, tuning=tuning)
-        if sorted(t.number for t in _counted(study)).index(trial.number) >= tuning.trials:
-            study.tell(trial, state=TrialState.FAIL)  # another process took the last trial at the same moment
-            continue
-        # Study.optimize's own heartbeat thread (Optuna has no public handle on it for an ask-and-tell loop)
-        with get_heartbeat_thread(trial._trial_id, study._storage):
-            _run_trial(study, trial, recipe, values, inputs, plan, tracking, tuning=tuning, target=target)
+        # Optuna's own loop, one trial at a time (this loop keeps the budget, counted across processes): it asks (a
+        # dead trial's values first), beats the trial's heartbeat, and tells PRUNED, FAIL or the value
+        study.optimize(run_trial, n_trials=1, catch=(*TRIAL_FAILURES, _PastTheBudget))
     wall_time_s = time.monotonic() - started
     trials = study.get_trials(deepcopy=False)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
@@ -211,12 +195,13 @@ def open_study(
     """``recipe``'s Optuna study in the storage (created by the first process to ask), minimising the objective,
     with ``tuning``'s heartbeats and pruner (on step evaluations every ``eval_every_steps`` steps); ``on_dead_trial``
     is called with each trial this process fails as dead."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own log lines say what each trial did
+    # our own log lines say what each trial did; Optuna's would add a traceback for each failed one
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     return optuna.create_study(
-        storage=_storage(tuning.storage, heartbeats=(tuning, on_dead_trial)),
+        storage=open_storage(tuning.storage, heartbeats=(tuning, on_dead_trial)),
         study_name=study_name(recipe, tuning=tuning),
         direction="minimize",
-        sampler=_sampler(tuning),
+        sampler=create_sampler(tuning),
         pruner=create_pruner(tuning.pruner, eval_every_steps=eval_every_steps),
         load_if_exists=True,
     )
@@ -224,7 +209,7 @@ def open_study(
 
 def load_study(recipe: str, *, tuning: TuningParams) -> optuna.Study:
     """``recipe``'s existing Optuna study (its figures)."""
-    return optuna.load_study(study_name=study_name(recipe, tuning=tuning), storage=_storage(tuning.storage))
+    return optuna.load_study(study_name=study_name(recipe, tuning=tuning), storage=open_storage(tuning.storage))
 
 
 def objective(records: Sequence[Mapping], *, target: float, epochs: int) -> float:
@@ -242,14 +227,14 @@ def objective(records: Sequence[Mapping], *, target: float, epochs: int) -> floa
 
 def with_values(inputs: StudyInputs, recipe: str, values: Mapping[str, float]) -> StudyInputs:
     """The study's inputs with ``values`` (dotted keys of the tuned training's section: ``lr.peak``) in that
-    section (``SECTION``: ``thor_bert.thor`` is the thor section of ``inputs.thor_bert``)."""
+    section (``recipe_spec.row_sections``: ``thor_bert.thor`` is the thor section of ``inputs.thor_bert``)."""
     section = _section(inputs, recipe)
     update: dict = {}
     for key, value in values.items():
         head, _, leaf = key.partition(".")
         update[head] = update.get(head, getattr(section, head)).model_copy(update={leaf: value}) if leaf else value
     updated = section.model_copy(update=update)
-    outer, _, inner = SECTION[recipe].partition(".")
+    outer, _, inner = row_sections()[recipe].partition(".")
     if inner:
         updated = getattr(inputs, outer).model_copy(update={inner: updated})
     return replace(inputs, **{outer: updated})
@@ -355,21 +340,6 @@ def _fail_stale_trials(study: optuna.Study) -> None:
         optuna.storages.fail_stale_trials(study)
 
 
-def _ask(study: optuna.Study) -> Trial:
-    """A new trial (a dead one's values first, when enqueued), marked with this process and machine."""
-    with warnings.catch_warnings():
-        # Optuna warns that heartbeats are meant for Study.optimize: this loop records them itself
-        warnings.filterwarnings("ignore", "Heartbeat of storage", UserWarning)
-        trial = study.ask()
-    # at once: a trial with no heartbeat yet is never found stale, so one killed here would be waited for forever
-    study._storage.record_heartbeat(trial._trial_id)
-    # a retried trial arrives with the dead one's attributes: this process's replace them
-    trial.set_user_attr("host", HOST)
-    trial.set_user_attr("pid", os.getpid())
-    trial.set_user_attr(RUN_IDS_ATTR, [])
-    return trial
-
-
 class RetryDeadTrial:
     """What follows a trial failed because its process died: its values enqueued again (Optuna's
     ``RetryHeartbeatStaleTrialCallback``, up to ``max_retry`` times) and its tracking runs ended FAILED."""
@@ -397,39 +367,57 @@ class RetryDeadTrial:
         )
 
 
-def _run_trial(
-    study: optuna.Study,
-    trial: Trial,
-    recipe: str,
-    values: Mapping[str, float],
-    inputs: StudyInputs,
-    plan: StudyPlan,
-    tracking: StudyTracking,
-    *,
-    tuning: TuningParams,
-    target: float,
-) -> None:
-    trial_tracking = TrialTracking(
-        tracking, trial, values, pruning=tuning.pruner != "none", step_metric=STEP_METRIC[recipe]
-    )
-    trial_plan = replace(plan, recipes=[RECIPE[recipe]], seeds=list(tuning.seeds), results=[recipe])
-    try:
-        records = run_study(with_values(inputs, recipe, values), trial_plan, trial_tracking)
-    except optuna.TrialPruned:
-        study.tell(trial, state=TrialState.PRUNED)
-        logger.info("tuning %s: trial %d pruned (%s)", recipe, trial.number, _values_text(values))
-        return
-    except TRIAL_FAILURES as error:
-        trial.set_user_attr(ERROR_ATTR, type(error).__name__)
-        study.tell(trial, state=TrialState.FAIL)
-        logger.warning("tuning %s: trial %d failed, %s: %s", recipe, trial.number, type(error).__name__, error)
-        return
-    except BaseException:
-        study.tell(trial, state=TrialState.FAIL)  # no error attribute: given back, not counted
-        raise
-    value = objective(records, target=target, epochs=plan.epochs)
-    study.tell(trial, value)
-    logger.info("tuning %s: trial %d (%s): %.4g", recipe, trial.number, _values_text(values), value)
+class _PastTheBudget(Exception):
+    """A trial asked after another process took the budget's last one at the same moment: failed without an error,
+    so given back (not counted)."""
+
+
+class _TrialObjective:
+    """One trial of a tuned training, as ``study.optimize`` calls it: the trial marked with this process and machine
+    (whoever finds them dead retries its values), its values drawn (``draw_values``), the training's study over the
+    tuning seeds, its objective returned. A diverged training is a FAIL naming its error (``TRIAL_FAILURES``); a
+    pruned one raises ``TrialPruned``."""
+
+    def __init__(
+        self,
+        recipe: str,
+        ranges: Mapping[str, Sequence[float]],
+        inputs: StudyInputs,
+        plan: StudyPlan,
+        tracking: StudyTracking,
+        *,
+        tuning: TuningParams,
+        target: float,
+    ):
+        self.recipe, self.ranges, self.inputs, self.plan, self.tracking = recipe, ranges, inputs, plan, tracking
+        self.tuning, self.target = tuning, target
+
+    def __call__(self, trial: Trial) -> float:
+        # a retried trial arrives with the dead one's attributes: this process's replace them
+        trial.set_user_attr("host", HOST)
+        trial.set_user_attr("pid", os.getpid())
+        trial.set_user_attr(RUN_IDS_ATTR, [])
+        if sorted(t.number for t in _counted(trial.study)).index(trial.number) >= self.tuning.trials:
+            raise _PastTheBudget(f"trial {trial.number}")
+        recipe, values = self.recipe, draw_values(trial, self.ranges, tuning=self.tuning)
+        trial_tracking = TrialTracking(
+            self.tracking, trial, values, pruning=self.tuning.pruner != "none", step_metric=step_metric(recipe)
+        )
+        trial_plan = replace(
+            self.plan, recipes=[recipe_of_row()[recipe].name], seeds=list(self.tuning.seeds), results=[recipe]
+        )
+        try:
+            records = run_study(with_values(self.inputs, recipe, values), trial_plan, trial_tracking)
+        except optuna.TrialPruned:
+            logger.info("tuning %s: trial %d pruned (%s)", recipe, trial.number, _values_text(values))
+            raise
+        except TRIAL_FAILURES as error:
+            trial.set_user_attr(ERROR_ATTR, type(error).__name__)
+            logger.warning("tuning %s: trial %d failed, %s: %s", recipe, trial.number, type(error).__name__, error)
+            raise
+        value = objective(records, target=self.target, epochs=self.plan.epochs)
+        logger.info("tuning %s: trial %d (%s): %.4g", recipe, trial.number, _values_text(values), value)
+        return value
 
 
 class TrialTracking:
@@ -467,7 +455,9 @@ class TrialTracking:
         self._trainings += 1
 
     def callbacks(self) -> list[Callback]:
-        pruning = [_Pruning(self._trial, self._step_metric)] if self._pruning and self._trainings == 0 else []
+        pruning = (
+            [PruneOnStepEvaluations(self._trial, self._step_metric)] if self._pruning and self._trainings == 0 else []
+        )
         return [*self._tracking.callbacks(), *pruning]
 
     def log_final(self, accuracy: Mapping[str, float]) -> None:
@@ -477,42 +467,10 @@ class TrialTracking:
         self._tracking.set_tags(tags)
 
 
-class _Pruning(Callback):
-    """Reports each step evaluation's error (1 - its accuracy ``step_metric``) to the trial; stops the training when
-    the pruner says."""
-
-    def __init__(self, trial: Trial, step_metric: str):
-        self._trial, self._step_metric = trial, step_metric
-
-    def on_step_evaluation(self, row: Mapping[str, float]) -> None:
-        step = int(row[STEP_KEY])
-        self._trial.report(1 - row[self._step_metric], step)
-        if self._trial.should_prune():
-            raise optuna.TrialPruned(f"trial {self._trial.number} at step {step}")
-
-
-def draw_trial(
-    study: optuna.Study, ranges: Mapping[str, Sequence[float]], *, tuning: TuningParams
-) -> tuple[Trial, dict[str, float]]:
-    """A new trial and its values, drawn by ``tuning``'s sampler seeded with the trial's number: a process that
-    resumes or joins a tuning draws what an uninterrupted process would give that trial. A sampler seeded once per
-    process starts its sequence over, and drew trials 0 and 1's values again in a resumed tuning (measured);
-    QMC's sequence already indexes by the trials in the storage."""
-    trial = _ask(study)
-    study.sampler = _sampler(tuning, trial_number=trial.number)
-    return trial, {key: _suggest(trial, key, low, high) for key, (low, high) in ranges.items()}
-
-
-def _suggest(trial: Trial, key: str, low: float, high: float) -> float:
-    if key in INTEGER:
-        return trial.suggest_int(key, int(low), int(high))
-    return trial.suggest_float(key, low, high, log=key in LOG_SCALE)
-
-
 def _section(inputs: StudyInputs, recipe: str):
     """The tuned training's section in ``inputs``."""
     section = inputs
-    for name in SECTION[recipe].split("."):
+    for name in row_sections()[recipe].split("."):
         section = getattr(section, name)
     return section
 
@@ -525,123 +483,3 @@ def _value_of(section, key: str) -> float:
 
 def _values_text(values: Mapping[str, float]) -> str:
     return ", ".join(f"{key} {value:.4g}" for key, value in values.items())
-
-
-def _sampler(tuning: TuningParams, *, trial_number: int = 0) -> optuna.samplers.BaseSampler:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ExperimentalWarning)
-        if tuning.sampler == "qmc":
-            return optuna.samplers.QMCSampler(seed=tuning.sampler_seed, scramble=True)
-    # TPE's first half of a small budget at random (its default, 10, would leave nothing to model)
-    return optuna.samplers.TPESampler(
-        seed=tuning.sampler_seed + trial_number, n_startup_trials=max(1, tuning.trials // 2)
-    )
-
-
-def create_pruner(pruner: str, *, eval_every_steps: int) -> optuna.pruners.BasePruner:
-    """The Optuna pruner ``study.tuning.pruner`` names. A trial reports each step evaluation's error at its step
-    (``_Pruning``: steps ``eval_every_steps``, twice that, ..., and the training's last step), so a resource is a
-    number of training steps, and every trial of a study trains the same steps. ``successive_halving``:
-    ``SuccessiveHalving`` (rungs at a ninth and a third of a training). ``hyperband``: Optuna's brackets of such rungs,
-    the first from the first step evaluation on, up to the steps of the first completed trial; each trial falls in one
-    bracket, and Optuna's sampler then learns from that bracket's trials only (docs/study.md#pruners)."""
-    if pruner == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=2)
-    if pruner == "successive_halving":
-        return SuccessiveHalving()
-    if pruner == "hyperband":
-        return optuna.pruners.HyperbandPruner(
-            min_resource=eval_every_steps, max_resource="auto", reduction_factor=REDUCTION_FACTOR
-        )
-    return optuna.pruners.NopPruner()
-
-
-class SuccessiveHalving(optuna.pruners.BasePruner):
-    """Optuna's (asynchronous) ``SuccessiveHalvingPruner`` with reduction factor 3 and its rungs inside a training:
-    at ``r`` and ``3 r`` steps with ``r = total // 9 + 1``, ``total`` the steps of the first completed trial (the
-    study's training length, as Hyperband's ``max_resource: auto`` reads it). At each rung a trial goes on only if its
-    error is among the best third of the trials that reached that rung so far (the first to reach it does). So a
-    trial is judged after a ninth of a training, when the curves have parted (the first step evaluation, 4 % of the
-    default study's, is noise: every trial near chance), and never at the training's end, where stopping saves
-    nothing and loses a finished trial. Until a trial completes, none is pruned."""
-
-    def __init__(self) -> None:
-        self._pruner: optuna.pruners.SuccessiveHalvingPruner | None = None
-
-    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
-        if self._pruner is None:
-            completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            steps = [t.last_step for t in completed if t.last_step is not None]
-            if not steps:
-                return False
-            first_rung = max(steps) // REDUCTION_FACTOR**2 + 1
-            self._pruner = optuna.pruners.SuccessiveHalvingPruner(
-                min_resource=first_rung, reduction_factor=REDUCTION_FACTOR
-            )
-        return self._pruner.prune(study, trial)
-
-
-class TuningStorageError(RuntimeError):
-    """``study.tuning.storage`` names a database that cannot be opened (unreachable, refused, wrong password)."""
-
-
-def storage_url(url: str) -> str:
-    """``url`` as SQLAlchemy opens it: a bare ``postgresql://`` through psycopg (3), the driver the project locks
-    (SQLAlchemy's default for it is psycopg2). With no password in the URL, libpq reads ``PGPASSWORD`` or
-    ``~/.pgpass`` (docs/team.md)."""
-    if url.startswith(("postgresql://", "postgres://")):
-        return "postgresql+psycopg://" + url.split("://", 1)[1]
-    return url
-
-
-def _storage(url: str, heartbeats: tuple[TuningParams, RetryDeadTrial] | None = None) -> optuna.storages.RDBStorage:
-    """An Optuna RDB storage; a SQLite file's folder is made, and its writers wait for each other's locks. With
-    ``heartbeats``, its trials record them and a dead one's goes to the ``RetryDeadTrial``.
-
-    Processes started together on a new storage all create its schema: the ones that lose that race get a
-    duplicate key or "relation already exists" (``_schema_race``), and open the storage the winner made.
-    A storage that cannot be opened at all stops the study with ``TuningStorageError``, the URL's password
-    masked."""
-    options: dict = {}
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        options["engine_kwargs"] = {"connect_args": {"timeout": 60}}
-    if heartbeats is not None:
-        tuning, on_dead_trial = heartbeats
-        options |= {
-            "heartbeat_interval": tuning.heartbeat_interval,
-            "grace_period": tuning.grace_period,
-            "heartbeat_stale_trial_callback": on_dead_trial,
-        }
-    attempt = 1
-    while True:
-        try:
-            return _rdb_storage(url, options)
-        except sqlalchemy.exc.DBAPIError as error:
-            if attempt < SCHEMA_ATTEMPTS and _schema_race(url, error):
-                attempt += 1
-                continue
-            reason = str(error.orig or error).strip().splitlines()[0]
-            raise TuningStorageError(
-                f"study.tuning.storage {redact(url)} cannot be opened: {redact(reason)}. Check the server, the "
-                "user and the password (PGPASSWORD or conf/local/credentials.yml, docs/team.md)"
-            ) from None
-
-
-def _rdb_storage(url: str, options: Mapping) -> optuna.storages.RDBStorage:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeat_interval
-        return optuna.storages.RDBStorage(storage_url(url), **options)
-
-
-def _schema_race(url: str, error: sqlalchemy.exc.DBAPIError) -> bool:
-    """Whether ``error`` may be another process creating the same schema, not a database that cannot be
-    reached: a duplicate row or type (``IntegrityError``), a table "already exists" (PostgreSQL's
-    ``DuplicateTable`` is a ``ProgrammingError``, SQLite's an ``OperationalError``), or any error of a SQLite file,
-    whose writers lock each other out. Optuna's answer, creating the storage before starting the machines
-    (optuna/optuna#1092), is one more step for every team; a retry needs none."""
-    return (
-        isinstance(error, sqlalchemy.exc.IntegrityError)
-        or url.startswith("sqlite")
-        or "already exists" in str(error.orig or error)
-    )

@@ -1,0 +1,140 @@
+"""A recipe's specification, declared once beside its parameter section, and the registry every part reads.
+
+A recipe module of this package declares ``RECIPES``, a tuple of ``RecipeSpec`` (``baseline.py``: the Momentum
+baseline; ``thor.py``: THOR and THOR without its preconditioner, two recipes of one section). Another installed
+package adds its own through the entry-point group ``resnet_recipes.recipes`` (each entry a ``RecipeSpec`` or a
+tuple of them), as Kedro's plugins and MLflow's apps are found. The study's result rows, the pairs it compares, the
+rows a tuning covers and the sections it tunes, and the keys the study's budget sets are read from here
+(``result_rows``, ``paired_rows``, ``tuned_trainings``, ``row_sections``, ``budgeted_sections``), not listed by hand.
+
+Plain data: a specification names sections and rows by their dotted configuration keys, so it sits with the
+parameter models, below the code that trains.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from functools import cache
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Literal
+
+ENTRY_POINT_GROUP = "resnet_recipes.recipes"
+# What a recipe's trainings are scored on: top-1 of an image classifier, masked-LM accuracy of a language model
+Task = Literal["image_classification", "masked_lm"]
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    """One training a recipe gives in a study, named as its result row (runs.csv's ``recipe`` column, the MLflow
+    ``result`` tag). ``section``: the dotted configuration section it trains with; ``paired_with``: the rows it is
+    compared against (``thor``: ``baseline``, then ``thor_first_order``); ``budgeted``: the section's keys the
+    study's budget sets (``epochs``, ``eval_every_steps``); ``tunable``: a tuning samples it; ``preconditioned``:
+    it has THOR's damping and frequency to tune."""
+
+    name: str
+    section: str
+    paired_with: tuple[str, ...] = ()
+    budgeted: tuple[str, ...] = ("epochs", "eval_every_steps")
+    tunable: bool = False
+    preconditioned: bool = False
+
+
+@dataclass(frozen=True)
+class RecipeSpec:
+    """A recipe as the study, the tuning and the report know it: its name (``study.recipes``), its configuration
+    section and that section's parameter model, its result rows and what it is scored on."""
+
+    name: str
+    section: str
+    parameters: type
+    results: tuple[ResultRow, ...]
+    task: Task = "image_classification"
+    doc: str = field(default="", compare=False)
+
+
+class RecipeRegistryError(ValueError):
+    """Two recipe specifications with one name, or an entry point that is not a specification."""
+
+
+def _specs_in(value, origin: str) -> tuple[RecipeSpec, ...]:
+    specs = (value,) if isinstance(value, RecipeSpec) else tuple(value)
+    if not all(isinstance(spec, RecipeSpec) for spec in specs):
+        raise RecipeRegistryError(f"{origin} holds something other than RecipeSpec: {value!r}")
+    return specs
+
+
+@cache
+def recipe_specs() -> dict[str, RecipeSpec]:
+    """Every recipe by name: this package's modules' ``RECIPES`` in module order, then the entry points'."""
+    found: list[tuple[RecipeSpec, str]] = []
+    for module in pkgutil.iter_modules([str(Path(__file__).parent)]):  # this package's modules, by name
+        declared = getattr(importlib.import_module(f"{__package__}.{module.name}"), "RECIPES", None)
+        if declared is not None:
+            origin = f"{__package__}.{module.name}.RECIPES"
+            found += [(spec, origin) for spec in _specs_in(declared, origin)]
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        origin = f"entry point {entry.name} = {entry.value} ({ENTRY_POINT_GROUP})"
+        found += [(spec, origin) for spec in _specs_in(entry.load(), origin)]
+    specs: dict[str, RecipeSpec] = {}
+    rows: dict[str, str] = {}
+    for spec, origin in found:
+        if spec.name in specs:
+            raise RecipeRegistryError(f"recipe {spec.name!r} is declared twice; the second in {origin}")
+        for row in spec.results:
+            if row.name in rows:
+                raise RecipeRegistryError(f"result row {row.name!r} of {spec.name} is also {rows[row.name]}'s")
+            rows[row.name] = spec.name
+        specs[spec.name] = spec
+    return specs
+
+
+def result_rows() -> dict[str, tuple[str, ...]]:
+    """Each recipe's result rows, by recipe."""
+    return {name: tuple(row.name for row in spec.results) for name, spec in recipe_specs().items()}
+
+
+def rows() -> dict[str, ResultRow]:
+    """Every result row by name."""
+    return {row.name: row for spec in recipe_specs().values() for row in spec.results}
+
+
+def recipe_of_row() -> dict[str, RecipeSpec]:
+    """The recipe that gives each result row."""
+    return {row.name: spec for spec in recipe_specs().values() for row in spec.results}
+
+
+def paired_rows() -> tuple[tuple[str, str], ...]:
+    """(row, a row it is compared against), in the registry's order."""
+    return tuple((row.name, reference) for row in rows().values() for reference in row.paired_with)
+
+
+def tuned_trainings() -> dict[str, tuple[str, ...]]:
+    """The recipes a tuning covers and the rows of each it tunes, each with trials of its own."""
+    tuned = {name: tuple(row.name for row in spec.results if row.tunable) for name, spec in recipe_specs().items()}
+    return {name: trained for name, trained in tuned.items() if trained}
+
+
+def row_sections() -> dict[str, str]:
+    """The dotted configuration section each result row trains with."""
+    return {name: row.section for name, row in rows().items()}
+
+
+def budgeted_sections() -> dict[str, tuple[str, ...]]:
+    """The dotted sections the study's budget changes, with the keys it sets (first row of a section wins)."""
+    budgeted: dict[str, tuple[str, ...]] = {}
+    for row in rows().values():
+        if row.budgeted:
+            budgeted.setdefault(row.section, row.budgeted)
+    return budgeted
+
+
+def unknown_names(names, what: str, choices) -> str | None:
+    """Why ``names`` are not all ``what`` (``choices``), as the rest of a sentence that starts with their key; or
+    None."""
+    unknown = [name for name in names if name not in choices]
+    if not unknown:
+        return None
+    return f"names {what} {unknown}; known: {', '.join(choices)}"
