@@ -401,3 +401,22 @@ def test_a_level_below_decode_is_warned_of_at_ingest(jpeg_tree, tmp_path, caplog
         build_manifest(str(jpeg_tree), DataParams(**data))
     warned = f"data.verify is {level!r}: image contents reach MindSpore's decoder unchecked" in caplog.text
     assert warned == (level != "decode")
+
+
+def test_a_missing_data_root_is_named_and_only_the_default_folder_or_create_root_writes_fashion_mnist(tmp_path):
+    """A mistyped ``data.root`` stops before any work whatever ``data.source`` says, and creates nothing; Fashion-MNIST
+    is written under a missing root at its default folder, or where ``data.create_root`` asks."""
+    from pipelines.data.nodes import locate_image_tree, missing_root
+    from trainlib.data.fashion_mnist import DEFAULT_ROOT
+    from trainlib.data.folder import DataLayoutError
+
+    data = load_config()["data"]
+    assert data["root"] == DEFAULT_ROOT and data["create_root"] is False  # conf/base's default is the one allowed
+    nope = tmp_path / "nope"
+    for source in ("fashion_mnist", "folder"):
+        with pytest.raises(DataLayoutError, match=rf"^data.root {nope} does not exist"):
+            locate_image_tree(DataParams(**{**data, "source": source, "root": str(nope)}))
+    assert not nope.exists() and list(tmp_path.iterdir()) == []
+    assert missing_root(DataParams(**{**data, "root": str(nope), "create_root": True})) is None
+    assert missing_root(DataParams(**{**data, "root": DEFAULT_ROOT})) is None
+    assert missing_root(DataParams(**{**data, "root": str(nope), "source": "folder", "create_root": True})) is not None

@@ -70,6 +70,16 @@ def missing_data_folder(root: Path):
     return project, run(project, "--pipelines=data"), Expected([str(missing), "does not exist", "data.root"], "FAILED")
 
 
+def mistyped_default_data_folder(root: Path):
+    """``data.root=/nope`` with the default source (Fashion-MNIST): named at once, and nothing written there (it used
+    to write 276 MB there and train for 14 minutes, issue 53)."""
+    mistyped = root / "nope"
+    project = project_on(root)
+    outcome = run(project, "--pipelines=data", f"--params=data.source=fashion_mnist,data.root={mistyped}")
+    assert not mistyped.exists() and not mistyped.with_name("nope.partial").exists()
+    return project, outcome, Expected([f"data.root {mistyped} does not exist", "data.create_root: true"], "FAILED")
+
+
 def mislaid_data_folder(root: Path):
     """Split folders named otherwise than data.split_dirs says; with --verbose the traceback shows too."""
     tree = write_image_tree(root / "elsewhere", classes=CLASSES, split_dirs={"train": "training", "val": "validation"})
@@ -181,6 +191,7 @@ def interrupted(root: Path):
 
 CASES: list[Case] = [
     missing_data_folder,
+    mistyped_default_data_folder,
     mislaid_data_folder,
     missing_pth,
     corrupt_pth,

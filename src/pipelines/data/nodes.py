@@ -13,7 +13,7 @@ from typing import get_args
 import pandas as pd
 
 from trainlib.data import fashion_mnist
-from trainlib.data.folder import scan_image_tree, subset_manifest
+from trainlib.data.folder import DataLayoutError, scan_image_tree, subset_manifest
 from trainlib.params import DataParams, DataSource
 
 logger = logging.getLogger(__name__)
@@ -22,8 +22,28 @@ SOURCES = get_args(DataSource)
 VERDICT_CACHE_FILE = "verified.sqlite"
 
 
+def missing_root(data: DataParams) -> str | None:
+    """Why ``data.root`` cannot be used because it does not exist, or None. Fashion-MNIST is written out under a
+    missing root only at its default folder, or where ``data.create_root`` asks: a mistyped path (``/nope``) must
+    not become a 276 MB tree and a 14-minute training."""
+    root = Path(data.root)
+    if root.exists():
+        return None
+    if data.source == "fashion_mnist" and (data.create_root or root == Path(fashion_mnist.DEFAULT_ROOT)):
+        return None
+    if data.source == "fashion_mnist":
+        return (
+            f"data.root {root} does not exist; the default data (Fashion-MNIST) is written out under "
+            f"{fashion_mnist.DEFAULT_ROOT} only: fix the path, or set data.create_root: true to write it there"
+        )
+    return f"data.root {root} does not exist (data.source folder reads an existing image tree): fix the path"
+
+
 def locate_image_tree(data: DataParams) -> str:
-    """Root of the image tree; for ``source: fashion_mnist`` it is written out on first use."""
+    """Root of the image tree; for ``source: fashion_mnist`` it is written out on first use (``missing_root``)."""
+    problem = missing_root(data)
+    if problem is not None:
+        raise DataLayoutError(problem)
     root = Path(data.root)
     if data.source == "fashion_mnist":
         fashion_mnist.materialise(root)

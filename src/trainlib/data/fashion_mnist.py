@@ -35,6 +35,9 @@ SPLIT_FILES = {
     "val": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
 }
 COMPLETE_MARKER = ".complete"
+# Where the default run writes it (conf/base's data.root, relative to the project): a missing data.root elsewhere is
+# a mistake named before any work, unless data.create_root asks for it (pipelines.data.nodes.locate_image_tree)
+DEFAULT_ROOT = "data/01_raw/fashion_mnist"
 
 
 def _read_idx(path: Path) -> np.ndarray:

@@ -105,6 +105,8 @@ class DataParams(Section):
     cache_dir: str  # per-file verdicts (verified.sqlite) and the MindRecord chunks the trainings read
     # the val images of the evaluation every <recipe>.eval_every_steps steps, drawn with subset_seed; None: all
     step_eval_images: PositiveInt | None = None
+    # source fashion_mnist: write it out under a data.root that does not exist yet, elsewhere than the default folder
+    create_root: bool = False
 
 
 class ModelParams(Section):
