@@ -35,7 +35,6 @@ NOT_YET_DERIVED = {
     ("pipelines/pipeline_registry.py", "register_pipelines"),
     ("pipelines/study/nodes.py", "prepare_inputs"),
     ("pipelines/thor_bert/pipeline.py", "TRAININGS"),
-    ("pipelines/tracking/naming.py", "COLOUR_FAMILIES"),
     ("trainlib/fast_dev_run.py", "SECTION_RULES"),
     ("trainlib/fast_dev_run.py", "_thor_bert"),
     ("trainlib/fast_dev_run.py", "fast_dev_run_overrides"),
@@ -100,6 +99,24 @@ def test_the_studys_tables_are_the_specifications():
         "thor_bert.thor": ("epochs", "eval_every_steps"),
         "thor_bert.control": ("epochs", "eval_every_steps"),
         "dim_reduce.stage2": ("eval_every_steps",),
+    }
+
+
+def test_the_colour_families_are_the_ones_the_runs_had():
+    from trainlib.params.recipe_spec import colour_families
+
+    assert colour_families() == {
+        "baseline": "#4e79a7",
+        "control": "#4e79a7",
+        "thor_bert_control": "#4e79a7",
+        "thor": "#f28e2b",
+        "thor_bert": "#f28e2b",
+        "thor_first_order": "#e15759",
+        "adasum": "#59a14f",
+        "allreduce": "#76b7b2",
+        "stage2": "#b07aa1",
+        "dim_reduce": "#b07aa1",
+        "stage1": "#bab0ac",
     }
 
 

@@ -59,6 +59,20 @@ def test_the_ui_is_the_tracking_server_itself_or_mlflow_ui_over_a_local_store():
     assert ui_base_url("http://mlflow.team:8080/", "127.0.0.1", 5000) == "http://mlflow.team:8080"
     assert ui_base_url("https://mlflow.example.org", "127.0.0.1", 5000) == "https://mlflow.example.org"
     assert ui_base_url("sqlite:///mlflow.db", "0.0.0.0", "5001") == "http://0.0.0.0:5001"
+    # a password in the tracking URI stays out of the link printed and shared (issue 52): the browser logs in itself
+    assert ui_base_url("http://alice:s3cr%40t@mlflow.team:8080/", "127.0.0.1", 5000) == "http://mlflow.team:8080"
+    assert ui_base_url("https://token@mlflow.example.org", "127.0.0.1", 5000) == "https://mlflow.example.org"
+
+
+def test_a_credentials_file_other_users_can_read_is_found(tmp_path: Path):
+    from pipelines.hooks.credentials import readable_by_others
+
+    credentials = tmp_path / "credentials.yml"
+    assert not readable_by_others(credentials)  # none yet
+    credentials.write_text("tuning_db: {PGPASSWORD: s3cret}\n")
+    for mode, readable in [(0o644, True), (0o640, True), (0o604, True), (0o600, False), (0o400, False)]:
+        credentials.chmod(mode)
+        assert readable_by_others(credentials) == readable, oct(mode)
 
 
 def test_the_closing_links_open_shared_views_that_chart_each_run_and_list_the_headline_columns(tmp_path: Path):
@@ -133,12 +147,13 @@ def test_each_compared_run_is_named_once_even_when_a_child_is_named_with_its_par
 
 
 def test_each_recipe_has_its_own_colour_family_and_each_seed_its_own_shade():
-    from pipelines.tracking.naming import COLOUR_FAMILIES, run_colour
+    from pipelines.tracking.naming import run_colour
+    from trainlib.params.recipe_spec import colour_families
 
     compared = ("baseline", "thor", "thor_first_order", "adasum", "allreduce", "stage2", "stage1")
     colours = {(kind, seed): run_colour(kind, seed) for kind in compared for seed in range(3)}
     assert len(set(colours.values())) == len(colours)  # every run of a 3-seed study of them apart
-    assert run_colour("thor", 0) == COLOUR_FAMILIES["thor"]  # seed 0 is the family's own colour
+    assert run_colour("thor", 0) == colour_families()["thor"]  # seed 0 is the family's own colour
     # a first-order baseline is drawn as one, whichever pipeline trained it
     assert run_colour("control", 1) == run_colour("baseline", 1) == run_colour("thor_bert_control", 1)
     assert run_colour("report") != run_colour("baseline")

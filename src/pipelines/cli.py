@@ -64,6 +64,8 @@ QUIET_RECORDS = (
     ("kedro_viz.integrations.kedro.run_hooks", r"Workflow tracking is disabled"),
     # a site built before any `kedro run` of the project has no run events: nothing is wrong
     ("kedro_viz.api.rest.responses.run_events", r"Run events file .* not found"),
+    # MLflow checks the logged model's input example as it logs it; a mismatch is an error the run reports
+    ("mlflow.pyfunc", r"Validating input example against model signature"),
 )
 
 # Moved to DEBUG during a ``kedro run`` of this command, which reports the failure itself: Kedro's

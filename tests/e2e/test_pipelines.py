@@ -13,11 +13,11 @@ import mlflow
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 
 from mindir_serving.classifier import MindirClassifier, prediction_columns
 from tests.support.csv_files import CSV_REL
-from tests.support.fuzz_images import mutated_images
+from tests.support.fuzz_images import fuzzing, mutated_images
 from tests.support.projects import (
     DIM_REDUCE_PARAMS,
     EPOCHS,
@@ -152,7 +152,7 @@ def test_the_registered_model_serves_over_rest(baseline_run, champion, tmp_path)
     with model_server(champion, f"sqlite:///{project / 'mlflow.db'}", project, tmp_path / "serve.log") as url:
         answer = invoke(url, [*images, b"not an image"], top_k=2)
 
-        @settings(max_examples=60, derandomize=True, database=None, deadline=None)
+        @fuzzing(60)
         @given(image=mutated_images())
         def fuzzed(image):
             (reply,) = invoke(url, [image], top_k=2)

@@ -67,6 +67,8 @@ def test_a_password_in_the_storage_url_of_params_is_masked_everywhere(tmp_path):
         project, "run", "--pipelines=study", f"--params=study.tuning.storage=postgresql://alice:{secret}@{UNREACHABLE}"
     )
     assert_kept_secret(project, result, secret, f"postgresql://alice:***@{UNREACHABLE}")
+    printed = " ".join((result.stdout + result.stderr).split())
+    assert "--params holds a password: every user of this machine can read a command line (ps)" in printed
     assert f"postgresql://alice:***@{UNREACHABLE}" in result.stderr
 
 

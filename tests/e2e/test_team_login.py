@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,7 +26,8 @@ import yaml
 
 from tests.e2e.test_secrets import error_blocks, files_holding
 from tests.support.projects import TINY_PARAMS, kedro, make_project
-from tests.support.servers import TeamServer, basic_auth, free_port
+from tests.support.runner import process_state_kept
+from tests.support.servers import TEAM_HOST_NAME, TeamServer, basic_auth, free_port
 from tests.support.stores import ADASUM_PARAMS, THOR_PARAMS
 from tests.support.trees import write_image_tree
 
@@ -103,6 +108,9 @@ def test_the_password_stays_in_credentials_yml(team_server, team_project):
     project, outputs = team_project
     password = team_server.user[1]
     assert not [result.args for result in outputs if password in result.stdout + result.stderr]
+    # written 0644 by the test as by most editors: each run named the file and the fix
+    printed = " ".join((outputs[0].stdout + outputs[0].stderr).split())
+    assert "conf/local/credentials.yml is readable by other users of this machine (mode 644): chmod 600" in printed
     assert list((project / "logs" / "msrun").glob("*/worker_*.log"))  # the adasum job's folder, checked too
     assert files_holding(project, password) == []
 
@@ -141,3 +149,66 @@ def test_a_rotated_password_is_one_error_naming_the_server_and_leaves_no_run(tea
     assert after == before
     with logged_in(("carol", new)):
         assert mlflow.MlflowClient(team_server.url).search_experiments()
+
+
+def test_a_password_in_the_tracking_uri_is_printed_and_kept_nowhere(team_server, tmp_path):
+    """``MLFLOW_TRACKING_URI=http://alice:<password>@host:port`` (issue 52): the data pipeline's run arrives through
+    the login, and the password is in no line printed (MLflow's "View run" line included: off, the run prints its own
+    links without credentials), no file of the project, no param, tag or run name."""
+    name, password = team_server.user
+    host = team_server.url.removeprefix("http://")
+    project = logged_in_project(tmp_path, team_server.url, team_server.user)
+    (project / "conf" / "local" / "mlflow.yml").unlink()  # the URI from the environment, as conf/base reads it
+    (project / "conf" / "local" / "credentials.yml").unlink()
+    environment = {**os.environ, "MLFLOW_TRACKING_URI": f"http://{name}:{password}@{host}", "COLUMNS": "200"}
+    result = subprocess.run(
+        [sys.executable, "-m", "kedro", "run", "--pipelines=data"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=environment,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    printed = result.stdout + result.stderr
+    assert password not in printed, printed[-3000:]
+    assert f"MLflow: the runs table is {team_server.url}/#/experiments/" in printed  # the link, without credentials
+    assert "View run" not in printed
+    assert files_holding(project, password) == []
+    with logged_in(team_server.user):
+        client = mlflow.MlflowClient(team_server.url)
+        experiment = client.get_experiment_by_name(EXPERIMENT).experiment_id
+        (run,) = client.search_runs([experiment], "tags.pipeline = 'data'", order_by=["start_time DESC"], max_results=1)
+    texts = [run.info.run_name, *run.data.tags.values(), *run.data.params.values()]
+    assert not [text for text in texts if password in text]
+
+
+def host_named(url: str, host: str, user: tuple[str, str]) -> tuple[int, str]:
+    """The server's answer to ``url`` asked for by ``user`` under the host name ``host`` (the Host header a client that
+    resolves that name sends)."""
+    request = urllib.request.Request(url, headers={"Host": host, "Authorization": basic_auth(*user)})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_the_server_answers_the_host_name_docs_team_starts_it_for(team_server):
+    """docs/team.md's ``--allowed-hosts``: a client that reaches the server by its host name is answered, where MLflow
+    3.17's DNS-rebinding check refused every name but loopback's with 403 (issue 52); a name not listed still gets
+    403 (``/health`` is exempt from the check: an API call is asked), and the project names the option rather than
+    the credentials."""
+    from pipelines.tracking.login import _told
+
+    port = urllib.parse.urlsplit(team_server.url).port
+    search = f"{team_server.url}/api/2.0/mlflow/experiments/search?max_results=1"
+    assert host_named(search, f"{TEAM_HOST_NAME}:{port}", team_server.user)[0] == 200
+    status, body = host_named(search, f"elsewhere:{port}", team_server.user)
+    assert status == 403 and "Invalid Host header" in body
+    with process_state_kept(Path(".")):
+        mlflow.set_tracking_uri(f"http://elsewhere:{port}")
+        told = str(_told("403", body))
+    assert f"refused the host name 'elsewhere:{port}'" in told and "--allowed-hosts elsewhere:" in told
+    assert "MLFLOW_TRACKING_PASSWORD" not in told

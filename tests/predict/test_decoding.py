@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 
 import pipelines  # noqa: F401  (the CPU defaults before MindSpore loads)
 from mindir_serving.decoding import ImageDecoder
-from tests.support.fuzz_images import SEEDS, declared_huge, mutated_images
+from tests.support.fuzz_images import SEEDS, declared_huge, fuzzing, mutated_images
 
 IMAGE_SIZE = 16
 RATIO = 0.875
@@ -91,26 +91,14 @@ def test_the_valid_seeds_decode_and_gif_and_webp_are_refused(decoder):
             assert decoded.error == "" and decoded.warning == "", (name, decoded.error, decoded.warning)
 
 
-@settings(
-    max_examples=300,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+@fuzzing(300)
 @given(image=mutated_images())
 def test_fuzzed_images_are_decoded_or_refused_with_a_reason(decoder, image):
     assert_answered(decoder.decode(image))
 
 
 @pytest.mark.slow
-@settings(
-    max_examples=3000,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+@fuzzing(3000)
 @given(image=mutated_images())
 def test_thousands_of_fuzzed_images_are_decoded_or_refused_with_a_reason(decoder, image):
     """The slow tier's share: the same mutations, three thousand of them."""

@@ -8,6 +8,7 @@ import struct
 import zlib
 
 import numpy as np
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 
@@ -76,3 +77,16 @@ def mutated_images(draw) -> bytes:
     else:
         data = bytearray(declared_huge(bytes(data), draw(st.sampled_from([0, 1, 65535, 100_000, 2**31 - 1]))))
     return bytes(data)
+
+
+def fuzzing(examples: int) -> settings:
+    """Hypothesis's settings for ``examples`` cases: the same cases every run (a failure reproduces in CI and here),
+    no example database in the working tree, no deadline (a decoder child's start takes seconds), a module's decoder
+    shared by the cases."""
+    return settings(
+        max_examples=examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture],
+    )

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+TEAM_HOST_NAME = "mlflow-host"  # the name a team's clients reach its server by (docs/team.md)
 START_TIMEOUT_S = 180  # mlflow server imports for ~30 s on a busy machine
 ENV_BUILD_TIMEOUT_S = 1800  # a model's environment built from nothing: MindSpore, MLflow and their dependencies
 
@@ -81,6 +82,9 @@ def team_mlflow_server(backend_uri: str, folder: Path, admin_password: str) -> I
     command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     command += ["--app-name", "model-training-auth", "--backend-store-uri", backend_uri]
     command += ["--artifacts-destination", str(folder / "artifacts")]
+    # as docs/team.md: the host names clients use besides the loopback MLflow allows by default
+    command += ["--allowed-hosts", f"{TEAM_HOST_NAME},{TEAM_HOST_NAME}:{port},localhost:{port},127.0.0.1:{port}"]
+    command += ["--cors-allowed-origins", f"http://{TEAM_HOST_NAME}:{port}"]
     config = folder / "auth.ini"
     config.write_text(
         "[mlflow]\ndefault_permission = READ\n"

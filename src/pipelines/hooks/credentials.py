@@ -18,11 +18,16 @@ hook of the project could mask them afterwards; so they are masked in place firs
 
 from __future__ import annotations
 
+import logging
 import os
+import stat
+from pathlib import Path
 
 from kedro.framework.hooks import hook_impl
 
 from trainlib.redaction import redact_value, register_secret
+
+logger = logging.getLogger(__name__)
 
 
 class CredentialsError(KeyError):
@@ -32,9 +37,27 @@ class CredentialsError(KeyError):
         return str(self.args[0])
 
 
+def readable_by_others(path: Path) -> bool:
+    """Whether the file at ``path`` exists and its group or other users may read it."""
+    try:
+        return bool(path.stat().st_mode & (stat.S_IRGRP | stat.S_IROTH))
+    except FileNotFoundError:
+        return False
+
+
 class CredentialHooks:
     @hook_impl(trylast=True)  # after ConfigurationHooks checked the environment and the parameters; before any node
     def after_context_created(self, context) -> None:
+        # a credentials file every local user can read (git's checkout and most editors write 0644) holds the team's
+        # passwords for them all
+        local = Path(context.project_path) / "conf" / "local" / "credentials.yml"
+        if readable_by_others(local):
+            logger.warning(
+                "%s is readable by other users of this machine (mode %o): chmod 600 %s",
+                local,
+                stat.S_IMODE(local.stat().st_mode),
+                local,
+            )
         # the raw parameters, not context.params: that property runs Kedro's typed validation, which imports every
         # pipeline's nodes (MindSpore) before ConfigurationHooks names a bad or renamed parameter
         study = context.config_loader["parameters"].get("study") or {}
@@ -54,4 +77,10 @@ class CredentialHooks:
 
     @hook_impl(tryfirst=True)  # before kedro-mlflow's hook writes them as tags
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        given = dict(run_params.get("runtime_params") or {})
+        if redact_value(given) != given:
+            logger.warning(
+                "--params holds a password: every user of this machine can read a command line (ps); give it in "
+                "conf/local/credentials.yml or an environment variable instead (docs/team.md)"
+            )
         run_params.update(redact_value(dict(run_params)))

@@ -20,7 +20,13 @@ from pipelines.hooks.config_files import leaf_items
 from pipelines.hooks.configuration import ConfigurationHooks
 from pipelines.pipeline_registry import DEFAULT_PIPELINE
 from pipelines.tracking.handoff import MlflowRunHandoff
-from pipelines.tracking.links import base_is_server, closing_links, current_tracking_uri, ui_base_url
+from pipelines.tracking.links import (
+    base_is_server,
+    closing_links,
+    current_tracking_uri,
+    no_mlflow_run_links,
+    ui_base_url,
+)
 from pipelines.tracking.naming import (
     DESCRIPTION_TAG,
     RUN_COLOUR_TAG,
@@ -99,6 +105,7 @@ class MlflowRunHooks:
 
     @hook_impl(trylast=True)  # after kedro-mlflow's hook has read mlflow.yml into context.mlflow
     def after_context_created(self, context) -> None:
+        no_mlflow_run_links()  # the run's links are _print_links', without credentials
         ui = getattr(getattr(context, "mlflow", None), "ui", None)
         self._ui = (getattr(ui, "host", DEFAULT_UI[0]), getattr(ui, "port", DEFAULT_UI[1]))
         self._run_id = None

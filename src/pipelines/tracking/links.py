@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import urllib.parse
 from collections.abc import Mapping, Sequence
 
 import mlflow
+from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR, MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT
 
 from pipelines.tracking.runs import child_runs
 from pipelines.tracking.writer import set_tags
@@ -53,8 +56,25 @@ def ui_base_url(tracking_uri: str, host: str, port: str | int) -> str:
     """Where the MLflow UI of ``tracking_uri`` is: the tracking server itself when it is one (``http(s)://``),
     else ``mlflow ui`` over the local store at ``host``:``port`` (``mlflow.yml``'s ``ui``)."""
     if base_is_server(tracking_uri):
-        return tracking_uri.rstrip("/")
+        return without_credentials(tracking_uri).rstrip("/")
     return f"http://{host}:{port}"
+
+
+def no_mlflow_run_links() -> None:
+    """MLflow prints "View run … at: <tracking URI>" as each run ends, with the URI's password when it holds one, and
+    after the run's own closing lines: off in this process (``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT``, unless the
+    user set it), since the run prints its links itself (``closing_links``), without credentials. So are its
+    progress bars of artifact downloads (``MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR``), which followed the closing links
+    too."""
+    os.environ.setdefault(MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT.name, "true")
+    os.environ.setdefault(MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.name, "false")
+
+
+def without_credentials(url: str) -> str:
+    """``url`` without its user and password (``http://alice:<password>@host:5000`` -> ``http://host:5000``): a
+    link to print or share, where the browser asks its own user to log in."""
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def experiment_of(run_id: str) -> str:

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 
 import mlflow
 
+from trainlib.params.recipe_spec import colour_families
 from trainlib.redaction import redact
 
 RUN_NAME_LIMIT = 40  # characters: the runs table shows about this much of a name
@@ -71,23 +72,8 @@ def set_run_name(name: str) -> None:
 
 # The tag MLflow's UI reads a run's colour from (charts, runs table), as its own colour picker writes it
 RUN_COLOUR_TAG = "mlflow.runColor"
-# One colour family per kind of training, so that a chart reads at a glance: first-order baselines (Momentum,
-# AdamWeightDecay, dim_reduce's Momentum control) blue, THOR orange, THOR's recipe without its preconditioner red,
-# Adasum green against its plain data parallelism teal, P-BFGS purple, dim_reduce's stage 1 grey. Other runs
-# (report, study, migrate, predict) brown. Tableau 10's hues.
-COLOUR_FAMILIES = {
-    "baseline": "#4e79a7",
-    "control": "#4e79a7",
-    "thor_bert_control": "#4e79a7",
-    "thor": "#f28e2b",
-    "thor_bert": "#f28e2b",
-    "thor_first_order": "#e15759",
-    "adasum": "#59a14f",
-    "allreduce": "#76b7b2",
-    "stage2": "#b07aa1",
-    "dim_reduce": "#b07aa1",
-    "stage1": "#bab0ac",
-}
+# Runs of no recipe (report, study, migrate, predict) brown; a recipe's runs take their colour family from its
+# specification (trainlib.params.recipe_spec.colour_families). Tableau 10's hues.
 OTHER_RUNS = "#9c755f"
 # Seeds 0, 1, 2, …: the family's colour, darker, lighter, … (lightness factors), so the seeds of one recipe stay apart
 SEED_SHADES = (1.0, 0.7, 1.3, 0.5, 1.5, 0.85, 1.15)
@@ -95,8 +81,9 @@ SEED_SHADES = (1.0, 0.7, 1.3, 0.5, 1.5, 0.85, 1.15)
 
 def run_colour(kind: str, seed: int | None = None) -> str:
     """The ``#rrggbb`` colour of a run of ``kind`` (a training, result row or pipeline: ``thor``,
-    ``thor_bert_control``, ``stage2``) and ``seed``: its family's colour (``COLOUR_FAMILIES``), shaded by seed."""
-    family = COLOUR_FAMILIES.get(kind, OTHER_RUNS)
+    ``thor_bert_control``, ``stage2``) and ``seed``: its family's colour (``recipe_spec.colour_families``), shaded by
+    seed."""
+    family = colour_families().get(kind, OTHER_RUNS)
     red, green, blue = (int(family[i : i + 2], 16) / 255 for i in (1, 3, 5))
     hue, lightness, saturation = colorsys.rgb_to_hls(red, green, blue)
     shade = SEED_SHADES[(seed or 0) % len(SEED_SHADES)]

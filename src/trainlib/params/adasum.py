@@ -8,7 +8,7 @@ from trainlib.params.base import ImageRecipe
 from trainlib.params.baseline import MomentumTraining
 from trainlib.params.choices import AdasumExchange, Implementation
 from trainlib.params.numbers import PositiveInt
-from trainlib.params.recipe_spec import RecipeSpec, ResultRow
+from trainlib.params.recipe_spec import ADASUM, ALL_REDUCE, RecipeSpec, ResultRow
 
 
 class AdasumParams(MomentumTraining, ImageRecipe):
@@ -24,6 +24,10 @@ RECIPES = (
         "adasum",
         "adasum",
         AdasumParams,
-        (ResultRow("adasum", "adasum", ("allreduce",)), ResultRow("allreduce", "adasum")),
+        (
+            ResultRow("adasum", "adasum", ("allreduce",), colour=ADASUM),
+            ResultRow("allreduce", "adasum", colour=ALL_REDUCE),
+        ),
+        colour=ADASUM,
     ),
 )

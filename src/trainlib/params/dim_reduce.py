@@ -10,7 +10,7 @@ from trainlib.params.baseline import MomentumTraining
 from trainlib.params.choices import Implementation
 from trainlib.params.errors import CrossKeyProblems
 from trainlib.params.numbers import Fraction, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt
-from trainlib.params.recipe_spec import RecipeSpec, ResultRow
+from trainlib.params.recipe_spec import SUBSPACE, WARM_START, RecipeSpec, ResultRow
 
 
 class TrajectoryParams(Section):
@@ -112,8 +112,10 @@ RECIPES = (
         "dim_reduce",
         DimReduceParams,
         (
-            ResultRow("stage2", "dim_reduce.stage2", ("control",), budgeted=("eval_every_steps",)),
+            ResultRow("stage2", "dim_reduce.stage2", ("control",), budgeted=("eval_every_steps",), colour=SUBSPACE),
             ResultRow("control", "dim_reduce.control", budgeted=()),
         ),
+        colour=SUBSPACE,
+        other_trainings=(("stage1", WARM_START),),
     ),
 )

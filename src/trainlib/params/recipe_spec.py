@@ -22,6 +22,16 @@ from pathlib import Path
 from typing import Literal
 
 ENTRY_POINT_GROUP = "resnet_recipes.recipes"
+# Colour families of runs in MLflow's charts (Tableau 10's hues), one per kind of training so that a chart reads at a
+# glance: first-order baselines and controls blue, THOR orange, THOR's recipe without its preconditioner red, Adasum
+# green against its plain data parallelism teal, P-BFGS purple, dim_reduce's stage 1 grey
+FIRST_ORDER = "#4e79a7"
+SECOND_ORDER = "#f28e2b"
+WITHOUT_PRECONDITIONER = "#e15759"
+ADASUM = "#59a14f"
+ALL_REDUCE = "#76b7b2"
+SUBSPACE = "#b07aa1"
+WARM_START = "#bab0ac"
 # What a recipe's trainings are scored on: top-1 of an image classifier, masked-LM accuracy of a language model
 Task = Literal["image_classification", "masked_lm"]
 
@@ -32,7 +42,7 @@ class ResultRow:
     ``result`` tag). ``section``: the dotted configuration section it trains with; ``paired_with``: the rows it is
     compared against (``thor``: ``baseline``, then ``thor_first_order``); ``budgeted``: the section's keys the
     study's budget sets (``epochs``, ``eval_every_steps``); ``tunable``: a tuning samples it; ``preconditioned``:
-    it has THOR's damping and frequency to tune."""
+    it has THOR's damping and frequency to tune; ``colour``: its runs' colour family."""
 
     name: str
     section: str
@@ -40,18 +50,22 @@ class ResultRow:
     budgeted: tuple[str, ...] = ("epochs", "eval_every_steps")
     tunable: bool = False
     preconditioned: bool = False
+    colour: str = FIRST_ORDER  # its runs' colour family in MLflow (``#rrggbb``)
 
 
 @dataclass(frozen=True)
 class RecipeSpec:
     """A recipe as the study, the tuning and the report know it: its name (``study.recipes``), its configuration
-    section and that section's parameter model, its result rows and what it is scored on."""
+    section and that section's parameter model, its result rows, what it is scored on, and its runs' colours."""
 
     name: str
     section: str
     parameters: type
     results: tuple[ResultRow, ...]
     task: Task = "image_classification"
+    colour: str = FIRST_ORDER  # the colour family of its pipeline's run
+    # its trainings that give no result row (dim_reduce's stage 1), by the name their child runs take, with colours
+    other_trainings: tuple[tuple[str, str], ...] = ()
     doc: str = field(default="", compare=False)
 
 
@@ -129,6 +143,15 @@ def budgeted_sections() -> dict[str, tuple[str, ...]]:
         if row.budgeted:
             budgeted.setdefault(row.section, row.budgeted)
     return budgeted
+
+
+def colour_families() -> dict[str, str]:
+    """The colour family of the runs of each recipe's pipeline, result row and other training, by name."""
+    families: dict[str, str] = {}
+    for spec in recipe_specs().values():
+        families[spec.name] = spec.colour
+        families |= {row.name: row.colour for row in spec.results} | dict(spec.other_trainings)
+    return families
 
 
 def unknown_names(names, what: str, choices) -> str | None:

@@ -11,7 +11,7 @@ from trainlib.params.base import CheckpointParams, ImageRecipe, Section
 from trainlib.params.choices import AmpLevel, ComputeMethod, DampingMethod, Implementation, StatisticsDtype
 from trainlib.params.errors import CrossKeyProblems
 from trainlib.params.numbers import Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
-from trainlib.params.recipe_spec import RecipeSpec, ResultRow
+from trainlib.params.recipe_spec import SECOND_ORDER, WITHOUT_PRECONDITIONER, RecipeSpec, ResultRow
 from trainlib.params.schedules import Schedule
 
 
@@ -115,7 +115,23 @@ RECIPES = (
         "thor",
         "thor",
         ThorParams,
-        (ResultRow("thor", "thor", ("baseline", "thor_first_order"), tunable=True, preconditioned=True),),
+        (
+            ResultRow(
+                "thor",
+                "thor",
+                ("baseline", "thor_first_order"),
+                tunable=True,
+                preconditioned=True,
+                colour=SECOND_ORDER,
+            ),
+        ),
+        colour=SECOND_ORDER,
     ),
-    RecipeSpec("thor_first_order", "thor", ThorParams, (ResultRow("thor_first_order", "thor", tunable=True),)),
+    RecipeSpec(
+        "thor_first_order",
+        "thor",
+        ThorParams,
+        (ResultRow("thor_first_order", "thor", tunable=True, colour=WITHOUT_PRECONDITIONER),),
+        colour=WITHOUT_PRECONDITIONER,
+    ),
 )

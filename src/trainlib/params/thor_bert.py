@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 from trainlib.params.base import CheckpointParams, LanguageRecipe, Section
 from trainlib.params.errors import CrossKeyProblems
 from trainlib.params.numbers import Fraction, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt
-from trainlib.params.recipe_spec import RecipeSpec, ResultRow
+from trainlib.params.recipe_spec import SECOND_ORDER, RecipeSpec, ResultRow
 from trainlib.params.schedules import Schedule
 from trainlib.params.thor import ThorOptions
 
@@ -153,9 +153,17 @@ RECIPES = (
         "thor_bert",
         ThorBertParams,
         (
-            ResultRow("thor_bert", "thor_bert.thor", ("thor_bert_control",), tunable=True, preconditioned=True),
+            ResultRow(
+                "thor_bert",
+                "thor_bert.thor",
+                ("thor_bert_control",),
+                tunable=True,
+                preconditioned=True,
+                colour=SECOND_ORDER,
+            ),
             ResultRow("thor_bert_control", "thor_bert.control", tunable=True),
         ),
         task="masked_lm",
+        colour=SECOND_ORDER,
     ),
 )
