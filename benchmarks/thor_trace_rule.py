@@ -37,7 +37,7 @@ def main() -> None:
     from trainlib.engine.state import capture_state, restore_network
     from trainlib.models.loss import CrossEntropySmooth
     from trainlib.recipes.classifier import create_network, train_data
-    from trainlib.recipes.thor import own_thor_step, thor_schedules
+    from trainlib.recipes.thor import thor_schedules, trainlib_thor_step
 
     conf = load_conf()
     data = conf.data
@@ -62,7 +62,7 @@ def main() -> None:
         net = create_network(conf.model, scan.class_index)
         restore_network(net, initial)
         loss_fn = CrossEntropySmooth(len(scan.class_index), thor.label_smoothing)
-        runs[name] = own_thor_step(net, loss_fn, thor, *thor_schedules(thor, steps_per_epoch), rank_size=1).thor
+        runs[name] = trainlib_thor_step(net, loss_fn, thor, *thor_schedules(thor, steps_per_epoch), rank_size=1).thor
     times = {name: {"second_order": [], "reuse": []} for name in runs}
 
     done = 0

@@ -62,7 +62,7 @@ def main() -> None:
     from trainlib.optim.momentum import create_momentum
     from trainlib.optim.schedules import per_step
     from trainlib.recipes.classifier import create_network, train_data
-    from trainlib.recipes.thor import own_thor_step, thor_schedules
+    from trainlib.recipes.thor import thor_schedules, trainlib_thor_step
 
     conf = load_conf()
     data, model, baseline = conf.data, conf.model, conf.baseline
@@ -102,7 +102,7 @@ def main() -> None:
         net = create_network(model, scan.class_index)
         restore_network(net, thor_initial)
         loss_fn = CrossEntropySmooth(classes, thor.label_smoothing)
-        return net, own_thor_step(net, loss_fn, thor, *thor_schedules(thor, steps_per_epoch), rank_size=1).thor
+        return net, trainlib_thor_step(net, loss_fn, thor, *thor_schedules(thor, steps_per_epoch), rank_size=1).thor
 
     # 1. step costs: THOR with frequency 2 alternates second-order and reuse steps
     batches = [(x, y) for x, y in dataset.create_tuple_iterator(num_epochs=1)][: 2 * args.steps + 2]

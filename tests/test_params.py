@@ -139,13 +139,18 @@ def test_a_renamed_value_in_a_file_stops_the_run_naming_the_file_and_the_new_val
 
 
 def test_renamed_keys_and_values_in_params_stop_the_run_naming_the_new_ones():
-    given = {"thor_bert": {"baseline": {"epochs": 2}}, "adasum": {"implementation": "own"}}
+    given = {
+        "thor_bert": {"baseline": {"epochs": 2}},
+        "adasum": {"implementation": "own"},
+        "thor": {"mindspore": {"amp_level": "O3"}},
+    }
     with pytest.raises(click.ClickException) as error:
         refuse_renamed(ParameterFiles(CONF, "local"), given)
     assert error.value.message.splitlines() == [
         "renamed parameters:",
         "  --params: thor_bert.baseline was renamed thor_bert.control",
         "  --params: adasum.implementation: 'own' was renamed 'trainlib'",
+        "  --params: thor.mindspore was renamed thor.mindspore_builtin",
     ]
 
 
@@ -278,7 +283,7 @@ def test_models_read_as_attributes_take_ints_for_floats_and_are_frozen():
     with pytest.raises(ValidationError, match="frozen"):
         baseline.epochs = 3
     thor = ThorParams.model_validate(load_config("local")["thor"])
-    assert thor.lr.peak == 0.1 and thor.mindspore.amp_level == "O2"
+    assert thor.lr.peak == 0.1 and thor.mindspore_builtin.amp_level == "O2"
 
 
 def test_validation_loads_neither_mindspore_nor_mlflow():

@@ -624,9 +624,9 @@ def test_thor_announces_its_two_compiled_steps_once_each(caplog):
     import mindspore.dataset as ds
 
     from tests.support.thor import TinyNet, batch, make_thor
-    from trainlib.recipes.thor import OwnThorStep
+    from trainlib.recipes.thor import TrainlibThorStep
 
-    step = OwnThorStep(make_thor(TinyNet(), steps=5, frequency=2))
+    step = TrainlibThorStep(make_thor(TinyNet(), steps=5, frequency=2))
     images, labels = zip(*(batch(index) for index in range(5)), strict=True)  # second-order 1, 3, 5; reusing 2, 4
     dataset = ds.NumpySlicesDataset((np.concatenate(images), np.concatenate(labels)), shuffle=False)
     dataset = dataset.batch(len(labels[0]))

@@ -86,7 +86,7 @@ from trainlib.params.study import (
     TuningParams,
     space_ranges,
 )
-from trainlib.params.thor import AdamGraft, ThorMindSpore, ThorOptions, ThorParams
+from trainlib.params.thor import AdamGraft, MindsporeBuiltinThor, ThorOptions, ThorParams
 from trainlib.params.thor_bert import (
     BertControlTraining,
     BertCorpusParams,
@@ -167,7 +167,7 @@ __all__ = [
     "TemplateSection",
     "ThorBertParams",
     "ThorEpochSchedule",
-    "ThorMindSpore",
+    "MindsporeBuiltinThor",
     "ThorOptions",
     "ThorParams",
     "TorchvisionArchitecture",

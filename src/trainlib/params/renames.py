@@ -15,6 +15,8 @@ from typing import Any
 RENAMED_KEYS: dict[str, str] = {
     "thor_bert.baseline": "thor_bert.control",
     "study.tuning.spaces.thor_bert_baseline": "study.tuning.spaces.thor_bert_control",
+    # the settings of MindSpore's built-in THOR, named as the implementation that reads them
+    "thor.mindspore": "thor.mindspore_builtin",
 }
 # this project's implementation is trainlib's; MindSpore's own one (mindspore.nn.thor, mindspore.boost) is built in
 _IMPLEMENTATIONS = {"own": "trainlib", "mindspore": "mindspore_builtin"}

@@ -15,7 +15,7 @@ from trainlib.params.recipe_spec import SECOND_ORDER, WITHOUT_PRECONDITIONER, Re
 from trainlib.params.schedules import Schedule
 
 
-class ThorMindSpore(Section):
+class MindsporeBuiltinThor(Section):
     """Options of implementation: mindspore_builtin (nn.thor + ModelThor)."""
 
     amp_level: AmpLevel
@@ -81,7 +81,7 @@ class ThorParams(ImageRecipe, ThorOptions):
     eval_interval: NonNegativeInt
     eval_every_steps: NonNegativeInt  # also evaluate on data.step_eval_images every N steps; 0: off
     checkpoint: CheckpointParams
-    mindspore: ThorMindSpore
+    mindspore_builtin: MindsporeBuiltinThor
 
     @model_validator(mode="after")
     def _consistent(self) -> ThorParams:

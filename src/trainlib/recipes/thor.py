@@ -77,9 +77,9 @@ def thor_step_settings(section: ThorParams | BertThorTraining) -> dict:
     }
 
 
-def own_thor_step(
+def trainlib_thor_step(
     net, loss_fn, thor: ThorParams, lr_per_step: np.ndarray, damping: np.ndarray, *, rank_size: int
-) -> OwnThorStep:
+) -> TrainlibThorStep:
     """This project's THOR for ``net`` with the recipe's settings (``thor``) and schedules."""
     step = create_thor_step(
         net,
@@ -92,10 +92,10 @@ def own_thor_step(
         precondition=thor.precondition,
         **thor_step_settings(thor),
     )
-    return OwnThorStep(step)
+    return TrainlibThorStep(step)
 
 
-class OwnThorStep(TrainStep):
+class TrainlibThorStep(TrainStep):
     """This project's THOR as the engine's step: ``ThorStep`` per batch; the state adds the preconditioner's buffers.
 
     The wrapped layers' statistics buffers (``thor_stats.*``) are network parameters of the training net but
@@ -142,7 +142,7 @@ class MindsporeThorStep(ModelTrainStep):
     def __init__(self, net, loss_fn, optimizer, lr_per_step, damping, thor: ThorParams):
         from trainlib.optim.thor.mindspore_thor import create_thor_model
 
-        options = thor.mindspore
+        options = thor.mindspore_builtin
         super().__init__(
             lambda: create_thor_model(
                 net,
@@ -180,7 +180,7 @@ class ThorFigures(Callback):
     def bind(self, step: TrainStep) -> None:
         self.damping = step.damping
         self.preconditioner = step.preconditioner
-        self.first_order = isinstance(step, OwnThorStep) and step.preconditioner is None
+        self.first_order = isinstance(step, TrainlibThorStep) and step.preconditioner is None
         self.steps_per_epoch = 0
 
     def on_train_begin(self, total_epochs: int, steps_per_epoch: int, start_epoch: int) -> None:
@@ -243,7 +243,7 @@ def train_thor(
     worker_num = distributed.worker_num
     # nn.thor's own options do not change this project's THOR
     run_id = classifier.training_fingerprint(
-        context, thor, start, exclude={"mindspore"} if thor.implementation == "trainlib" else ()
+        context, thor, start, exclude={"mindspore_builtin"} if thor.implementation == "trainlib" else ()
     )
     classes = classifier.num_classes(model, class_index)
 
@@ -287,10 +287,10 @@ def train_thor(
                 split_indices=thor.split_indices,
             )
             return MindsporeThorStep(net, loss_fn, optimizer, lr_per_step, damping, thor)
-        return own_thor_step(net, loss_fn, thor, lr_per_step, damping, rank_size=worker_num)
+        return trainlib_thor_step(net, loss_fn, thor, lr_per_step, damping, rank_size=worker_num)
 
     def evaluate_on(step: TrainStep, dataset) -> dict[str, float]:
-        if isinstance(step, OwnThorStep):  # the wrapped layers capture nothing outside a THOR step
+        if isinstance(step, TrainlibThorStep):  # the wrapped layers capture nothing outside a THOR step
             return evaluate(step.network, dataset)
         # nn.thor converted the network and amp cast it: evaluate a plain float32 copy of its weights
         plain = classifier.network_from_checkpoint(model, class_index, Checkpoint(step.capture()), "the THOR network")

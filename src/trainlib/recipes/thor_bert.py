@@ -53,7 +53,7 @@ from trainlib.recipes.language_model import (
     control_optimizer,
     held_out_dataset,
 )
-from trainlib.recipes.thor import OwnThorStep, ThorFigures, thor_schedules, thor_step_settings
+from trainlib.recipes.thor import ThorFigures, TrainlibThorStep, thor_schedules, thor_step_settings
 from trainlib.text.dataset import create_text_dataset
 from trainlib.text.examples import most_frequent_token_accuracy
 
@@ -171,7 +171,7 @@ def train_bert_thor(
     this training's newest checkpoint in ``thor.checkpoint.dir``."""
 
     def make_step(net: BertPreTraining, steps_per_epoch: int) -> TrainStep:
-        return OwnThorStep(thor_step_of(thor, net, steps_per_epoch, rank_size=context.distributed.worker_num))
+        return TrainlibThorStep(thor_step_of(thor, net, steps_per_epoch, rank_size=context.distributed.worker_num))
 
     return _train(context, start, thor, make_step, name="thor", callbacks=[ThorFigures(), *callbacks])
 

@@ -249,6 +249,6 @@ def test_mindspore_thor_is_accepted_on_ascend_and_gpu(env):
 
 
 def test_unknown_amp_level_is_named():
-    params = with_thor(load_config("gpu"), implementation="mindspore_builtin", mindspore__amp_level="O4")
-    with pytest.raises(ParameterError, match="thor.mindspore.amp_level is 'O4'; choose one of O0, O1, O2, O3"):
+    params = with_thor(load_config("gpu"), implementation="mindspore_builtin", mindspore_builtin__amp_level="O4")
+    with pytest.raises(ParameterError, match="thor.mindspore_builtin.amp_level is 'O4'; choose one of O0, O1, O2, O3"):
         validate_parameters(params, parameter_sources(CONF, "gpu", None))

@@ -18,7 +18,7 @@ from tests.optim.thor.test_preconditioner import damped_inverse, numpy_forward_b
 from tests.support.thor import NAMES, TinyNet, batch, make_thor, params_of, run
 from trainlib.engine.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from trainlib.optim.thor.linalg import eigen_basis, factored_pi
-from trainlib.recipes.thor import OwnThorStep
+from trainlib.recipes.thor import TrainlibThorStep
 
 GRAFT = (0.9, 0.99, 1e-8)
 
@@ -199,7 +199,7 @@ def test_option_state_round_trip_continues_identically(tmp_path):
     straight = make_thor(straight_net, frequency=3, **options)
     for x, y in data[:2]:
         run(straight, x, y)
-    state = OwnThorStep(straight).capture()
+    state = TrainlibThorStep(straight).capture()
     for x, y in data[2:]:
         run(straight, x, y)
     prefix = "optimizer.thor."
@@ -214,7 +214,7 @@ def test_option_state_round_trip_continues_identically(tmp_path):
     resumed = make_thor(resumed_net, frequency=3, **options)
     for target in resumed_net.trainable_params():
         target.set_data(ms.Tensor(saved.network_params()[target.name]))
-    OwnThorStep(resumed).restore(saved)
+    TrainlibThorStep(resumed).restore(saved)
     for x, y in data[2:]:  # step 2 reuses the loaded eigenbases, step 3 recomputes them
         run(resumed, x, y)
     for name, value in params_of(resumed_net).items():
@@ -222,7 +222,7 @@ def test_option_state_round_trip_continues_identically(tmp_path):
 
 
 def test_the_defaults_add_no_state():
-    state = OwnThorStep(make_thor(TinyNet(), frequency=2)).capture()
+    state = TrainlibThorStep(make_thor(TinyNet(), frequency=2)).capture()
     assert not any("eigvec" in key or "graft" in key or "eigen_scale" in key for key in state)
 
 
@@ -247,21 +247,21 @@ def test_factored_damping_under_the_trace_rule():
 
 
 def test_the_recipe_passes_each_option_to_the_library():
-    """``recipes.thor.own_thor_step`` builds THOR with the section's keys (the thor_bert recipe shares
+    """``recipes.thor.trainlib_thor_step`` builds THOR with the section's keys (the thor_bert recipe shares
     ``thor_step_settings``); no step runs, nothing compiles."""
     import yaml
 
     from tests.support.config import CONF
     from trainlib.models.loss import CrossEntropySmooth
     from trainlib.params import ThorParams
-    from trainlib.recipes.thor import own_thor_step
+    from trainlib.recipes.thor import trainlib_thor_step
 
     section = yaml.safe_load((CONF / "base" / "parameters_thor.yml").read_text())["thor"]
     assert {key: section[key] for key in OFF} == OFF  # the documented recipe: every option off
     options = {"damping_method": "factored", "compute_method": "eigen", "kl_clip": 0.001, "statistics_dtype": "float64"}
     graft = {"beta1": 0.8, "beta2": 0.99, "eps": 1e-6}
     thor = ThorParams.model_validate({**section, **options, "adam_graft": graft})
-    step = own_thor_step(TinyNet(), CrossEntropySmooth(4, 0.0), thor, np.ones(4), np.ones(4), rank_size=1)
+    step = trainlib_thor_step(TinyNet(), CrossEntropySmooth(4, 0.0), thor, np.ones(4), np.ones(4), rank_size=1)
     preconditioner = step.preconditioner
     assert (preconditioner.damping_method, preconditioner.compute_method) == ("factored", "eigen")
     assert preconditioner.kl_clip == 0.001 and preconditioner.adam_graft == (0.8, 0.99, 1e-6)

@@ -22,7 +22,7 @@ from trainlib.optim.schedules import exponential_schedule, thor_schedule
 from trainlib.optim.thor.capture import CapturedLayer
 from trainlib.optim.thor.linalg import apply_left, apply_right, block_inverse, blocks_to_dense
 from trainlib.optim.thor.step import ThorDivergenceError, ThorInverseError, create_thor_step
-from trainlib.recipes.thor import OwnThorStep
+from trainlib.recipes.thor import TrainlibThorStep
 
 # ------------------------------------------------------------------------------------------------
 # numpy closed forms
@@ -385,7 +385,7 @@ def test_state_round_trip_continues_identically(tmp_path):
         run(first, x, y)
     resumed_net = TinyNet(seed=9)
     resumed = make_thor(resumed_net, frequency=3)
-    state = OwnThorStep(first).capture()
+    state = TrainlibThorStep(first).capture()
     assert all(isinstance(v, np.ndarray) for v in state.values())
     # through a checkpoint file in the engine's layout: the network's weights, then the optimizer's state
     # (Momentum's moments and step, the preconditioner's buffers and counters)
@@ -393,7 +393,7 @@ def test_state_round_trip_continues_identically(tmp_path):
     saved = load_checkpoint(tmp_path / "thor.ckpt")
     for target in resumed_net.trainable_params():
         target.set_data(ms.Tensor(saved.network_params()[target.name]))
-    OwnThorStep(resumed).restore(saved)
+    TrainlibThorStep(resumed).restore(saved)
     for x, y in data[2:]:  # step 2 reuses the loaded inverses, step 3 recomputes them
         run(resumed, x, y)
     assert (resumed.preconditioner.second_order_steps, resumed.preconditioner.reuse_steps) == (2, 2)
@@ -460,6 +460,6 @@ def test_short_training_reduces_the_loss():
         net, nn.WithLossCell(net, CrossEntropySmooth(3, 0.1)), lrs, damping, **{**RECIPE, "frequency": 5}
     )
     assert len(thor.preconditioner.wrappers) == 2  # the conv inside the SequentialCell and the dense layer
-    result = train(TrainingSpec(epochs, 16, 16), data, lambda start, steps_per_epoch: OwnThorStep(thor))
+    result = train(TrainingSpec(epochs, 16, 16), data, lambda start, steps_per_epoch: TrainlibThorStep(thor))
     assert result.history[-1][TRAIN_LOSS] < 0.6 * result.history[0][TRAIN_LOSS]
     assert thor.preconditioner.second_order_steps == math.ceil(epochs * steps / 5)

@@ -7,7 +7,7 @@ import pytest
 
 from tests.support.thor import TinyNet, batch, make_thor, run
 from trainlib.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint
-from trainlib.recipes.thor import OwnThorStep
+from trainlib.recipes.thor import TrainlibThorStep
 
 
 def test_state_holds_statistics_inverses_momenta_and_the_step():
@@ -15,7 +15,7 @@ def test_state_holds_statistics_inverses_momenta_and_the_step():
     thor = make_thor(net, frequency=2)
     for step in range(3):
         run(thor, *batch(step))
-    state = OwnThorStep(thor).capture()  # the engine's layout: network, then optimizer state under "optimizer."
+    state = TrainlibThorStep(thor).capture()  # the engine's layout: network, then optimizer state under "optimizer."
     for layer in ("conv.weight", "fc.weight"):
         a, g = thor.preconditioner.statistics()[layer]
         np.testing.assert_array_equal(state[f"{OPTIMIZER_PREFIX}thor.thor_stats.{layer}.A"], a)
@@ -30,7 +30,7 @@ def test_state_holds_statistics_inverses_momenta_and_the_step():
     assert int(state["optimizer.thor.steps"]) == 3 and int(state["optimizer.thor.second_order_steps"]) == 2
     assert int(np.asarray(state["optimizer.global_step"]).reshape(-1)[0]) == 3
 
-    other = OwnThorStep(make_thor(TinyNet(seed=5), frequency=2))
+    other = TrainlibThorStep(make_thor(TinyNet(seed=5), frequency=2))
     other.restore(Checkpoint(state))
     restored = other.preconditioner
     assert restored.steps == 3 and restored.second_order_steps == 2 and restored.reuse_steps == 1
