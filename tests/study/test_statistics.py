@@ -124,3 +124,27 @@ def test_run_figures_of_an_image_recipe_have_no_masked_lm_figures():
     figures = run_figures(record, 0.55)
     assert figures["final_top1"] == 0.5 and math.isnan(figures["final_mlm_accuracy"])
     assert figures["steps_to_target"] == 2
+
+
+def test_the_study_log_names_a_ratio_no_seed_could_give(caplog):
+    """No seed on which both recipes reached the target: the study's log says so, not ``nan [nan, nan] n=0``."""
+    import logging
+
+    from pipelines.study.nodes import summarise_study
+
+    runs = pd.DataFrame(
+        {
+            "recipe": ["thor", "thor", "thor", "baseline", "baseline", "baseline"],
+            "seed": [0, 1, 2, 0, 1, 2],
+            "final_top1": [0.81, 0.8, 0.82, 0.79, 0.78, 0.8],
+            "final_top5": [0.99] * 6,
+            "time_to_target_s": [math.nan] * 6,
+            "steps_to_target": [math.nan] * 6,
+            "epochs_to_target": [math.nan] * 6,
+        }
+    )
+    with caplog.at_level(logging.INFO, logger="pipelines.study"):
+        summarise_study(runs)
+    assert "thor vs baseline time_to_target_ratio: none (no seed on which both reached the target)" in caplog.text
+    assert "nan [nan, nan]" not in caplog.text
+    assert "thor vs baseline final_top1_difference: 2 pt [" in caplog.text

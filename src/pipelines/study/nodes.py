@@ -120,6 +120,9 @@ def _log_table(summary: pd.DataFrame, paired: pd.DataFrame) -> None:
         lines.append(f"  {row['recipe']}: " + "; ".join(cells))
     for _, row in paired.iterrows():
         unit = " pt" if row["unit"] == "pt" else ""
+        if row["n"] == 0:  # a time ratio needs a seed on which both reached the target
+            lines.append(f"  {row['comparison']} {row['measure']}: none (no seed on which both reached the target)")
+            continue
         lines.append(
             f"  {row['comparison']} {row['measure']}: {row['mean']:g}{unit} [{row['ci_low']:g}, {row['ci_high']:g}] "
             f"n={row['n']}{_undecided(row)}"
