@@ -259,7 +259,7 @@ def test_nullable_keys_accept_null():
     params = changed(changed(params, "dim_reduce.collect.n_files", None), "report.run_ids.thor", "3999108af481")
     validated = validate_parameters(params)
     assert validated.data.max_per_class.train is None
-    assert validated.report.run_ids.thor == "3999108af481"
+    assert validated.report.run_ids["thor"] == "3999108af481"
 
 
 def test_zero_warmup_is_allowed_but_zero_epochs_is_not():

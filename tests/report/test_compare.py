@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import get_args
 
 import mlflow
 import pandas as pd
@@ -21,11 +20,11 @@ from pipelines.tracking.reader import MlflowRunReader
 from tests.support.config import CONF, changed, load_config
 from tests.support.stores import EXPERIMENT
 from trainlib.metrics import EPOCH_KEYS
-from trainlib.params import ParameterError, RecipeName, validate_parameters
+from trainlib.params import ParameterError, validate_parameters
 from trainlib.report.compare import compare, data_and_model, setting_differences, table_row
 from trainlib.report.figures import figures
 from trainlib.report.histories import epoch_rows, recipe_history, time_to_target
-from trainlib.report.runs import RECIPES, NoRunsError
+from trainlib.report.runs import NoRunsError, report_recipes
 
 TARGET = 0.5
 
@@ -106,7 +105,7 @@ def dim_reduce_metrics(stage2_first_epoch: int) -> dict[str, pd.DataFrame]:
 
 @pytest.mark.parametrize("stage2_first_epoch", [1, 3], ids=["stage2-counts-from-1", "stage2-continues"])
 def test_dim_reduce_history_chains_stage2_after_stage1_and_branches_the_control(stage2_first_epoch):
-    history = recipe_history(RECIPES["dim_reduce"], "parent", dim_reduce_metrics(stage2_first_epoch))
+    history = recipe_history(report_recipes()["dim_reduce"], "parent", dim_reduce_metrics(stage2_first_epoch))
     assert list(history["training"]) == ["stage1", "stage1", "stage2", "control"]
     assert list(history["epoch"]) == [1, 2, 3, 3]
     assert set(history["recipe"]) == {"dim_reduce"} and set(history["run_id"]) == {"parent"}
@@ -138,9 +137,9 @@ def run_record(params: dict[str, str], env: str = "local", **tags: str) -> dict:
 
 def test_table_row_takes_settings_from_params_and_time_from_the_curve():
     params = {"model.name": "resnet18", "data.image_size": "16", "runtime.seed": "7", "data.num_workers": "1"}
-    history = recipe_history(RECIPES["dim_reduce"], "abc", dim_reduce_metrics(1))
+    history = recipe_history(report_recipes()["dim_reduce"], "abc", dim_reduce_metrics(1))
     curve = history[history["training"] != "control"]
-    row = table_row(RECIPES["dim_reduce"], run_record(params), curve, {"top1": 0.9, "top5": 1.0}, 0.85, False)
+    row = table_row(report_recipes()["dim_reduce"], run_record(params), curve, {"top1": 0.9, "top5": 1.0}, 0.85, False)
     assert (row["model"], row["image_size"], row["seed"]) == ("resnet18", 16, 7)
     assert row["train_images"] == 1000  # 100 images/s for 10 s in the first epoch
     assert (row["epochs"], row["train_time_s"], row["wall_time_s"]) == (3, 60.0, 90.0)
@@ -177,8 +176,8 @@ def hand_built_histories() -> pd.DataFrame:
     )
     return pd.concat(
         [
-            recipe_history(RECIPES["baseline"], "b", {"baseline": baseline}),
-            recipe_history(RECIPES["dim_reduce"], "d", dim_reduce_metrics(1)),
+            recipe_history(report_recipes()["baseline"], "b", {"baseline": baseline}),
+            recipe_history(report_recipes()["dim_reduce"], "d", dim_reduce_metrics(1)),
         ],
         ignore_index=True,
     )
@@ -321,10 +320,10 @@ def test_no_runs_at_all_is_an_error(tmp_path):
         ("target.top1", 84, "target.top1 is 84 but must be <= 1"),
         ("target.top1", 0, "target.top1 is 0 but must be > 0"),
         ("report.target_top1", 0.84, "report.target_top1 is not a known parameter"),  # one target: target.top1
-        ("report.recipes", ["baseline", "resnet"], "report.recipes[1] is 'resnet'; choose one of baseline, dim_reduce"),
+        ("report.recipes", ["baseline", "resnet"], "report.recipes names recipes the report cannot compare ['resnet']"),
         ("report.recipes", [], "report.recipes is []: list should have at least 1 item"),
         ("report.run_ids.thor", 3, "report.run_ids.thor is 3 but must be a string"),
-        ("report.run_ids.lars", "abc", "report.run_ids.lars is not a known parameter"),
+        ("report.run_ids.lars", "abc", "report.run_ids names recipes the report cannot compare ['lars']"),
     ],
 )
 def test_bad_report_parameters_are_named(key, value, message):
@@ -336,12 +335,20 @@ def test_bad_report_parameters_are_named(key, value, message):
 
 def test_pinned_run_id_is_a_valid_parameter():
     params = validate_parameters(changed(load_config("local"), "report.run_ids.thor", "3999108af481"))
-    assert params.report.run_ids.thor == "3999108af481"
+    assert params.report.run_ids["thor"] == "3999108af481"
 
 
 # -- a real MLflow store filled by tiny `kedro run`s of the recipes (tests/report_store.py) -------------
 
 
 def test_every_recipe_name_has_a_recipe():
-    """The report's recipes are exactly the names report.recipes accepts (trainlib.params.RecipeName)."""
-    assert tuple(RECIPES) == get_args(RecipeName)
+    """The report's recipes are the specifications' with a report entry, as they were when a hand-kept list held
+    them, and they are the names report.recipes accepts."""
+    recipes = report_recipes()
+    assert sorted(recipes) == ["adasum", "baseline", "dim_reduce", "thor"]
+    assert recipes["baseline"].pipelines == ("baseline", "__default__")
+    assert (recipes["dim_reduce"].trainings, recipes["dim_reduce"].side_trainings) == (
+        ("stage1", "stage2"),
+        ("control",),
+    )
+    validate_parameters(changed(load_config("local"), "report.recipes", sorted(recipes)))

@@ -32,7 +32,7 @@ def compare_recipes(
     for this run itself, so the report reads the same store the training pipelines wrote.
     """
     reader = MlflowRunReader.of_active_run()
-    comparison = compare(reader, report.recipes, target.top1, report.run_ids.model_dump())
+    comparison = compare(reader, report.recipes, target.top1, dict(report.run_ids))
     differences, left_out = by_how_much(comparison.finals, reader, settings=comparison.settings)
     # the runs behind the table's rows, so the closing link charts what the table, figures and summary show
     tracking.record_compared_runs(comparison.read_runs)

@@ -39,7 +39,6 @@ from trainlib.params.choices import (
     Initialiser,
     NetworkName,
     Pruner,
-    RecipeName,
     StatisticsDtype,
     TorchvisionArchitecture,
     VerifyMode,
@@ -69,7 +68,7 @@ from trainlib.params.errors import CrossKeyProblems, ParameterError
 from trainlib.params.migrate import MigrateParams, MigrationParity
 from trainlib.params.numbers import Fraction, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt
 from trainlib.params.predict import PredictParams
-from trainlib.params.report import ReportParams, ReportRunIds
+from trainlib.params.report import ReportParams
 from trainlib.params.root import Parameters, validate_parameters
 from trainlib.params.schedules import (
     SCHEDULE_SHAPES,
@@ -150,10 +149,8 @@ __all__ = [
     "PositiveInt",
     "PredictParams",
     "Pruner",
-    "RecipeName",
     "RecipeSpace",
     "ReportParams",
-    "ReportRunIds",
     "RuntimeParams",
     "Schedule",
     "ScheduleSpace",

@@ -8,7 +8,7 @@ from trainlib.params.base import ImageRecipe
 from trainlib.params.baseline import MomentumTraining
 from trainlib.params.choices import AdasumExchange, Implementation
 from trainlib.params.numbers import PositiveInt
-from trainlib.params.recipe_spec import ADASUM, ALL_REDUCE, RecipeSpec, ResultRow
+from trainlib.params.recipe_spec import ADASUM, ALL_REDUCE, RecipeSpec, ReportRuns, ResultRow
 
 
 class AdasumParams(MomentumTraining, ImageRecipe):
@@ -29,5 +29,6 @@ RECIPES = (
             ResultRow("allreduce", "adasum", colour=ALL_REDUCE),
         ),
         colour=ADASUM,
+        report=ReportRuns(("adasum",)),
     ),
 )

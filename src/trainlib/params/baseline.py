@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trainlib.params.base import CheckpointParams, ImageRecipe, Section
 from trainlib.params.numbers import Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
-from trainlib.params.recipe_spec import RecipeSpec, ResultRow
+from trainlib.params.recipe_spec import RecipeSpec, ReportRuns, ResultRow
 from trainlib.params.schedules import Schedule
 
 
@@ -28,4 +28,12 @@ class BaselineParams(MomentumTraining, ImageRecipe):
 
 
 # The Momentum baseline: MindSpore's documented ResNet-50 recipe (conf/base/parameters_baseline.yml)
-RECIPES = (RecipeSpec("baseline", "baseline", BaselineParams, (ResultRow("baseline", "baseline", tunable=True),)),)
+RECIPES = (
+    RecipeSpec(
+        "baseline",
+        "baseline",
+        BaselineParams,
+        (ResultRow("baseline", "baseline", tunable=True),),
+        report=ReportRuns(("baseline", "__default__")),  # the default pipeline is the baseline's
+    ),
+)

@@ -16,7 +16,6 @@ Initialiser = Literal["he_normal", "xavier_uniform", "truncated_normal"]  # trai
 GradCentralization = Literal["auto", "on", "off"]
 # the layouts with a torchvision counterpart (trainlib.migrate): the 7x7 stem with max-pool and 64 base channels
 TorchvisionArchitecture = Literal["resnet18", "resnet34", "resnet50", "resnet101"]
-RecipeName = Literal["baseline", "dim_reduce", "thor", "adasum"]  # trainlib.report.runs.RECIPES
 AmpLevel = Literal["O0", "O1", "O2", "O3"]
 # trainlib: this project's implementation | mindspore_builtin: MindSpore's built-in one (mindspore.nn.thor,
 # mindspore.boost)

@@ -10,7 +10,7 @@ from trainlib.params.baseline import MomentumTraining
 from trainlib.params.choices import Implementation
 from trainlib.params.errors import CrossKeyProblems
 from trainlib.params.numbers import Fraction, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt
-from trainlib.params.recipe_spec import SUBSPACE, WARM_START, RecipeSpec, ResultRow
+from trainlib.params.recipe_spec import SUBSPACE, WARM_START, RecipeSpec, ReportRuns, ResultRow
 
 
 class TrajectoryParams(Section):
@@ -117,5 +117,6 @@ RECIPES = (
         ),
         colour=SUBSPACE,
         other_trainings=(("stage1", WARM_START),),
+        report=ReportRuns(("dim_reduce",), ("stage1", "stage2"), ("control",)),
     ),
 )

@@ -54,6 +54,18 @@ class ResultRow:
 
 
 @dataclass(frozen=True)
+class ReportRuns:
+    """Where the report finds a recipe's numbers among the MLflow runs of its ``kedro run``: ``pipelines``, the values
+    of the run's ``pipeline`` tag that are this recipe's; ``trainings``, child runs (``training`` tag) whose epochs in
+    this order are its curve, the last holding its final evaluation (none: the run itself); ``side_trainings``,
+    child runs drawn beside the curve, not in the table (dim_reduce's control)."""
+
+    pipelines: tuple[str, ...]
+    trainings: tuple[str, ...] = ()
+    side_trainings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class RecipeSpec:
     """A recipe as the study, the tuning and the report know it: its name (``study.recipes``), its configuration
     section and that section's parameter model, its result rows, what it is scored on, and its runs' colours."""
@@ -66,6 +78,7 @@ class RecipeSpec:
     colour: str = FIRST_ORDER  # the colour family of its pipeline's run
     # its trainings that give no result row (dim_reduce's stage 1), by the name their child runs take, with colours
     other_trainings: tuple[tuple[str, str], ...] = ()
+    report: ReportRuns | None = None  # a recipe with a pipeline of its own: the report compares its runs
     doc: str = field(default="", compare=False)
 
 
@@ -143,6 +156,11 @@ def budgeted_sections() -> dict[str, tuple[str, ...]]:
         if row.budgeted:
             budgeted.setdefault(row.section, row.budgeted)
     return budgeted
+
+
+def reported_recipes() -> dict[str, ReportRuns]:
+    """The recipes the report can compare (``report.recipes``), with where their runs are."""
+    return {name: spec.report for name, spec in recipe_specs().items() if spec.report is not None}
 
 
 def colour_families() -> dict[str, str]:

@@ -11,7 +11,7 @@ from trainlib.params.base import CheckpointParams, ImageRecipe, Section
 from trainlib.params.choices import AmpLevel, ComputeMethod, DampingMethod, Implementation, StatisticsDtype
 from trainlib.params.errors import CrossKeyProblems
 from trainlib.params.numbers import Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
-from trainlib.params.recipe_spec import SECOND_ORDER, WITHOUT_PRECONDITIONER, RecipeSpec, ResultRow
+from trainlib.params.recipe_spec import SECOND_ORDER, WITHOUT_PRECONDITIONER, RecipeSpec, ReportRuns, ResultRow
 from trainlib.params.schedules import Schedule
 
 
@@ -126,6 +126,7 @@ RECIPES = (
             ),
         ),
         colour=SECOND_ORDER,
+        report=ReportRuns(("thor",)),
     ),
     RecipeSpec(
         "thor_first_order",

@@ -8,13 +8,13 @@ from matplotlib.ticker import MaxNLocator
 
 from trainlib.metrics import TRAIN_LOSS, VAL_TOP1
 from trainlib.report.histories import recipe_curve
-from trainlib.report.runs import RECIPES
+from trainlib.report.runs import report_recipes
 
 
 def stage_boundaries(histories: pd.DataFrame, x: str) -> dict[str, float]:
     """Per recipe with chained trainings, ``x`` (epoch or training time) where its first training ends."""
     boundaries = {}
-    for name, recipe in RECIPES.items():
+    for name, recipe in report_recipes().items():
         if len(recipe.trainings) < 2:
             continue
         first = histories[(histories["recipe"] == name) & (histories["training"] == recipe.trainings[0])]
@@ -47,7 +47,7 @@ def _curves(histories: pd.DataFrame, x: str, y: str, xlabel: str, ylabel: str, t
         _label_the_end(axes, logged[x], scale * logged[y], line.get_color())
         side = rows[~rows.index.isin(curve.index)]
         for training, side_rows in side.groupby("training", sort=False):
-            first = RECIPES[recipe].trainings[0]
+            first = report_recipes()[recipe].trainings[0]
             branch = curve[curve["training"] == first].tail(1)  # the side training starts where this ends
             drawn = pd.concat([branch, side_rows])
             drawn = drawn[drawn[y].notna()]
@@ -57,7 +57,7 @@ def _curves(histories: pd.DataFrame, x: str, y: str, xlabel: str, ylabel: str, t
             )  # fmt: skip
             _label_the_end(axes, drawn[x], scale * drawn[y], line.get_color())
     for recipe, boundary in stage_boundaries(histories, x).items():
-        first, second = RECIPES[recipe].trainings[:2]
+        first, second = report_recipes()[recipe].trainings[:2]
         axes.axvline(boundary, color=colours[recipe], linestyle=":", linewidth=1.2, label=f"_{recipe} boundary")
         axes.annotate(
             f"{recipe}: {first} → {second}", (boundary, 0.02), xycoords=("data", "axes fraction"),

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import pandas as pd
 
 from trainlib.metrics import EPOCH_KEYS, FINAL_KEYS, FINAL_PREFIX, TRAIN_EPOCH_TIME_S, VAL_TOP1, VAL_TOP5
-from trainlib.report.runs import RECIPES, Recipe
+from trainlib.report.runs import Recipe, report_recipes
 
 HISTORY_COLUMNS = ["recipe", "run_id", "training", "epoch", *EPOCH_KEYS, "train_time_s"]
 
@@ -87,7 +87,7 @@ def recipe_history(recipe: Recipe, run_id: str, trainings: Mapping[str, pd.DataF
 
 def recipe_curve(history: pd.DataFrame) -> pd.DataFrame:
     """The rows of a recipe's own trainings, without side trainings (dim_reduce's control)."""
-    side = {name for recipe in RECIPES.values() for name in recipe.side_trainings}
+    side = {name for recipe in report_recipes().values() for name in recipe.side_trainings}
     return history[~history["training"].isin(side)]
 
 

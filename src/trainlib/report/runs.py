@@ -1,4 +1,4 @@
-"""The recipes' MLflow runs as plain data: which runs are a recipe's (``Recipe``, ``RECIPES``), read through a
+"""The recipes' MLflow runs as plain data: which runs are a recipe's (``Recipe``, ``report_recipes``), read through a
 ``RunReader`` passed in (``pipelines.tracking.reader.MlflowRunReader``), and the run to report for each.
 
 baseline, thor and adasum log into the ``kedro run``'s own run (tagged ``pipeline``); dim_reduce's trainings
@@ -17,6 +17,7 @@ import pandas as pd
 
 from trainlib import fast_dev_run
 from trainlib.metrics import FINAL_TOP1, TRAIN_LOSS
+from trainlib.params.recipe_spec import reported_recipes
 
 logger = logging.getLogger(__name__)
 
@@ -41,15 +42,12 @@ class Recipe:
     side_trainings: tuple[str, ...] = ()
 
 
-RECIPES: dict[str, Recipe] = {
-    recipe.name: recipe
-    for recipe in (
-        Recipe("baseline", ("baseline", "__default__")),
-        Recipe("dim_reduce", ("dim_reduce",), ("stage1", "stage2"), ("control",)),
-        Recipe("thor", ("thor",)),
-        Recipe("adasum", ("adasum",)),
-    )
-}
+def report_recipes() -> dict[str, Recipe]:
+    """The recipes the report compares, by name, from their specifications (``recipe_spec.reported_recipes``)."""
+    return {
+        name: Recipe(name, runs.pipelines, runs.trainings, runs.side_trainings)
+        for name, runs in reported_recipes().items()
+    }
 
 
 class RunRecord(TypedDict):
@@ -107,12 +105,13 @@ def absolute_tracking_uri(uri: str, project_path: str | Path) -> str:
 
 def recipes_by_name(names: Sequence[str]) -> list[Recipe]:
     """The recipes named in ``report.recipes``; an unknown name is an error listing the known ones."""
-    unknown = [name for name in names if name not in RECIPES]
+    recipes = report_recipes()
+    unknown = [name for name in names if name not in recipes]
     if unknown:
-        raise ValueError(f"report.recipes names unknown recipes {unknown}; known: {', '.join(RECIPES)}")
+        raise ValueError(f"report.recipes names unknown recipes {unknown}; known: {', '.join(recipes)}")
     if not names:
-        raise ValueError("report.recipes is empty; name at least one of " + ", ".join(RECIPES))
-    return [RECIPES[name] for name in names]
+        raise ValueError("report.recipes is empty; name at least one of " + ", ".join(recipes))
+    return [recipes[name] for name in names]
 
 
 def children_by_training(reader: RunReader, run: RunRecord) -> dict[str, RunRecord]:
