@@ -185,3 +185,22 @@ def test_the_scan_finds_a_new_list_and_a_branch():
     assert hand_kept_sites('MINE = ("baseline", "thor")\n', recipes) == {"MINE"}
     assert hand_kept_sites('def f(r):\n    if r == "dim_reduce":\n        return 1\n', recipes) == {"f"}
     assert hand_kept_sites('X = ("baseline", "other")\n', recipes) == set()
+
+
+def test_the_sections_that_checkpoint_are_found_in_the_parameters_not_listed():
+    """``root.checkpointed_sections`` (the several-nodes ``keep_last`` rule) finds the sections root.py listed."""
+    from tests.support.config import load_config
+    from trainlib.params import validate_parameters
+    from trainlib.params.root import checkpointed_sections
+
+    found = {name for name, _ in checkpointed_sections(validate_parameters(load_config("local")))}
+    assert found == {
+        "baseline",
+        "adasum",
+        "thor",
+        "dim_reduce.stage1",
+        "dim_reduce.stage2",
+        "dim_reduce.control",
+        "thor_bert.thor",
+        "thor_bert.control",
+    }

@@ -3,13 +3,13 @@ with the rules that span sections, and ``validate_parameters``, which every run 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pydantic import ValidationError, model_validator
+from pydantic import BaseModel, ValidationError, model_validator
 
 from trainlib.params.adasum import AdasumParams
-from trainlib.params.base import Section
+from trainlib.params.base import CheckpointParams, Section
 from trainlib.params.baseline import BaselineParams
 from trainlib.params.choices import BUILTIN_ADASUM_MIN_DEVICES, GRAD_CENTRALIZATION_TARGETS
 from trainlib.params.common import (
@@ -25,6 +25,7 @@ from trainlib.params.dim_reduce import DimReduceParams
 from trainlib.params.errors import CrossKeyProblems, ParameterError, problem_lines
 from trainlib.params.migrate import MigrateParams
 from trainlib.params.predict import PredictParams
+from trainlib.params.recipe_spec import row_sections
 from trainlib.params.report import ReportParams
 from trainlib.params.schedules import PolynomialSchedule, WarmupSchedule
 from trainlib.params.study import StudyParams
@@ -113,16 +114,7 @@ class Parameters(Section):
                 )
             )
         if self.distributed.nodes > 1:
-            sections = {
-                "baseline": self.baseline,
-                "adasum": self.adasum,
-                "thor": self.thor,
-                "dim_reduce.stage1": self.dim_reduce.stage1,
-                "dim_reduce.stage2": self.dim_reduce.stage2,
-                "dim_reduce.control": self.dim_reduce.control,
-                "thor_bert.thor": self.thor_bert.thor,
-                "thor_bert.control": self.thor_bert.control,
-            }
+            sections = dict(checkpointed_sections(self))
             problems += [
                 (
                     f"{name}.checkpoint.keep_last",
@@ -149,16 +141,9 @@ class Parameters(Section):
     def _tuning_spaces_fit_their_sections(self) -> Parameters:
         """A tuned warm-up needs a learning-rate schedule with one in that unit (THOR's ResNet schedule has none;
         the Momentum schedules count epochs, the BERT ones steps)."""
-        sections = {
-            "baseline": self.baseline,
-            "thor": self.thor,
-            "thor_first_order": self.thor,
-            "thor_bert": self.thor_bert.thor,
-            "thor_bert_control": self.thor_bert.control,
-        }
         problems = []
         for recipe, space in self.study.tuning.spaces.items():
-            lr = sections[recipe].lr
+            lr = section_at(self, row_sections()[recipe]).lr
             for warmup, schedule in (("warmup_epochs", WarmupSchedule), ("warmup_steps", PolynomialSchedule)):
                 if space.lr is not None and getattr(space.lr, warmup) is not None and not isinstance(lr, schedule):
                     problems.append(
@@ -169,6 +154,24 @@ class Parameters(Section):
                     )
         CrossKeyProblems.raise_if_any(problems)
         return self
+
+
+def section_at(parameters: BaseModel, dotted: str) -> BaseModel:
+    """The section of ``parameters`` at the dotted key ``dotted`` (``thor_bert.thor``)."""
+    for name in dotted.split("."):
+        parameters = getattr(parameters, name)
+    return parameters
+
+
+def checkpointed_sections(parameters: BaseModel, prefix: str = "") -> Iterator[tuple[str, BaseModel]]:
+    """Every section that trains and checkpoints (has a ``checkpoint`` key), by its dotted key, found in the model
+    itself: a new recipe's training is checked with the others."""
+    for name in type(parameters).model_fields:
+        value = getattr(parameters, name)
+        if isinstance(value, BaseModel):
+            if isinstance(getattr(value, "checkpoint", None), CheckpointParams):
+                yield f"{prefix}{name}", value
+            yield from checkpointed_sections(value, f"{prefix}{name}.")
 
 
 def validate_parameters(raw: Mapping[str, Any], sources: Mapping[str, str] | None = None) -> Parameters:
