@@ -124,8 +124,7 @@ class ImageDecoder:
                 self._stop(kill=False)
                 return Decoded(None, error=_crash_reason(image, process.returncode, said))
             said = self._said_since(start)
-        warning = "; ".join(line for line in said if not _GLOG.match(line))
-        return Decoded(pixels, error=reason, warning="" if reason else warning)
+        return Decoded(pixels, error=reason, warning="" if reason else "; ".join(_libjpeg_lines(said)))
 
     def close(self) -> None:
         with self._lock:
@@ -190,10 +189,15 @@ class ImageDecoder:
         return [line.strip() for line in text.splitlines() if line.strip()]
 
 
+def _libjpeg_lines(said: list[str]) -> list[str]:
+    """What the decoder said of an image, without MindSpore's own log lines."""
+    return [line for line in said if not _GLOG.match(line)]
+
+
 def _crash_reason(image: bytes, returncode: int | None, said: list[str]) -> str:
     """Why the child died on ``image``: the signal that ended it and what libjpeg said before."""
     how = signal.Signals(-returncode).name if returncode is not None and returncode < 0 else f"exit {returncode}"
-    before = [line for line in said if not _GLOG.match(line)]
+    before = _libjpeg_lines(said)
     detail = f" after '{'; '.join(before)}'" if before else ""
     return f"corrupt {image_format(image)}: MindSpore's decoder crashed on it ({how}){detail}"
 

@@ -45,7 +45,7 @@ def _told(status: str, message: str) -> TrackingLoginError:
             "credentials.yml entry that conf/local/mlflow.yml's server.credentials names (docs/team.md)"
         )
     if "Invalid Host header" in message:
-        host = urllib.parse.urlsplit(mlflow.get_tracking_uri()).netloc.rpartition("@")[2]
+        host = urllib.parse.urlsplit(without_credentials(mlflow.get_tracking_uri())).netloc
         return TrackingLoginError(
             f"The MLflow server {server} refused the host name {host!r} (HTTP 403, its DNS-rebinding check): the "
             f"server must be started with --allowed-hosts naming it, e.g. --allowed-hosts {host} (docs/team.md)"

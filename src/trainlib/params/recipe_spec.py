@@ -149,6 +149,14 @@ def row_sections() -> dict[str, str]:
     return {name: row.section for name, row in rows().items()}
 
 
+def row_section(tree, row: str):
+    """The section result row ``row`` trains with, found in ``tree`` (the parameters, or the study's inputs) by its
+    dotted key: ``thor_bert``'s is ``tree.thor_bert.thor``."""
+    for name in row_sections()[row].split("."):
+        tree = getattr(tree, name)
+    return tree
+
+
 def budgeted_sections() -> dict[str, tuple[str, ...]]:
     """The dotted sections the study's budget changes, with the keys it sets (first row of a section wins)."""
     budgeted: dict[str, tuple[str, ...]] = {}

@@ -25,7 +25,7 @@ from trainlib.params.dim_reduce import DimReduceParams
 from trainlib.params.errors import CrossKeyProblems, ParameterError, problem_lines
 from trainlib.params.migrate import MigrateParams
 from trainlib.params.predict import PredictParams
-from trainlib.params.recipe_spec import row_sections
+from trainlib.params.recipe_spec import row_section
 from trainlib.params.report import ReportParams
 from trainlib.params.schedules import PolynomialSchedule, WarmupSchedule
 from trainlib.params.study import StudyParams
@@ -143,7 +143,7 @@ class Parameters(Section):
         the Momentum schedules count epochs, the BERT ones steps)."""
         problems = []
         for recipe, space in self.study.tuning.spaces.items():
-            lr = section_at(self, row_sections()[recipe]).lr
+            lr = row_section(self, recipe).lr
             for warmup, schedule in (("warmup_epochs", WarmupSchedule), ("warmup_steps", PolynomialSchedule)):
                 if space.lr is not None and getattr(space.lr, warmup) is not None and not isinstance(lr, schedule):
                     problems.append(
@@ -154,13 +154,6 @@ class Parameters(Section):
                     )
         CrossKeyProblems.raise_if_any(problems)
         return self
-
-
-def section_at(parameters: BaseModel, dotted: str) -> BaseModel:
-    """The section of ``parameters`` at the dotted key ``dotted`` (``thor_bert.thor``)."""
-    for name in dotted.split("."):
-        parameters = getattr(parameters, name)
-    return parameters
 
 
 def checkpointed_sections(parameters: BaseModel, prefix: str = "") -> Iterator[tuple[str, BaseModel]]:

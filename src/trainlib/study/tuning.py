@@ -55,7 +55,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from trainlib.engine.callbacks import Callback
 from trainlib.metrics import STEP_KEY, VAL_STEP_MLM_ACCURACY, VAL_STEP_TOP1
 from trainlib.params import TuningParams, space_ranges
-from trainlib.params.recipe_spec import recipe_of_row, row_sections, tuned_trainings
+from trainlib.params.recipe_spec import recipe_of_row, row_section, row_sections, tuned_trainings
 from trainlib.processes import process_alive
 from trainlib.study.runner import StudyInputs, StudyPlan, StudyTracking, run_study
 from trainlib.study.statistics import first_crossing
@@ -171,7 +171,7 @@ def tune_recipe(
             "(conf/base/parameters_study.yml) or raise study.tuning.trials"
         )
     best = min(complete, key=lambda t: t.value)
-    section = _section(inputs, recipe)
+    section = row_section(inputs, recipe)
     return RecipeTuning(
         recipe=recipe,
         study_name=study.study_name,
@@ -228,7 +228,7 @@ def objective(records: Sequence[Mapping], *, target: float, epochs: int) -> floa
 def with_values(inputs: StudyInputs, recipe: str, values: Mapping[str, float]) -> StudyInputs:
     """The study's inputs with ``values`` (dotted keys of the tuned training's section: ``lr.peak``) in that
     section (``recipe_spec.row_sections``: ``thor_bert.thor`` is the thor section of ``inputs.thor_bert``)."""
-    section = _section(inputs, recipe)
+    section = row_section(inputs, recipe)
     update: dict = {}
     for key, value in values.items():
         head, _, leaf = key.partition(".")
@@ -465,14 +465,6 @@ class TrialTracking:
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         self._tracking.set_tags(tags)
-
-
-def _section(inputs: StudyInputs, recipe: str):
-    """The tuned training's section in ``inputs``."""
-    section = inputs
-    for name in row_sections()[recipe].split("."):
-        section = getattr(section, name)
-    return section
 
 
 def _value_of(section, key: str) -> float:
