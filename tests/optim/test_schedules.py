@@ -12,6 +12,7 @@ from trainlib.optim.schedules import (
     SHAPES,
     WARMUP_SHAPES,
     exponential_schedule,
+    mlperf_polynomial_schedule,
     per_step,
     polynomial_schedule,
     scaled_peak,
@@ -58,7 +59,7 @@ CHECKED_STEPS = (0, W // 2, W - 1, W, (W + T) // 2, T - 1)
 
 def test_all_recipe_schedules_are_registered():
     assert set(WARMUP_SHAPES) == {"linear", "cosine", "quadratic", "steps", "constant"}
-    assert set(SHAPES) == {*WARMUP_SHAPES, "thor", "exponential", "polynomial"}
+    assert set(SHAPES) == {*WARMUP_SHAPES, "thor", "exponential", "polynomial", "mlperf_polynomial"}
 
 
 @pytest.mark.parametrize("schedule", ["linear", "cosine", "quadratic", "steps", "constant"])
@@ -268,3 +269,31 @@ def test_per_step_of_a_polynomial_without_total_steps_decays_over_every_step_of_
     for i in (warmup_steps, 30, 59):
         assert values[i] == pytest.approx(1e-3 * (1 - i / 60), rel=1e-6)
     assert values[-1] > 0
+
+
+def mlperf_lr(i: int, peak: float, end: float, warmup: int, total: int) -> float:
+    """MLPerf's ``PolynomialDecayWithWarmup`` at step ``i``: the warm-up while ``i <= warmup``, then Keras'
+    ``PolynomialDecay`` (power 2) of ``i - warmup`` over ``total - warmup + 1`` decay steps."""
+    if i <= warmup:
+        return peak * i / warmup
+    decay_steps = total - warmup + 1
+    return (peak - end) * (1 - min(i - warmup, decay_steps) / decay_steps) ** 2 + end
+
+
+def test_mlperf_polynomial_matches_the_reference_formula():
+    """MLPerf's batch-4096 values (peak 10, 5 warm-up epochs, end 1e-4) on 42 epochs of 4 steps."""
+    values = mlperf_polynomial_schedule(10.0, 1e-4, 2.0, 5, 42, 4)
+    assert values.shape == (168,) and values.dtype == np.float32
+    expected = [mlperf_lr(i, 10.0, 1e-4, 20, 168) for i in range(168)]
+    np.testing.assert_allclose(values, expected, rtol=1e-6)
+    assert values[0] == 0.0 and values[10] == pytest.approx(5.0) and values[20] == pytest.approx(10.0)
+    assert values[21] == pytest.approx((10 - 1e-4) * (148 / 149) ** 2 + 1e-4, rel=1e-6)  # the decay's first step
+    assert values[-1] == pytest.approx((10 - 1e-4) * (2 / 149) ** 2 + 1e-4, rel=1e-6)  # near end, never below it
+
+
+def test_mlperf_polynomial_without_warmup_starts_at_peak_and_per_step_reads_it():
+    configured = schedule(shape="mlperf_polynomial", peak=2.0, end=0.01, power=2.0, warmup_epochs=0.0)
+    values = per_step(configured, epochs=3, steps_per_epoch=5)
+    np.testing.assert_array_equal(values, mlperf_polynomial_schedule(2.0, 0.01, 2.0, 0.0, 3, 5))
+    assert values[0] == pytest.approx(2.0) and np.isfinite(values).all()
+    np.testing.assert_allclose(values, [mlperf_lr(i, 2.0, 0.01, 0, 15) if i else 2.0 for i in range(15)], rtol=1e-6)

@@ -50,6 +50,10 @@ def per_step(schedule, *, epochs: int, steps_per_epoch: int, devices: int = 1) -
             total_steps=schedule.total_steps or steps,  # the decay counts from step 0, warm-up included
             steps=steps,
         )
+    if shape == "mlperf_polynomial":
+        return mlperf_polynomial_schedule(
+            schedule.peak, schedule.end, schedule.power, schedule.warmup_epochs, epochs, steps_per_epoch
+        )
     raise ValueError(f"unknown schedule shape {shape!r}; choose one of {SHAPES}")
 
 
@@ -154,3 +158,25 @@ def polynomial_schedule(
     if warmup_steps > 0:
         decayed = np.where(i < warmup_steps, peak * i / warmup_steps, decayed)
     return np.maximum(decayed, 0.0).astype(np.float32)
+
+
+def mlperf_polynomial_schedule(
+    peak: float, end: float, power: float, warmup_epochs: float, total_epochs: int, steps_per_epoch: int
+) -> np.ndarray:
+    """MLPerf ResNet-50's LARS learning rate per step ``i`` (the optimizer's global step, from 0), as
+    ``PolynomialDecayWithWarmup`` in ``mlcommons/training`` ``image_classification/tensorflow2/lars_util.py`` computes
+    it: ``peak i / W`` while ``i <= W`` (``W`` the warm-up's steps), then Keras' ``PolynomialDecay`` over the steps
+    since the warm-up, ``(peak - end)(1 - min(i - W, D)/D)^power + end`` with ``D = T - W + 1``.
+
+    Unlike ``polynomial_schedule`` (BERT's, counted from step 0) the decay starts where the warm-up ends, and unlike
+    the warm-up shape ``quadratic`` it ends at ``end``, not 0. ``warmup_epochs`` 0: the decay from step 0 (the
+    reference would divide by 0 there).
+    """
+    total = total_epochs * steps_per_epoch
+    warmup = int(round(warmup_epochs * steps_per_epoch))
+    decay_steps = total - warmup + 1
+    i = np.arange(total, dtype=np.float64)
+    decayed = (peak - end) * (1.0 - np.minimum(i - warmup, decay_steps) / decay_steps) ** power + end
+    if warmup > 0:
+        decayed = np.where(i <= warmup, peak * i / warmup, decayed)
+    return decayed.astype(np.float32)

@@ -73,6 +73,7 @@ from trainlib.params.root import Parameters, validate_parameters
 from trainlib.params.schedules import (
     SCHEDULE_SHAPES,
     ExponentialSchedule,
+    MlperfPolynomialSchedule,
     PolynomialSchedule,
     Schedule,
     ThorEpochSchedule,
@@ -135,6 +136,7 @@ __all__ = [
     "MaxPerClass",
     "MigrateParams",
     "MigrationParity",
+    "MlperfPolynomialSchedule",
     "ModelParams",
     "MomentumTraining",
     "NetworkName",

@@ -64,11 +64,26 @@ class PolynomialSchedule(Section):
     total_steps: PositiveInt | None
 
 
+class MlperfPolynomialSchedule(Section):
+    """MLPerf ResNet-50's LARS schedule (``mlcommons/training`` ``image_classification/tensorflow2/lars_util.py``,
+    ``PolynomialDecayWithWarmup``), per step ``i`` of ``T`` with ``W = warmup_epochs`` epochs of steps:
+    ``peak i / W`` while ``i <= W``, then ``(peak - end)(1 - min(i - W, D)/D)^power + end`` with ``D = T - W + 1``,
+    the decay counted from the warm-up's end (MLPerf: ``power`` 2, ``end`` 0.0001). ``peak`` is the value for the
+    configured global batch: MLPerf picks it per batch size and scales it with no device count."""
+
+    shape: Literal["mlperf_polynomial"]
+    peak: PositiveFloat
+    end: NonNegativeFloat
+    power: PositiveFloat
+    warmup_epochs: NonNegativeFloat
+
+
 # Every schedule of the project, the learning rates and THOR's damping alike: ``shape`` chooses the formula
 # (``trainlib.optim.schedules.per_step`` computes it), the same keys mean the same thing in every shape (``peak``
 # the value the decay starts from, ``end`` the last, ``power`` the exponent).
 Schedule = Annotated[
-    WarmupSchedule | ThorEpochSchedule | ExponentialSchedule | PolynomialSchedule, Field(discriminator="shape")
+    WarmupSchedule | ThorEpochSchedule | ExponentialSchedule | PolynomialSchedule | MlperfPolynomialSchedule,
+    Field(discriminator="shape"),
 ]
 # every shape, in the order of the union (trainlib.optim.schedules.SHAPES)
 SCHEDULE_SHAPES: tuple[str, ...] = tuple(
