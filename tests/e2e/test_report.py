@@ -92,7 +92,8 @@ def expected_row(project, recipe: str, target: float) -> dict:
         "images_per_s": weighted / total,
         "epoch_to_target": reached[0],
         "time_to_target_s": reached[1],
-        "train_images": first_images,
+        "epoch_images": first_images,  # full batches of the split: 24 images in batches of 4, all of them
+        "train_images": int(run.data.tags["train_images"]),  # the split, as the run's tag says
         "image_size": int(run.data.params["data.image_size"]),
         "seed": int(run.data.params["runtime.seed"]),
     }

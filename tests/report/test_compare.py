@@ -141,7 +141,7 @@ def test_table_row_takes_settings_from_params_and_time_from_the_curve():
     curve = history[history["training"] != "control"]
     row = table_row(report_recipes()["dim_reduce"], run_record(params), curve, {"top1": 0.9, "top5": 1.0}, 0.85, False)
     assert (row["model"], row["image_size"], row["seed"]) == ("resnet18", 16, 7)
-    assert row["train_images"] == 1000  # 100 images/s for 10 s in the first epoch
+    assert row["epoch_images"] == 1000 and row["train_images"] is None  # 100 images/s for 10 s; no split tag
     assert (row["epochs"], row["train_time_s"], row["wall_time_s"]) == (3, 60.0, 90.0)
     assert row["images_per_s"] == pytest.approx((100 * 10 + 50 * 20 + 40 * 30) / 60)
     assert (row["epoch_to_target"], row["time_to_target_s"]) == (3.0, 60.0)  # stage 2's final evaluation
@@ -272,7 +272,7 @@ def test_dim_reduce_is_read_from_its_child_runs(tmp_path, caplog):
     assert (row["top1"], row["top5"], row["epochs"], row["train_time_s"]) == (0.9, 1.0, 3, 60.0)
     assert row["images_per_s"] == pytest.approx((100 * 10 + 50 * 20 + 40 * 30) / 60)
     assert (row["epoch_to_target"], row["time_to_target_s"]) == (3, 60.0)
-    assert (row["model"], row["image_size"], row["seed"], row["train_images"]) == ("resnet_narrow", 32, 42, 1000)
+    assert (row["model"], row["image_size"], row["seed"], row["epoch_images"]) == ("resnet_narrow", 32, 42, 1000)
     assert table.loc["thor", "run_status"] == "missing"
     assert f"skipping dim_reduce run {ids['partial']}, which lacks ['stage1: train/loss']" in caplog.text
     # the baseline trained on 16 px images: the table and the log say so
@@ -352,3 +352,21 @@ def test_every_recipe_name_has_a_recipe():
         ("control",),
     )
     validate_parameters(changed(load_config("local"), "report.recipes", sorted(recipes)))
+
+
+def test_the_logs_line_of_a_row_says_what_an_epoch_saw_and_prints_no_nan():
+    """dim_reduce's control has no times of its own: its line leaves them out instead of ``nan s training``; a row
+    with its split's size says the epoch's images are the full batches of it."""
+    from pipelines.report.nodes import recipe_line
+
+    columns = {"recipe": "baseline", "source": "study, 3 seeds", "top1": 0.8, "top5": 0.99, "epochs": 2}
+    row = {**columns, "train_time_s": 50.0, "images_per_s": 117.76, "train_images": 3000, "epoch_images": 2944}
+    row |= {"target_top1": 0.75, "time_to_target_s": math.nan, "left_out": ""}
+    table = pd.DataFrame([row, {**columns, "recipe": "dim_reduce/control", "source": "single run"}])
+    table = table.astype({"train_images": "Int64", "epoch_images": "Int64"})
+    studied, control = (recipe_line(each) for each in table.itertuples())
+    assert studied == (
+        "baseline (study, 3 seeds): top-1 80.00%, top-5 99.00%, 2 epochs, 50 s training, 118 img/s, an epoch trains "
+        "on 2944 of the 3000 train images (full batches), target 75% not reached"
+    )
+    assert control == "dim_reduce/control (single run): top-1 80.00%, top-5 99.00%, 2 epochs"

@@ -13,6 +13,7 @@ import pytest
 
 from pipelines.tracking.reader import MlflowRunReader
 from tests.support.stores import EXPERIMENT
+from trainlib.readable import float_text, write_csv
 from trainlib.report.compare import compare
 from trainlib.report.differences import (
     by_how_much,
@@ -25,7 +26,7 @@ from trainlib.report.differences import (
     verdict,
 )
 from trainlib.report.figures import compared_histories
-from trainlib.study.statistics import paired_differences
+from trainlib.study.statistics import paired_differences, summarise
 
 FINALS = {
     "baseline": {"top1": 0.80, "top5": 0.99, "epochs": 2},
@@ -79,7 +80,7 @@ def test_the_studys_intervals_replace_the_single_runs_of_the_pairs_it_compared()
 @pytest.mark.parametrize(
     ("mean", "low", "high", "n", "sentence"),
     [
-        (0.185, 0.1215, 0.2485, 2, "thor beat baseline by +18.50 pt final top-1 (95 % CI [+12.15, +24.85] pt; "),
+        (0.185, 0.1726, 0.1974, 3, "thor beat baseline by +18.50 pt final top-1 (95 % CI [+17.26, +19.74] pt; "),
         (-0.03, -0.05, -0.01, 3, "baseline beat thor by +3.00 pt final top-1 (95 % CI [-5.00, -1.00] pt for thor "),
         (0.01, -0.02, 0.04, 3, "Inconclusive: thor - baseline is +1.00 pt final top-1, but the 95 % CI [-2.00, "),
     ],
@@ -113,6 +114,36 @@ def test_a_budget_of_one_epoch_is_singular():
     assert set(single["budget"]) == {"1 epoch each"}
 
 
+def test_fewer_than_three_seeds_give_the_seeds_needed_not_an_interval_of_everything():
+    """The issue's 2-seed study: +2 pt, seeds 20 pt apart, whose t-interval (one degree of freedom) is cut to
+    [-100, +100] pt. The report gives the study's estimate of the seeds that would decide instead, in the CSV (no
+    interval, the estimate in its column) and in the summary; a 1-seed study says it has no spread."""
+    runs = pd.DataFrame(
+        {"recipe": ["baseline"] * 2 + ["thor"] * 2, "seed": [0, 1] * 2, "final_top1": [0.75, 0.74, 0.87, 0.66]}
+        | {"final_top5": [0.99] * 4, "time_to_target_s": [math.nan] * 4, "epochs_to_target": [math.nan] * 4}
+    )
+    paired = in_points(paired_differences(runs))  # paired.csv, as the study writes it
+    study = paired.set_index("measure").loc["final_top1_difference"]
+    assert (study["ci_low"], study["ci_high"]) == (-100.0, 100.0) and study["seeds_to_decide"] > 3
+    table = study_differences(paired, seeds=2, epochs=2)
+    top1 = table.set_index("measure").loc["final_top1_difference"]
+    assert math.isnan(top1["ci_low"]) and math.isnan(top1["ci_high"]) and top1["n"] == 2
+    assert top1["seeds_to_decide"] == study["seeds_to_decide"]
+    needed = f"about {study['seeds_to_decide']:.0f} seeds would decide at this spread"
+    summary = readable(table, target_top1=TARGET)
+    assert summary.splitlines()[0] == (
+        f"Inconclusive: thor - baseline is +2.00 pt final top-1 from 2 seeds, too few for a 95 % interval; {needed} "
+        "(study, 2 seeds, 2 epochs each)."
+    )
+    assert f"| final_top1_difference | +2.00 pt (from 2 seeds, too few for a 95 % interval; {needed}) | 2 |" in summary
+    assert "100.00" not in summary and "nan" not in summary
+    one_seed = study_differences(in_points(paired_differences(runs[runs["seed"] == 0])), seeds=1, epochs=2)
+    assert verdict(one_seed).startswith(
+        "Inconclusive: thor - baseline is +12.00 pt final top-1 from 1 seed, too few for a 95 % interval (one has no "
+        "spread); run at least 3 (study, 1 seed, 2 epochs each)."
+    )
+
+
 def test_the_newest_finished_study_of_the_experiment_is_read_back(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
@@ -138,16 +169,19 @@ def test_the_newest_finished_study_of_the_experiment_is_read_back(tmp_path):
 # -- a study and single runs of unequal budget in one real MLflow store ---------------------------------------------
 
 
-def log_recipe_run(client, experiment: str, pipeline: str, params: dict, top1: list[float], **tags: str) -> str:
-    """A finished run of an image recipe as the pipelines log it: per-epoch metrics (step = epoch), final top-1."""
+def log_recipe_run(
+    client, experiment: str, pipeline: str, params: dict, top1: list[float], epoch_s: float = 10.0, **tags: str
+) -> str:
+    """A finished run of an image recipe as the pipelines log it: per-epoch metrics (step = epoch), final top-1;
+    each epoch trains on 1,000 images in ``epoch_s`` seconds."""
     run_id = client.create_run(experiment, tags={"pipeline": pipeline, "env": "base", **tags}).info.run_id
     for key, value in params.items():
         client.log_param(run_id, key, value)
     for epoch, value in enumerate(top1, start=1):
         for key, logged in (("train/loss", 2.0 / epoch), ("val/top1", value), ("val/top5", 0.99)):
             client.log_metric(run_id, key, logged, step=epoch)
-        client.log_metric(run_id, "train/epoch_time_s", 10.0, step=epoch)
-        client.log_metric(run_id, "train/images_per_s", 100.0, step=epoch)
+        client.log_metric(run_id, "train/epoch_time_s", epoch_s, step=epoch)
+        client.log_metric(run_id, "train/images_per_s", 1000.0 / epoch_s, step=epoch)
     client.log_metric(run_id, "final/top1", top1[-1])
     client.log_metric(run_id, "final/top5", 0.99)
     client.set_terminated(run_id)
@@ -157,8 +191,9 @@ def log_recipe_run(client, experiment: str, pipeline: str, params: dict, top1: l
 @pytest.fixture
 def study_and_unequal_runs(tmp_path):
     """The issue's store: baseline after 5 epochs on the full data, thor after 1 epoch on 60 images a class, adasum
-    after 3 epochs, a newer thor rehearsal (fast_dev_run), and a study of thor against baseline over 2 seeds whose
-    paired.csv the study's own code wrote (in points), with no seed reaching the target."""
+    after 3 epochs, a newer thor rehearsal (fast_dev_run), and a study of thor against baseline over 3 seeds (the
+    fewest that give an interval) whose paired.csv the study's own code wrote (in points), with no seed reaching the
+    target."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     experiment = client.create_experiment(EXPERIMENT, artifact_location=(tmp_path / "mlruns").as_uri())
@@ -171,12 +206,12 @@ def study_and_unequal_runs(tmp_path):
     ids["rehearsal"] = log_recipe_run(client, experiment, "thor", full, [0.9], fast_dev_run="a few batches")
     runs = pd.DataFrame(
         {
-            "recipe": ["baseline", "baseline", "thor", "thor"],
-            "seed": [0, 1, 0, 1],
-            "final_top1": [0.62, 0.64, 0.80, 0.83],
-            "final_top5": [0.95, 0.96, 0.97, 0.97],
-            "time_to_target_s": [math.nan] * 4,
-            "epochs_to_target": [math.nan] * 4,
+            "recipe": ["baseline"] * 3 + ["thor"] * 3,
+            "seed": [0, 1, 2] * 2,
+            "final_top1": [0.62, 0.64, 0.63, 0.80, 0.83, 0.815],
+            "final_top5": [0.95, 0.96, 0.955, 0.97, 0.97, 0.97],
+            "time_to_target_s": [math.nan] * 6,
+            "epochs_to_target": [math.nan] * 6,
         }
     )
     paired = in_points(paired_differences(runs))  # what the study node writes to paired.csv
@@ -198,16 +233,16 @@ def test_a_study_and_single_runs_of_unequal_budget_tell_one_story(study_and_uneq
 
     # the verdict sentence is the paired table's thor vs baseline final top-1, as stored in paired.csv
     row = paired.set_index(["comparison", "measure"]).loc[("thor vs baseline", "final_top1_difference")]
-    assert (row["mean"], row["ci_low"], row["ci_high"], row["n"]) == (18.5, 12.15, 24.85, 2)
+    assert (row["mean"], row["ci_low"], row["ci_high"], row["n"]) == (18.5, 17.26, 19.74, 3)
     first = summary.splitlines()[0]
     assert first == (
         f"thor beat baseline by {row['mean']:+.2f} pt final top-1 (95 % CI [{row['ci_low']:+.2f}, "
-        f"{row['ci_high']:+.2f}] pt; study, 2 seeds, 2 epochs each)."
+        f"{row['ci_high']:+.2f}] pt; study, 3 seeds, 2 epochs each)."
     )
 
     # the unequal single runs are not compared: no single-run row, named in "Left out" with the reason, not drawn
-    assert set(differences["source"]) == {"study, 2 seeds"}
-    assert "## From the study, 2 seeds" in summary and "single runs at equal budget" not in summary
+    assert set(differences["source"]) == {"study, 3 seeds"}
+    assert "## From the study, 3 seeds" in summary and "single runs at equal budget" not in summary
     assert "- adasum vs baseline (single runs): unequal budget: epochs 3 vs 5; not compared side by side." in summary
     assert (
         "- thor vs baseline (single runs): unequal budget: epochs 1 vs 5; data.max_per_class.train 60 vs 1500; the "
@@ -230,43 +265,55 @@ def test_a_study_and_single_runs_of_unequal_budget_tell_one_story(study_and_uneq
     assert (accuracy["unit"] == "pt").all() and accuracy["mean"].tolist() == [18.5]
     for column in ("mean", "ci_low", "ci_high"):
         assert all(value == round(value, 2) for value in differences[column].dropna())
-    assert "| thor vs baseline | final_top1_difference | +18.50 pt [+12.15, +24.85] | 2 | 2 epochs each |" in summary
+    assert "| thor vs baseline | final_top1_difference | +18.50 pt [+17.26, +19.74] | 3 | 2 epochs each |" in summary
     assert "| thor vs baseline | time_to_target_ratio | — | 0 |" in summary and "nan" not in summary
     assert "—: no seed on which both recipes reached the target top-1 of 75 % (target.top1)" in summary
     assert "0.185" not in summary and "0.18500000000000005" not in differences.to_csv()
+
+
+# The seeds' final top-1 on 3,000 images: each pair's mean rounds to six digits one way (0.348667), the mean of the
+# six-digit values in the study's runs.csv the other (0.348666)
+STUDIED_FINALS = {
+    ("baseline", 0): 895 / 3000, ("baseline", 1): 1197 / 3000, ("thor", 0): 1495 / 3000, ("thor", 1): 1857 / 3000
+}  # fmt: skip
 
 
 @pytest.fixture
 def study_with_trainings(tmp_path):
     """The issue's walk: the default run (baseline, 5 epochs), then a study of baseline and thor over 2 seeds of 1
     epoch each, whose trainings are child runs of the study's run as the study pipeline logs them; killed after its
-    first training and rerun, so that training is a child of the killed run, and the rerun's runs.csv names it."""
+    first training and rerun, so that training is a child of the killed run, and the rerun's runs.csv names it. Its
+    split has 1,050 train images, of which an epoch trains on 1,000 (full batches), in 10 s on seed 0 and 20 s on
+    seed 1. Its CSV files are written as the catalog writes them (six digits), its summary from runs.csv read back."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     experiment = client.create_experiment(EXPERIMENT, artifact_location=(tmp_path / "mlruns").as_uri())
     data = {"data.image_size": "32", "model.name": "resnet_narrow"}
     default = log_recipe_run(client, experiment, "baseline", data, [0.5, 0.7, 0.8, 0.84, 0.85])
-    killed, study = (client.create_run(experiment, tags={"pipeline": "study", "env": "base"}) for _ in range(2))
-    killed, study = killed.info.run_id, study.info.run_id
+    tags = {"pipeline": "study", "env": "base", "train_images": "1050"}
+    killed, study = (client.create_run(experiment, tags=tags).info.run_id for _ in range(2))
     for key, value in {**data, "study.epochs": "1"}.items():
         client.log_param(study, key, value)
-    finals = {("baseline", 0): 0.30, ("baseline", 1): 0.40, ("thor", 0): 0.50, ("thor", 1): 0.62}
     trainings = {}
-    for (recipe, seed), top1 in finals.items():
+    for (recipe, seed), top1 in STUDIED_FINALS.items():
         parent = killed if (recipe, seed) == ("baseline", 0) else study
         tags = {"mlflow.parentRunId": parent, "recipe": recipe, "result": recipe, "seed": str(seed)}
-        trainings[recipe, seed] = log_recipe_run(client, experiment, "study", {}, [top1], **tags)
+        trainings[recipe, seed] = log_recipe_run(client, experiment, "study", {}, [top1], 10.0 * (seed + 1), **tags)
     client.set_terminated(killed, "KILLED")
+    recipes, seeds = zip(*STUDIED_FINALS, strict=True)
     runs = pd.DataFrame(
-        {"recipe": [r for r, _ in finals], "seed": [s for _, s in finals], "final_top1": list(finals.values())}
+        {"recipe": list(recipes), "seed": list(seeds), "final_top1": list(STUDIED_FINALS.values())}
         | {"final_top5": [0.99] * 4, "time_to_target_s": [math.nan] * 4, "epochs_to_target": [math.nan] * 4}
         | {"mlflow_run_id": list(trainings.values())}
     )
-    (tmp_path / "study").mkdir()
-    in_points(paired_differences(runs)).to_csv(tmp_path / "study/paired.csv", index=False)
-    runs.to_csv(tmp_path / "study/runs.csv", index=False)
-    for table in ("paired", "runs"):
-        client.log_artifact(study, str(tmp_path / f"study/{table}.csv"), "study")
+    folder = tmp_path / "study"
+    folder.mkdir()
+    write_csv(runs, folder / "runs.csv")
+    runs = pd.read_csv(folder / "runs.csv")  # the study's next node reads the file back
+    write_csv(in_points(paired_differences(runs)), folder / "paired.csv")
+    write_csv(summarise(runs), folder / "summary.csv")
+    for table in ("paired", "runs", "summary"):
+        client.log_artifact(study, str(folder / f"{table}.csv"), "study")
     client.set_terminated(study)
     return MlflowRunReader(uri, EXPERIMENT), default, study, trainings
 
@@ -276,19 +323,29 @@ def test_the_table_figures_and_runs_of_a_studied_recipe_are_the_studys(study_wit
     comparison = compare(reader, ["baseline", "thor"], TARGET)
     differences, left_out = by_how_much(comparison.finals, reader, settings=comparison.settings)
     summary = readable(differences, left_out, target_top1=TARGET)
-    assert (
-        summary.startswith("thor beat baseline by +21.00 pt final top-1") and "study, 2 seeds, 1 epoch each" in summary
+    # 2 seeds give no interval (MIN_SEEDS): 20 and 22 pt apart would already exclude zero, so 3 is what it takes
+    assert summary.startswith(
+        "Inconclusive: thor - baseline is +21.00 pt final top-1 from 2 seeds, too few for a 95 % interval; run at "
+        "least 3 (study, 2 seeds, 1 epoch each)."
     )
 
     # thor is compared in the summary, so it is in the table, from the same study as the baseline: not `missing`
     table = comparison.table.set_index("recipe")
     assert list(table["source"]) == ["study, 2 seeds", "study, 2 seeds"]
     assert list(table["run_id"]) == [study, study] and list(table["run_status"]) == ["FINISHED", "FINISHED"]
-    assert table.loc["baseline", "top1"] == pytest.approx(0.35) and table.loc["thor", "top1"] == pytest.approx(0.56)
     assert list(table["epochs"]) == [1, 1] and list(table["left_out"]) == ["", ""] and table["seed"].isna().all()
+    # one number, one rounding: a studied recipe's top-1 is the study's own mean (summary.csv), not a second
+    # computation from the unrounded metrics that reads 0.348667 where the study's file says 0.348666
+    studied = reader.artifact_csv(study, "study/summary.csv").set_index("recipe")
+    means = {r: sum(v for (name, _), v in STUDIED_FINALS.items() if name == r) / 2 for r in ("baseline", "thor")}
+    for recipe in ("baseline", "thor"):
+        assert float_text(table.at[recipe, "top1"]) == float_text(studied.at[recipe, "final_top1"])
+        assert float_text(studied.at[recipe, "final_top1"]) != float_text(means[recipe])  # the case has teeth
+    # an epoch's images: 1,000 of the split's 1,050 on either seed, not the mean rate x the mean time (75/s x 15 s)
+    assert list(table["epoch_images"]) == [1000, 1000] and list(table["train_images"]) == [1050, 1050]
     # the figures draw both, from the seeds' mean; the link charts the four trainings, not the 5-epoch default run
     drawn = compared_histories(comparison.histories, comparison.table)
-    assert drawn.groupby("recipe")["val/top1"].mean().to_dict() == pytest.approx({"baseline": 0.35, "thor": 0.56})
+    assert drawn.groupby("recipe")["val/top1"].mean().to_dict() == pytest.approx(means)
     assert sorted(comparison.read_runs) == sorted(trainings.values()) and default not in comparison.read_runs
 
     # a pinned run comes first: the baseline's single run beside thor's study means is not a pair, and says so

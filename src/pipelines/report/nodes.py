@@ -37,24 +37,28 @@ def compare_recipes(
     # the runs behind the table's rows, so the closing link charts what the table, figures and summary show
     tracking.record_compared_runs(comparison.read_runs)
     for row in comparison.table.itertuples():
-        if row.run_status == "missing":
-            continue
-        logger.info(
-            "%s (%s): top-1 %.2f%%, top-5 %.2f%%, %s, %.0f s training, %.0f img/s, target %.0f%% %s%s",
-            row.recipe,
-            row.source,
-            100 * row.top1,
-            100 * row.top5,
-            counted(int(row.epochs), "epoch"),
-            row.train_time_s,
-            row.images_per_s,
-            100 * row.target_top1,
-            "not reached" if pd.isna(row.time_to_target_s) else f"after {row.time_to_target_s:.0f} s",
-            f" (not compared: {row.left_out})" if row.left_out else "",
-        )
+        if row.run_status != "missing":
+            logger.info("%s", recipe_line(row))
     summary = readable(differences, left_out, target_top1=target.top1)
     logger.info("By how much:\n%s", summary)
     return comparison.table, comparison.histories, comparison.explained_variance, differences, summary
+
+
+def recipe_line(row) -> str:
+    """A table row as the log's line: accuracy, budget, time, speed, the images an epoch saw, target. A figure the row
+    has not (dim_reduce's control: its times are stage 2's run's) is left out, not printed as ``nan``."""
+    parts = [f"top-1 {100 * row.top1:.2f}%, top-5 {100 * row.top5:.2f}%", counted(int(row.epochs), "epoch")]
+    if pd.notna(row.train_time_s):
+        parts.append(f"{row.train_time_s:.0f} s training, {row.images_per_s:.0f} img/s")
+    if pd.notna(row.epoch_images):
+        # fewer than the split: an epoch trains on full batches, the last partial one is dropped
+        split = f" of the {row.train_images} train images" if pd.notna(row.train_images) else ""
+        parts.append(f"an epoch trains on {row.epoch_images}{split} (full batches)")
+    if pd.notna(row.train_time_s):
+        reached = "not reached" if pd.isna(row.time_to_target_s) else f"after {row.time_to_target_s:.0f} s"
+        parts.append(f"target {100 * row.target_top1:.0f}% {reached}")
+    left_out = f" (not compared: {row.left_out})" if isinstance(row.left_out, str) and row.left_out else ""
+    return f"{row.recipe} ({row.source}): {', '.join(parts)}{left_out}"
 
 
 def plot_recipes(

@@ -48,6 +48,7 @@ TABLE_COLUMNS = [
     "model",
     "image_size",
     "train_images",
+    "epoch_images",
     "seed",
     "epochs",
     "top1",
@@ -66,6 +67,7 @@ TABLE_COLUMNS = [
 SINGLE_RUN = "single run"
 VARIANCE_ARTIFACT = "pca/pca_explained_variance.csv"
 STUDY_RUNS_ARTIFACT = "study/runs.csv"  # a study's results: recipe (its result row), seed, mlflow_run_id, ...
+STUDY_SUMMARY_ARTIFACT = "study/summary.csv"  # its means per result row: final_top1, final_top1_n, ...
 VARIANCE_COLUMNS = ["component", "explained_variance", "explained_variance_ratio", "cumulative_ratio"]
 
 
@@ -90,15 +92,26 @@ def _number(value: str | None) -> int | None:
     return int(value) if value is not None and value.lstrip("-").isdigit() else None
 
 
+def epoch_images(history: pd.DataFrame) -> int | None:
+    """The images the first epoch of ``history`` (one training's curve) trained on, all workers: its images/s times
+    its seconds, which the engine logs as steps x batch x workers over those seconds. Full batches only: the last,
+    partial batch of an epoch is dropped, so a split of 3,000 images in batches of 64 gives 46 x 64 = 2,944. Of one
+    run's history, not of a mean over seeds: the mean rate times the mean time is not the images (it is more)."""
+    times = history[TRAIN_EPOCH_TIME_S].to_numpy(dtype=np.float64)
+    rates = history[TRAIN_IMAGES_PER_S].to_numpy(dtype=np.float64)
+    known = ~(np.isnan(times) | np.isnan(rates))
+    return round(float(rates[known][0] * times[known][0])) if known.any() else None
+
+
 def table_row(
     recipe: Recipe, run: RunRecord, history: pd.DataFrame, final: Mapping[str, float], target_top1: float, resumed: bool
 ) -> dict:
     """One row of the comparison table for a recipe with a run.
 
-    ``history`` is the recipe's curve (``recipe_curve``); ``final`` its last training's final
-    evaluation. ``train_images`` is the number of images one epoch trains on (all workers), as
-    the first epoch's images/s times its seconds; model, image size and seed are the run's
-    logged parameters.
+    ``history`` is the recipe's curve (``recipe_curve``); ``final`` its last training's final evaluation.
+    ``train_images`` is the run's train split as its tag says (the manifest's count, as on every run);
+    ``epoch_images`` the images one epoch trained on (``epoch_images``: full batches, so fewer); model, image size
+    and seed are the run's logged parameters.
     """
     times = history[TRAIN_EPOCH_TIME_S].to_numpy(dtype=np.float64)
     rates = history[TRAIN_IMAGES_PER_S].to_numpy(dtype=np.float64)
@@ -112,7 +125,8 @@ def table_row(
         "env": run["tags"].get("env"),  # runs of different environments train different data
         "model": run["params"].get("model.name"),
         "image_size": _number(run["params"].get("data.image_size")),
-        "train_images": round(float(rates[known][0] * times[known][0])) if known.any() else None,
+        "train_images": _number(run["tags"].get("train_images")),
+        "epoch_images": epoch_images(history),
         "seed": _number(run["params"].get("runtime.seed")),
         "top1": final["top1"],
         "top5": final["top5"],
@@ -319,7 +333,14 @@ def compare(
             " | ".join(f"{recipe}: {differs}" for recipe, differs in differences.items()),
         )
     table = pd.DataFrame(list(rows.values()), columns=TABLE_COLUMNS).astype(
-        {"epochs": "Int64", "epoch_to_target": "Int64", "image_size": "Int64", "train_images": "Int64", "seed": "Int64"}
+        {
+            "epochs": "Int64",
+            "epoch_to_target": "Int64",
+            "image_size": "Int64",
+            "train_images": "Int64",
+            "epoch_images": "Int64",
+            "seed": "Int64",
+        }  # fmt: skip
     )
     left_out = unequal_budgets(table, settings) | other_sources(sources)
     table["left_out"] = table["recipe"].map(left_out).fillna("")
@@ -345,21 +366,43 @@ def _studied(
     reader: RunReader, recipe: Recipe, study: RunRecord, seeds: Mapping[int, Mapping[str, RunRecord]], target: float
 ) -> tuple[pd.DataFrame, dict]:
     """A recipe reported from the study: its per-epoch mean history over ``seeds`` (its trainings' runs by seed)
-    and its table row (the study's run, the means of the seeds' final evaluations)."""
+    and its table row (the study's run, the means of the seeds' final evaluations: the study's own, ``study_means``,
+    where it averaged these seeds)."""
     histories, finals = [], []
+    last = (recipe.trainings or (recipe.name,))[-1]  # the result row of the recipe's final evaluation
     for trained in seeds.values():
         metrics = {
             name: reader.metric_history(child["run_id"], (*EPOCH_KEYS, *FINAL_KEYS)) for name, child in trained.items()
         }
         histories.append(recipe_history(recipe, study["run_id"], metrics))
-        finals.append(final_accuracy(metrics[(recipe.trainings or (recipe.name,))[-1]]))
+        finals.append(final_accuracy(metrics[last]))
     history = mean_history(histories)
     final = {key: float(np.mean([each[key] for each in finals])) for key in ("top1", "top5")}
+    final |= study_means(reader, study, last, len(seeds))
     resumed = any("resumed_from" in child["tags"] for trained in seeds.values() for child in trained.values())
     row = table_row(recipe, study, recipe_curve(history), final, target, resumed)
-    # the study's run is not one training: no single seed, and its wall time is every recipe's
+    # the study's run is not one training: no single seed, and its wall time is every recipe's; the images an epoch
+    # saw are one seed's (every seed's are the same), not the product of the mean rate and the mean time
     row |= {"seed": None, "wall_time_s": math.nan, "source": f"study, {counted(len(seeds), 'seed')}"}
+    row["epoch_images"] = epoch_images(recipe_curve(histories[0]))
     return history, row
+
+
+def study_means(reader: RunReader, study: RunRecord, result: str, seeds: int) -> dict[str, float]:
+    """The study's own means of ``result``'s final top-1/top-5 (its ``summary.csv``) when they are over ``seeds``
+    seeds, the ones the report read: so comparison.csv shows the number summary.csv shows, not a second computation
+    of it that may round the other way (the study averages its runs.csv, rounded to six digits, and 0.2666665 then
+    reads 0.266666 where the mean of the unrounded metrics reads 0.266667). Empty where the study has no such row."""
+    summary = reader.artifact_csv(study["run_id"], STUDY_SUMMARY_ARTIFACT)
+    if summary is None or "recipe" not in summary:
+        return {}
+    rows = summary[summary["recipe"] == result]
+    averaged = [key for key in ("top1", "top5") if {f"final_{key}", f"final_{key}_n"} <= set(summary.columns)]
+    return {
+        key: float(rows[f"final_{key}"].iloc[0])
+        for key in averaged
+        if len(rows) and rows[f"final_{key}_n"].iloc[0] == seeds
+    }
 
 
 def other_sources(sources: Mapping[str, str]) -> dict[str, str]:

@@ -18,7 +18,11 @@ from trainlib import fast_dev_run
 from trainlib.readable import counted
 from trainlib.report.runs import RunReader, RunRecord
 
-DIFFERENCE_COLUMNS = ["comparison", "measure", "mean", "ci_low", "ci_high", "n", "unit", "budget", "source"]
+# seeds_to_decide: the study's estimate (study.statistics.seeds_to_decide) of the seeds whose interval would exclude no
+# effect at the spread seen; empty for single runs and for a study's paired.csv of before the estimate
+DIFFERENCE_COLUMNS = [
+    "comparison", "measure", "mean", "ci_low", "ci_high", "n", "seeds_to_decide", "unit", "budget", "source"
+]  # fmt: skip
 LEFT_OUT_COLUMNS = ["comparison", "reason"]
 # differences of accuracies: fractions from the runs, points (x 100) in every table
 ACCURACY_DIFFERENCES = ("final_top1_difference", "final_top5_difference", "final_mlm_accuracy_difference")
@@ -29,6 +33,10 @@ POINTS, RATIO, LOSS = "pt", "ratio", "loss"
 POINT_DECIMALS = 2  # points and ratios are printed and stored with two decimals
 LOSS_DECIMALS = 3
 SINGLE_RUNS = "single runs at equal budget"
+# A study's interval needs this many seeds: with 2, Student's t has one degree of freedom (quantile 12.7), so the
+# interval of an accuracy difference nearly always spans everything it can be, [-100, +100] pt, and says nothing; the
+# report gives the seeds it would take instead
+MIN_SEEDS = 3
 MEASURE_NAMES = {
     "final_top1_difference": "final top-1",
     "final_top5_difference": "final top-5",
@@ -129,8 +137,12 @@ def single_run_differences(
 
 def study_differences(paired: pd.DataFrame, seeds: int, epochs: int | None) -> pd.DataFrame:
     """The study's paired differences (``study.statistics.paired_differences``, or its ``paired.csv`` in points),
-    in points and labelled with its seeds and budget."""
+    in points and labelled with its seeds and budget; a row of fewer than ``MIN_SEEDS`` seeds has no interval."""
     table = in_points(paired)
+    if "seeds_to_decide" not in table:
+        table["seeds_to_decide"] = math.nan
+    too_few = table["n"] < MIN_SEEDS  # no interval below MIN_SEEDS: readable() says how many seeds it would take
+    table.loc[too_few, ["ci_low", "ci_high"]] = math.nan
     table["budget"] = _budget(epochs) if epochs else "the study's"
     table["source"] = f"study, {counted(seeds, 'seed')}"
     return table[DIFFERENCE_COLUMNS]
@@ -198,10 +210,26 @@ def _has_interval(row) -> bool:
     return math.isfinite(row.ci_low) and math.isfinite(row.ci_high)
 
 
+def seeds_needed(row) -> str:
+    """Why a study's row has no interval and how many seeds would give one: ``from 2 seeds, too few for a 95 %
+    interval; about 11 seeds would decide at this spread``. The count is the study's ``seeds_to_decide`` where it is
+    more than ``MIN_SEEDS``, else ``MIN_SEEDS``, the fewest that give an interval at all."""
+    n = int(row.n)
+    needed = row.seeds_to_decide
+    where = f"from {counted(n, 'seed')}, too few for a 95 % interval"
+    if n < 2:
+        return f"{where} (one has no spread); run at least {MIN_SEEDS}"
+    if not math.isfinite(needed):  # the mean is no effect itself, or no affordable count would tell it from none
+        return f"{where}; at this spread no number of seeds would tell it from no difference"
+    if needed > MIN_SEEDS:
+        return f"{where}; about {needed:.0f} seeds would decide at this spread"
+    return f"{where}; run at least {MIN_SEEDS}"
+
+
 def verdict(differences: pd.DataFrame) -> str:
     """One sentence: who won the first comparison (the study's where there is one), by how much, with the 95 %
     interval of the paired difference; ``Inconclusive`` when the interval spans zero or there is none (one run
-    each)."""
+    each, or a study of fewer than ``MIN_SEEDS`` seeds: then with the seeds it would take, ``seeds_needed``)."""
     headline = differences[differences["measure"].isin(HEADLINE_MEASURES)]
     if headline.empty:
         return (
@@ -213,6 +241,8 @@ def verdict(differences: pd.DataFrame) -> str:
     ours, theirs = row.comparison.split(" vs ")
     what = MEASURE_NAMES[row.measure]
     where = f"{row.source}, {row.budget}"
+    if not _has_interval(row) and row.source != SINGLE_RUNS:
+        return f"Inconclusive: {ours} - {theirs} is {_number(row.mean, row.unit)} {what} {seeds_needed(row)} ({where})."
     if not _has_interval(row):
         return (
             f"Inconclusive: {ours} - {theirs} is {_number(row.mean, row.unit)} {what} from one run each ({where}), "
@@ -233,7 +263,11 @@ def verdict(differences: pd.DataFrame) -> str:
 def _cell(row) -> str:
     if row.n == 0 or not math.isfinite(row.mean):
         return "—"
-    return _number(row.mean, row.unit) + (f" {_interval(row)}" if _has_interval(row) else "")
+    if _has_interval(row):
+        return f"{_number(row.mean, row.unit)} {_interval(row)}"
+    if row.source == SINGLE_RUNS:  # one run each: the heading says there is no interval
+        return _number(row.mean, row.unit)
+    return f"{_number(row.mean, row.unit)} ({seeds_needed(row)})"
 
 
 def readable(differences: pd.DataFrame, left_out: pd.DataFrame | None = None, *, target_top1: float) -> str:
