@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from pipelines.hooks.config_files import configuration_env
@@ -127,8 +128,9 @@ def test_the_closing_links_open_shared_views_that_chart_each_run_and_list_the_he
 def test_each_compared_run_is_named_once_even_when_a_child_is_named_with_its_parent(tmp_path: Path):
     import mlflow
 
-    from pipelines.tracking.links import COMPARED_RUNS_TAG, record_compared_runs, runs_to_compare
+    from pipelines.tracking.links import COMPARED_RUNS_TAG, closing_links, record_compared_runs, runs_to_compare
     from tests.support.runner import process_state_kept
+    from tests.support.views import linked_view
 
     # a store and an experiment of its own, for this test only (MLflow's are process-wide)
     with process_state_kept(tmp_path):
@@ -144,6 +146,15 @@ def test_each_compared_run_is_named_once_even_when_a_child_is_named_with_its_par
         tag = mlflow.MlflowClient().get_run(report.info.run_id).data.tags[COMPARED_RUNS_TAG]
         assert sorted(tag.split(",")) == sorted([parent.info.run_id, stage2.info.run_id, control.info.run_id])
         assert sorted(runs_to_compare(report.info.run_id)) == sorted([stage2.info.run_id, control.info.run_id])
+        # the report's runs table lists what it compared, not the experiment's other runs (a FAILED one here)
+        with mlflow.start_run() as failed:
+            mlflow.log_metric("val/top1", 0.9, step=1)
+        mlflow.MlflowClient().set_terminated(failed.info.run_id, "FAILED")
+        uri = mlflow.get_tracking_uri()
+        _, table = closing_links("http://127.0.0.1:5000", report.info.run_id)
+        listed = re.fullmatch(r"attributes\.run_id IN \((.*)\)", linked_view(uri, table)["searchFilter"])[1]
+        assert sorted(listed.split(", ")) == sorted(f"'{run.info.run_id}'" for run in (stage2, control))
+        assert "searchFilter" not in linked_view(uri, closing_links("http://127.0.0.1:5000", parent.info.run_id)[1])
 
 
 def test_each_recipe_has_its_own_colour_family_and_each_seed_its_own_shade():

@@ -98,9 +98,15 @@ def _column(kind: str, key: str) -> str:
     return f"{kind}.`{key}`"  # the runs table's name of a column (metrics.`final/top1`)
 
 
-def table_view(headline: Sequence[str], epochs_params: Sequence[str]) -> dict:
+def only_runs(run_ids: Sequence[str]) -> str:
+    """The runs page's filter that shows the runs ``run_ids`` and no other."""
+    return "attributes.run_id IN ({})".format(", ".join(f"'{run_id}'" for run_id in run_ids))
+
+
+def table_view(headline: Sequence[str], epochs_params: Sequence[str], run_ids: Sequence[str] | None = None) -> dict:
     """A shared view of the runs table: the ``headline`` metrics (``final/top1``, …) and the ``epochs_params`` as
-    columns beside each run's name, the runs ordered by the first headline metric, best first, every run drawn."""
+    columns beside each run's name, the runs ordered by the first headline metric, best first, every run drawn;
+    with ``run_ids``, only those runs (the report's: what it compared, not every run of the experiment)."""
     columns = [_column("metrics", key) for key in headline]
     columns += [_column("params", key) for key in epochs_params] + [_column("tags", "seed")]
     return {
@@ -108,6 +114,7 @@ def table_view(headline: Sequence[str], epochs_params: Sequence[str]) -> dict:
         "orderByKey": columns[0],
         "orderByAsc": False,
         "runsHiddenMode": "SHOW_ALL",
+        **({"searchFilter": only_runs(run_ids)} if run_ids else {}),
     }
 
 
@@ -142,10 +149,9 @@ def comparison_view(run_ids: Sequence[str], metrics: Sequence[str], table: Mappi
         }
         for index, metric in enumerate(metrics)
     ]
-    ids = ", ".join(f"'{run_id}'" for run_id in run_ids)
     return {
         **table,
-        "searchFilter": f"attributes.run_id IN ({ids})",
+        "searchFilter": only_runs(run_ids),
         "compareRunCharts": charts,
         "compareRunSections": [
             {"uuid": section, "name": "compared runs", "display": True, "isReordered": True, "deleted": False}
@@ -206,8 +212,10 @@ def runs_to_compare(run_id: str, metric: str = VAL_TOP1) -> list[str]:
 def closing_links(base: str, run_id: str) -> tuple[str | None, str]:
     """A ``kedro run``'s two links: the chart view of the runs it trained or compared (``runs_to_compare``; None
     when none logged a charted metric) and its experiment's runs table, each a shared view (``share_view``) with
-    the headline columns of the first family of ``CHARTED`` its runs logged."""
+    the headline columns of the first family of ``CHARTED`` its runs logged. A report's table lists the runs it
+    compared alone: the whole experiment put FAILED runs and runs of unequal budget it left out above them."""
     experiment_id = experiment_of(run_id)
+    reported = COMPARED_RUNS_TAG in mlflow.MlflowClient().get_run(run_id).data.tags
     for metrics, headline in CHARTED:
         compared = {metric: runs_to_compare(run_id, metric) for metric in metrics}
         charted = [metric for metric in metrics if compared[metric]]
@@ -215,7 +223,8 @@ def closing_links(base: str, run_id: str) -> tuple[str | None, str]:
             runs = list(dict.fromkeys(run for metric in charted for run in compared[metric]))
             table = table_view(headline, epochs_params(runs))
             charts = share_view(experiment_id, comparison_view(runs, charted, table))
+            listed = table_view(headline, epochs_params(runs), runs) if reported else table
             return comparison_url(base, experiment_id, charts), runs_page_url(
-                base, experiment_id, share_view(experiment_id, table)
+                base, experiment_id, share_view(experiment_id, listed)
             )
     return None, runs_page_url(base, experiment_id, share_view(experiment_id, table_view(CHARTED[0][1], [])))
