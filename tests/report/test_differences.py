@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from pipelines.tracking.reader import MlflowRunReader
+from tests.support.report_files import assert_honest_figures
 from tests.support.stores import EXPERIMENT
 from trainlib.readable import float_text, write_csv
 from trainlib.report.compare import compare
@@ -25,7 +26,7 @@ from trainlib.report.differences import (
     study_differences,
     verdict,
 )
-from trainlib.report.figures import compared_histories
+from trainlib.report.figures import compared_histories, figures
 from trainlib.study.statistics import paired_differences, summarise
 
 FINALS = {
@@ -346,6 +347,7 @@ def test_the_table_figures_and_runs_of_a_studied_recipe_are_the_studys(study_wit
     # the figures draw both, from the seeds' mean; the link charts the four trainings, not the 5-epoch default run
     drawn = compared_histories(comparison.histories, comparison.table)
     assert drawn.groupby("recipe")["val/top1"].mean().to_dict() == pytest.approx(means)
+    assert_honest_figures(figures(drawn, comparison.explained_variance, TARGET))  # one epoch: tick 1, not 0.945
     assert sorted(comparison.read_runs) == sorted(trainings.values()) and default not in comparison.read_runs
 
     # a pinned run comes first: the baseline's single run beside thor's study means is not a pair, and says so

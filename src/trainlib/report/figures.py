@@ -64,13 +64,21 @@ def _curves(histories: pd.DataFrame, x: str, y: str, xlabel: str, ylabel: str, t
             rotation=90, fontsize=8, ha="right", va="bottom", color=colours[recipe],
         )  # fmt: skip
     if x == "epoch":
-        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        whole_epochs(axes, histories["epoch"])
     axes.set_xlabel(xlabel)
     axes.set_ylabel(ylabel)
     axes.set_title(title)
     axes.grid(alpha=0.3)
     axes.legend()
     return figure, axes
+
+
+def whole_epochs(axes, epochs: pd.Series) -> None:
+    """Ticks at whole epochs only, the axis half an epoch wider than the epochs drawn: matplotlib's integer locator
+    falls back to fractions (0.945 ... 1.050) when the axis holds fewer than two whole numbers, as one epoch does."""
+    if len(epochs):
+        axes.set_xlim(float(epochs.min()) - 0.5, float(epochs.max()) + 0.5)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
 
 
 def top1_figure(histories: pd.DataFrame, x: str = "epoch", target_top1: float | None = None) -> Figure:
@@ -86,8 +94,12 @@ def top1_figure(histories: pd.DataFrame, x: str = "epoch", target_top1: float | 
 
 
 def loss_figure(histories: pd.DataFrame) -> Figure:
-    """Training loss (mean over each epoch) against epoch, one line per recipe."""
-    figure, _ = _curves(histories, "epoch", TRAIN_LOSS, "epoch", "training loss (mean over the epoch)", "Training loss")
+    """Training loss (mean over each epoch) against epoch, one line per recipe, the y axis from zero: fitted to the
+    lines alone, it spanned 1.8045-1.8088 for two recipes 0.004 apart, a gap it drew as half the figure."""
+    figure, axes = _curves(
+        histories, "epoch", TRAIN_LOSS, "epoch", "training loss (mean over the epoch)", "Training loss"
+    )
+    axes.set_ylim(bottom=0)
     return figure
 
 
