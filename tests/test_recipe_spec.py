@@ -33,7 +33,6 @@ NOT_YET_DERIVED = {
     ("pipelines/dim_reduce/pipeline.py", "create_pipeline"),
     ("pipelines/pipeline_registry.py", "PIPELINE_NAMES"),
     ("pipelines/pipeline_registry.py", "register_pipelines"),
-    ("pipelines/study/nodes.py", "prepare_inputs"),
     ("pipelines/thor_bert/pipeline.py", "TRAININGS"),
     ("trainlib/fast_dev_run.py", "SECTION_RULES"),
     ("trainlib/fast_dev_run.py", "_thor_bert"),
@@ -45,12 +44,6 @@ NOT_YET_DERIVED = {
     ("trainlib/report/compare.py", "study_trainings"),
     ("trainlib/report/compare.py", "unequal_budgets"),
     ("trainlib/report/differences.py", "single_run_differences"),
-    ("trainlib/study/runner.py", "_TRAINERS"),
-    ("trainlib/study/runner.py", "_configuration"),
-    ("trainlib/study/runner.py", "_train_adasum"),
-    ("trainlib/study/runner.py", "_train_dim_reduce"),
-    ("trainlib/study/runner.py", "_train_single"),
-    ("trainlib/study/runner.py", "_train_thor_bert"),
 }
 # the same words, other meanings: mindspore.boost's algorithm names, and THOR's schedule shape
 NOT_RECIPES = {

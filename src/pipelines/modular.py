@@ -41,8 +41,8 @@ def namespaced(
     """
     inputs = dict(inputs or {})
     free = template.inputs()
-    kept = {name: name for name in free if not name.startswith(PARAMS_PREFIX) and name not in inputs}
-    parameters = {name: _section_key(name, sections or {}) for name in free if name.startswith(PARAMS_PREFIX)}
+    kept = {name: name for name in free if not _is_parameter(name) and name not in inputs}
+    parameters = {name: _section_key(name, sections or {}) for name in free if _is_parameter(name)}
     return pipeline(
         template,
         namespace=namespace,
@@ -50,6 +50,11 @@ def namespaced(
         outputs=dict(outputs or {}) or None,
         parameters=parameters or None,
     )
+
+
+def _is_parameter(name: str) -> bool:
+    """A section or key (``params:thor``), or Kedro's whole configuration (``parameters``)."""
+    return name.startswith(PARAMS_PREFIX) or name == "parameters"
 
 
 def _section_key(name: str, sections: Mapping[str, str]) -> str:

@@ -40,6 +40,7 @@ VAL_STEP_TOP5 = "val/step_top5"
 TRAIN_ELAPSED_S = "train/elapsed_s"  # training seconds from epoch 1 to this step, evaluations and compilations excluded
 EVAL_TIME_S = "eval/time_s"  # seconds this evaluation took (not part of any training time)
 STEP_KEYS = (VAL_STEP_TOP1, VAL_STEP_TOP5, TRAIN_ELAPSED_S, EVAL_TIME_S)
+STEPS_PER_EPOCH = "steps_per_epoch"  # the step-history table's column: the training's steps in one epoch
 VAL_STEP_MLM_ACCURACY = "val/step_mlm_accuracy"  # a language model's, on its step-evaluation subset
 VAL_STEP_MLM_LOSS = "val/step_mlm_loss"
 
@@ -82,3 +83,23 @@ def history_table(history: Sequence[Mapping[str, float]]) -> pd.DataFrame:
         return pd.DataFrame(columns=["epoch", *EPOCH_KEYS])
     table["epoch"] = table["epoch"].astype(int)
     return table
+
+
+def step_history_table(rows: Sequence[Mapping[str, float]], steps_per_epoch: int) -> pd.DataFrame:
+    """The step evaluations as the step-history dataset: column ``step``, the evaluation's keys, and
+    ``steps_per_epoch`` (the training's, on every row: a step reads as epochs, ``step / steps_per_epoch``)."""
+    table = pd.DataFrame(list(rows))
+    if table.empty:
+        return pd.DataFrame(columns=[STEP_KEY, STEPS_PER_EPOCH])
+    table[STEP_KEY] = table[STEP_KEY].astype(int)
+    table[STEPS_PER_EPOCH] = steps_per_epoch
+    return table
+
+
+def table_rows(table: pd.DataFrame) -> list[dict[str, float]]:
+    """A history or step-history table back as rows of plain numbers, an empty cell (an epoch without evaluation)
+    left out, as the engine's rows have no such key."""
+    return [
+        {key: value.item() if hasattr(value, "item") else value for key, value in row.items() if not pd.isna(value)}
+        for row in table.to_dict("records")
+    ]

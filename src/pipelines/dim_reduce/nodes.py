@@ -34,9 +34,9 @@ STAGE2_MINUS_CONTROL_TOP1 = "dim_reduce/stage2_minus_control_top1"
 
 def train_stage1(
     initial_weights: Checkpoint, context: TrainingContext, stage1: Stage1Params, boost: BoostParams
-) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
+) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Momentum to ``stage1.epochs`` of a ``stage1.schedule_epochs`` schedule, keeping the weight trajectory: the
-    checkpoint of the last step, the per-epoch history and the trajectory index."""
+    checkpoint of the last step, the per-epoch and step histories and the trajectory index."""
     result, index = on_every_rank(
         dim_reduce.train_stage1, context, initial_weights, stage1, boost=boost, callbacks=[tracking.EpochMetrics()]
     )
@@ -85,10 +85,10 @@ def train_stage2(
     pca_matrix: np.ndarray,
     context: TrainingContext,
     stage2: Stage2Params,
-) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
+) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """P-BFGS in the PCA subspace for ``stage2.epochs`` epochs from the stage-1 weights (``implementation:
     mindspore_builtin``: ``mindspore.boost``'s DimReduce instead, in a process of its own): the final checkpoint, the
-    per-epoch history and the per-step table."""
+    per-epoch and step histories and the per-step table."""
     callbacks = [tracking.EpochMetrics()]
     if stage2.implementation == "mindspore_builtin":
         handoff = tracking.MlflowRunHandoff.capture()
@@ -110,7 +110,7 @@ def train_control(
     stage2: Stage2Params,
     control: ControlParams,
     boost: BoostParams,
-) -> tuple[Checkpoint, pd.DataFrame]:
+) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
     """Momentum continued from the stage-1 checkpoint (stage 1's recipe) for as many epochs as stage 2 trains."""
     result = on_every_rank(
         dim_reduce.train_control, context, stage1_checkpoint, stage1, stage2, control, boost=boost,

@@ -32,7 +32,7 @@ def create_pipeline(**kwargs) -> Pipeline:
             node(
                 train_stage1,
                 ["initial_weights", "training_context", f"params:{RECIPE}", "params:boost"],
-                ["final_checkpoint", "history", "trajectory_index"],
+                ["final_checkpoint", "history", "step_history", "trajectory_index"],
                 name="train_stage1",
             ),
             evaluate_node(),
@@ -61,7 +61,7 @@ def create_pipeline(**kwargs) -> Pipeline:
             node(
                 train_stage2,
                 ["stage1_checkpoint", "pca_matrix", "training_context", "params:stage2"],
-                ["final_checkpoint", "history", "steps"],
+                ["final_checkpoint", "history", "step_history", "steps"],
                 name="train_stage2",
             ),
             evaluate_node(),
@@ -81,7 +81,7 @@ def create_pipeline(**kwargs) -> Pipeline:
                     "params:control",
                     "params:boost",
                 ],
-                ["final_checkpoint", "history"],
+                ["final_checkpoint", "history", "step_history"],
                 name="train_control",
             ),
             evaluate_node(),

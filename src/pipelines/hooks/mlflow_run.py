@@ -118,14 +118,16 @@ class MlflowRunHooks:
         # models.
         # Either way, a password in a parameter (a storage URL's) is masked before kedro-mlflow logs it.
         # A study node's recipe sections are logged as the study trains them (baseline.epochs is study.epochs).
+        # The whole configuration (``parameters``, the study's) is logged section by section, as a section is.
         raw_params = self._configuration.configuration.raw_params
+        if "parameters" in inputs:
+            del inputs["parameters"]
+            inputs.update({f"params:{section}": value for section, value in raw_params.items()})
         for name, value in inputs.items():
-            if name.startswith("params:") or name == "parameters":
+            if name.startswith("params:"):
                 logged = raw_value(raw_params, name) if isinstance(value, BaseModel) else value
                 if node.namespace == STUDY and self._study_budget:
-                    logged = with_values(
-                        logged, name.removeprefix("params:").removeprefix("parameters"), self._study_budget
-                    )
+                    logged = with_values(logged, name.removeprefix("params:"), self._study_budget)
                 inputs[name] = redact_value(logged)
 
     @hook_impl(trylast=True)  # after kedro-mlflow's hook has started the run

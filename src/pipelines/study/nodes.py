@@ -12,19 +12,11 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from pipelines import tracking
+from pipelines.study.recipe_runs import RecipePipelines, plain
 from trainlib.metrics import VAL_STEP_MLM_ACCURACY, VAL_STEP_TOP1
-from trainlib.params import (
-    BoostParams,
-    DimReduceParams,
-    ImageRecipe,
-    StudyParams,
-    TargetParams,
-    ThorBertParams,
-)
-from trainlib.recipes.context import TrainingContext
-from trainlib.recipes.language_model import prepare_language_model
+from trainlib.params import StudyParams, TargetParams, ThorBertParams
 from trainlib.report.differences import in_points
-from trainlib.study.runner import StudyInputs, StudyPlan, run_study
+from trainlib.study.runner import StudyPlan, run_study
 from trainlib.study.statistics import (
     MEASURES,
     curves_figure,
@@ -38,32 +30,18 @@ from trainlib.study.tuning import CHOICE_COLUMNS, choices_rows, run_tuned_study,
 logger = logging.getLogger(__name__)
 
 
-def prepare_inputs(
-    context: TrainingContext,
-    baseline: ImageRecipe,
-    thor: ImageRecipe,
-    dim_reduce: DimReduceParams,
-    adasum: ImageRecipe,
-    boost: BoostParams,
-    thor_bert: ThorBertParams,
-    study: StudyParams,
-) -> StudyInputs:
-    """The data and shared sections, every recipe's own section and, when ``study.recipes`` has thor_bert, its
-    corpus split, tokenizer and examples, prepared once for all its trainings."""
-    language = (
-        prepare_language_model(thor_bert, context.runtime, context.distributed)
-        if "thor_bert" in study.recipes
-        else None
-    )
-    return StudyInputs(context, baseline, thor, dim_reduce, adasum, boost, thor_bert, language)
-
-
 def run_recipes(
-    inputs: StudyInputs, study: StudyParams, target: TargetParams
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    parameters: dict,
+    study: StudyParams,
+    target: TargetParams,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Every recipe of ``study.recipes`` over every seed of ``study.seeds`` (those not finished earlier); with
-    ``study.tuning.trials`` > 0 each recipe's trainings are first tuned (``study.tuning``; thor_bert's two each
-    with their own trials, on ``thor_bert.target_mlm_accuracy``) and their best values train on those seeds.
+    """Every recipe of ``study.recipes`` over every seed of ``study.seeds`` (those not finished earlier), each
+    seed's trainings the recipe's own pipeline (``recipe_runs``) on the data pipeline's ``manifest`` and
+    ``class_index`` and the configuration ``parameters``; with ``study.tuning.trials`` > 0 each recipe's trainings
+    are first tuned (``study.tuning``; thor_bert's two each with their own trials, on
+    ``thor_bert.target_mlm_accuracy``) and their best values train on those seeds.
 
     Returns one row per result (``statistics.RUN_COLUMNS``: final top-1/top-5 on val after the last epoch, time,
     steps and epochs to ``target.top1`` at step resolution, training seconds; thor_bert's rows: the held-out
@@ -71,17 +49,18 @@ def run_recipes(
     (``statistics.CURVE_COLUMNS``: top-1/top-5, or masked-LM accuracy, on the step subset against training seconds)
     and the tuning's chosen values beside the documented ones (``CHOICE_COLUMNS``; no rows without tuning).
     """
-    target_mlm_accuracy = inputs.thor_bert.target_mlm_accuracy
+    target_mlm_accuracy = plain(parameters)["thor_bert"]["target_mlm_accuracy"]
     targets = {VAL_STEP_TOP1: target.top1, VAL_STEP_MLM_ACCURACY: target_mlm_accuracy}
     plan = StudyPlan(
         study.recipes, study.seeds, study.epochs, study.eval_every_steps, Path(study.dir), study.adasum_workers
     )
+    trainer = RecipePipelines(parameters, manifest, class_index, plan)
     tunings = []
-    study_runs = tracking.StudyRuns({"top1": target.top1, "mlm_accuracy": target_mlm_accuracy})
+    study_runs = tracking.StudyRuns()
     if study.tuning.trials:
-        records, tunings = run_tuned_study(inputs, plan, study_runs, tuning=study.tuning, targets=targets)
+        records, tunings = run_tuned_study(trainer, plan, study_runs, tuning=study.tuning, targets=targets)
     else:
-        records = run_study(inputs, plan, study_runs)
+        records = run_study(trainer, plan, study_runs)
     choices = pd.DataFrame(choices_rows(tunings, tuning=study.tuning), columns=CHOICE_COLUMNS)
     return runs_table(records, targets), curves_table(records), choices
 

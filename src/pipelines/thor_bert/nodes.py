@@ -101,10 +101,10 @@ def language_context(
 
 def train(
     initial_weights: Checkpoint, context: LanguageModelContext, recipe: LanguageRecipe, target_mlm_accuracy: float
-) -> tuple[Checkpoint, pd.DataFrame]:
+) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
     """The section's training from the initial weights: THOR (every Dense layer preconditioned, then Momentum) or
-    the first-order control (AdamWeightDecay or Lamb); the final checkpoint and the per-epoch history. A rerun
-    resumes from ``<section>.checkpoint.dir``. The run gets when it first reached ``target_mlm_accuracy``
+    the first-order control (AdamWeightDecay or Lamb); the final checkpoint and the per-epoch and step histories.
+    A rerun resumes from ``<section>.checkpoint.dir``. The run gets when it first reached ``target_mlm_accuracy``
     (``target/epochs``, …)."""
     callbacks = [tracking.EpochMetrics(), tracking.TimeToTarget(target_mlm_accuracy, "mlm_accuracy")]
     return training_outputs(on_every_rank(train_bert, context, initial_weights, recipe, callbacks=callbacks))

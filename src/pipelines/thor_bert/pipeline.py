@@ -70,7 +70,7 @@ def training_pipeline(training: str) -> Pipeline:
             node(
                 train,
                 ["initial_weights", "training_context", "params:recipe", "params:target_mlm_accuracy"],
-                ["final_checkpoint", "history"],
+                ["final_checkpoint", "history", "step_history"],
                 name="train",
             ),
             node(evaluate, ["final_checkpoint", "training_context"], "eval_report", name="evaluate"),

@@ -13,7 +13,7 @@ from mlflow.exceptions import MlflowException
 
 from pipelines.tracking.naming import RUN_COLOUR_TAG, run_colour
 from pipelines.tracking.runs import run_identity
-from pipelines.tracking.writer import EpochMetrics, TimeToTarget, log_final, log_params, set_tags
+from pipelines.tracking.writer import log_final, log_params, set_tags
 from trainlib.engine.callbacks import Callback
 from trainlib.redaction import redact, redact_value
 
@@ -89,11 +89,8 @@ def study_title(name: str) -> str:
 
 class StudyRuns:
     """MLflow for a study (``study.runner.StudyTracking``): each training a child run of the study's run (named
-    ``study_title``), with its tags, per-epoch rows (``EpochMetrics``), when it first reached its target
-    (``TimeToTarget``: ``targets`` maps a measure, ``top1`` or ``mlm_accuracy``, to its target) and final accuracy."""
-
-    def __init__(self, targets: Mapping[str, float] | None = None):
-        self.targets = dict(targets or {})
+    ``study_title``), with its tags and final accuracy; its nodes log their per-epoch rows and when they first
+    reached the target, as in a ``kedro run``."""
 
     @contextmanager
     def run(self, name: str, tags: Mapping[str, str], params: Mapping[str, object]) -> Iterator[str | None]:
@@ -104,7 +101,7 @@ class StudyRuns:
             yield None if run is None else run.info.run_id
 
     def callbacks(self) -> list[Callback]:
-        return [EpochMetrics(), *(TimeToTarget(target, measure) for measure, target in self.targets.items())]
+        return []  # the nodes' own: nothing to add
 
     def log_final(self, accuracy: Mapping[str, float]) -> None:
         log_final(accuracy)

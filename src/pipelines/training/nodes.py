@@ -11,7 +11,7 @@ from pipelines import tracking
 from trainlib.distributed.launch import on_every_rank
 from trainlib.engine.checkpoint import Checkpoint
 from trainlib.engine.loop import TrainingResult
-from trainlib.metrics import history_table
+from trainlib.metrics import history_table, step_history_table
 from trainlib.params import (
     BoostParams,
     DataParams,
@@ -54,10 +54,10 @@ def train(
     recipe: ImageRecipe,
     boost: BoostParams,
     target: TargetParams,
-) -> tuple[Checkpoint, pd.DataFrame]:
+) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
     """The recipe's whole training from the initial weights (``recipes.registry``: Momentum, Adasum or THOR by
     its section; mindspore.boost's options in ``boost`` apply to the Momentum baseline): the final checkpoint and
-    the per-epoch history; the run gets when it first reached ``target.top1`` (``target/epochs``, …). With
+    the per-epoch and step histories; the run gets when it first reached ``target.top1`` (``target/epochs``, …). With
     ``distributed.worker_num`` above 1 it trains
     on that many msrun workers; a rerun resumes from the newest checkpoint in ``<recipe>.checkpoint.dir``."""
     check_launch(recipe, context.distributed)
@@ -70,11 +70,17 @@ def callbacks(target: TargetParams) -> list:
     return [tracking.EpochMetrics(), tracking.TimeToTarget(target.top1)]
 
 
-def training_outputs(result: TrainingResult) -> tuple[Checkpoint, pd.DataFrame]:
-    """A training node's outputs: the final checkpoint and the history table; its end-of-training figures
+def training_outputs(result: TrainingResult) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
+    """A training node's outputs: the final checkpoint, the history table and the step-history table (the
+    evaluations every ``eval_every_steps`` steps: what time to target is read on); its end-of-training figures
     (``distributed/replica_max_abs_diff``) go to the run."""
     tracking.log_metrics(result.summary)
-    return result.checkpoint, history_table(result.history)
+    result.release()  # the node is done with the trained step: a study trains on in this process
+    return (
+        result.checkpoint,
+        history_table(result.history),
+        step_history_table(result.step_history, result.steps_per_epoch),
+    )
 
 
 def evaluate(checkpoint: Checkpoint, context: TrainingContext) -> dict:

@@ -49,7 +49,7 @@ def training_pipeline(section: str) -> Pipeline:
     train_node = node(
         train,
         ["initial_weights", "training_context", f"params:{RECIPE}", "params:boost", "params:target"],
-        ["final_checkpoint", "history"],
+        ["final_checkpoint", "history", "step_history"],
         name="train",
     )
     template = pipeline([context_node(), build_node(), train_node, evaluate_node(), export_node()])

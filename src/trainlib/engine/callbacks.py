@@ -7,7 +7,9 @@ names (``"epoch": 1``, ``epoch_0001.ckpt``), as MLflow steps and people count th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +43,28 @@ class Callback:
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None: ...
     def on_step_evaluation(self, row: Mapping[str, float]) -> None: ...
     def on_train_end(self) -> None: ...
+
+
+# Callbacks of whoever runs a recipe's code without calling the engine itself: the study runs a recipe's Kedro
+# pipeline, whose nodes choose their own callbacks, and its tuning still has to see each training's step evaluations
+# (Optuna's pruner). Scoped to a context, not global: a training elsewhere in the process sees none of them.
+_OBSERVERS: ContextVar[tuple[Callback, ...]] = ContextVar("trainlib_training_observers", default=())
+
+
+@contextmanager
+def observing_trainings(callbacks: Sequence[Callback]) -> Iterator[None]:
+    """Every training the engine runs in this context (this thread; not msrun's other processes) also calls
+    ``callbacks``, after its own."""
+    token = _OBSERVERS.set((*_OBSERVERS.get(), *callbacks))
+    try:
+        yield
+    finally:
+        _OBSERVERS.reset(token)
+
+
+def training_observers() -> tuple[Callback, ...]:
+    """The callbacks ``observing_trainings`` added in this context."""
+    return _OBSERVERS.get()
 
 
 class CallbackList(Callback):

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from trainlib.data.folder import dataset_figures
 from trainlib.distributed.launch import rank_context, verify_replicas
-from trainlib.engine.callbacks import Callback, CallbackList, ConstantFigures, PeriodicCheckpoint
+from trainlib.engine.callbacks import Callback, CallbackList, ConstantFigures, PeriodicCheckpoint, training_observers
 from trainlib.engine.checkpoint import Checkpoint, load_checkpoint
 from trainlib.engine.epochs import EpochLoop, TrainingSpec
 from trainlib.engine.fit import FitLoop
@@ -170,7 +170,7 @@ def train(
         return Checkpoint(step.capture(), state)
 
     progress = ProgressReporter(spec.batch_size, THROUGHPUT_UNITS[spec.throughput_key])
-    chosen: list[Callback] = [progress, ConstantFigures(dataset_figures(dataset)), *callbacks]
+    chosen: list[Callback] = [progress, ConstantFigures(dataset_figures(dataset)), *callbacks, *training_observers()]
     if checkpoints is not None and rank_context().is_node_leader:  # the other ranks hold the same state
         chosen.append(
             PeriodicCheckpoint(capture, checkpoints.directory, checkpoints.every_epochs, checkpoints.keep_last)

@@ -16,6 +16,9 @@ class AdasumParams(MomentumTraining, ImageRecipe):
     exchange: Literal["auto", AdasumExchange]  # auto: default_exchange of trainlib.optim.adasum
     average_batchnorm_statistics: bool
     epochs: PositiveInt
+    # the ranks' updates combined by Adasum (the recipe), or their gradients averaged (false: plain data parallelism,
+    # the study's control on the same ranks)
+    combine_by_adasum: bool
 
 
 # The adasum section's training on study.adasum_workers ranks, the updates combined by Adasum and by averaging
@@ -26,9 +29,10 @@ RECIPES = (
         AdasumParams,
         (
             ResultRow("adasum", "adasum", ("allreduce",), colour=ADASUM),
-            ResultRow("allreduce", "adasum", colour=ALL_REDUCE),
+            ResultRow("allreduce", "adasum", colour=ALL_REDUCE, values=(("adasum.combine_by_adasum", False),)),
         ),
         colour=ADASUM,
+        several_ranks=True,
         report=ReportRuns(("adasum",)),
     ),
 )

@@ -42,7 +42,12 @@ class ResultRow:
     ``result`` tag). ``section``: the dotted configuration section it trains with; ``paired_with``: the rows it is
     compared against (``thor``: ``baseline``, then ``thor_first_order``); ``budgeted``: the section's keys the
     study's budget sets (``epochs``, ``eval_every_steps``); ``tunable``: a tuning samples it; ``preconditioned``:
-    it has THOR's damping and frequency to tune; ``colour``: its runs' colour family."""
+    it has THOR's damping and frequency to tune; ``colour``: its runs' colour family; ``values``: dotted parameter
+    keys its training sets on top of the configuration (``thor_first_order``: ``thor.precondition`` false), rows of
+    different values training in separate runs of the recipe's pipeline.
+
+    Its training's datasets in the recipe's pipeline are named after ``section`` (``dim_reduce.stage2.history``):
+    the study reads its ``history`` and ``step_history`` there."""
 
     name: str
     section: str
@@ -51,6 +56,7 @@ class ResultRow:
     tunable: bool = False
     preconditioned: bool = False
     colour: str = FIRST_ORDER  # its runs' colour family in MLflow (``#rrggbb``)
+    values: tuple[tuple[str, object], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,12 @@ class ReportRuns:
 @dataclass(frozen=True)
 class RecipeSpec:
     """A recipe as the study, the tuning and the report know it: its name (``study.recipes``), its configuration
-    section and that section's parameter model, its result rows, what it is scored on, and its runs' colours."""
+    section and that section's parameter model, its result rows, what it is scored on, and its runs' colours.
+
+    ``pipeline``: the registered Kedro pipeline that trains it (empty: the one of its name), which the study runs per
+    seed; every key named ``dir`` under ``section`` is a folder its trainings write (checkpoints, a trajectory),
+    which the study moves under its own. ``several_ranks``: the study trains it on ``study.adasum_workers`` msrun
+    ranks of one node (its comparison is about combining ranks), every other recipe on one device."""
 
     name: str
     section: str
@@ -79,7 +90,14 @@ class RecipeSpec:
     # its trainings that give no result row (dim_reduce's stage 1), by the name their child runs take, with colours
     other_trainings: tuple[tuple[str, str], ...] = ()
     report: ReportRuns | None = None  # a recipe with a pipeline of its own: the report compares its runs
+    pipeline: str = ""
+    several_ranks: bool = False
     doc: str = field(default="", compare=False)
+
+    @property
+    def pipeline_name(self) -> str:
+        """The registered pipeline that trains it."""
+        return self.pipeline or self.name
 
 
 class RecipeRegistryError(ValueError):

@@ -132,7 +132,16 @@ RECIPES = (
         "thor_first_order",
         "thor",
         ThorParams,
-        (ResultRow("thor_first_order", "thor", tunable=True, colour=WITHOUT_PRECONDITIONER),),
+        (
+            ResultRow(
+                "thor_first_order",
+                "thor",
+                tunable=True,
+                colour=WITHOUT_PRECONDITIONER,
+                values=(("thor.precondition", False),),
+            ),
+        ),
         colour=WITHOUT_PRECONDITIONER,
+        pipeline="thor",  # the thor pipeline with thor.precondition false
     ),
 )

@@ -25,13 +25,13 @@ def train_recipe(
     callbacks: Sequence[Callback] = (),
 ) -> TrainingResult:
     """``recipe``'s whole training from ``start``: Momentum (with ``boost``'s options, mindspore.boost in the step),
-    Momentum with Adasum across the ranks, or THOR, chosen by the section's type. Adasum and THOR have steps of
-    their own and leave ``boost`` aside, as they always have (the boost section's options are the Momentum
-    trainings')."""
+    Momentum with Adasum across the ranks (or averaged gradients, ``combine_by_adasum`` false), or THOR, chosen by the
+    section's type. Adasum and THOR have steps of their own and leave ``boost`` aside, as they always have (the boost
+    section's options are the Momentum trainings')."""
     if isinstance(recipe, BaselineParams):
         return train_baseline(context, start, recipe, boost=boost, callbacks=callbacks)
     if isinstance(recipe, AdasumParams):
-        return train_adasum(context, start, recipe, combine_by_adasum=True, callbacks=callbacks)
+        return train_adasum(context, start, recipe, combine_by_adasum=recipe.combine_by_adasum, callbacks=callbacks)
     if isinstance(recipe, ThorParams):
         return train_thor(context, start, recipe, callbacks=callbacks)
     raise TypeError(f"no image recipe trains a {type(recipe).__name__} section")

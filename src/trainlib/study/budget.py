@@ -9,10 +9,10 @@ from trainlib.params.recipe_spec import budgeted_sections
 
 
 def budget_update(section: str, *, epochs: int, eval_every_steps: int) -> dict[str, int]:
-    """The keys of ``section`` (``recipe_spec.budgeted_sections``) the study sets, with its values: a
-    ``model_copy`` update."""
+    """The keys of ``section`` (``recipe_spec.budgeted_sections``) the study sets, with its values; none for a
+    section it leaves as configured (dim_reduce's control: as many epochs as stage 2)."""
     values = {"epochs": epochs, "eval_every_steps": eval_every_steps}
-    return {key: values[key] for key in budgeted_sections()[section]}
+    return {key: values[key] for key in budgeted_sections().get(section, ())}
 
 
 def study_budget(*, epochs: int, eval_every_steps: int) -> dict[str, int]:

@@ -1,37 +1,31 @@
 """A multi-seed study: each chosen recipe over each seed, on the same data and evaluation, resumable.
 
-Recipes: ``baseline`` (Momentum) and ``thor`` train ``StudyPlan.epochs`` epochs each; ``dim_reduce`` trains
-its own stage 1, fits the PCA of its trajectory, then P-BFGS stage 2 and, from the same stage-1 checkpoint,
-the Momentum control for the same epochs, giving two result rows, ``stage2`` and ``control``; ``adasum``
-trains the adasum section's Momentum for ``StudyPlan.epochs`` on ``StudyPlan.adasum_workers`` msrun ranks
-twice, combining the ranks' updates by Adasum (row ``adasum``) and by averaging gradients (``allreduce``),
-from the same initial weights; ``thor_bert`` trains BERT with THOR (row ``thor_bert``) and with its first-order
-control (``thor_bert_control``) from the same initial weights for ``StudyPlan.epochs`` each, on the corpus,
-tokenizer and examples prepared once (``StudyInputs.language``). Every training evaluates every
-``eval_every_steps`` steps on the fixed val subset (``data.step_eval_images``; thor_bert: the first
-``thor_bert.step_eval_examples`` held-out examples), so time to target is read at step resolution.
+A recipe trains what its own pipeline trains (``kedro run --pipelines=<recipe>``): the study is given a
+``RecipeTrainer`` (the ``study`` pipeline's runs that pipeline per seed), sets the study's budget on each result
+row's section (``recipe_spec.ResultRow.budgeted``: ``study.epochs`` and ``study.eval_every_steps``; dim_reduce
+keeps its stages' epochs) and keeps one record per result row. Every training evaluates every ``eval_every_steps``
+steps on a fixed subset (``data.step_eval_images``; thor_bert: ``thor_bert.step_eval_examples`` held-out examples),
+so time to target is read at step resolution.
 
-A finished (recipe, seed) run leaves ``<dir>/runs/<key>.json`` (the key holds recipe, seed and a
-fingerprint of the configuration), written atomically; a rerun reads it instead of training again, and an
-unfinished run resumes from its epoch checkpoints in ``<dir>/checkpoints/<key>``. Tracking (MLflow) comes
-in as ``StudyTracking``, so this module imports neither Kedro nor MLflow.
+A finished (recipe, seed) run leaves ``<dir>/runs/<key>.<result>.json`` (the key holds recipe, seed and a
+fingerprint of every parameter its pipeline reads), written atomically; a rerun reads it instead of training again,
+and an unfinished run resumes from its epoch checkpoints in ``<dir>/checkpoints/<key>``. Kedro and MLflow come in
+as ``RecipeTrainer`` and ``StudyTracking``, so this module imports neither.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from trainlib.atomic_write import write_atomically
-from trainlib.distributed.launch import on_every_rank
 from trainlib.engine.callbacks import Callback
-from trainlib.engine.loop import TrainingResult
-from trainlib.engine.resume import fingerprint, remove_finished_checkpoints
 from trainlib.metrics import (
     VAL_MLM_ACCURACY,
     VAL_MLM_LOSS,
@@ -40,23 +34,7 @@ from trainlib.metrics import (
     VAL_TOP1,
     VAL_TOP5,
 )
-from trainlib.params import (
-    AdasumParams,
-    BaselineParams,
-    BoostParams,
-    DimReduceParams,
-    ThorBertParams,
-    ThorParams,
-)
 from trainlib.params.recipe_spec import result_rows
-from trainlib.recipes.classifier import build_network
-from trainlib.recipes.context import LanguageModelContext, TrainingContext
-from trainlib.recipes.dim_reduce import collect_trajectory, train_control, train_stage1, train_stage2, trajectory_pca
-from trainlib.recipes.language_model import build_bert
-from trainlib.recipes.momentum import train_adasum, train_baseline
-from trainlib.recipes.thor import train_thor
-from trainlib.recipes.thor_bert import train_bert_control, train_bert_thor
-from trainlib.study.budget import budget_update
 
 logger = logging.getLogger(__name__)
 
@@ -70,10 +48,10 @@ class StudyTracking(Protocol):
         self, name: str, tags: Mapping[str, str], params: Mapping[str, object]
     ) -> AbstractContextManager[str | None]:
         """A child run of the study's run for one training, active meanwhile, with the parameter sections
-        ``params`` it trained with; yields its id (None: no tracking)."""
+        ``params`` it trained with (a child of that name is continued); yields its id (None: no tracking)."""
 
     def callbacks(self) -> list[Callback]:
-        """Engine callbacks that log each epoch into the active child run."""
+        """Engine callbacks the study adds to those of the recipe's own code (a tuning trial's pruner)."""
 
     def log_final(self, accuracy: Mapping[str, float]) -> None:
         """Log the final full-val ``top1``/``top5`` (a language model's ``mlm_accuracy``/``mlm_loss``) into the
@@ -88,34 +66,55 @@ class StudyTracking(Protocol):
 
 
 @dataclass(frozen=True)
-class StudyInputs:
-    """The data and shared sections (``context``), every recipe's own section, and thor_bert's prepared corpus,
-    tokenizer and examples (``language``; None when the study has no thor_bert)."""
+class Trained:
+    """One result row's training as the study keeps it: its child run, the engine's per-epoch rows (the last holds
+    the evaluation on the whole val split), its step evaluations and steps per epoch."""
 
-    context: TrainingContext
-    baseline: BaselineParams
-    thor: ThorParams
-    dim_reduce: DimReduceParams
-    adasum: AdasumParams
-    boost: BoostParams
-    thor_bert: ThorBertParams
-    language: LanguageModelContext | None = None
+    run_id: str | None
+    history: list[dict[str, float]]
+    step_history: list[dict[str, float]]
+    steps_per_epoch: int
+
+
+class RecipeTrainer(Protocol):
+    """How the study trains a recipe: what its pipeline runs, with the study's changes to the configuration."""
+
+    def configured(self, key: str) -> object:
+        """The configured value of the dotted parameter key ``key`` (``thor.lr.peak``)."""
+
+    def configuration(self, recipe: str, seed: int, values: Mapping[str, object]) -> str:
+        """A fingerprint of every parameter ``recipe``'s trainings read on ``seed``, with ``values`` (dotted keys)
+        set: two runs of one fingerprint train the same."""
+
+    def train(
+        self,
+        recipe: str,
+        seed: int,
+        key: str,
+        results: Sequence[str],
+        values: Mapping[str, object],
+        tracking: StudyTracking,
+    ) -> dict[str, Trained]:
+        """Train ``recipe``'s result rows ``results`` on ``seed`` with ``values`` set, each in a child run of
+        ``tracking``, checkpoints under ``<dir>/checkpoints/<key>``."""
 
 
 @dataclass(frozen=True)
 class StudyPlan:
     recipes: Sequence[str]
     seeds: Sequence[int]
-    epochs: int  # baseline's and thor's budget; dim_reduce keeps its stage1.epochs + stage2.epochs
+    epochs: int  # the budgeted rows' epochs; dim_reduce keeps its stage1.epochs + stage2.epochs
     eval_every_steps: int
     directory: Path
-    adasum_workers: int = 2  # msrun ranks of adasum's two trainings (on this node)
+    adasum_workers: int = 2  # msrun ranks of the trainings of a recipe that trains on several (adasum)
     # the result rows to train, None: every row of each recipe; a tuning trial of one of thor_bert's two trainings
     # trains that one alone (the other rows' recipes give one row, or all of theirs)
     results: Sequence[str] | None = None
+    # dotted parameter keys set on top of the configuration: a tuning trial's draw, a tuned recipe's choice
+    values: Mapping[str, object] = field(default_factory=dict)
 
 
-def run_study(inputs: StudyInputs, plan: StudyPlan, tracking: StudyTracking) -> list[dict]:
+def run_study(trainer: RecipeTrainer, plan: StudyPlan, tracking: StudyTracking) -> list[dict]:
     """Every recipe of the plan over every seed, skipping the runs finished earlier; one record per result row.
 
     A record: ``recipe`` (a result row's name, ``recipe_spec.result_rows``), ``seed``, ``key``, ``mlflow_run_id``,
@@ -124,35 +123,53 @@ def run_study(inputs: StudyInputs, plan: StudyPlan, tracking: StudyTracking) -> 
     time to target reads), ``steps_per_epoch``, and the engine's ``history`` (per epoch) and ``step_history`` (per
     step evaluation).
     """
-    workers = inputs.context.distributed.worker_num
-    if workers != 1:
-        raise ValueError(
-            f"study runs its trainings in this process, one device: distributed.worker_num is {workers}, set it to "
-            "1 for the study"
-        )
     results = plan.directory / "runs"
     results.mkdir(parents=True, exist_ok=True)
     records: list[dict] = []
     warned: set[str] = set()  # the result rows warned of an epoch shorter than the evaluation interval
     for recipe in plan.recipes:
+        rows = [row for row in result_rows()[recipe] if plan.results is None or row in plan.results]
         for seed in plan.seeds:
-            key = f"{recipe}-seed{seed}-{_configuration(inputs, plan, recipe, seed)}"
-            paths = {row: results / f"{key}.{row}.json" for row in result_rows()[recipe] if _trains(plan, row)}
+            key = f"{recipe}-seed{seed}-{trainer.configuration(recipe, seed, plan.values)}"
+            paths = {row: results / f"{key}.{row}.json" for row in rows}
             if all(path.exists() for path in paths.values()):
                 logger.info("study: %s finished earlier (%s), not run again", key, results)
                 records += [json.loads(path.read_text()) for path in paths.values()]
                 _warn_of_short_epochs(records, plan.eval_every_steps, warned)
                 continue
             logger.info("study: training %s (seed %d)", key, seed)
-            trained, finals = _TRAINERS[recipe](inputs, plan, seed, key, tracking)
-            for row, record in trained.items():
+            trained = trainer.train(recipe, seed, key, rows, plan.values, tracking)
+            for row in rows:
+                record = {"recipe": row, "seed": seed, "key": key, **figures(trained[row])}
                 write_atomically(paths[row], json.dumps(record, indent=1).encode())
+                records.append(record)
             # the result files hold all the study needs: the epoch checkpoints (kept for a resume) go
-            for final in finals:
-                remove_finished_checkpoints(final)
-            records += trained.values()
+            shutil.rmtree(plan.directory / "checkpoints" / key, ignore_errors=True)
             _warn_of_short_epochs(records, plan.eval_every_steps, warned)
     return records
+
+
+def final_accuracy(history: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The accuracy of the whole val split (every held-out example) after the last epoch, from the engine's last
+    row: ``top1``/``top5``, or a language model's ``mlm_accuracy``/``mlm_loss``."""
+    last = history[-1]
+    if VAL_MLM_ACCURACY in last:
+        return {"mlm_accuracy": last[VAL_MLM_ACCURACY], "mlm_loss": last[VAL_MLM_LOSS]}
+    return {"top1": last[VAL_TOP1], "top5": last[VAL_TOP5]}
+
+
+def figures(trained: Trained) -> dict:
+    """What the study keeps of a training (plain data, kept in its result file)."""
+    final = final_accuracy(trained.history)
+    step_metric = VAL_STEP_MLM_ACCURACY if "mlm_accuracy" in final else VAL_STEP_TOP1
+    return {
+        "mlflow_run_id": trained.run_id,
+        **{f"final_{name}": value for name, value in final.items()},
+        "step_metric": step_metric,
+        "steps_per_epoch": trained.steps_per_epoch,
+        "history": trained.history,
+        "step_history": trained.step_history,
+    }
 
 
 def short_epochs(records: Sequence[Mapping], eval_every_steps: int) -> dict[str, int]:
@@ -181,234 +198,3 @@ def _warn_of_short_epochs(records: Sequence[Mapping], eval_every_steps: int, war
             eval_every_steps,
             steps,
         )
-
-
-def _configuration(inputs: StudyInputs, plan: StudyPlan, recipe: str, seed: int) -> str:
-    sections = {
-        "baseline": (_baseline(inputs, plan).model_dump(exclude={"checkpoint"}), inputs.boost),
-        "thor": (_thor(inputs, plan, precondition=True).model_dump(exclude={"checkpoint"}),),
-        "thor_first_order": (_thor(inputs, plan, precondition=False).model_dump(exclude={"checkpoint"}),),
-        "adasum": (_adasum(inputs, plan).model_dump(exclude={"checkpoint"}), plan.adasum_workers),
-        "thor_bert": (
-            _bert(inputs.thor_bert.thor, plan).model_dump(exclude={"checkpoint"}),
-            _bert(inputs.thor_bert.control, plan).model_dump(exclude={"checkpoint"}),
-            inputs.thor_bert.model_dump(exclude={"thor", "control"}),
-        ),
-        "dim_reduce": (
-            inputs.dim_reduce.model_dump(
-                exclude={
-                    "stage1": {"checkpoint": True, "trajectory": {"dir"}},
-                    "stage2": {"checkpoint": True},
-                    "control": {"checkpoint": True},
-                }
-            ),
-            inputs.boost,
-            plan.eval_every_steps,
-        ),
-    }[recipe]
-    return fingerprint(recipe, inputs.context.model, inputs.context.data, seed, *sections)
-
-
-def _trains(plan: StudyPlan, row: str) -> bool:
-    return plan.results is None or row in plan.results
-
-
-def _budget(section: str, plan: StudyPlan) -> dict[str, int]:
-    return budget_update(section, epochs=plan.epochs, eval_every_steps=plan.eval_every_steps)
-
-
-def _baseline(inputs: StudyInputs, plan: StudyPlan) -> BaselineParams:
-    return inputs.baseline.model_copy(update=_budget("baseline", plan))
-
-
-def _thor(inputs: StudyInputs, plan: StudyPlan, *, precondition: bool) -> ThorParams:
-    """The thor section on the study's budget; ``precondition`` False: thor_first_order, its recipe without the
-    preconditioner."""
-    return inputs.thor.model_copy(update={**_budget("thor", plan), "precondition": precondition})
-
-
-def _adasum(inputs: StudyInputs, plan: StudyPlan) -> AdasumParams:
-    return inputs.adasum.model_copy(update=_budget("adasum", plan))
-
-
-def _bert(section, plan: StudyPlan):
-    """A thor_bert training section (thor or control) on the study's budget and step evaluation."""
-    return section.model_copy(update=_budget("thor_bert.thor", plan))
-
-
-def _checkpoint_dir(section, folder: Path):
-    return section.checkpoint.model_copy(update={"dir": str(folder)})
-
-
-def _figures(result: TrainingResult) -> dict:
-    """What the study keeps of a training (plain data, kept in its result file)."""
-    last = result.history[-1]  # the engine evaluates on the whole val split after the last epoch
-    if VAL_MLM_ACCURACY in last:
-        finals = {"final_mlm_accuracy": last[VAL_MLM_ACCURACY], "final_mlm_loss": last[VAL_MLM_LOSS]}
-        finals["step_metric"] = VAL_STEP_MLM_ACCURACY
-    else:
-        finals = {"final_top1": last[VAL_TOP1], "final_top5": last[VAL_TOP5], "step_metric": VAL_STEP_TOP1}
-    return {
-        **finals,
-        "steps_per_epoch": result.steps_per_epoch,
-        "history": result.history,
-        "step_history": result.step_history,
-    }
-
-
-def _record(recipe: str, seed: int, key: str, run_id: str | None, figures: dict, tracking: StudyTracking) -> dict:
-    """A result row's record; its final figures go to the active child run."""
-    if "final_mlm_accuracy" in figures:
-        tracking.log_final({"mlm_accuracy": figures["final_mlm_accuracy"], "mlm_loss": figures["final_mlm_loss"]})
-    else:
-        tracking.log_final({"top1": figures["final_top1"], "top5": figures["final_top5"]})
-    return {"recipe": recipe, "seed": seed, "key": key, "mlflow_run_id": run_id, **figures}
-
-
-def _train_single(recipe: str):
-    """baseline, thor or thor_first_order over one seed: the nodes' recipe functions, in one child run."""
-
-    def train_one(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str, tracking: StudyTracking):
-        context = inputs.context.with_seed(seed)
-        folder = plan.directory / "checkpoints" / key
-        if recipe == "baseline":
-            section = _baseline(inputs, plan)
-        else:
-            section = _thor(inputs, plan, precondition=recipe == "thor")
-        section = section.model_copy(update={"checkpoint": _checkpoint_dir(section, folder)})
-        tags = {"recipe": recipe, "result": recipe, "seed": str(seed), "study_key": key}
-        params = {"baseline" if recipe == "baseline" else "thor": section, "runtime": context.runtime}
-        with tracking.run(f"{recipe}/seed{seed}", tags, params) as run_id:
-            initial = build_network(
-                context.model,
-                context.class_index,
-                context.runtime,
-                zero_init_last_bn_gamma=section.zero_init_last_bn_gamma,
-            )
-            if recipe == "baseline":
-                result = train_baseline(context, initial, section, boost=inputs.boost, callbacks=tracking.callbacks())
-            else:
-                result = train_thor(context, initial, section, callbacks=tracking.callbacks())
-            record = _record(recipe, seed, key, run_id, _figures(result), tracking)
-        result.release()  # the study trains on in this process
-        return {recipe: record}, [result.checkpoint]
-
-    return train_one
-
-
-def _train_dim_reduce(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str, tracking: StudyTracking):
-    """Stage 1 -> PCA -> stage 2 and the control from the same stage-1 checkpoint, each a child run."""
-    context = inputs.context.with_seed(seed)
-    model, class_index = context.model, context.class_index
-    folder = plan.directory / "checkpoints" / key
-    dim = inputs.dim_reduce
-    stage1 = dim.stage1.model_copy(
-        update={
-            "checkpoint": _checkpoint_dir(dim.stage1, folder / "stage1"),
-            "trajectory": dim.stage1.trajectory.model_copy(update={"dir": str(folder / "trajectory")}),
-        }
-    )
-    stage2 = dim.stage2.model_copy(
-        update={"checkpoint": _checkpoint_dir(dim.stage2, folder / "stage2"), **_budget("dim_reduce.stage2", plan)}
-    )
-    control = dim.control.model_copy(update={"checkpoint": _checkpoint_dir(dim.control, folder / "control")})
-    tags = {"recipe": "dim_reduce", "seed": str(seed), "study_key": key}
-    runtime = {"runtime": context.runtime}
-    with tracking.run(
-        f"dim_reduce/stage1/seed{seed}", tags | {"result": "stage1"}, {"dim_reduce.stage1": stage1, **runtime}
-    ):
-        initial = build_network(
-            model, class_index, context.runtime, zero_init_last_bn_gamma=stage1.zero_init_last_bn_gamma
-        )
-        first, trajectory = train_stage1(context, initial, stage1, boost=inputs.boost, callbacks=tracking.callbacks())
-        # its final evaluation, as dim_reduce's stage1 child run has one
-        tracking.log_final({"top1": first.history[-1]["val/top1"], "top5": first.history[-1]["val/top5"]})
-        first.release()
-    chosen = collect_trajectory(trajectory, model, class_index, dim.collect, dim.pca)
-    components = trajectory_pca(chosen, model, class_index, dim.pca).components
-    records, finals = {}, [first.checkpoint]
-    for row in result_rows()["dim_reduce"]:
-        sections = {"dim_reduce.stage2": stage2} if row == "stage2" else {"dim_reduce.control": control}
-        with tracking.run(f"dim_reduce/{row}/seed{seed}", tags | {"result": row}, {**sections, **runtime}) as run_id:
-            if row == "stage2":
-                result, _ = train_stage2(context, first.checkpoint, components, stage2, callbacks=tracking.callbacks())
-            else:
-                result = train_control(
-                    context,
-                    first.checkpoint,
-                    stage1,
-                    stage2,
-                    control,
-                    boost=inputs.boost,
-                    callbacks=tracking.callbacks(),
-                )
-            records[row] = _record(row, seed, key, run_id, _figures(result), tracking)
-        result.release()
-        finals.append(result.checkpoint)
-    return records, finals
-
-
-def _train_adasum(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str, tracking: StudyTracking):
-    """Adasum and plain data parallelism, each one msrun job of ``plan.adasum_workers`` ranks, same start."""
-    context = inputs.context.with_seed(seed).with_workers(plan.adasum_workers)
-    initial = build_network(
-        context.model,
-        context.class_index,
-        context.runtime,
-        zero_init_last_bn_gamma=inputs.adasum.zero_init_last_bn_gamma,
-    )
-    records, finals = {}, []
-    for row in result_rows()["adasum"]:
-        section = _adasum(inputs, plan)
-        section = section.model_copy(
-            update={"checkpoint": _checkpoint_dir(section, plan.directory / "checkpoints" / key / row)}
-        )
-        tags = {"recipe": "adasum", "result": row, "seed": str(seed), "study_key": key}
-        params = {"adasum": section, "runtime": context.runtime, "distributed": context.distributed}
-        with tracking.run(f"adasum/{row}/seed{seed}", tags | {"workers": str(plan.adasum_workers)}, params) as run_id:
-            result = on_every_rank(
-                train_adasum,
-                context,
-                initial,
-                section,
-                combine_by_adasum=row == "adasum",
-                callbacks=tracking.callbacks(),
-            )
-            records[row] = _record(row, seed, key, run_id, _figures(result), tracking)
-        finals.append(result.checkpoint)
-    return records, finals
-
-
-def _train_thor_bert(inputs: StudyInputs, plan: StudyPlan, seed: int, key: str, tracking: StudyTracking):
-    """BERT with THOR and with its first-order control from the same initial weights, each a child run (those of
-    ``plan.results``)."""
-    context = inputs.language.with_seed(seed)
-    initial = build_bert(context.network, context.vocab_size, context.runtime)
-    records, finals = {}, []
-    trainings = {"thor_bert": (inputs.thor_bert.thor, train_bert_thor)}
-    trainings["thor_bert_control"] = (inputs.thor_bert.control, train_bert_control)
-    for row, (configured, train) in trainings.items():
-        if not _trains(plan, row):
-            continue
-        budgeted = _bert(configured, plan)
-        section = budgeted.model_copy(
-            update={"checkpoint": _checkpoint_dir(budgeted, plan.directory / "checkpoints" / key / row)}
-        )
-        tags = {"recipe": "thor_bert", "result": row, "seed": str(seed), "study_key": key}
-        params = {f"thor_bert.{'thor' if row == 'thor_bert' else 'control'}": section, "runtime": context.runtime}
-        with tracking.run(f"thor_bert/{row.removeprefix('thor_bert_') or 'thor'}/seed{seed}", tags, params) as run_id:
-            result = train(context, initial, section, callbacks=tracking.callbacks())
-            records[row] = _record(row, seed, key, run_id, _figures(result), tracking)
-        result.release()
-        finals.append(result.checkpoint)
-    return records, finals
-
-
-_TRAINERS = {
-    "baseline": _train_single("baseline"),
-    "thor": _train_single("thor"),
-    "thor_first_order": _train_single("thor_first_order"),
-    "dim_reduce": _train_dim_reduce,
-    "adasum": _train_adasum,
-    "thor_bert": _train_thor_bert,
-}

@@ -55,9 +55,9 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from trainlib.engine.callbacks import Callback
 from trainlib.metrics import STEP_KEY, VAL_STEP_MLM_ACCURACY, VAL_STEP_TOP1
 from trainlib.params import TuningParams, space_ranges
-from trainlib.params.recipe_spec import recipe_of_row, row_section, row_sections, tuned_trainings
+from trainlib.params.recipe_spec import recipe_of_row, row_sections, tuned_trainings
 from trainlib.processes import process_alive
-from trainlib.study.runner import StudyInputs, StudyPlan, StudyTracking, run_study
+from trainlib.study.runner import RecipeTrainer, StudyPlan, StudyTracking, run_study
 from trainlib.study.statistics import first_crossing
 from trainlib.study.tuning_search import PruneOnStepEvaluations, create_pruner, create_sampler, draw_values
 from trainlib.study.tuning_storage import open_storage
@@ -100,7 +100,7 @@ def step_metric(row: str) -> str:
 
 
 def run_tuned_study(
-    inputs: StudyInputs,
+    trainer: RecipeTrainer,
     plan: StudyPlan,
     tracking: StudyTracking,
     *,
@@ -112,9 +112,9 @@ def run_tuned_study(
     and each training's tuning."""
     records, tunings = [], []
     for recipe in plan.recipes:
-        chosen = inputs
+        chosen: dict[str, object] = {}
         for training in tuned_trainings()[recipe]:
-            tuned = tune_recipe(training, inputs, plan, tracking, tuning=tuning, target=targets[step_metric(training)])
+            tuned = tune_recipe(training, trainer, plan, tracking, tuning=tuning, target=targets[step_metric(training)])
             logger.info(
                 "tuning %s: trial %d of %d chose %s (documented %s); %s; %.0f s here, %.0f s in all trials",
                 training,
@@ -127,13 +127,19 @@ def run_tuned_study(
                 tuned.trials_time_s,
             )
             tunings.append(tuned)
-            chosen = with_values(chosen, training, tuned.chosen)
-        records += run_study(chosen, replace(plan, recipes=[recipe]), tracking)
+            chosen |= with_values(training, tuned.chosen)
+        records += run_study(trainer, replace(plan, recipes=[recipe], values={**plan.values, **chosen}), tracking)
     return records, tunings
 
 
 def tune_recipe(
-    recipe: str, inputs: StudyInputs, plan: StudyPlan, tracking: StudyTracking, *, tuning: TuningParams, target: float
+    recipe: str,
+    trainer: RecipeTrainer,
+    plan: StudyPlan,
+    tracking: StudyTracking,
+    *,
+    tuning: TuningParams,
+    target: float,
 ) -> RecipeTuning:
     """Run trials of ``recipe`` (a tuned training, ``recipe_spec.tuned_trainings``) until its Optuna study counts
     ``tuning.trials`` (every process's), then its best."""
@@ -143,7 +149,7 @@ def tune_recipe(
     _release_abandoned(study, on_dead_trial)
     started = time.monotonic()
     waiting = False
-    run_trial = _TrialObjective(recipe, ranges, inputs, plan, tracking, tuning=tuning, target=target)
+    run_trial = _TrialObjective(recipe, ranges, trainer, plan, tracking, tuning=tuning, target=target)
     while True:
         _fail_stale_trials(study)
         counted = _counted(study)
@@ -171,12 +177,11 @@ def tune_recipe(
             "(conf/base/parameters_study.yml) or raise study.tuning.trials"
         )
     best = min(complete, key=lambda t: t.value)
-    section = row_section(inputs, recipe)
     return RecipeTuning(
         recipe=recipe,
         study_name=study.study_name,
         chosen={key: best.params[key] for key in ranges},
-        documented={key: _value_of(section, key) for key in ranges},
+        documented={key: trainer.configured(f"{row_sections()[recipe]}.{key}") for key in ranges},
         trials={state.name: sum(t.state == state for t in trials) for state in _STATES},
         best_trial=best.number,
         best_value=float(best.value),
@@ -225,19 +230,11 @@ def objective(records: Sequence[Mapping], *, target: float, epochs: int) -> floa
     return sum(values) / len(values)
 
 
-def with_values(inputs: StudyInputs, recipe: str, values: Mapping[str, float]) -> StudyInputs:
-    """The study's inputs with ``values`` (dotted keys of the tuned training's section: ``lr.peak``) in that
-    section (``recipe_spec.row_sections``: ``thor_bert.thor`` is the thor section of ``inputs.thor_bert``)."""
-    section = row_section(inputs, recipe)
-    update: dict = {}
-    for key, value in values.items():
-        head, _, leaf = key.partition(".")
-        update[head] = update.get(head, getattr(section, head)).model_copy(update={leaf: value}) if leaf else value
-    updated = section.model_copy(update=update)
-    outer, _, inner = row_sections()[recipe].partition(".")
-    if inner:
-        updated = getattr(inputs, outer).model_copy(update={inner: updated})
-    return replace(inputs, **{outer: updated})
+def with_values(recipe: str, values: Mapping[str, object]) -> dict[str, object]:
+    """``values`` (keys of the tuned training's section: ``lr.peak``) under their whole dotted keys
+    (``recipe_spec.row_sections``: ``thor_bert.thor.lr.peak``), as a study plan's ``values``."""
+    section = row_sections()[recipe]
+    return {f"{section}.{key}": value for key, value in values.items()}
 
 
 def choices_rows(tunings: Sequence[RecipeTuning], *, tuning: TuningParams) -> list[dict]:
@@ -382,14 +379,14 @@ class _TrialObjective:
         self,
         recipe: str,
         ranges: Mapping[str, Sequence[float]],
-        inputs: StudyInputs,
+        trainer: RecipeTrainer,
         plan: StudyPlan,
         tracking: StudyTracking,
         *,
         tuning: TuningParams,
         target: float,
     ):
-        self.recipe, self.ranges, self.inputs, self.plan, self.tracking = recipe, ranges, inputs, plan, tracking
+        self.recipe, self.ranges, self.trainer, self.plan, self.tracking = recipe, ranges, trainer, plan, tracking
         self.tuning, self.target = tuning, target
 
     def __call__(self, trial: Trial) -> float:
@@ -404,10 +401,14 @@ class _TrialObjective:
             self.tracking, trial, values, pruning=self.tuning.pruner != "none", step_metric=step_metric(recipe)
         )
         trial_plan = replace(
-            self.plan, recipes=[recipe_of_row()[recipe].name], seeds=list(self.tuning.seeds), results=[recipe]
+            self.plan,
+            recipes=[recipe_of_row()[recipe].name],
+            seeds=list(self.tuning.seeds),
+            results=[recipe],
+            values={**self.plan.values, **with_values(recipe, values)},
         )
         try:
-            records = run_study(with_values(self.inputs, recipe, values), trial_plan, trial_tracking)
+            records = run_study(self.trainer, trial_plan, trial_tracking)
         except optuna.TrialPruned:
             logger.info("tuning %s: trial %d pruned (%s)", recipe, trial.number, _values_text(values))
             raise
@@ -465,12 +466,6 @@ class TrialTracking:
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         self._tracking.set_tags(tags)
-
-
-def _value_of(section, key: str) -> float:
-    head, _, leaf = key.partition(".")
-    value = getattr(section, head)
-    return getattr(value, leaf) if leaf else value
 
 
 def _values_text(values: Mapping[str, float]) -> str:

@@ -1,0 +1,250 @@
+"""The study's trainings: each recipe's own Kedro pipeline, run per seed (``trainlib.study.runner.RecipeTrainer``).
+
+What ``kedro run --pipelines=<recipe>`` runs, the study runs: the recipe's registered pipeline
+(``RecipeSpec.pipeline_name``), its own nodes only (the manifest and class index are the study's), up to each
+result row's ``history`` and ``step_history`` (no evaluation, export or comparison node: the engine's last row
+already holds the whole val split's accuracy), through Kedro's ``SequentialRunner`` on an in-memory ``DataCatalog``.
+Its parameters are the configuration with, per seed: ``runtime.seed``; the study's budget on each result row's
+section; the row's own values (``ResultRow.values``) and a tuning's; every ``dir`` under the recipe's section moved
+under ``<study.dir>/checkpoints/<key>``; one device, or ``study.adasum_workers`` ranks (``RecipeSpec.several_ranks``).
+Kedro's ``ParameterValidator`` gives the nodes their typed sections, as a ``kedro run``'s catalog does.
+
+Each training's nodes (those of its namespace, and the nodes outside any training before it: dim_reduce's PCA runs
+with stage 2, which it feeds) run in a child run of the study's (``StudyTracking.run``), named
+``<recipe>/<training>/seed<N>``, with the parameters they read; the study's own callbacks (a tuning trial's pruner)
+observe them (``trainlib.engine.callbacks.observing_trainings``): Kedro calls the nodes, not the study.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from kedro.framework.project import pipelines
+from kedro.io import DataCatalog
+from kedro.pipeline import Pipeline
+from kedro.runner import SequentialRunner
+from kedro.validation import ParameterValidator
+
+from trainlib.engine.callbacks import observing_trainings
+from trainlib.engine.resume import fingerprint
+from trainlib.metrics import STEPS_PER_EPOCH, table_rows
+from trainlib.params.recipe_spec import RecipeSpec, ResultRow, recipe_specs
+from trainlib.study.budget import budget_update
+from trainlib.study.runner import StudyPlan, StudyTracking, Trained, final_accuracy
+
+PARAMS = "params:"
+FOLDER_KEY = "dir"  # under a recipe's section: a folder its trainings write (RecipeSpec)
+# a fingerprint's stand-in for the study's folder: where the checkpoints go does not change what trains
+ANY_FOLDER = "<study.dir>/checkpoints/<key>"
+
+
+@dataclass(frozen=True)
+class _PipelineRun:
+    """One run of a recipe's pipeline: the result rows that train with the same ``values``, and the nodes that train
+    them."""
+
+    rows: tuple[ResultRow, ...]
+    values: Mapping[str, object]
+    pipeline: Pipeline
+
+
+class RecipePipelines:
+    """The study's ``RecipeTrainer``: each recipe's registered pipeline on the configuration ``parameters`` (Kedro's
+    ``parameters``), the data pipeline's ``manifest`` and ``class_index``, and the study's ``plan``."""
+
+    def __init__(self, parameters: Mapping, manifest, class_index: Mapping[str, int], plan: StudyPlan):
+        self._configured = plain(parameters)
+        self._data = {"manifest": manifest, "class_index": class_index}
+        self._plan = plan
+        workers = self._configured["distributed"]["worker_num"]
+        if workers != 1:
+            raise ValueError(
+                f"study runs its trainings in this process, one device: distributed.worker_num is {workers}, set it "
+                "to 1 for the study"
+            )
+
+    def configured(self, key: str) -> object:
+        return value_at(self._configured, key)
+
+    def configuration(self, recipe: str, seed: int, values: Mapping[str, object]) -> str:
+        read = [
+            {name: value_at(parameters, name) for name in _parameter_names(run.pipeline)}
+            for run, parameters in self.trained_with(recipe, seed, values, ANY_FOLDER)
+        ]
+        return fingerprint(recipe, seed, read)
+
+    def trained_with(
+        self, recipe: str, seed: int, values: Mapping[str, object], folder: str
+    ) -> list[tuple[_PipelineRun, dict]]:
+        """Each run of ``recipe``'s pipeline that trains its result rows on ``seed`` with ``values``, with the
+        configuration it reads (its folders under ``folder``)."""
+        spec = recipe_specs()[recipe]
+        runs = self._pipeline_runs(spec, spec.results, values)
+        return [(run, self._parameters(spec, run, seed, values, folder)) for run in runs]
+
+    def train(
+        self,
+        recipe: str,
+        seed: int,
+        key: str,
+        results: Sequence[str],
+        values: Mapping[str, object],
+        tracking: StudyTracking,
+    ) -> dict[str, Trained]:
+        spec = recipe_specs()[recipe]
+        chosen = [row for row in spec.results if row.name in results]
+        runs = self._pipeline_runs(spec, chosen, values)
+        trained: dict[str, Trained] = {}
+        for run in runs:
+            # rows of other values train apart: each its own folder, as each is its own training
+            folder = self._plan.directory / "checkpoints" / key / (run.rows[0].name if len(runs) > 1 else "")
+            parameters = self._parameters(spec, run, seed, values, str(folder))
+            typed = ParameterValidator({spec.pipeline_name: run.pipeline}).validate_raw_params(parameters)
+            catalog = DataCatalog()
+            for name in run.pipeline.inputs():
+                catalog[name] = value_at(typed, name) if name.startswith(PARAMS) else self._data[name]
+            for training, nodes in _trainings(spec, run).items():
+                part = Pipeline(nodes)
+                row = next((row for row in run.rows if row.section == training), None)
+                result = row.name if row else training.rpartition(".")[2]
+                tags = {"recipe": recipe, "result": result, "seed": str(seed), "study_key": key}
+                if spec.several_ranks:
+                    tags["workers"] = str(self._plan.adasum_workers)
+                read = {name.removeprefix(PARAMS): value_at(typed, name) for name in _parameter_names(part)}
+                with tracking.run(_title(spec, training, row, seed), tags, read) as run_id:
+                    with observing_trainings(tracking.callbacks()):
+                        SequentialRunner().run(part, catalog)
+                    if row is not None:
+                        trained[row.name] = _trained(catalog, row, run_id)
+                        tracking.log_final(final_accuracy(trained[row.name].history))
+        return trained
+
+    def _pipeline_runs(
+        self, spec: RecipeSpec, rows: Sequence[ResultRow], values: Mapping[str, object]
+    ) -> list[_PipelineRun]:
+        registered = pipelines[spec.pipeline_name].only_nodes_with_namespaces([spec.pipeline_name])
+        grouped: dict[tuple, list[ResultRow]] = {}
+        for row in rows:
+            grouped.setdefault(row.values, []).append(row)
+        return [
+            _PipelineRun(
+                tuple(group),
+                {**dict(row_values), **values},
+                registered.to_outputs(*(f"{row.section}.{name}" for row in group for name in _KEPT)),
+            )
+            for row_values, group in grouped.items()
+        ]
+
+    def _parameters(self, spec: RecipeSpec, run: _PipelineRun, seed: int, values: Mapping, folder: str) -> dict:
+        """The configuration as ``run`` trains on ``seed``, its folders under ``folder``."""
+        ranks = self._plan.adasum_workers if spec.several_ranks else 1
+        updates: dict[str, object] = {
+            "runtime.seed": seed,
+            "distributed.worker_num": ranks,
+            "distributed.local_worker_num": ranks,
+        }
+        for row in run.rows:
+            budget = budget_update(row.section, epochs=self._plan.epochs, eval_every_steps=self._plan.eval_every_steps)
+            updates |= {f"{row.section}.{name}": value for name, value in budget.items()}
+        updates |= run.values
+        parameters = copy.deepcopy(self._configured)
+        for key, value in updates.items():
+            set_value(parameters, key, value)
+        for key in _folder_keys(value_at(parameters, spec.section), spec.section):
+            set_value(parameters, key, f"{folder}/{key.removesuffix(f'.{FOLDER_KEY}')}")
+        return parameters
+
+
+_KEPT = ("history", "step_history")  # what the study keeps of each result row's training
+
+
+def _trainings(spec: RecipeSpec, run: _PipelineRun) -> dict[str, list]:
+    """The nodes of ``run`` by the training (namespace) they belong to, in the order they run: a result row's, or
+    another training of the recipe (dim_reduce's stage 1); a node outside any runs with the next training."""
+    namespaces = [row.section for row in run.rows] + [f"{spec.section}.{name}" for name, _ in spec.other_trainings]
+    trainings: dict[str, list] = {}
+    waiting: list = []
+    for node in run.pipeline.nodes:  # in an order Kedro runs them
+        namespace = node.namespace or ""
+        training = next((ns for ns in namespaces if namespace == ns or namespace.startswith(f"{ns}.")), None)
+        if training is None:
+            waiting.append(node)
+            continue
+        trainings.setdefault(training, []).extend([*waiting, node])
+        waiting = []
+    if waiting:
+        raise ValueError(f"{spec.name}: nodes {[n.name for n in waiting]} come after its last training")
+    return trainings
+
+
+def _title(spec: RecipeSpec, training: str, row: ResultRow | None, seed: int) -> str:
+    """``baseline/seed0``; a recipe of several trainings: ``dim_reduce/stage2/seed0``, ``thor_bert/control/seed0``."""
+    if len(spec.results) == 1 and not spec.other_trainings:
+        return f"{spec.name}/seed{seed}"
+    part = training.rpartition(".")[2]
+    if row is not None and row.name != spec.name:
+        part = row.name.removeprefix(f"{spec.name}_")
+    return f"{spec.name}/{part}/seed{seed}"
+
+
+def _trained(catalog: DataCatalog, row: ResultRow, run_id: str | None) -> Trained:
+    steps = catalog.load(f"{row.section}.step_history")
+    steps_per_epoch = int(steps[STEPS_PER_EPOCH].iloc[0]) if len(steps) else 0
+    return Trained(
+        run_id,
+        table_rows(catalog.load(f"{row.section}.history")),
+        table_rows(steps.drop(columns=STEPS_PER_EPOCH)),
+        steps_per_epoch,
+    )
+
+
+def _parameter_names(pipeline: Pipeline) -> list[str]:
+    return sorted(name for name in pipeline.inputs() if name.startswith(PARAMS))
+
+
+def _folder_keys(section, prefix: str) -> list[str]:
+    """The dotted keys named ``dir`` under ``section`` (a mapping at ``prefix``)."""
+    if not isinstance(section, Mapping):
+        return []
+    keys = []
+    for name, value in section.items():
+        if name == FOLDER_KEY and isinstance(value, str):
+            keys.append(f"{prefix}.{name}")
+        keys += _folder_keys(value, f"{prefix}.{name}")
+    return keys
+
+
+def plain(value):
+    """Kedro's parameters as plain mappings: a section it validated (a pydantic model) as its fields."""
+    if hasattr(value, "model_dump"):
+        return value.model_dump()
+    if isinstance(value, Mapping):
+        return {key: plain(inner) for key, inner in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(inner) for inner in value]
+    return value
+
+
+def value_at(tree: Mapping, key: str):
+    """The value of the dotted key ``key`` (``params:thor.lr.peak`` or ``thor.lr.peak``) in ``tree``, whose sections
+    may be mappings or models."""
+    value = tree
+    for name in key.removeprefix(PARAMS).split("."):
+        if isinstance(value, Mapping) and name in value:
+            value = value[name]
+        elif hasattr(value, "model_fields") and name in type(value).model_fields:  # a section Kedro validated
+            value = getattr(value, name)
+        else:
+            raise KeyError(f"the configuration has no key {key.removeprefix(PARAMS)!r} (at {name!r})")
+    return value
+
+
+def set_value(tree: dict, key: str, value) -> None:
+    """Set the dotted key ``key`` of ``tree``, which must exist."""
+    head, _, name = key.rpartition(".")
+    parent = value_at(tree, head) if head else tree
+    if name not in parent:
+        raise KeyError(f"the configuration has no key {key!r}")
+    parent[name] = value
