@@ -372,3 +372,75 @@ def run(verbose: bool, **options) -> None:
         if verbose:
             traceback.print_exception(error, file=sys.stderr)
         raise RunFailed(failure, files, verbose) from error
+
+
+# ----------------------------------------------------------------- a team's server
+
+MODEL_METADATA_KEY = "mlflow_model"  # hooks.models.METADATA_KEY: the catalog's model folders, each one registered name
+
+
+def _names(value: str | None) -> tuple[str, ...]:
+    return tuple(name.strip() for name in (value or "").split(",") if name.strip())
+
+
+def registered_model_names(catalog, dataset_names: Iterable[str]) -> tuple[str, ...]:
+    """The registered model names the catalog gives the models of ``dataset_names`` (``baseline``,
+    ``dim_reduce.stage2``, ...): what ``model.register`` creates versions of."""
+    names = set()
+    for dataset_name in dataset_names:
+        if dataset_name in catalog:
+            declared = (getattr(catalog.get(dataset_name), "metadata", None) or {}).get(MODEL_METADATA_KEY)
+            names.update([declared["name"]] if declared else [])
+    return tuple(sorted(names))
+
+
+@cli.group(name="team", context_settings=CONTEXT_SETTINGS)
+def team() -> None:
+    """A team's shared MLflow server (docs/team.md)."""
+
+
+@team.command(name="permissions", context_settings=CONTEXT_SETTINGS)
+@click.option("--members", default="", help="Users who log runs: EDIT on the experiments, READ on the models.")
+@click.option("--release", default="", help="Users who register versions and move champion: MANAGE on the models.")
+@click.option(
+    "--experiments",
+    default=None,
+    help="Comma-separated; default: the experiment of mlflow.yml (opened in any case, as by a run).",
+)
+@click.option(
+    "--models", default=None, help="Registered model names, comma-separated; default: every one the pipelines register."
+)
+@click.option("--env", "-e", default=None, help="Kedro configuration environment.")
+def permissions(members: str, release: str, experiments: str | None, models: str | None, env: str | None) -> None:
+    """As the server's admin, create the experiments, reserve the registered model names and give members and the
+    release role their permissions (docs/team.md#permissions). Idempotent. The admin's login comes from
+    MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or conf/local/credentials.yml, as for a run."""
+    from kedro.framework.session import KedroSession
+
+    from pipelines.tracking.login import refused_login
+    from pipelines.tracking.permissions import PermissionPlan, PlanError, apply_plan
+
+    roles = _names(members), _names(release)
+    try:
+        PermissionPlan((), (), *roles)  # a user in both roles stops before the project loads
+        # the context sets the server and the login as for a run: kedro-mlflow reads mlflow.yml, exports the
+        # credentials.yml entry it names, and opens the experiment
+        with KedroSession.create(env=env) as session:
+            context = session.load_context()
+            if models is None:
+                from pipelines.pipeline_registry import register_pipelines  # MindSpore: only when names are not given
+
+                datasets = {name for pipeline in register_pipelines().values() for name in pipeline.datasets()}
+                models = ",".join(registered_model_names(context.catalog, sorted(datasets)))
+            plan = PermissionPlan(
+                _names(experiments) or (context.mlflow.tracking.experiment.name,), _names(models), *roles
+            )
+            for line in apply_plan(plan, context.mlflow.server.mlflow_tracking_uri):
+                click.echo(line)
+    except PlanError as error:
+        raise click.ClickException(f"PlanError: {error}") from error
+    except Exception as error:
+        told = refused_login(error)
+        if told is None:
+            raise
+        raise click.ClickException(f"TrackingLoginError: {told}") from error
