@@ -13,8 +13,9 @@ import pytest
 
 from pipelines.tracking.reader import MlflowRunReader
 from tests.support.report_files import assert_honest_figures
+from tests.support.report_store import STUDIED_FINALS, log_recipe_run, log_study_walk
 from tests.support.stores import EXPERIMENT
-from trainlib.readable import float_text, write_csv
+from trainlib.readable import float_text
 from trainlib.report.compare import compare
 from trainlib.report.differences import (
     by_how_much,
@@ -27,7 +28,7 @@ from trainlib.report.differences import (
     verdict,
 )
 from trainlib.report.figures import compared_histories, figures
-from trainlib.study.statistics import paired_differences, summarise
+from trainlib.study.statistics import paired_differences
 
 FINALS = {
     "baseline": {"top1": 0.80, "top5": 0.99, "epochs": 2},
@@ -170,25 +171,6 @@ def test_the_newest_finished_study_of_the_experiment_is_read_back(tmp_path):
 # -- a study and single runs of unequal budget in one real MLflow store ---------------------------------------------
 
 
-def log_recipe_run(
-    client, experiment: str, pipeline: str, params: dict, top1: list[float], epoch_s: float = 10.0, **tags: str
-) -> str:
-    """A finished run of an image recipe as the pipelines log it: per-epoch metrics (step = epoch), final top-1;
-    each epoch trains on 1,000 images in ``epoch_s`` seconds."""
-    run_id = client.create_run(experiment, tags={"pipeline": pipeline, "env": "base", **tags}).info.run_id
-    for key, value in params.items():
-        client.log_param(run_id, key, value)
-    for epoch, value in enumerate(top1, start=1):
-        for key, logged in (("train/loss", 2.0 / epoch), ("val/top1", value), ("val/top5", 0.99)):
-            client.log_metric(run_id, key, logged, step=epoch)
-        client.log_metric(run_id, "train/epoch_time_s", epoch_s, step=epoch)
-        client.log_metric(run_id, "train/images_per_s", 1000.0 / epoch_s, step=epoch)
-    client.log_metric(run_id, "final/top1", top1[-1])
-    client.log_metric(run_id, "final/top5", 0.99)
-    client.set_terminated(run_id)
-    return run_id
-
-
 @pytest.fixture
 def study_and_unequal_runs(tmp_path):
     """The issue's store: baseline after 5 epochs on the full data, thor after 1 epoch on 60 images a class, adasum
@@ -272,50 +254,11 @@ def test_a_study_and_single_runs_of_unequal_budget_tell_one_story(study_and_uneq
     assert "0.185" not in summary and "0.18500000000000005" not in differences.to_csv()
 
 
-# The seeds' final top-1 on 3,000 images: each pair's mean rounds to six digits one way (0.348667), the mean of the
-# six-digit values in the study's runs.csv the other (0.348666)
-STUDIED_FINALS = {
-    ("baseline", 0): 895 / 3000, ("baseline", 1): 1197 / 3000, ("thor", 0): 1495 / 3000, ("thor", 1): 1857 / 3000
-}  # fmt: skip
-
-
 @pytest.fixture
 def study_with_trainings(tmp_path):
-    """The issue's walk: the default run (baseline, 5 epochs), then a study of baseline and thor over 2 seeds of 1
-    epoch each, whose trainings are child runs of the study's run as the study pipeline logs them; killed after its
-    first training and rerun, so that training is a child of the killed run, and the rerun's runs.csv names it. Its
-    split has 1,050 train images, of which an epoch trains on 1,000 (full batches), in 10 s on seed 0 and 20 s on
-    seed 1. Its CSV files are written as the catalog writes them (six digits), its summary from runs.csv read back."""
+    """The issue's walk (``log_study_walk``), read back as the report reads it."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = mlflow.MlflowClient(uri)
-    experiment = client.create_experiment(EXPERIMENT, artifact_location=(tmp_path / "mlruns").as_uri())
-    data = {"data.image_size": "32", "model.name": "resnet_narrow"}
-    default = log_recipe_run(client, experiment, "baseline", data, [0.5, 0.7, 0.8, 0.84, 0.85])
-    tags = {"pipeline": "study", "env": "base", "train_images": "1050"}
-    killed, study = (client.create_run(experiment, tags=tags).info.run_id for _ in range(2))
-    for key, value in {**data, "study.epochs": "1"}.items():
-        client.log_param(study, key, value)
-    trainings = {}
-    for (recipe, seed), top1 in STUDIED_FINALS.items():
-        parent = killed if (recipe, seed) == ("baseline", 0) else study
-        tags = {"mlflow.parentRunId": parent, "recipe": recipe, "result": recipe, "seed": str(seed)}
-        trainings[recipe, seed] = log_recipe_run(client, experiment, "study", {}, [top1], 10.0 * (seed + 1), **tags)
-    client.set_terminated(killed, "KILLED")
-    recipes, seeds = zip(*STUDIED_FINALS, strict=True)
-    runs = pd.DataFrame(
-        {"recipe": list(recipes), "seed": list(seeds), "final_top1": list(STUDIED_FINALS.values())}
-        | {"final_top5": [0.99] * 4, "time_to_target_s": [math.nan] * 4, "epochs_to_target": [math.nan] * 4}
-        | {"mlflow_run_id": list(trainings.values())}
-    )
-    folder = tmp_path / "study"
-    folder.mkdir()
-    write_csv(runs, folder / "runs.csv")
-    runs = pd.read_csv(folder / "runs.csv")  # the study's next node reads the file back
-    write_csv(in_points(paired_differences(runs)), folder / "paired.csv")
-    write_csv(summarise(runs), folder / "summary.csv")
-    for table in ("paired", "runs", "summary"):
-        client.log_artifact(study, str(folder / f"{table}.csv"), "study")
-    client.set_terminated(study)
+    default, study, trainings = log_study_walk(uri, tmp_path)
     return MlflowRunReader(uri, EXPERIMENT), default, study, trainings
 
 

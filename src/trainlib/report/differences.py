@@ -233,8 +233,8 @@ def verdict(differences: pd.DataFrame) -> str:
     headline = differences[differences["measure"].isin(HEADLINE_MEASURES)]
     if headline.empty:
         return (
-            "No verdict: no study in the experiment and no pair of single runs at equal budget to compare "
-            "(see what was left out below)."
+            "No verdict: no study in the experiment and no pair of single runs at equal budget to compare, so no "
+            "differences.csv (see what was left out below)."
         )
     studied = headline[headline["source"] != SINGLE_RUNS]
     row = next((studied if len(studied) else headline).itertuples())
