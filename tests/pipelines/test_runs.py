@@ -296,13 +296,15 @@ def test_adasum_pipeline(workspace, tmp_path):
     assert_trained(outputs, "adasum", epochs=1)
 
 
+@pytest.mark.pipelines("dim_reduce", "study")
 def test_dim_reduce_pipeline(workspace, tmp_path):
     tree, project = workspace
     uri = tracking_uri(project)
     graphs = tmp_path / "graphs"
-    outputs = run_audited(
-        "dim_reduce", tiny_params(tree), project, graphs, **up_to("dim_reduce.comparison.compare_runs")
-    )
+    # stage 2 (and so the control) evaluates every 2 steps, as the study does it below
+    overrides = {"dim_reduce": {"stage2": {"eval_every_steps": 2}}, "runtime": {"seed": 0}}
+    params = tiny_params(tree, overrides)
+    outputs = run_audited("dim_reduce", params, project, graphs, **up_to("dim_reduce.comparison.compare_runs"))
     comparison = outputs["dim_reduce.comparison.comparison"]
     assert list(comparison["model"]) == ["stage1", "stage2", "control"]
     assert list(comparison["epoch"]) == [2, 3, 3]
@@ -323,6 +325,13 @@ def test_dim_reduce_pipeline(workspace, tmp_path):
     stage1_params = set(trainings["stage1"].data.params)
     assert "dim_reduce.stage1.epochs" in stage1_params and any(key.startswith("boost.") for key in stage1_params)
 
+    # the study of dim_reduce on the same seed and evaluation trains what this run trained, to the bit
+    study = {"study": {"recipes": ["dim_reduce"], "seeds": [0]}}
+    studied = run_pipeline("study", tiny_params(tree, {**study, **overrides}), project, **up_to("study.run"))
+    for row in ("stage2", "control"):
+        history, steps = outputs[f"dim_reduce.{row}.history"], outputs[f"dim_reduce.{row}.step_history"]
+        assert_the_study_trained_it(studied, row, history, steps)
+
 
 @pytest.mark.pipelines("study", "report")
 def test_study_pipeline(workspace, caplog):
@@ -332,7 +341,7 @@ def test_study_pipeline(workspace, caplog):
     uri = tracking_uri(project)
     params = tiny_params(tree, {"target": {"top1": 0.01}, "study": {"eval_every_steps": 8}})
     with caplog.at_level(logging.WARNING, logger="trainlib.study"):
-        outputs = run_pipeline("study", params, project)
+        outputs = studied_outputs = run_pipeline("study", params, project)
     warnings = [record.getMessage() for record in caplog.records if record.name == "trainlib.study.runner"]
     assert warnings == [
         f"study.eval_every_steps is 8, but an epoch of {recipe} has 6 steps: its curve has a point every 8 steps "
@@ -405,6 +414,31 @@ def test_study_pipeline(workspace, caplog):
         mlflow.set_tracking_uri(uri)
         assert sorted(runs_to_compare(only_run(uri, "report").info.run_id)) == studied
     assert_readable_csv_files(project / "data")
+
+    # the study trains what `kedro run --pipelines=<recipe>` trains: on the study's seed and budget, the same
+    # figures to the bit (thor_first_order is thor's pipeline with thor.precondition false)
+    for recipe, section, values in (
+        ("baseline", "baseline", {}),
+        ("thor", "thor", {}),
+        ("thor_first_order", "thor", {"precondition": False}),
+    ):
+        budget = {"target": {"top1": 0.01}, section: {"epochs": 1, "eval_every_steps": 8, **values}}
+        alone = run_pipeline(
+            section, tiny_params(tree, {**budget, "runtime": {"seed": 0}}), project, **up_to(f"{section}.train")
+        )
+        assert_the_study_trained_it(
+            studied_outputs, recipe, alone[f"{section}.history"], alone[f"{section}.step_history"]
+        )
+
+
+def assert_the_study_trained_it(study: dict, row: str, history: pd.DataFrame, steps: pd.DataFrame) -> None:
+    """The study's result row ``row`` has the final accuracy and the step curve of ``history`` and ``steps`` (a
+    ``kedro run``'s), exactly."""
+    final = study["study.runs"].set_index("recipe").loc[row]
+    assert (final["final_top1"], final["final_top5"]) == tuple(history[["val/top1", "val/top5"]].iloc[-1]), row
+    curve = study["study.curves"].query("recipe == @row")
+    assert list(curve["step"]) == list(steps["step"]), row
+    assert list(curve["top1"]) == list(steps["val/step_top1"]), row
 
 
 def test_thor_bert_pipeline(workspace):

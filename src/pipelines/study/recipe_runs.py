@@ -20,9 +20,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from graphlib import TopologicalSorter
 
 from kedro.framework.project import pipelines
-from kedro.io import DataCatalog
+from kedro.io import DataCatalog, MemoryDataset
 from kedro.pipeline import Pipeline
 from kedro.runner import SequentialRunner
 from kedro.validation import ParameterValidator
@@ -102,7 +103,9 @@ class RecipePipelines:
             folder = self._plan.directory / "checkpoints" / key / (run.rows[0].name if len(runs) > 1 else "")
             parameters = self._parameters(spec, run, seed, values, str(folder))
             typed = ParameterValidator({spec.pipeline_name: run.pipeline}).validate_raw_params(parameters)
-            catalog = DataCatalog()
+            # every dataset in memory, declared here: one training's outputs are the next one's inputs (Kedro checks a
+            # run's inputs against the datasets its catalog declares)
+            catalog = DataCatalog({name: MemoryDataset() for name in run.pipeline.datasets()})
             for name in run.pipeline.inputs():
                 catalog[name] = value_at(typed, name) if name.startswith(PARAMS) else self._data[name]
             for training, nodes in _trainings(spec, run).items():
@@ -161,22 +164,32 @@ _KEPT = ("history", "step_history")  # what the study keeps of each result row's
 
 
 def _trainings(spec: RecipeSpec, run: _PipelineRun) -> dict[str, list]:
-    """The nodes of ``run`` by the training (namespace) they belong to, in the order they run: a result row's, or
-    another training of the recipe (dim_reduce's stage 1); a node outside any runs with the next training."""
+    """The nodes of ``run`` by the training (namespace) they belong to, in an order the trainings can run: a result
+    row's, or another training of the recipe (dim_reduce's stage 1); a node outside any runs with the first training
+    it feeds (dim_reduce's PCA with stage 2, thor_bert's corpus and tokenizer with its first training)."""
     namespaces = [row.section for row in run.rows] + [f"{spec.section}.{name}" for name, _ in spec.other_trainings]
-    trainings: dict[str, list] = {}
-    waiting: list = []
-    for node in run.pipeline.nodes:  # in an order Kedro runs them
+    nodes = run.pipeline.nodes  # in an order Kedro runs them
+    training_of: dict[str, str] = {}
+    for node in nodes:
         namespace = node.namespace or ""
-        training = next((ns for ns in namespaces if namespace == ns or namespace.startswith(f"{ns}.")), None)
-        if training is None:
-            waiting.append(node)
-            continue
-        trainings.setdefault(training, []).extend([*waiting, node])
-        waiting = []
-    if waiting:
-        raise ValueError(f"{spec.name}: nodes {[n.name for n in waiting]} come after its last training")
-    return trainings
+        owner = next((ns for ns in namespaces if namespace == ns or namespace.startswith(f"{ns}.")), None)
+        if owner is not None:
+            training_of[node.name] = owner
+    for node in reversed(nodes):  # each reader of a node comes after it: its training is known by then
+        if node.name not in training_of:
+            readers = [other.name for other in nodes if set(node.outputs) & set(other.inputs)]
+            if not readers:
+                raise ValueError(f"{spec.name}: node {node.name} feeds none of its trainings")
+            training_of[node.name] = training_of[readers[0]]
+    maker = {dataset: node.name for node in nodes for dataset in node.outputs}
+    needs: dict[str, set[str]] = {training: set() for training in dict.fromkeys(training_of.values())}
+    for node in nodes:
+        made_by = {training_of[maker[dataset]] for dataset in node.inputs if dataset in maker}
+        needs[training_of[node.name]] |= made_by - {training_of[node.name]}
+    return {
+        training: [node for node in nodes if training_of[node.name] == training]
+        for training in TopologicalSorter(needs).static_order()
+    }
 
 
 def _title(spec: RecipeSpec, training: str, row: ResultRow | None, seed: int) -> str:
