@@ -62,6 +62,7 @@ def test_the_studys_tables_are_the_specifications():
         "thor": ("thor",),
         "thor_first_order": ("thor_first_order",),
         "thor_bert": ("thor_bert", "thor_bert_control"),
+        "lars": ("lars",),  # added through its own specification (issue 51 item 4)
     }
     assert set(paired_rows()) == {
         ("thor", "baseline"),
@@ -69,12 +70,14 @@ def test_the_studys_tables_are_the_specifications():
         ("stage2", "control"),
         ("adasum", "allreduce"),
         ("thor_bert", "thor_bert_control"),
+        ("lars", "baseline"),
     }
     assert tuned_trainings() == {
         "baseline": ("baseline",),
         "thor": ("thor",),
         "thor_first_order": ("thor_first_order",),
         "thor_bert": ("thor_bert", "thor_bert_control"),
+        "lars": ("lars",),
     }
     tuned = {row for rows in tuned_trainings().values() for row in rows}
     assert {row: section for row, section in row_sections().items() if row in tuned} == {
@@ -83,6 +86,7 @@ def test_the_studys_tables_are_the_specifications():
         "thor_first_order": "thor",
         "thor_bert": "thor_bert.thor",
         "thor_bert_control": "thor_bert.control",
+        "lars": "lars",
     }
     assert budgeted_sections() == {
         "baseline": ("epochs", "eval_every_steps"),
@@ -91,6 +95,7 @@ def test_the_studys_tables_are_the_specifications():
         "thor_bert.thor": ("epochs", "eval_every_steps"),
         "thor_bert.control": ("epochs", "eval_every_steps"),
         "dim_reduce.stage2": ("eval_every_steps",),
+        "lars": ("epochs", "eval_every_steps"),
     }
 
 
@@ -109,6 +114,7 @@ def test_the_colour_families_are_the_ones_the_runs_had():
         "stage2": "#b07aa1",
         "dim_reduce": "#b07aa1",
         "stage1": "#bab0ac",
+        "lars": "#edc948",
     }
 
 
@@ -196,4 +202,5 @@ def test_the_sections_that_checkpoint_are_found_in_the_parameters_not_listed():
         "dim_reduce.control",
         "thor_bert.thor",
         "thor_bert.control",
+        "lars",
     }

@@ -26,6 +26,7 @@ PIPELINE_NAMES = (
     "study",
     "thor_bert",
     "predict",
+    "lars",
 )
 DEFAULT = ("data", "baseline")
 DEFAULT_PIPELINE = "baseline"  # what __default__ runs, and the name its MLflow run and tag take
@@ -44,6 +45,7 @@ def register_pipelines() -> dict[str, Pipeline]:
         "dim_reduce": data + created["dim_reduce"],
         "thor": data + created["thor"],
         "adasum": data + created["adasum"],
+        "lars": data + created["lars"],
         "report": created["report"],
         "migrate": created["migrate"],
         "predict": created["predict"],  # a model from MLflow: no data pipeline, no training

@@ -187,6 +187,7 @@ SECTION_RULES: dict[str, Rule] = {
     "data": _data,
     "baseline": _baseline,
     "adasum": _adasum,
+    "lars": _baseline,  # Momentum's loop and keys: the same substitutions
     "thor": _thor,
     "dim_reduce": _dim_reduce,
     "study": _study,

@@ -296,6 +296,15 @@ def test_adasum_pipeline(workspace, tmp_path):
     assert_trained(outputs, "adasum", epochs=1)
 
 
+def test_lars_pipeline(workspace, tmp_path):
+    """LARS (its own optimizer cell: tests/optim/test_lars.py) trains through the image template, its checkpoints
+    named after it."""
+    tree, project = workspace
+    outputs = run_audited("lars", tiny_params(tree), project, tmp_path / "graphs", **up_to("lars.evaluate"))
+    assert_trained(outputs, "lars", epochs=1)
+    assert outputs["lars.final_checkpoint"].metadata["training"] == "lars"
+
+
 @pytest.mark.pipelines("dim_reduce", "study")
 def test_dim_reduce_pipeline(workspace, tmp_path):
     tree, project = workspace

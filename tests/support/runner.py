@@ -49,6 +49,7 @@ TINY = {
     },
     "baseline": {"epochs": 2, "batch_size": 4, "lr": {"peak": 0.05, "warmup_epochs": 0}},
     "adasum": {"epochs": 1, "batch_size": 4, "lr": {"peak": 0.05, "warmup_epochs": 0}},
+    "lars": {"epochs": 1, "batch_size": 4, "lr": {"peak": 1.0, "warmup_epochs": 0}},
     "thor": {"epochs": 2, "batch_size": 4, "frequency": 2},
     "dim_reduce": {
         "stage1": {

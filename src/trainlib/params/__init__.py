@@ -65,6 +65,7 @@ from trainlib.params.dim_reduce import (
     TrajectoryParams,
 )
 from trainlib.params.errors import CrossKeyProblems, ParameterError
+from trainlib.params.lars import LarsParams
 from trainlib.params.migrate import MigrateParams, MigrationParity
 from trainlib.params.numbers import Fraction, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt
 from trainlib.params.predict import PredictParams
@@ -138,6 +139,7 @@ __all__ = [
     "MigrationParity",
     "MlperfPolynomialSchedule",
     "ModelParams",
+    "LarsParams",
     "MomentumTraining",
     "NetworkName",
     "NonNegativeFloat",

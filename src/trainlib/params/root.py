@@ -23,6 +23,7 @@ from trainlib.params.common import (
 )
 from trainlib.params.dim_reduce import DimReduceParams
 from trainlib.params.errors import CrossKeyProblems, ParameterError, problem_lines
+from trainlib.params.lars import LarsParams
 from trainlib.params.migrate import MigrateParams
 from trainlib.params.predict import PredictParams
 from trainlib.params.recipe_spec import row_section
@@ -44,6 +45,7 @@ class Parameters(Section):
     adasum: AdasumParams
     baseline: BaselineParams
     dim_reduce: DimReduceParams
+    lars: LarsParams
     migrate: MigrateParams
     predict: PredictParams
     report: ReportParams

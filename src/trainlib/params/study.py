@@ -35,6 +35,7 @@ class RecipeSpace(Section):
     weight_decay: LogRange | None = None
     damping: ScheduleSpace | None = None  # THOR's (thor, thor_bert: thor_first_order has no preconditioner)
     frequency: FrequencyRange | None = None  # THOR's statistics and inverses every N steps (thor, thor_bert)
+    trust_coefficient: LogRange | None = None  # LARS's eta (lars)
 
 
 class TuningParams(Section):

@@ -11,7 +11,8 @@ or boost's Adasum through ``Model.train``). ``train_momentum`` builds the step a
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from trainlib.boost.options import boost_enabled, build_train_step
 from trainlib.distributed.launch import rank_context
@@ -28,6 +29,8 @@ from trainlib.recipes import classifier
 from trainlib.recipes.context import TrainingContext
 
 logger = logging.getLogger(__name__)
+# An optimizer over a network's parameters, from it and the lr of every step
+OptimizerFactory = Callable[[Any, Any], Any]
 
 
 def train_momentum(
@@ -43,6 +46,7 @@ def train_momentum(
     adasum: AdasumParams | None = None,
     callbacks: Sequence[Callback] = (),
     leader_callbacks: Sequence[Callback] = (),
+    optimizer: OptimizerFactory | None = None,
 ) -> TrainingResult:
     """Momentum training from ``start`` up to epoch ``epochs`` (default ``training.epochs``) of a
     ``schedule_epochs``-epoch lr schedule (default: the training's own epochs).
@@ -53,8 +57,9 @@ def train_momentum(
     dim_reduce control). ``boost``: mindspore.boost's options in the step (None: off); ``adasum``: combine the
     ranks' weight deltas by Adasum (None: gradients averaged). ``callbacks`` run on every rank (e.g.
     ``tracking.EpochMetrics``, which logs only where a run is active); ``leader_callbacks`` only on each node's
-    first worker (files). ``name`` names the training in its checkpoints' metadata (``training``). Returns the
-    final full checkpoint, every epoch's row and the end-of-training figures.
+    first worker (files). ``name`` names the training in its checkpoints' metadata (``training``). ``optimizer``:
+    another optimizer of the same state (``moments``, ``global_step``) from the network and the lr per step (LARS);
+    None: Momentum. Returns the final full checkpoint, every epoch's row and the end-of-training figures.
     """
     epochs = training.epochs if epochs is None else epochs
     schedule_epochs = epochs if schedule_epochs is None else schedule_epochs
@@ -76,10 +81,14 @@ def train_momentum(
     def make_step(start: Checkpoint, steps_per_epoch: int) -> TrainStep:
         net = classifier.network_from_checkpoint(model, class_index, start, "start checkpoint")
         lr_per_step = per_step(training.lr, epochs=schedule_epochs, steps_per_epoch=steps_per_epoch, devices=worker_num)
-        optimizer = create_momentum(net, lr_per_step, training.momentum, training.weight_decay, training.loss_scale)
+        if optimizer is None:
+            chosen = create_momentum(net, lr_per_step, training.momentum, training.weight_decay, training.loss_scale)
+        else:
+            chosen = optimizer(net, lr_per_step)
         loss_fn = CrossEntropySmooth(classes, training.label_smoothing)
         logger.info(
-            "Momentum training of %s: %s schedule, lr max %.4g, loss scale %g",
+            "%s training of %s: %s schedule, lr max %.4g, loss scale %g",
+            type(chosen).__name__,
             model.name,
             training.lr.shape,
             lr_per_step.max(),
@@ -89,15 +98,15 @@ def train_momentum(
             from trainlib.optim.adasum.mindspore_adasum import builtin_adasum_model
 
             step = ModelTrainStep(
-                lambda: builtin_adasum_model(net, loss_fn, optimizer, training.loss_scale),
+                lambda: builtin_adasum_model(net, loss_fn, chosen, training.loss_scale),
                 net,
-                optimizer,
+                chosen,
                 lr_per_step,
                 training.loss_scale,
             )
             step.recipe = "Momentum with Adasum (mindspore.boost)"
             return step
-        return MomentumStep(net, loss_fn, optimizer, lr_per_step, training.loss_scale, runtime, boost, adasum)
+        return MomentumStep(net, loss_fn, chosen, lr_per_step, training.loss_scale, runtime, boost, adasum)
 
     leader = list(leader_callbacks) if rank_context().is_node_leader else []
     return classifier.train_classifier(
