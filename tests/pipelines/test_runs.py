@@ -23,6 +23,16 @@ from pipelines.pipeline_registry import PIPELINE_NAMES
 from pipelines.tracking.links import runs_to_compare
 from tests.support.backends import assert_declared_on_every_target, dumped_graphs
 from tests.support.csv_files import assert_readable_csv_files
+from tests.support.pipeline_runs import (
+    assert_the_study_trained_it,
+    children,
+    client,
+    cpu_model,
+    only_run,
+    runs_of,
+    up_to,
+    widest_isa,
+)
 from tests.support.runner import process_state_kept, run_pipeline, session_project, tiny_params, tracking_uri
 from tests.support.trees import write_image_tree
 from trainlib.metrics import (
@@ -46,47 +56,6 @@ def workspace(tmp_path):
     """A tree and a temporary project of its own: the runs' files and their MLflow store land there."""
     tree = write_image_tree(tmp_path / "tree", classes=CLASSES, per_class={"train": 8, "val": 3})
     return tree, session_project(tmp_path / "project")
-
-
-def client(uri: str) -> mlflow.MlflowClient:
-    return mlflow.MlflowClient(tracking_uri=uri)
-
-
-def runs_of(uri: str, pipeline: str) -> list:
-    return client(uri).search_runs(
-        [client(uri).get_experiment_by_name("resnet-recipes").experiment_id], f"tags.pipeline = '{pipeline}'"
-    )
-
-
-def only_run(uri: str, pipeline: str):
-    (run,) = runs_of(uri, pipeline)
-    return run
-
-
-def children(uri: str, run) -> dict[str, object]:
-    found = client(uri).search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'")
-    return {child.data.tags.get("training", child.info.run_name): child for child in found}
-
-
-# The recipes' runs but the baseline's stop before exporting their models: the export node is the template's, whose
-# model the baseline's test checks (seconds of compiling and MLflow logging per model in this tier)
-def up_to(*nodes: str) -> dict:
-    """``KedroSession.run``'s filter for the nodes up to ``nodes``."""
-    return {"to_nodes": list(nodes)}
-
-
-def cpu_model() -> str:
-    """The first ``model name`` of /proc/cpuinfo, read here apart from the code under test."""
-    return next(
-        line.split(":", 1)[1].strip()
-        for line in Path("/proc/cpuinfo").read_text().splitlines()
-        if line.startswith("model name")
-    )
-
-
-def widest_isa() -> str:
-    flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
-    return "avx512f" if "avx512f" in flags else "avx2" if "avx2" in flags else "avx" if "avx" in flags else "none"
 
 
 def run_audited(pipeline: str, params: dict, project: Path, graphs, **filters) -> dict:
@@ -438,16 +407,6 @@ def test_study_pipeline(workspace, caplog):
         assert_the_study_trained_it(
             studied_outputs, recipe, alone[f"{section}.history"], alone[f"{section}.step_history"]
         )
-
-
-def assert_the_study_trained_it(study: dict, row: str, history: pd.DataFrame, steps: pd.DataFrame) -> None:
-    """The study's result row ``row`` has the final accuracy and the step curve of ``history`` and ``steps`` (a
-    ``kedro run``'s), exactly."""
-    final = study["study.runs"].set_index("recipe").loc[row]
-    assert (final["final_top1"], final["final_top5"]) == tuple(history[["val/top1", "val/top5"]].iloc[-1]), row
-    curve = study["study.curves"].query("recipe == @row")
-    assert list(curve["step"]) == list(steps["step"]), row
-    assert list(curve["top1"]) == list(steps["val/step_top1"]), row
 
 
 def test_thor_bert_pipeline(workspace):
