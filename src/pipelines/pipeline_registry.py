@@ -14,47 +14,39 @@ from importlib import import_module
 
 from kedro.pipeline import Pipeline
 
-# The registered names besides __default__ (tests/pipelines/test_registry.py checks them against register_pipelines()).
-PIPELINE_NAMES = (
-    "data",
-    "baseline",
-    "dim_reduce",
-    "thor",
-    "adasum",
-    "report",
-    "migrate",
-    "study",
-    "thor_bert",
-    "predict",
-    "lars",
-)
+from trainlib.params.recipe_spec import recipe_pipelines
+
+# The registered names besides __default__ (tests/pipelines/test_registry.py checks them against register_pipelines()):
+# the data every image recipe reads, each recipe with a pipeline of its own (``RecipeSpec``, this package's and other
+# installed packages'), then the pipelines that read the recipes' runs. The recipes come before the study: Kedro 1.7
+# validates typed parameters in this order and cannot set a section's keys (params:thor_bert.corpus) once the whole
+# section is set, only the reverse.
+PIPELINE_NAMES = ("data", *recipe_pipelines(), "report", "migrate", "study", "predict")
 DEFAULT = ("data", "baseline")
 DEFAULT_PIPELINE = "baseline"  # what __default__ runs, and the name its MLflow run and tag take
 
 
 def register_pipelines() -> dict[str, Pipeline]:
-    """Each recipe after the data pipeline; ``__default__`` is ``baseline``."""
+    """Each image recipe after the data pipeline (a language model's alone); ``__default__`` is ``baseline``."""
     # Imported here, not at the top: ``pipelines_named_by`` serves the command line before any run, and the
     # pipeline modules load MindSpore through their nodes.
-    created = {name: import_module(f"pipelines.{name}.pipeline").create_pipeline() for name in PIPELINE_NAMES}
+    recipes = recipe_pipelines()
+    modules = {
+        name: recipes[name].pipeline_module_name if name in recipes else f"pipelines.{name}.pipeline"
+        for name in PIPELINE_NAMES
+    }
+    created = {name: import_module(module).create_pipeline() for name, module in modules.items()}
     data = created["data"]
-    baseline = data + created["baseline"]
-    return {
-        "data": data,
-        "baseline": baseline,
-        "dim_reduce": data + created["dim_reduce"],
-        "thor": data + created["thor"],
-        "adasum": data + created["adasum"],
-        "lars": data + created["lars"],
+    registered = {"data": data}
+    for name, spec in recipes.items():
+        registered[name] = data + created[name] if spec.task == "image_classification" else created[name]
+    registered |= {
         "report": created["report"],
         "migrate": created["migrate"],
-        "predict": created["predict"],  # a model from MLflow: no data pipeline, no training
-        # thor_bert before the study: Kedro 1.7 validates typed parameters in this order and cannot set a section's
-        # keys (params:thor_bert.corpus) once the whole section (the study's params:thor_bert) is set, only the reverse
-        "thor_bert": created["thor_bert"],  # text, not images: no data pipeline
         "study": data + created["study"],
-        "__default__": baseline,
+        "predict": created["predict"],  # a model from MLflow: no data pipeline, no training
     }
+    return {**registered, "__default__": registered[DEFAULT_PIPELINE]}
 
 
 def pipelines_named_by(names: Iterable[str]) -> list[str]:

@@ -10,9 +10,10 @@ rules satisfied (dim_reduce's trajectory, PCA components and epochs), and every 
 ``data/fast_dev_run/<env>/`` (``relocated``: checkpoint folders here, the catalog's files in ``pipelines.hooks``),
 so that a real run's checkpoints and results are never touched or resumed.
 
-The rules are a table, ``SECTION_RULES``: one entry per parameter section, a function of that section's
-mapping and the ``Plan`` (workers, batch, steps, env) returning its substitutions by key within the section.
-A new section (``thor_bert``) adds one entry. Only values that differ from the configuration are returned.
+The rules are a table, ``SECTION_RULES``: a function of a section's mapping and the ``Plan`` (workers, batch,
+steps, env) returning its substitutions by key within the section. A section of one training (a batch size and a
+checkpoint folder: baseline, lars, a recipe of another package) needs no entry: it takes ``_training``; a section
+with rules of its own (``thor_bert``) adds one. Only values that differ from the configuration are returned.
 
 Pure: standard library only (no Kedro, MindSpore or MLflow); ``pipelines.hooks`` applies the result as runtime
 parameters before validation, so the nodes see the substituted values.
@@ -109,8 +110,9 @@ def _training(section: Mapping, plan: Plan, epochs: int | None = 1) -> dict:
     return values
 
 
-def _baseline(section: Mapping, plan: Plan) -> dict:
-    return _training(section, plan)
+def _trains(section) -> bool:
+    """A section of one training: what ``_training`` rehearses."""
+    return isinstance(section, Mapping) and "batch_size" in section and "checkpoint" in section
 
 
 def _adasum(section: Mapping, plan: Plan) -> dict:
@@ -180,14 +182,13 @@ def _tracking(section: Mapping, plan: Plan) -> dict:
     return {"artifact_max_mb": 0}  # checkpoints and reports stay on disk: nothing is stored as a result
 
 
-# section -> its rule. A new section adds its rule here.
+# section -> its rule, where it needs one of its own; any other section that trains (a batch size and a checkpoint
+# folder: baseline, lars, another package's recipe) takes ``_training``, so that no training escapes the rehearsal
 SECTION_RULES: dict[str, Rule] = {
     "runtime": _runtime,
     "distributed": _distributed,
     "data": _data,
-    "baseline": _baseline,
     "adasum": _adasum,
-    "lars": _baseline,  # Momentum's loop and keys: the same substitutions
     "thor": _thor,
     "dim_reduce": _dim_reduce,
     "study": _study,
@@ -280,9 +281,11 @@ def fast_dev_run_overrides(
     )
     result = Substitutions()
     wanted: dict[str, Any] = {}
-    for name, rule in SECTION_RULES.items():
-        if name in raw_params:
-            wanted |= {f"{name}.{key}": value for key, value in rule(raw_params[name], plan).items()}
+    for name in [*SECTION_RULES, *(name for name in raw_params if name not in SECTION_RULES)]:
+        section = raw_params.get(name)
+        rule = SECTION_RULES.get(name, _training if _trains(section) else None)
+        if section is not None and rule is not None:
+            wanted |= {f"{name}.{key}": value for key, value in rule(section, plan).items()}
 
     # the image tree: the one given when it exists, else the CPU default tree, saying so
     data = raw_params["data"]

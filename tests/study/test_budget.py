@@ -34,6 +34,7 @@ def test_every_section_the_study_trains_takes_the_values_its_run_logs(tmp_path):
         "thor_bert.thor",
         "thor_bert.control",
         "dim_reduce.stage2",
+        "lars",
     }
 
 

@@ -33,6 +33,7 @@ RECIPES = (
         ),
         colour=ADASUM,
         several_ranks=True,
+        trainer="trainlib.recipes.momentum:train_adasum",
         report=ReportRuns(("adasum",)),
     ),
 )

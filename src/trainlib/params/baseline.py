@@ -35,5 +35,7 @@ RECIPES = (
         BaselineParams,
         (ResultRow("baseline", "baseline", tunable=True),),
         report=ReportRuns(("baseline", "__default__")),  # the default pipeline is the baseline's
+        trainer="trainlib.recipes.momentum:train_baseline",
+        takes_boost=True,
     ),
 )

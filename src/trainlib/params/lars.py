@@ -28,5 +28,6 @@ RECIPES = (
         (ResultRow("lars", "lars", ("baseline",), tunable=True, colour=LAYER_WISE),),
         colour=LAYER_WISE,
         report=ReportRuns(("lars",)),
+        trainer="trainlib.recipes.lars:train_lars",
     ),
 )

@@ -79,7 +79,12 @@ class RecipeSpec:
     ``pipeline``: the registered Kedro pipeline that trains it (empty: the one of its name), which the study runs per
     seed; every key named ``dir`` under ``section`` is a folder its trainings write (checkpoints, a trajectory),
     which the study moves under its own. ``several_ranks``: the study trains it on ``study.adasum_workers`` msrun
-    ranks of one node (its comparison is about combining ranks), every other recipe on one device."""
+    ranks of one node (its comparison is about combining ranks), every other recipe on one device.
+
+    A recipe trained by the image template (``pipelines.training``) names its ``trainer``, ``"module:function"``
+    called as ``function(context, start, section, *, callbacks)`` (and ``boost=`` when ``takes_boost``: the
+    Momentum baseline's mindspore.boost options); ``pipeline_module`` is where its Kedro pipeline's
+    ``create_pipeline`` is (empty: ``pipelines.<pipeline>.pipeline``; a package of its own names its module)."""
 
     name: str
     section: str
@@ -92,12 +97,20 @@ class RecipeSpec:
     report: ReportRuns | None = None  # a recipe with a pipeline of its own: the report compares its runs
     pipeline: str = ""
     several_ranks: bool = False
+    trainer: str = ""
+    takes_boost: bool = False
+    pipeline_module: str = ""
     doc: str = field(default="", compare=False)
 
     @property
     def pipeline_name(self) -> str:
         """The registered pipeline that trains it."""
         return self.pipeline or self.name
+
+    @property
+    def pipeline_module_name(self) -> str:
+        """The module whose ``create_pipeline`` makes its pipeline."""
+        return self.pipeline_module or f"pipelines.{self.pipeline_name}.pipeline"
 
 
 class RecipeRegistryError(ValueError):
@@ -134,6 +147,20 @@ def recipe_specs() -> dict[str, RecipeSpec]:
             rows[row.name] = spec.name
         specs[spec.name] = spec
     return specs
+
+
+def recipe_pipelines() -> dict[str, RecipeSpec]:
+    """The recipes with a pipeline of their own (not thor_first_order, which runs thor's), by pipeline name."""
+    return {spec.name: spec for spec in recipe_specs().values() if spec.pipeline_name == spec.name}
+
+
+def template_trainers() -> dict[type, RecipeSpec]:
+    """The recipes the image template trains, by the type of their section (the first of a section wins)."""
+    found: dict[type, RecipeSpec] = {}
+    for spec in recipe_specs().values():
+        if spec.trainer:
+            found.setdefault(spec.parameters, spec)
+    return found
 
 
 def result_rows() -> dict[str, tuple[str, ...]]:

@@ -6,11 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pydantic import BaseModel, ValidationError, model_validator
+from pydantic import BaseModel, ValidationError, create_model, model_validator
 
-from trainlib.params.adasum import AdasumParams
 from trainlib.params.base import CheckpointParams, Section
-from trainlib.params.baseline import BaselineParams
 from trainlib.params.choices import BUILTIN_ADASUM_MIN_DEVICES, GRAD_CENTRALIZATION_TARGETS
 from trainlib.params.common import (
     BoostParams,
@@ -21,42 +19,33 @@ from trainlib.params.common import (
     TargetParams,
     TrackingParams,
 )
-from trainlib.params.dim_reduce import DimReduceParams
 from trainlib.params.errors import CrossKeyProblems, ParameterError, problem_lines
-from trainlib.params.lars import LarsParams
 from trainlib.params.migrate import MigrateParams
 from trainlib.params.predict import PredictParams
-from trainlib.params.recipe_spec import row_section
+from trainlib.params.recipe_spec import recipe_specs, row_section
 from trainlib.params.report import ReportParams
 from trainlib.params.schedules import PolynomialSchedule, WarmupSchedule
 from trainlib.params.study import StudyParams
-from trainlib.params.thor import ThorParams
-from trainlib.params.thor_bert import ThorBertParams
 
 
-class Parameters(Section):
-    """The whole merged configuration, with the rules that span sections."""
+class SharedParameters(Section):
+    """The configuration's sections that are no recipe's, with the rules that span sections; ``Parameters`` adds
+    every recipe's section."""
 
     runtime: RuntimeParams
     distributed: DistributedParams
     data: DataParams
     model: ModelParams
     boost: BoostParams
-    adasum: AdasumParams
-    baseline: BaselineParams
-    dim_reduce: DimReduceParams
-    lars: LarsParams
     migrate: MigrateParams
     predict: PredictParams
     report: ReportParams
-    thor: ThorParams
-    thor_bert: ThorBertParams
     study: StudyParams
     target: TargetParams
     tracking: TrackingParams
 
     @model_validator(mode="after")
-    def _runnable_on_this_target(self) -> Parameters:
+    def _runnable_on_this_target(self) -> SharedParameters:
         problems = []
         device_target, workers = self.runtime.device_target, self.distributed.worker_num
         if self.adasum.implementation == "mindspore_builtin" and (
@@ -140,7 +129,7 @@ class Parameters(Section):
         return self
 
     @model_validator(mode="after")
-    def _tuning_spaces_fit_their_sections(self) -> Parameters:
+    def _tuning_spaces_fit_their_sections(self) -> SharedParameters:
         """A tuned warm-up needs a learning-rate schedule with one in that unit (THOR's ResNet schedule has none;
         the Momentum schedules count epochs, the BERT ones steps)."""
         problems = []
@@ -156,6 +145,17 @@ class Parameters(Section):
                     )
         CrossKeyProblems.raise_if_any(problems)
         return self
+
+
+# The whole merged configuration: the shared sections and every recipe's, each from its specification (this package's
+# and other installed packages', ``recipe_spec``), so a new recipe's section is validated with the rest
+Parameters = create_model(
+    "Parameters",
+    __base__=SharedParameters,
+    __module__=__name__,
+    **{spec.section: (spec.parameters, ...) for spec in recipe_specs().values()},
+)
+Parameters.__doc__ = "The whole merged configuration (every recipe's section too), with the rules that span sections."
 
 
 def checkpointed_sections(parameters: BaseModel, prefix: str = "") -> Iterator[tuple[str, BaseModel]]:

@@ -127,6 +127,7 @@ RECIPES = (
         ),
         colour=SECOND_ORDER,
         report=ReportRuns(("thor",)),
+        trainer="trainlib.recipes.thor:train_thor",
     ),
     RecipeSpec(
         "thor_first_order",

@@ -141,13 +141,12 @@ def train_adasum(
     start: Checkpoint,
     adasum: AdasumParams,
     *,
-    combine_by_adasum: bool,
     callbacks: Sequence[Callback] = (),
 ) -> TrainingResult:
     """The adasum recipe: ``adasum.epochs`` epochs of Momentum from ``start``'s weights, the ranks' weight deltas
-    combined by Adasum (``combine_by_adasum``), or their gradients averaged (plain data parallelism, the study's
-    reference on the same ranks)."""
-    name, combined_by = ("adasum", adasum) if combine_by_adasum else ("allreduce", None)
+    combined by Adasum (``adasum.combine_by_adasum``), or their gradients averaged (plain data parallelism, the
+    study's reference on the same ranks)."""
+    name, combined_by = ("adasum", adasum) if adasum.combine_by_adasum else ("allreduce", None)
     return train_momentum(context, start, adasum, name=name, adasum=combined_by, callbacks=callbacks)
 
 

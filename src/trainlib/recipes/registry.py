@@ -1,46 +1,46 @@
 """Which library function trains each image recipe's section: the training template's ``train`` node
-(``pipelines.training``) calls ``train_recipe`` with whichever section it was given (baseline, adasum,
-thor), so a new image recipe is a section model and a trainer here, not a new node."""
+(``pipelines.training``) calls ``train_recipe`` with whichever section it was given, and the recipe whose section
+it is names its trainer (``RecipeSpec.trainer``), so a new image recipe is a section model, a specification and a
+trainer, not a new node nor a line here."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from importlib import import_module
+
+from pydantic import BaseModel
 
 from trainlib.distributed.launch import is_power_of_two
 from trainlib.engine.callbacks import Callback
 from trainlib.engine.checkpoint import Checkpoint
 from trainlib.engine.loop import TrainingResult
-from trainlib.params import AdasumParams, BaselineParams, BoostParams, DistributedParams, LarsParams, ThorParams
+from trainlib.params import AdasumParams, BoostParams, DistributedParams
+from trainlib.params.recipe_spec import template_trainers
 from trainlib.recipes.context import TrainingContext
-from trainlib.recipes.lars import train_lars
-from trainlib.recipes.momentum import train_adasum, train_baseline
-from trainlib.recipes.thor import train_thor
 
 
 def train_recipe(
     context: TrainingContext,
     start: Checkpoint,
-    recipe: BaselineParams | AdasumParams | ThorParams | LarsParams,
+    recipe: BaseModel,
     *,
     boost: BoostParams,
     callbacks: Sequence[Callback] = (),
 ) -> TrainingResult:
-    """``recipe``'s whole training from ``start``: Momentum (with ``boost``'s options, mindspore.boost in the step),
-    Momentum with Adasum across the ranks (or averaged gradients, ``combine_by_adasum`` false), THOR or LARS, chosen
-    by the section's type. Adasum, THOR and LARS leave ``boost`` aside, as Adasum and THOR always have (the boost
-    section's options are the Momentum baseline's)."""
-    if isinstance(recipe, BaselineParams):
-        return train_baseline(context, start, recipe, boost=boost, callbacks=callbacks)
-    if isinstance(recipe, AdasumParams):
-        return train_adasum(context, start, recipe, combine_by_adasum=recipe.combine_by_adasum, callbacks=callbacks)
-    if isinstance(recipe, ThorParams):
-        return train_thor(context, start, recipe, callbacks=callbacks)
-    if isinstance(recipe, LarsParams):
-        return train_lars(context, start, recipe, callbacks=callbacks)
-    raise TypeError(f"no image recipe trains a {type(recipe).__name__} section")
+    """``recipe``'s whole training from ``start``, by the trainer its specification names for its section's type
+    (baseline: Momentum with ``boost``'s options, mindspore.boost in the step; adasum: Momentum with Adasum across
+    the ranks, or averaged gradients with ``combine_by_adasum`` false; thor; lars). Only a recipe that
+    ``takes_boost`` gets ``boost``: the boost section's options are the Momentum baseline's."""
+    spec = template_trainers().get(type(recipe))
+    if spec is None:
+        raise TypeError(f"no image recipe trains a {type(recipe).__name__} section (RecipeSpec.trainer)")
+    module, _, function = spec.trainer.partition(":")
+    trainer = getattr(import_module(module), function)
+    extra = {"boost": boost} if spec.takes_boost else {}
+    return trainer(context, start, recipe, callbacks=callbacks, **extra)
 
 
-def check_launch(recipe: BaselineParams | AdasumParams | ThorParams, distributed: DistributedParams) -> None:
+def check_launch(recipe: BaseModel, distributed: DistributedParams) -> None:
     """Refuse, before any worker starts, a rank layout ``recipe`` cannot train on: Adasum combines ranks
     recursively in pairs."""
     if (

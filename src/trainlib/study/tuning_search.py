@@ -15,7 +15,7 @@ from trainlib.metrics import STEP_KEY
 from trainlib.params import TuningParams
 
 # keys sampled on a log scale, and as integers; the rest (warm-up epochs) uniformly
-LOG_SCALE = ("lr.peak", "damping.peak", "weight_decay")
+LOG_SCALE = ("lr.peak", "damping.peak", "weight_decay", "trust_coefficient")
 INTEGER = ("frequency", "lr.warmup_steps")
 REDUCTION_FACTOR = 3  # successive halving's and hyperband's: a third of the trials at a rung go on (Optuna's default)
 
