@@ -121,6 +121,22 @@ def test_tuned_study_records_every_trial_and_trains_the_best_on_fresh_seeds(tmp_
         mlflow.set_tracking_uri(tracking_uri(project))
         assert runs_to_compare(study_run.info.run_id) == [fresh[0].info.run_id]
 
+    # one more trial, of the best's values: its training is read back from the result file, and like every trial
+    # it has its child run (tagged reused, linking the run that trained it); so has the fresh seed, read back too
+    optuna.load_study(storage=storage, study_name="study/baseline").enqueue_trial({"lr.peak": best.params["lr.peak"]})
+    run_pipeline("study", tiny_params(tree, tuned(storage, trials=3)), project)
+    trials = optuna.load_study(study_name="study/baseline", storage=storage).trials
+    assert [trial.state.name for trial in trials] == ["FAIL", "FAIL", "COMPLETE", "COMPLETE"]
+    every = client.search_runs([experiment], "tags.trial != ''")
+    assert sorted(int(child.data.tags["trial"]) for child in every) == [1, 2, 3]  # a child run per trial it ran
+    found = client.search_runs([experiment], "tags.reused = 'true'")
+    reused = {child.data.tags.get("trial", "fresh"): child for child in found}
+    assert set(reused) == {"3", "fresh"}
+    assert reused["3"].data.tags["reused_from"] == by_trial["2"].info.run_id
+    assert reused["3"].data.metrics["final/top1"] == by_trial["2"].data.metrics["final/top1"]
+    assert trials[3].user_attrs["run_ids"] == [reused["3"].info.run_id]
+    assert reused["fresh"].data.tags["reused_from"] == fresh[0].info.run_id
+
 
 @pytest.mark.slow  # six BERT trainings (a minute): the slow tier
 def test_thor_bert_tunes_each_training_at_equal_effort_and_trains_both_bests_on_fresh_seeds(tmp_path):

@@ -33,7 +33,7 @@ from trainlib.engine.resume import fingerprint
 from trainlib.metrics import STEPS_PER_EPOCH, table_rows
 from trainlib.params.recipe_spec import RecipeSpec, ResultRow, recipe_specs
 from trainlib.study.budget import budget_update
-from trainlib.study.runner import StudyPlan, StudyTracking, Trained, final_accuracy
+from trainlib.study.runner import StudyPlan, StudyTracking, Trained, final_accuracy, training_title
 
 PARAMS = "params:"
 FOLDER_KEY = "dir"  # under a recipe's section: a folder its trainings write (RecipeSpec)
@@ -116,7 +116,7 @@ class RecipePipelines:
                 if spec.several_ranks:
                     tags["workers"] = str(self._plan.adasum_workers)
                 read = {name.removeprefix(PARAMS): value_at(typed, name) for name in _parameter_names(part)}
-                with tracking.run(_title(spec, training, row, seed), tags, read) as run_id:
+                with tracking.run(training_title(spec, training, row, seed), tags, read) as run_id:
                     with observing_trainings(tracking.callbacks()):
                         SequentialRunner().run(part, catalog)
                     if row is not None:
@@ -190,16 +190,6 @@ def _trainings(spec: RecipeSpec, run: _PipelineRun) -> dict[str, list]:
         training: [node for node in nodes if training_of[node.name] == training]
         for training in TopologicalSorter(needs).static_order()
     }
-
-
-def _title(spec: RecipeSpec, training: str, row: ResultRow | None, seed: int) -> str:
-    """``baseline/seed0``; a recipe of several trainings: ``dim_reduce/stage2/seed0``, ``thor_bert/control/seed0``."""
-    if len(spec.results) == 1 and not spec.other_trainings:
-        return f"{spec.name}/seed{seed}"
-    part = training.rpartition(".")[2]
-    if row is not None and row.name != spec.name:
-        part = row.name.removeprefix(f"{spec.name}_")
-    return f"{spec.name}/{part}/seed{seed}"
 
 
 def _trained(catalog: DataCatalog, row: ResultRow, run_id: str | None) -> Trained:

@@ -34,7 +34,7 @@ from trainlib.metrics import (
     VAL_TOP1,
     VAL_TOP5,
 )
-from trainlib.params.recipe_spec import result_rows
+from trainlib.params.recipe_spec import RecipeSpec, ResultRow, recipe_specs, result_rows
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +134,10 @@ def run_study(trainer: RecipeTrainer, plan: StudyPlan, tracking: StudyTracking) 
             paths = {row: results / f"{key}.{row}.json" for row in rows}
             if all(path.exists() for path in paths.values()):
                 logger.info("study: %s finished earlier (%s), not run again", key, results)
-                records += [json.loads(path.read_text()) for path in paths.values()]
+                reused = [json.loads(path.read_text()) for path in paths.values()]
+                for record in reused:
+                    _log_reused(recipe, record, tracking)
+                records += reused
                 _warn_of_short_epochs(records, plan.eval_every_steps, warned)
                 continue
             logger.info("study: training %s (seed %d)", key, seed)
@@ -147,6 +150,31 @@ def run_study(trainer: RecipeTrainer, plan: StudyPlan, tracking: StudyTracking) 
             shutil.rmtree(plan.directory / "checkpoints" / key, ignore_errors=True)
             _warn_of_short_epochs(records, plan.eval_every_steps, warned)
     return records
+
+
+def _log_reused(recipe: str, record: Mapping, tracking: StudyTracking) -> None:
+    """A child run for a result read back, so that every training of this study (every tuning trial's too) has
+    one: tagged ``reused`` with ``reused_from``, the run that trained it, where its curves are; its final figures.
+    The record keeps pointing at that run."""
+    spec = recipe_specs()[recipe]
+    row = next(row for row in spec.results if row.name == record["recipe"])
+    seed = record["seed"]
+    tags = {"recipe": recipe, "result": row.name, "seed": str(seed), "study_key": record["key"], "reused": "true"}
+    if record.get("mlflow_run_id"):
+        tags["reused_from"] = record["mlflow_run_id"]
+    with tracking.run(training_title(spec, row.section, row, seed), tags, {}):
+        tracking.log_final(final_accuracy(record["history"]))
+
+
+def training_title(spec: RecipeSpec, training: str, row: ResultRow | None, seed: int) -> str:
+    """A study training's run name: ``baseline/seed0``; a recipe of several trainings ``dim_reduce/stage2/seed0``,
+    ``thor_bert/control/seed0`` (``training``: its namespace, for a training that gives no result row)."""
+    if len(spec.results) == 1 and not spec.other_trainings:
+        return f"{spec.name}/seed{seed}"
+    part = training.rpartition(".")[2]
+    if row is not None and row.name != spec.name:
+        part = row.name.removeprefix(f"{spec.name}_")
+    return f"{spec.name}/{part}/seed{seed}"
 
 
 def final_accuracy(history: Sequence[Mapping[str, float]]) -> dict[str, float]:
