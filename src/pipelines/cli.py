@@ -28,6 +28,7 @@ import sys
 import traceback
 import warnings
 from collections.abc import Iterable
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -394,6 +395,29 @@ def registered_model_names(catalog, dataset_names: Iterable[str]) -> tuple[str, 
     return tuple(sorted(names))
 
 
+ENV = click.option("--env", "-e", default=None, help="Kedro configuration environment.")
+
+
+@contextmanager
+def _tracking_context(env: str | None):
+    """The project's context with MLflow set as for a run: kedro-mlflow reads mlflow.yml, exports the
+    credentials.yml entry it names, and opens the experiment. A server refusing the login is one Error line."""
+    from kedro.framework.session import KedroSession
+
+    from pipelines.tracking.login import refused_login
+
+    try:
+        with KedroSession.create(env=env) as session:
+            yield session.load_context()
+    except click.ClickException:
+        raise
+    except Exception as error:
+        told = refused_login(error)
+        if told is None:
+            raise
+        raise click.ClickException(f"TrackingLoginError: {told}") from error
+
+
 @cli.group(name="team", context_settings=CONTEXT_SETTINGS)
 def team() -> None:
     """A team's shared MLflow server (docs/team.md)."""
@@ -410,23 +434,17 @@ def team() -> None:
 @click.option(
     "--models", default=None, help="Registered model names, comma-separated; default: every one the pipelines register."
 )
-@click.option("--env", "-e", default=None, help="Kedro configuration environment.")
+@ENV
 def permissions(members: str, release: str, experiments: str | None, models: str | None, env: str | None) -> None:
     """As the server's admin, create the experiments, reserve the registered model names and give members and the
     release role their permissions (docs/team.md#permissions). Idempotent. The admin's login comes from
     MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or conf/local/credentials.yml, as for a run."""
-    from kedro.framework.session import KedroSession
-
-    from pipelines.tracking.login import refused_login
     from pipelines.tracking.permissions import PermissionPlan, PlanError, apply_plan
 
     roles = _names(members), _names(release)
     try:
         PermissionPlan((), (), *roles)  # a user in both roles stops before the project loads
-        # the context sets the server and the login as for a run: kedro-mlflow reads mlflow.yml, exports the
-        # credentials.yml entry it names, and opens the experiment
-        with KedroSession.create(env=env) as session:
-            context = session.load_context()
+        with _tracking_context(env) as context:
             if models is None:
                 from pipelines.pipeline_registry import register_pipelines  # MindSpore: only when names are not given
 
@@ -439,8 +457,28 @@ def permissions(members: str, release: str, experiments: str | None, models: str
                 click.echo(line)
     except PlanError as error:
         raise click.ClickException(f"PlanError: {error}") from error
-    except Exception as error:
-        told = refused_login(error)
-        if told is None:
-            raise
-        raise click.ClickException(f"TrackingLoginError: {told}") from error
+
+
+@cli.group(name="registry", context_settings=CONTEXT_SETTINGS)
+def registry() -> None:
+    """MLflow's Model Registry: the models the runs logged (docs/use-a-model.md)."""
+
+
+@registry.command(name="register", context_settings=CONTEXT_SETTINGS)
+@click.argument("name")
+@click.option("--run-id", default=None, help="The run whose model to register; default: NAME's newest finished run.")
+@click.option("--alias", default=None, help="Point this alias (e.g. champion) at the version.")
+@ENV
+def register(name: str, run_id: str | None, alias: str | None, env: str | None) -> None:
+    """Register the model a run logged as a version of NAME (baseline, thor, dim_reduce.stage2, ...) without training
+    again (docs/use-a-model.md#register-a-model-a-run-logged). Store and login as for a run; idempotent."""
+    from pipelines.tracking.registry import RegistryError, register_run_model
+
+    try:
+        with _tracking_context(env) as context:
+            experiment = context.mlflow.tracking.experiment.name
+            registered = register_run_model(name, experiment=experiment, run_id=run_id, alias=alias)
+    except RegistryError as error:
+        raise click.ClickException(f"RegistryError: {error}") from error
+    for line in registered.lines():
+        click.echo(line)
