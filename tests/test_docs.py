@@ -88,3 +88,16 @@ def test_every_top_level_module_has_an_api_page(package):
     assert pages <= modules, f"docs/api/{package}/ has pages of modules that no longer exist: {sorted(pages - modules)}"
     for name in modules:
         assert f"::: {package}.{name}" in (DOCS / "api" / package / f"{name}.md").read_text(encoding="utf-8")
+
+
+def _findings(page: Path) -> tuple[dict[str, str], list[str]]:
+    """A page's Findings: each table row's recipe and first interval, and the bold kinds of user of "which to pick"."""
+    text = page.read_text(encoding="utf-8").split("## Findings", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    intervals = {row[0].removeprefix("| "): re.search(r"[+-]\d+\.\d+ pt \[[^\]]+\]", row[1])[0] for row in rows}
+    return intervals, re.findall(r"^- \*\*(.+?)\*\*", text, re.MULTILINE)
+
+
+def test_the_docs_home_page_gives_the_readmes_findings():
+    """docs/index.md's short form of the README's Findings: the same recipes, headline figures and picks."""
+    assert _findings(ROOT / "docs" / "index.md") == _findings(ROOT / "README.md")

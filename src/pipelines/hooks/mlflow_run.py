@@ -45,7 +45,7 @@ from pipelines.tracking.runs import (
 from pipelines.tracking.writer import mark_model_training_experiment, set_tags
 from trainlib import fast_dev_run, signals
 from trainlib.distributed.launch import hand_off_runs_with
-from trainlib.redaction import redact_value
+from trainlib.redaction import redact, redact_value
 from trainlib.study.budget import study_budget
 
 # run_params entries that run only part of the pipelines
@@ -87,6 +87,44 @@ def raw_value(raw_params: dict, dataset_name: str):
     for key in dataset_name.removeprefix("params:").split("."):
         value = value[key]
     return value
+
+
+def run_pipelines(run_params: dict) -> list[str]:
+    """The pipelines a run runs, by their real names: ``baseline`` for Kedro's ``__default__``."""
+    asked = run_params.get("pipeline_names") or [run_params.get("pipeline_name") or "__default__"]
+    return [DEFAULT_PIPELINE if name == "__default__" else name for name in asked]
+
+
+def name_of_run(configuration, run_params: dict) -> str:
+    """The run's name (``naming.run_name``) for the validated ``configuration`` and Kedro's ``run_params``."""
+    partial = any(run_params.get(key) for key in (*NODE_FILTERS, "only_missing_outputs"))
+    chosen_env = configuration.env if configuration.env not in ("base", "local") else None
+    keys = [key for key, _ in leaf_items(configuration.raw_params)]
+    overrides = redact_value(configuration.overrides)  # a password in --params, masked before it is cut
+    rehearsal = configuration.rehearsal is not None
+    return redact(run_name(run_pipelines(run_params), chosen_env, overrides, keys, partial, fast_dev_run=rehearsal))
+
+
+class RunNameHooks:
+    """Names the run before kedro-mlflow starts it, through its public setting for that (mlflow.yml's
+    ``tracking.run.name``, read from ``context.mlflow`` when its hook starts the run): its start line, ``Mlflow run
+    '<name>' - '<id>' has started``, then names the run as the runs table does, not by the pipelines asked for
+    (``__default__`` for the run named ``baseline``). A hook of its own, as kedro-mlflow starts the run in its
+    ``before_pipeline_run``, between this one (``tryfirst``) and ``MlflowRunHooks``' (``trylast``)."""
+
+    def __init__(self, configuration: ConfigurationHooks):
+        self._configuration = configuration
+        self._mlflow = None
+
+    @hook_impl(trylast=True)  # after kedro-mlflow's hook has read mlflow.yml into context.mlflow
+    def after_context_created(self, context) -> None:
+        self._mlflow = getattr(context, "mlflow", None)
+
+    @hook_impl(tryfirst=True)  # before kedro-mlflow's hook starts the run
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        run = getattr(getattr(self._mlflow, "tracking", None), "run", None)
+        if run is not None:
+            run.name = name_of_run(self._configuration.configuration, run_params)
 
 
 class MlflowRunHooks:
@@ -133,12 +171,8 @@ class MlflowRunHooks:
     @hook_impl(trylast=True)  # after kedro-mlflow's hook has started the run
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
         configuration = self._configuration.configuration
-        asked = run_params.get("pipeline_names") or [run_params.get("pipeline_name") or "__default__"]
-        names = [DEFAULT_PIPELINE if name == "__default__" else name for name in asked]  # its real name
-        partial = any(run_params.get(key) for key in (*NODE_FILTERS, "only_missing_outputs"))
-        chosen_env = configuration.env if configuration.env not in ("base", "local") else None
+        names = run_pipelines(run_params)
         rehearsal = configuration.rehearsal
-        keys = [key for key, _ in leaf_items(configuration.raw_params)]
         study = configuration.params.study
         self._study_budget = (
             study_budget(epochs=study.epochs, eval_every_steps=study.eval_every_steps)
@@ -146,7 +180,8 @@ class MlflowRunHooks:
             else {}
         )
         overrides = redact_value(configuration.overrides)  # a password in --params, masked before it is cut
-        set_run_name(run_name(names, chosen_env, overrides, keys, partial, fast_dev_run=rehearsal is not None))
+        # named already where kedro-mlflow started the run (RunNameHooks); not where the run was active before
+        set_run_name(name_of_run(configuration, run_params))
         command = invoked_command()
         set_tags(
             {
