@@ -24,8 +24,8 @@ AdasumExchange = Literal["allgather", "allreduce"]  # trainlib.optim.adasum.comb
 # fixed: a fixed sqrt(damping) added to each factor, as mindspore.nn.thor does | factored: Martens & Grosse's split
 DampingMethod = Literal["fixed", "factored"]  # trainlib.optim.thor
 ComputeMethod = Literal["inverse", "eigen"]  # trainlib.optim.thor
-# the dtype of the GEMMs that take THOR's A and G (stored as float32 either way): float64 gives the same bits on every
-# CPU, float32 (oneDNN) splits its sums by the L2 cache size (docs/troubleshooting.md#thor-cpu)
+# the dtype of the GEMMs that take THOR's A and G (stored as float32 either way): float64's bits do not depend on the
+# cores or the L2 cache, float32 (oneDNN) splits its sums by the L2 cache size (docs/troubleshooting.md#thor-cpu)
 StatisticsDtype = Literal["float32", "float64"]  # trainlib.optim.thor.capture
 # none | median: a trial behind the median of earlier trials at a step evaluation | successive_halving: Optuna's
 # (asynchronous) successive halving, rungs at a ninth and a third of a training | hyperband: Optuna's brackets of

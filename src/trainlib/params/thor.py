@@ -43,7 +43,8 @@ class ThorOptions(Section):
     kl_clip: PositiveFloat | None = None  # kfac-pytorch's bound on lr^2 * sum(g . direction); None: off
     adam_graft: AdamGraft | None = None  # None: off
     # float32: A and G by oneDNN's float32 GEMM, whose bits depend on the CPU's L2 cache size | float64: the same
-    # products in float64, rounded once to float32: the same bits on every x86 CPU (docs/recipes.md#thor-options)
+    # products in float64, rounded once to float32: the same bits whatever the cores and L2 cache, not whatever the
+    # CPU family (docs/recipes.md#thor-options)
     statistics_dtype: StatisticsDtype = "float32"
 
     def option_problems(self, section: str) -> list[tuple[str, str]]:

@@ -96,6 +96,7 @@ statistics are averaged across ranks with ``ops.AllReduce`` before use, so all r
 inverses and apply the same update. (Not exercised by the tests: that needs msrun.)
 
 Everything is float32; the network must not be cast to float16 (amp O2/O3). ``statistics_dtype: float64`` takes the
-products of A and G in float64 and rounds them to float32, so that THOR's figures are the same bits on every CPU
-(``capture``; float32's oneDNN GEMM splits its sums by the CPU's L2 cache size).
+products of A and G in float64 and rounds them to float32, so that THOR's statistics do not depend on how many threads
+the CPU's cores and L2 cache size give float32's oneDNN GEMM (``capture``); its figures still depend on the CPU family
+(AVX-512 or AVX2 only: docs/troubleshooting.md#thor-cpu).
 """

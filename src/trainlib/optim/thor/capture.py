@@ -17,8 +17,10 @@ spread is not a normalisation constant: ``damping_method: factored`` scales each
 ``statistics_dtype`` float64 takes the products ``rows^T rows / n`` in float64 and rounds them once to the float32
 buffers. MindSpore's float32 ``MatMul`` on CPU is oneDNN's GEMM, which splits a long sum between threads by the L2
 cache size it reads from CPUID, so float32 statistics differ in their last bits between CPUs; its float64 ``MatMul``
-is a single-threaded Eigen kernel, the same bits everywhere (docs/troubleshooting.md#thor-cpu). The rest of THOR
-(inverses, preconditioning) then reads the same float32 statistics on every CPU."""
+is a single-threaded Eigen kernel, whose bits no thread split changes (the same on every CPU measured, natively and
+emulated: docs/troubleshooting.md#thor-cpu). The rest of THOR (inverses, preconditioning) then reads float32
+statistics that do not depend on the cores or the L2 cache; the network's own operators still differ between CPU
+families (AVX-512 or AVX2 only), so THOR's figures do too."""
 
 from __future__ import annotations
 

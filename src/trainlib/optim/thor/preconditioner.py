@@ -118,7 +118,8 @@ class ThorPreconditioner:
     ``adam_graft`` ``(beta1, beta2, eps)`` adds the step ``graft`` (``AdamGraft``), then ``kl_clip`` (a bound) the
     step ``clip`` (``KlClip``); each is None when off. ``last_clip_factor``, ``last_graft_scales`` and ``eigen()``
     show them. ``statistics_dtype`` "float64" takes A and G's products in float64 (``capture.CapturedLayer``), so
-    that they, and all that follows from them, are the same bits on every CPU.
+    that they, and all that follows from them, do not depend on the CPU's cores and L2 cache (the CPU family still
+    matters: docs/troubleshooting.md#thor-cpu).
     """
 
     def __init__(
