@@ -81,9 +81,17 @@ def test_a_killed_study_resumes_without_rerunning_a_finished_run(study):
         [experiment.experiment_id], "tags.pipeline = 'study'", order_by=["attributes.start_time DESC"]
     )
     children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'")
-    trained_again = {f"{child.data.tags['study_key']}.{child.data.tags['result']}.json" for child in children}
+
+    def result_file(child) -> str:
+        return f"{child.data.tags['study_key']}.{child.data.tags['result']}.json"
+
+    trained_again = {result_file(child) for child in children if "reused" not in child.data.tags}
     assert not trained_again & set(finished)  # the finished runs were read, not trained again
     assert len(trained_again) == 4 - len(finished)
+    # and each has its child run of the rerun's study run, linking the killed run's training
+    reused = [child for child in children if "reused" in child.data.tags]
+    assert {result_file(child) for child in reused} == set(finished)
+    assert all(client.get_run(child.data.tags["reused_from"]).info.status == "FINISHED" for child in reused)
     assert "finished earlier" in rerun.stdout + rerun.stderr
 
 
