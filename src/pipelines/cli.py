@@ -367,8 +367,9 @@ def run(verbose: bool, **options) -> None:
         raise Interrupted(signal.SIGINT) from error
     except Exception as error:
         from pipelines.tracking.login import refused_login  # MLflow: loaded only once a run failed
+        from pipelines.tracking.outage import outage
 
-        failure = Failure.of(refused_login(error) or error)
+        failure = Failure.of(refused_login(error) or outage(error) or error)
         files = log_traceback(error, failure)
         if verbose:
             traceback.print_exception(error, file=sys.stderr)

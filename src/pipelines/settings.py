@@ -15,6 +15,7 @@ from .hooks import (
     ModelHooks,
     NodeErrorHooks,
     NodeParamsMlflowHook,
+    OutageHooks,
     SignalHooks,
     TrainingRunHooks,
 )
@@ -31,6 +32,7 @@ HOOKS = (
     CredentialHooks(),
     ExperimentHooks(),
     MlflowRunHooks(configuration),
+    OutageHooks(configuration),
     SignalHooks(),
     CheckpointHooks(),
     ArtifactHooks(),

@@ -7,6 +7,7 @@ process at once.
 
 from __future__ import annotations
 
+import _thread
 import functools
 import signal
 
@@ -58,6 +59,27 @@ def _unsafe_to_raise(frame) -> bool:
     return False
 
 
+# an error another thread asked the main thread to stop with (``stop_main_thread``), raised in place of Interrupted
+_pending: list[BaseException] = []
+
+
+def stop_main_thread(error: BaseException) -> bool:
+    """From another thread: the main thread stops with ``error``, raised where a stop signal's ``Interrupted`` would
+    be (never inside logging, MLflow or SQLAlchemy), so the run ends FAILED with that error. For a background thread
+    that finds the run cannot go on (Optuna's heartbeat: the tuning storage lost) while the main thread trains and
+    would not notice for minutes. Only while ``install``'s handler has SIGTERM (a ``kedro run``); False otherwise."""
+    if signal.getsignal(signal.SIGTERM) is not _raise_interrupted:
+        return False
+    _pending.append(error)
+    # Python runs the SIGTERM handler in the main thread, as for a real signal, without any process getting one
+    _thread.interrupt_main(signal.SIGTERM)
+    return True
+
+
+def _stop(signum: int) -> BaseException:
+    return _pending.pop() if _pending else Interrupted(signum)
+
+
 def _raise_interrupted(signum: int, frame) -> None:
     # a second signal while the run winds down stops the process at once
     for stop_signal in STOP_SIGNALS:
@@ -66,7 +88,7 @@ def _raise_interrupted(signum: int, frame) -> None:
         signal.signal(signal.SIGALRM, functools.partial(_raise_deferred, signum))
         signal.setitimer(signal.ITIMER_REAL, DEFERRED_STOP_POLL_S)
         return
-    raise Interrupted(signum)
+    raise _stop(signum)
 
 
 def _raise_deferred(signum: int, _alarm: int, frame) -> None:
@@ -74,7 +96,7 @@ def _raise_deferred(signum: int, _alarm: int, frame) -> None:
         signal.setitimer(signal.ITIMER_REAL, DEFERRED_STOP_POLL_S)
         return
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    raise Interrupted(signum)
+    raise _stop(signum)
 
 
 def install() -> dict:
@@ -85,5 +107,6 @@ def install() -> dict:
 def restore(previous: dict) -> None:
     """Cancel a deferred stop and give the signals their ``previous`` handlers back."""
     signal.setitimer(signal.ITIMER_REAL, 0)
+    _pending.clear()
     for stop_signal, handler in previous.items():
         signal.signal(stop_signal, handler)

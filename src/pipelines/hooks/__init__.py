@@ -8,6 +8,9 @@
   closing links;
 - ``ExperimentHooks`` (``experiment``): a run whose MLflow experiment another machine created at the same moment
   sets up again and joins it;
+- ``OutageHooks`` (``outages``): the tuning storage opened before the MLflow run starts (one line for a wrong
+  password or an unreachable database); a run stopped by the tracking server's outage records it without waiting
+  again;
 - ``CredentialHooks`` (``credentials``): ``study.tuning.credentials`` from conf/local/credentials.yml into the
   environment, each value masked wherever the run records text;
 - ``SignalHooks`` (``signals``): SIGINT and SIGTERM stop the run in order (``trainlib.signals``);
@@ -38,6 +41,7 @@ from pipelines.hooks.memory_inputs import MemoryInputHooks
 from pipelines.hooks.mlflow_run import MlflowRunHooks
 from pipelines.hooks.models import ModelHooks
 from pipelines.hooks.node_params import NodeParamsMlflowHook
+from pipelines.hooks.outages import OutageHooks
 from pipelines.hooks.signals import SignalHooks
 from pipelines.hooks.training_runs import TrainingRunHooks
 
@@ -52,6 +56,7 @@ __all__ = [
     "ModelHooks",
     "NodeErrorHooks",
     "NodeParamsMlflowHook",
+    "OutageHooks",
     "RunConfiguration",
     "SignalHooks",
     "TrainingRunHooks",

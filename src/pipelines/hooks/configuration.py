@@ -21,6 +21,7 @@ from kedro.framework.hooks import hook_impl
 from pipelines.hooks.command_line import requested_pipelines
 from pipelines.hooks.config_files import ParameterFiles, configuration_env, leaf_items, require_environment
 from pipelines.hooks.rehearsal import rehearse_on_cpu
+from pipelines.tracking.outage import set_server_retry_window
 from trainlib.engine.runtime import DeviceUnavailableError, require_device
 from trainlib.fast_dev_run import Substitutions
 from trainlib.params import ParameterError, Parameters, validate_parameters
@@ -85,6 +86,9 @@ class ConfigurationHooks:
         except (ParameterError, DeviceUnavailableError) as error:
             # click prints a ClickException as one "Error: ..." line instead of a traceback
             raise click.ClickException(str(error)) from error
+        # MLflow's retries cover the server's restart window from the first request, kedro-mlflow's next (it opens the
+        # experiment); this hook runs first
+        set_server_retry_window(params.tracking.server_retry_window_s)
         self._configuration = RunConfiguration(
             env=configuration_env(loader.conf_source, context.env),
             raw_params=raw_params,

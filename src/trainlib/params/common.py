@@ -176,3 +176,7 @@ class TrackingParams(Section):
     # MB (10^6 bytes): a catalog dataset marked as an artifact is copied into the MLflow run up to this size; a
     # larger file (the PCA matrix: about 3.3 GB on ImageNet) is logged as its path, size and sha256 instead
     artifact_max_mb: NonNegativeFloat
+    # seconds a tracking server may be away (a restart, its database's) before the run stops naming it; null keeps
+    # MLflow's own retries (its MLFLOW_HTTP_REQUEST_* variables: about 4 minutes). Past MLflow's largest schedule
+    # (10 retries, each wait at most 120 s) no window can be given (pipelines.tracking.outage)
+    server_retry_window_s: Annotated[float, Field(ge=0, le=1080)] | None = None

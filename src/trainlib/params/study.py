@@ -57,6 +57,9 @@ class TuningParams(Section):
     heartbeat_interval: PositiveInt = 60
     grace_period: PositiveInt = 180
     max_retry: NonNegativeInt = 2
+    # a storage that stops answering mid-run (a restart, a lost network) is retried this long, one log line per retry,
+    # before the run stops naming it; 0: at once (trainlib.study.tuning_storage)
+    retry_window_s: Annotated[float, Field(ge=0, le=3600)] = 60
 
     @model_validator(mode="after")
     def _ranges(self) -> TuningParams:
