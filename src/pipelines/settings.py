@@ -16,6 +16,7 @@ from .hooks import (
     NodeErrorHooks,
     NodeParamsMlflowHook,
     OutageHooks,
+    RunNameHooks,
     SignalHooks,
     TrainingRunHooks,
 )
@@ -25,12 +26,13 @@ quiet_start()
 
 # One hook per job (pipelines.hooks). The MLflow run's hooks read the configuration the first one validated, so
 # they are given it. Where the order matters it is set by tryfirst/trylast against kedro-mlflow's hooks, not by
-# this tuple: the configuration is checked first, the run named and tagged after kedro-mlflow started it.
+# this tuple: the configuration is checked first, the run named before kedro-mlflow starts it and tagged after.
 configuration = ConfigurationHooks()
 HOOKS = (
     configuration,
     CredentialHooks(),
     ExperimentHooks(),
+    RunNameHooks(configuration),
     MlflowRunHooks(configuration),
     OutageHooks(configuration),
     SignalHooks(),

@@ -110,14 +110,18 @@ def test_data_pipeline(workspace):
     assert run.data.params["data.image_size"] == "16" and run.data.params["data.root"] == str(tree)
 
 
-def test_the_default_pipelines_run_has_its_real_name_in_a_model_training_experiment(workspace):
+def test_the_default_pipelines_run_has_its_real_name_in_a_model_training_experiment(workspace, caplog):
     """``kedro run`` without ``--pipelines`` (here its data nodes only): named and tagged ``baseline``, not
-    ``__default__``; the experiment the run created is MLflow 3's model-training kind, not GenAI."""
+    ``__default__``, in kedro-mlflow's start line too; the experiment the run created is MLflow 3's model-training
+    kind, not GenAI."""
     tree, project = workspace
     uri = tracking_uri(project)
-    run_pipeline(None, tiny_params(tree), project, namespaces=["data"])
+    with caplog.at_level(logging.INFO, logger="kedro_mlflow"):
+        run_pipeline(None, tiny_params(tree), project, namespaces=["data"])
     run = only_run(uri, "baseline")
     assert run.info.run_name.startswith("baseline ") and run.info.run_name.endswith(" (partial)")
+    started = [record.getMessage() for record in caplog.records if record.getMessage().endswith("has started")]
+    assert started == [f"Mlflow run '{run.info.run_name}' - '{run.info.run_id}' has started"]
     experiment = client(uri).get_experiment(run.info.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
 

@@ -3,6 +3,8 @@
 - ``ConfigurationHooks`` (``configuration``): before anything starts, the environment exists, a
   ``runtime.fast_dev_run`` rehearsal gets its substitutions, every parameter is valid (each problem named with
   its key and file), the device exists; its ``RunConfiguration`` is what the run's MLflow hooks read;
+- ``RunNameHooks`` (``mlflow_run``): the run's name given to kedro-mlflow before it starts the run, so that its
+  start line names the run as it is named;
 - ``MlflowRunHooks`` (``mlflow_run``): the MLflow run's name and tags, the nodes' parameters as the
   configuration's values, orphaned runs ended KILLED, the hand-off to msrun's rank 0, failure tags, the
   closing links;
@@ -38,7 +40,7 @@ from pipelines.hooks.credentials import CredentialHooks
 from pipelines.hooks.errors import NodeErrorHooks
 from pipelines.hooks.experiment import ExperimentHooks
 from pipelines.hooks.memory_inputs import MemoryInputHooks
-from pipelines.hooks.mlflow_run import MlflowRunHooks
+from pipelines.hooks.mlflow_run import MlflowRunHooks, RunNameHooks
 from pipelines.hooks.models import ModelHooks
 from pipelines.hooks.node_params import NodeParamsMlflowHook
 from pipelines.hooks.outages import OutageHooks
@@ -56,6 +58,7 @@ __all__ = [
     "ModelHooks",
     "NodeErrorHooks",
     "NodeParamsMlflowHook",
+    "RunNameHooks",
     "OutageHooks",
     "RunConfiguration",
     "SignalHooks",
