@@ -106,7 +106,10 @@ def train_momentum(
             )
             step.recipe = "Momentum with Adasum (mindspore.boost)"
             return step
-        return MomentumStep(net, loss_fn, chosen, lr_per_step, training.loss_scale, runtime, boost, adasum)
+        step = MomentumStep(net, loss_fn, chosen, lr_per_step, training.loss_scale, runtime, boost, adasum)
+        if optimizer is not None:  # the loop's log names the optimizer that steps (LARS), not Momentum's
+            step.recipe = type(chosen).__name__
+        return step
 
     leader = list(leader_callbacks) if rank_context().is_node_leader else []
     return classifier.train_classifier(
