@@ -256,6 +256,15 @@ class RunFailed(click.ClickException):
         super().__init__("\n".join([*lines, f"({'; '.join(details)})"] if details else lines))
 
 
+class StoppedBySignal(click.ClickException):
+    """A run stopped by SIGINT or SIGTERM (``trainlib.signals.Interrupted``): one ``Error:`` line, exit status 128 +
+    the signal number."""
+
+    def __init__(self, interrupted: Interrupted):
+        super().__init__(interrupted.message)
+        self.exit_code = interrupted.exit_code
+
+
 def _log_files() -> list[logging.FileHandler]:
     return [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
 
@@ -362,9 +371,11 @@ def run(verbose: bool, **options) -> None:
     try:
         kedro_run.callback(**options)
     except click.ClickException:
-        raise  # already written for the user: parameter errors, a missing device, an interruption
+        raise  # already written for the user: parameter errors, a missing device
+    except Interrupted as error:
+        raise StoppedBySignal(error) from error
     except KeyboardInterrupt as error:  # Ctrl-C before the hooks handle signals (start-up)
-        raise Interrupted(signal.SIGINT) from error
+        raise StoppedBySignal(Interrupted(signal.SIGINT)) from error
     except Exception as error:
         from pipelines.tracking.login import refused_login  # MLflow: loaded only once a run failed
         from pipelines.tracking.outage import outage

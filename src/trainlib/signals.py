@@ -11,13 +11,12 @@ import _thread
 import functools
 import signal
 
-import click
-
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class Interrupted(click.ClickException):
-    """The run received SIGINT or SIGTERM; it stops like a failing node, and exits 128 + the signal number.
+class Interrupted(Exception):
+    """The run received SIGINT or SIGTERM; it stops like a failing node, and exits 128 + the signal number
+    (``exit_code``; the command line, ``pipelines.cli``, shows it as one ``Error:`` line).
 
     MindSpore's graph runtime installs a SIGINT handler of its own each time it compiles a graph,
     which raises SIGTERM instead, so Ctrl-C during training arrives here as SIGTERM.
@@ -25,7 +24,8 @@ class Interrupted(click.ClickException):
 
     def __init__(self, signum: int):
         name = signal.Signals(signum).name
-        super().__init__(f"interrupted ({name}); rerun the same command to resume from the last full checkpoint")
+        self.message = f"interrupted ({name}); rerun the same command to resume from the last full checkpoint"
+        super().__init__(self.message)
         self.exit_code = 128 + signum
 
 
