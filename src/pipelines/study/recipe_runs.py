@@ -103,12 +103,16 @@ class RecipePipelines:
             folder = self._plan.directory / "checkpoints" / key / (run.rows[0].name if len(runs) > 1 else "")
             parameters = self._parameters(spec, run, seed, values, str(folder))
             typed = ParameterValidator({spec.pipeline_name: run.pipeline}).validate_raw_params(parameters)
+            trainings = _trainings(spec, run)
             # every dataset in memory, declared here: one training's outputs are the next one's inputs (Kedro checks a
-            # run's inputs against the datasets its catalog declares)
-            catalog = DataCatalog({name: MemoryDataset() for name in run.pipeline.datasets()})
+            # run's inputs against the datasets its catalog declares); those kept until the next training reads them
+            shared = _shared(trainings)
+            catalog = DataCatalog(
+                {name: _Kept() if name in shared else MemoryDataset() for name in run.pipeline.datasets()}
+            )
             for name in run.pipeline.inputs():
                 catalog[name] = value_at(typed, name) if name.startswith(PARAMS) else self._data[name]
-            for training, nodes in _trainings(spec, run).items():
+            for training, nodes in trainings.items():
                 part = Pipeline(nodes)
                 row = next((row for row in run.rows if row.section == training), None)
                 result = row.name if row else training.rpartition(".")[2]
@@ -189,6 +193,27 @@ def _trainings(spec: RecipeSpec, run: _PipelineRun) -> dict[str, list]:
     return {
         training: [node for node in nodes if training_of[node.name] == training]
         for training in TopologicalSorter(needs).static_order()
+    }
+
+
+class _Kept(MemoryDataset):
+    """A dataset one training writes and another reads: each training is a run of its own, and Kedro's runner
+    releases a dataset after its last reader in that run."""
+
+    def _release(self) -> None:
+        pass  # released with the catalog, once the recipe's run is over
+
+
+def _shared(trainings: dict[str, list]) -> set[str]:
+    """The datasets of one training that another one reads (thor_bert's examples, dim_reduce's stage-1 checkpoint)."""
+    written = {training: {name for node in nodes for name in node.outputs} for training, nodes in trainings.items()}
+    read = {training: {name for node in nodes for name in node.inputs} for training, nodes in trainings.items()}
+    return {
+        name
+        for training in trainings
+        for other in trainings
+        if other != training
+        for name in written[training] & read[other]
     }
 
 
