@@ -108,7 +108,10 @@ class RecipePipelines:
             # run's inputs against the datasets its catalog declares); those kept until the next training reads them
             shared = _shared(trainings)
             catalog = DataCatalog(
-                {name: _Kept() if name in shared else MemoryDataset() for name in run.pipeline.datasets()}
+                {
+                    name: _Kept() if name in shared else MemoryDataset()
+                    for name in run.pipeline.datasets() - run.pipeline.inputs()
+                }
             )
             for name in run.pipeline.inputs():
                 catalog[name] = value_at(typed, name) if name.startswith(PARAMS) else self._data[name]
