@@ -1,4 +1,4 @@
-"""``kedro registry register``: a run's logged model becomes a version of its recipe's registered model without
+"""``kedro models register``: a run's logged model becomes a version of its recipe's registered model without
 training again, from its logged-model URI (``models:/m-…``), so MLflow warns nothing (``runs:/<id>/model`` warns
 that the run has no artifacts there); in-process, on a project's SQLite store, with models logged as MLflow logs
 any pyfunc (a second each: the command reads the logged model, never the network)."""
@@ -60,7 +60,7 @@ def project(tmp_path):
 
 
 def register(*args: str, ok: bool = True) -> tuple[str, list[str], list[str]]:
-    """``kedro registry register <args>``: its output, MLflow's warning records and Python's warnings; it succeeds
+    """``kedro models register <args>``: its output, MLflow's warning records and Python's warnings; it succeeds
     when ``ok``, else it fails with one Error line."""
     records = Records()
     logging.getLogger("mlflow").addHandler(records)
@@ -69,7 +69,7 @@ def register(*args: str, ok: bool = True) -> tuple[str, list[str], list[str]]:
             warnings.simplefilter("always")
             for category, message, module in THIRD_PARTY_WARNINGS:  # what every kedro command ignores (quiet_start)
                 warnings.filterwarnings("ignore", message=message, category=category, module=module)
-            result = CliRunner().invoke(cli, ["registry", "register", *args])
+            result = CliRunner().invoke(cli, ["models", "register", *args])
     finally:
         logging.getLogger("mlflow").removeHandler(records)
     assert (result.exit_code == 0) == ok, result.output

@@ -471,12 +471,13 @@ def permissions(members: str, release: str, experiments: str | None, models: str
         raise click.ClickException(f"PlanError: {error}") from error
 
 
-@cli.group(name="registry", context_settings=CONTEXT_SETTINGS)
-def registry() -> None:
-    """MLflow's Model Registry: the models the runs logged (docs/use-a-model.md)."""
+@cli.group(name="models", context_settings=CONTEXT_SETTINGS)
+def model_registry() -> None:
+    """MLflow's Model Registry: the models the runs logged (docs/use-a-model.md)."""  # not `registry`: Kedro's own
+    # `kedro registry list` shows the pipelines
 
 
-@registry.command(name="register", context_settings=CONTEXT_SETTINGS)
+@model_registry.command(name="register", context_settings=CONTEXT_SETTINGS)
 @click.argument("name")
 @click.option("--run-id", default=None, help="The run whose model to register; default: NAME's newest finished run.")
 @click.option("--alias", default=None, help="Point this alias (e.g. champion) at the version.")

@@ -12,7 +12,7 @@ One module per concern:
 - ``links``: the MLflow UI's addresses of a run's runs table and comparison chart;
 - ``reader``: ``MlflowRunReader``, an experiment as plain data for the report;
 - ``handoff``: ``MlflowRunHandoff``, the active run handed to global rank 0 of an msrun job.
-- ``registry``: a run's logged model registered afterwards (``kedro registry register``), by its ``models:/m-…`` URI.
+- ``registry``: a run's logged model registered afterwards (``kedro models register``), by its ``models:/m-…`` URI.
 
 Every writer is a no-op outside an active run (library tests, ranks > 0). The names the pipelines' nodes use
 (``tracking.log_metrics``, ``tracking.training_run``, …) are importable from the package itself.

@@ -1,4 +1,4 @@
-"""A run's logged model registered afterwards (``kedro registry register``): a new version of a registered model
+"""A run's logged model registered afterwards (``kedro models register``): a new version of a registered model
 without training again.
 
 MLflow 3 keeps a run's model as a logged model (``models:/m-…``), not as artifacts under the run: registering
