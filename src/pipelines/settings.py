@@ -30,11 +30,13 @@ quiet_start()
 configuration = ConfigurationHooks()
 HOOKS = (
     configuration,
+    # registered before CredentialHooks so that, both tryfirst, it opens the storage after CredentialHooks has warned
+    # of a password in --params and masked the run's parameters (pluggy calls the later registered first)
+    OutageHooks(configuration),
     CredentialHooks(),
     ExperimentHooks(),
     RunNameHooks(configuration),
     MlflowRunHooks(configuration),
-    OutageHooks(configuration),
     SignalHooks(),
     CheckpointHooks(),
     ArtifactHooks(),

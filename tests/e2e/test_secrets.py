@@ -52,12 +52,11 @@ def assert_kept_secret(project: Path, result, secret: str, storage_param: str) -
     assert error_blocks(result.stderr) == 1, result.stderr[-3000:]
     assert "study.tuning.storage" in result.stderr and "cannot be opened" in result.stderr
     assert files_holding(project, secret) == []
-    client, found = runs(project)
-    (run,) = found
-    assert run.info.status == "FAILED"
-    assert run.data.params["study.tuning.storage"] == storage_param
-    texts = [run.info.run_name, *run.data.tags.values(), *run.data.params.values()]
-    assert not [text for text in texts if secret in text]
+    assert storage_param in result.stderr  # the storage named, its password masked
+    # the storage is opened before kedro-mlflow's run starts (issue 52 item 4): no run, so no param, tag or name
+    # holds the secret either
+    _, found = runs(project)
+    assert found == []
 
 
 def test_a_password_in_the_storage_url_of_params_is_masked_everywhere(tmp_path):
