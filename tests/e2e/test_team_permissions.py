@@ -180,5 +180,5 @@ def test_the_plan_reserves_every_name_the_pipelines_register_by_default():
     datasets = sorted({name for pipeline in register_pipelines().values() for name in pipeline.datasets()})
     assert registered_model_names(catalog, datasets) == (
         *("adasum", "baseline", "dim_reduce.control", "dim_reduce.stage2"),
-        *("thor", "thor_bert.control", "thor_bert.thor"),
+        *("lars", "thor", "thor_bert.control", "thor_bert.thor"),
     )

@@ -82,7 +82,7 @@ def main(work: Path, tree: Path, implementation: str) -> None:
         context = training_context(
             scan.manifest, scan.class_index, params.model, params.data, params.runtime, params.distributed
         )
-        checkpoint, history, steps = train_stage2(stage1, q.T.astype(np.float32), context, params.dim_reduce.stage2)
+        checkpoint, history, _, steps = train_stage2(stage1, q.T.astype(np.float32), context, params.dim_reduce.stage2)
     save_checkpoint(checkpoint, work / "stage2.ckpt")
     history.to_csv(work / "stage2_history.csv", index=False)
     steps.to_csv(work / "stage2_steps.csv", index=False)
