@@ -13,13 +13,14 @@ from mindspore import nn
 from trainlib.models.loss import CrossEntropySmooth
 from trainlib.models.resnet import create_resnet
 from trainlib.optim.thor.step import create_thor_step
+from trainlib.params import ThorSettings
 
 CONFIGS = {
     "thor": {},
     "factored": {"damping_method": "factored"},
     "eigen": {"compute_method": "eigen"},
     "kl_clip": {"kl_clip": 0.001},
-    "adam_graft": {"adam_graft": (0.9, 0.999, 1e-8)},
+    "adam_graft": {"adam_graft": {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}},
 }
 REPEATS = 6
 
@@ -55,16 +56,10 @@ def main() -> None:
             nn.WithLossCell(net, CrossEntropySmooth(10, 0.1)),
             np.full(4 * REPEATS + 4, 0.05, np.float32),
             np.full(4 * REPEATS + 4, 0.03, np.float32),
-            momentum=0.9,
-            weight_decay=5e-4,
-            loss_scale=128.0,
-            frequency=2,
-            block_size=None,
-            trace_rule=None,
+            ThorSettings.model_validate(
+                dict(momentum=0.9, weight_decay=5e-4, loss_scale=128.0, frequency=2, block_size=None, **options)
+            ),
             rank_size=1,
-            inverse_method=None,
-            precondition=True,
-            **options,
         )
     for name, medians in interleaved_medians(steps, (x, y), REPEATS).items():
         so, re_ = medians["second_order"], medians["reuse"]

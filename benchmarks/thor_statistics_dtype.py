@@ -22,6 +22,7 @@ import pipelines  # noqa: F401  (sets the CPU speed environment, ONEDNN_MAX_CPU_
 from trainlib.models.loss import CrossEntropySmooth
 from trainlib.models.resnet import create_resnet
 from trainlib.optim.thor.step import create_thor_step
+from trainlib.params import ThorSettings
 
 DTYPES = ("float32", "float64")
 
@@ -44,16 +45,10 @@ def main() -> None:
             nn.WithLossCell(net, CrossEntropySmooth(10, 0.1)),
             np.full(4 * args.repeats + 4, 0.05, np.float32),
             np.full(4 * args.repeats + 4, 0.03, np.float32),
-            momentum=0.9,
-            weight_decay=5e-4,
-            loss_scale=128.0,
-            frequency=2,
-            block_size=None,
-            trace_rule=None,
+            ThorSettings(
+                momentum=0.9, weight_decay=5e-4, loss_scale=128.0, frequency=2, block_size=None, statistics_dtype=dtype
+            ),
             rank_size=1,
-            inverse_method=None,
-            precondition=True,
-            statistics_dtype=dtype,
         )
     medians = interleaved_medians(steps, (x, y), args.repeats)
     for dtype, m in medians.items():

@@ -8,6 +8,7 @@ from mindspore import nn
 
 from trainlib.models.loss import CrossEntropySmooth
 from trainlib.optim.thor.step import ThorStep, create_thor_step
+from trainlib.params import ThorSettings
 
 NAMES = ("conv.weight", "fc.weight", "fc.bias")
 
@@ -51,20 +52,32 @@ RECIPE = {
     "loss_scale": 128.0,
     "frequency": 834,
     "block_size": None,
-    "trace_rule": None,
-    "rank_size": 1,
-    "inverse_method": None,
-    "precondition": True,
 }
+# create_thor_step's own keywords; every other keyword of make_thor is a key of its section (ThorSettings)
+STEP_KEYWORDS = ("rank_size", "precondition", "trace_rule", "inverse_method", "decays")
+
+
+def thor_settings(**settings) -> ThorSettings:
+    """``RECIPE`` with ``settings`` as a section's ``ThorSettings`` (validated: a misspelt key is refused);
+    ``adam_graft`` may be given as ``(beta1, beta2, eps)``."""
+    graft = settings.get("adam_graft")
+    if isinstance(graft, tuple):
+        settings["adam_graft"] = dict(zip(("beta1", "beta2", "eps"), graft, strict=True))
+    every_step = settings.get("frequency") == 1
+    if every_step:  # the sections refuse 1 (a recipe choice); the library takes it: a refresh at every step
+        settings["frequency"] = 2
+    validated = ThorSettings.model_validate({**RECIPE, **settings})
+    return validated.model_copy(update={"frequency": 1}) if every_step else validated
 
 
 def make_thor(net, steps=8, lr=0.1, damping=0.03, **settings) -> ThorStep:
-    """THOR for ``net`` with ``RECIPE``'s settings but for ``settings``, and constant (or given) schedules."""
+    """THOR for ``net`` with ``RECIPE``'s settings but for ``settings`` (a section's keys, or ``STEP_KEYWORDS``), and
+    constant (or given) schedules."""
     lrs = np.full(steps, lr, np.float32) if np.isscalar(lr) else np.asarray(lr, np.float32)
     dampings = np.full(steps, damping, np.float32) if np.isscalar(damping) else np.asarray(damping, np.float32)
-    return create_thor_step(
-        net, nn.WithLossCell(net, CrossEntropySmooth(CLASSES, 0.0)), lrs, dampings, **{**RECIPE, **settings}
-    )
+    keywords = {key: settings.pop(key) for key in STEP_KEYWORDS if key in settings}
+    loss = nn.WithLossCell(net, CrossEntropySmooth(CLASSES, 0.0))
+    return create_thor_step(net, loss, lrs, dampings, thor_settings(**settings), **{"rank_size": 1, **keywords})
 
 
 def run(thor: ThorStep, x, y) -> float:

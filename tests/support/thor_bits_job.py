@@ -21,6 +21,7 @@ from mindspore import nn
 from trainlib.models.loss import CrossEntropySmooth
 from trainlib.models.resnet import create_resnet
 from trainlib.optim.thor.step import create_thor_step
+from trainlib.params import ThorSettings
 
 STEPS = 3
 BATCH, SIZE, CLASSES = 64, 32, 10
@@ -41,17 +42,17 @@ def main() -> None:
         nn.WithLossCell(net, CrossEntropySmooth(CLASSES, 0.1)),
         np.full(STEPS, 0.1, np.float32),
         np.full(STEPS, 0.03, np.float32),
-        momentum=0.9,
-        weight_decay=5e-4,
-        loss_scale=128.0,
-        frequency=2,
-        block_size=None,
-        trace_rule=None,
+        ThorSettings(
+            momentum=0.9,
+            weight_decay=5e-4,
+            loss_scale=128.0,
+            frequency=2,
+            block_size=None,
+            statistics_dtype=args.statistics_dtype,
+            compute_method=args.compute_method,
+        ),
         rank_size=1,
-        inverse_method=None,
         precondition=not args.first_order,
-        statistics_dtype=args.statistics_dtype,
-        compute_method=args.compute_method,
     )
     rng = np.random.default_rng(0)
     images = ms.Tensor(np.maximum(rng.standard_normal((BATCH, 3, SIZE, SIZE)), -1.0).astype(np.float32))

@@ -87,7 +87,7 @@ from trainlib.params.study import (
     TuningParams,
     space_ranges,
 )
-from trainlib.params.thor import AdamGraft, MindsporeBuiltinThor, ThorOptions, ThorParams
+from trainlib.params.thor import AdamGraft, MindsporeBuiltinThor, ThorOptions, ThorParams, ThorSettings
 from trainlib.params.thor_bert import (
     BertControlTraining,
     BertCorpusParams,
@@ -170,6 +170,7 @@ __all__ = [
     "ThorEpochSchedule",
     "MindsporeBuiltinThor",
     "ThorOptions",
+    "ThorSettings",
     "ThorParams",
     "TorchvisionArchitecture",
     "TrackingParams",

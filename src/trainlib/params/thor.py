@@ -47,20 +47,26 @@ class ThorOptions(Section):
     # CPU family (docs/recipes.md#thor-options)
     statistics_dtype: StatisticsDtype = "float32"
 
+
+class ThorSettings(ThorOptions):
+    """What THOR's step reads from a section (``optim.thor.create_thor_step``, ``ThorPreconditioner``), set alike
+    by the ResNet (``thor``) and BERT (``thor_bert.thor``) sections: the shared Momentum's settings, the loss scale,
+    the statistics' cadence and blocks, and the options. The section itself is passed: no dict in between."""
+
+    momentum: Fraction
+    weight_decay: NonNegativeFloat
+    loss_scale: PositiveFloat
+    frequency: Annotated[int, Field(ge=2)]  # 1 would recompute the inverses every step
+    block_size: PositiveInt | None  # None: full inverses
+
     def option_problems(self, section: str) -> list[tuple[str, str]]:
         """Combinations the options cannot run (``section``: the dotted name of this section, for the message)."""
-        problems = []
-        block_size = getattr(self, "block_size", None)
-        if self.compute_method == "eigen" and block_size is not None:
-            problems.append(
-                (f"{section}.compute_method", f"eigen decomposes the full factors; set {section}.block_size: null")
-            )
-        if self.compute_method == "eigen" and getattr(self, "trace_rule", None) is not None:
-            problems.append((f"{section}.compute_method", f"eigen has no trace rule; set {section}.trace_rule: null"))
-        return problems
+        if self.compute_method == "eigen" and self.block_size is not None:
+            return [(f"{section}.compute_method", f"eigen decomposes the full factors; set {section}.block_size: null")]
+        return []
 
 
-class ThorParams(ImageRecipe, ThorOptions):
+class ThorParams(ImageRecipe, ThorSettings):
     implementation: Implementation
     # false: THOR's recipe (schedules, weight decay, initialisation, loss scale) with the gradients passed to the
     # optimizer unchanged: what the curvature adds, measured against THOR's own recipe (implementation trainlib only)
@@ -69,12 +75,7 @@ class ThorParams(ImageRecipe, ThorOptions):
     batch_size: PositiveInt
     lr: Schedule
     damping: Schedule
-    momentum: Fraction
-    weight_decay: NonNegativeFloat
     label_smoothing: Fraction
-    loss_scale: PositiveFloat
-    frequency: Annotated[int, Field(ge=2)]  # 1 would recompute the inverses every step
-    block_size: PositiveInt | None  # None: full inverses
     trace_rule: Annotated[list[float], Field(min_length=2, max_length=2)] | None  # [skip, stop]
     zero_init_last_bn_gamma: bool  # the initial weights' last BatchNorm gamma of each residual block is 0
     # nn.thor's allreduce fusion groups of the A/G statistics (implementation mindspore_builtin)
@@ -89,6 +90,8 @@ class ThorParams(ImageRecipe, ThorOptions):
         problems = []
         if self.trace_rule is not None and not 0 <= self.trace_rule[1] <= self.trace_rule[0]:
             problems.append(("thor.trace_rule", f"is {self.trace_rule}; give [skip, stop] with 0 <= stop <= skip"))
+        if self.compute_method == "eigen" and self.trace_rule is not None:
+            problems.append(("thor.compute_method", "eigen has no trace rule; set thor.trace_rule: null"))
         problems += self.option_problems("thor")
         changed = [key for key, value in ThorOptions().model_dump().items() if getattr(self, key) != value]
         if changed and self.implementation != "trainlib":

@@ -11,7 +11,7 @@ from trainlib.params.errors import CrossKeyProblems
 from trainlib.params.numbers import Fraction, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt
 from trainlib.params.recipe_spec import SECOND_ORDER, RecipeSpec, ResultRow
 from trainlib.params.schedules import Schedule
-from trainlib.params.thor import ThorOptions
+from trainlib.params.thor import ThorSettings
 
 
 class BertCorpusParams(Section):
@@ -70,18 +70,13 @@ class BertNetworkParams(Section):
         return self
 
 
-class BertThorTraining(LanguageRecipe, ThorOptions):
+class BertThorTraining(LanguageRecipe, ThorSettings):
     """THOR on BERT: every Dense layer preconditioned, then Momentum; weight decay except on LayerNorm and biases."""
 
     epochs: PositiveInt
     batch_size: PositiveInt  # per device
     lr: Schedule
     damping: Schedule
-    momentum: Fraction
-    weight_decay: NonNegativeFloat
-    loss_scale: PositiveFloat
-    frequency: Annotated[int, Field(ge=2)]
-    block_size: PositiveInt | None
     split_indices: list[int]  # nn.thor's allreduce fusion groups of the A/G statistics (recorded)
     eval_interval: NonNegativeInt
     checkpoint: CheckpointParams

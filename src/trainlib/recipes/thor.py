@@ -59,24 +59,6 @@ def thor_schedules(thor: ThorParams | BertThorTraining, steps_per_epoch: int) ->
     return lr, damping
 
 
-def thor_step_settings(section: ThorParams | BertThorTraining) -> dict:
-    """What the ResNet (``thor``) and BERT (``thor_bert.thor``) sections set alike, as ``create_thor_step``'s
-    keyword arguments: the shared optimizer's settings, the statistics' cadence and the options."""
-    graft = section.adam_graft
-    return {
-        "momentum": section.momentum,
-        "weight_decay": section.weight_decay,
-        "loss_scale": section.loss_scale,
-        "frequency": section.frequency,
-        "block_size": section.block_size,
-        "damping_method": section.damping_method,
-        "compute_method": section.compute_method,
-        "statistics_dtype": section.statistics_dtype,
-        "kl_clip": section.kl_clip,
-        "adam_graft": None if graft is None else (graft.beta1, graft.beta2, graft.eps),
-    }
-
-
 def trainlib_thor_step(
     net, loss_fn, thor: ThorParams, lr_per_step: np.ndarray, damping: np.ndarray, *, rank_size: int
 ) -> TrainlibThorStep:
@@ -86,11 +68,10 @@ def trainlib_thor_step(
         nn.WithLossCell(net, loss_fn),
         lr_per_step,
         damping,
-        trace_rule=tuple(thor.trace_rule) if thor.trace_rule else None,
+        thor,
         rank_size=rank_size,
-        inverse_method=None,  # Cholesky, or MatrixInverse on Ascend (linalg.block_inverse)
         precondition=thor.precondition,
-        **thor_step_settings(thor),
+        trace_rule=tuple(thor.trace_rule) if thor.trace_rule else None,
     )
     return TrainlibThorStep(step)
 

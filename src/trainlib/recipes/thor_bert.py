@@ -53,7 +53,7 @@ from trainlib.recipes.language_model import (
     control_optimizer,
     held_out_dataset,
 )
-from trainlib.recipes.thor import ThorFigures, TrainlibThorStep, thor_schedules, thor_step_settings
+from trainlib.recipes.thor import ThorFigures, TrainlibThorStep, thor_schedules
 from trainlib.text.dataset import create_text_dataset
 from trainlib.text.examples import most_frequent_token_accuracy
 
@@ -151,12 +151,9 @@ def thor_step_of(thor: BertThorTraining, net: BertPreTraining, steps_per_epoch: 
         BertNetworkWithLoss(net),
         lr_per_step,
         damping,
-        trace_rule=None,
+        thor,
         rank_size=rank_size,
-        inverse_method=None,  # Cholesky, or MatrixInverse on Ascend (linalg.block_inverse)
-        precondition=True,
         decays=decays_unless_layernorm_or_bias,
-        **thor_step_settings(thor),
     )
 
 

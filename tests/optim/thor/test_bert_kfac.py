@@ -23,6 +23,7 @@ from trainlib.models.bert import BertConfig, BertNetworkWithLoss, create_bert
 from trainlib.optim.gradients import UnscaledGradients
 from trainlib.optim.momentum import decays_unless_layernorm_or_bias
 from trainlib.optim.thor.step import create_thor_step
+from trainlib.params import ThorSettings
 from trainlib.text.examples import COLUMNS
 
 CONFIG = BertConfig(
@@ -39,18 +40,13 @@ CONFIG = BertConfig(
 )
 BATCH, SEQ, PREDICTIONS = 4, 8, 3
 LR, DAMPING, MOMENTUM, WEIGHT_DECAY, LOSS_SCALE = 0.1, 0.03, 0.9, 1e-3, 8.0
-RECIPE = {
-    "momentum": MOMENTUM,
-    "weight_decay": WEIGHT_DECAY,
-    "loss_scale": LOSS_SCALE,
-    "frequency": 2,  # the first step is second-order
-    "block_size": None,
-    "trace_rule": None,
-    "rank_size": 1,
-    "inverse_method": None,
-    "precondition": True,
-    "decays": decays_unless_layernorm_or_bias,
-}
+SETTINGS = ThorSettings(
+    momentum=MOMENTUM,
+    weight_decay=WEIGHT_DECAY,
+    loss_scale=LOSS_SCALE,
+    frequency=2,  # the first step is second-order
+    block_size=None,
+)
 DENSE = dense_names(CONFIG.num_hidden_layers)
 # tolerances: float32 MindSpore against the float64 reference, relative to each array's largest magnitude
 GRAD_TOL = 1e-4
@@ -153,7 +149,15 @@ def step():
     # MindSpore's own float32 gradients at the initial weights, to validate the numpy reference
     ms_loss, ms_grads = UnscaledGradients(loss_net, net.trainable_params(), 1.0, 1)(*batch)
     ms_grads = {p.name: g.asnumpy().copy() for p, g in zip(net.trainable_params(), ms_grads, strict=True)}
-    thor = create_thor_step(net, loss_net, np.full(4, LR, np.float32), np.full(4, DAMPING, np.float32), **RECIPE)
+    thor = create_thor_step(
+        net,
+        loss_net,
+        np.full(4, LR, np.float32),
+        np.full(4, DAMPING, np.float32),
+        SETTINGS,
+        rank_size=1,
+        decays=decays_unless_layernorm_or_bias,
+    )
     thor_loss = float(thor(*batch).asnumpy())
     assert (thor.preconditioner.second_order_steps, thor.preconditioner.reuse_steps) == (1, 0)
     after = params_of(net)

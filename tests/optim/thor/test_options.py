@@ -13,6 +13,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import nn
+from pydantic import ValidationError
 
 from tests.optim.thor.test_preconditioner import damped_inverse, numpy_forward_backward
 from tests.support.thor import NAMES, TinyNet, batch, make_thor, params_of, run
@@ -228,7 +229,8 @@ def test_the_defaults_add_no_state():
 
 @pytest.mark.parametrize("precondition", [True, False])
 def test_a_misspelt_preconditioner_option_is_refused_with_or_without_the_preconditioner(precondition):
-    with pytest.raises(TypeError, match="klclip"):
+    """The settings are a section's model (``ThorSettings``): a misspelt key is refused before anything is built."""
+    with pytest.raises(ValidationError, match="klclip"):
         make_thor(TinyNet(), precondition=precondition, klclip=0.001)
 
 
@@ -247,8 +249,8 @@ def test_factored_damping_under_the_trace_rule():
 
 
 def test_the_recipe_passes_each_option_to_the_library():
-    """``recipes.thor.trainlib_thor_step`` builds THOR with the section's keys (the thor_bert recipe shares
-    ``thor_step_settings``); no step runs, nothing compiles."""
+    """``recipes.thor.trainlib_thor_step`` builds THOR from the section itself (``ThorSettings``, which the
+    thor_bert recipe's section is too); no step runs, nothing compiles."""
     import yaml
 
     from tests.support.config import CONF

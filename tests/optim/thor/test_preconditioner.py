@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from mindspore import nn
 
-from tests.support.thor import C_OUT, NAMES, POSITIONS, RECIPE, TinyNet, batch, make_thor, params_of, run
+from tests.support.thor import C_OUT, NAMES, POSITIONS, TinyNet, batch, make_thor, params_of, run, thor_settings
 from trainlib.engine.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from trainlib.models.loss import CrossEntropySmooth
 from trainlib.optim.schedules import exponential_schedule, thor_schedule
@@ -456,9 +456,8 @@ def test_short_training_reduces_the_loss():
     epochs, steps = 4, data.get_dataset_size()
     lrs = thor_schedule(0.1, 2.0, 6, epochs, steps)
     damping = exponential_schedule(0.03, 0.5, 10, epochs, steps)
-    thor = create_thor_step(
-        net, nn.WithLossCell(net, CrossEntropySmooth(3, 0.1)), lrs, damping, **{**RECIPE, "frequency": 5}
-    )
+    loss = nn.WithLossCell(net, CrossEntropySmooth(3, 0.1))
+    thor = create_thor_step(net, loss, lrs, damping, thor_settings(frequency=5), rank_size=1)
     assert len(thor.preconditioner.wrappers) == 2  # the conv inside the SequentialCell and the dense layer
     result = train(TrainingSpec(epochs, 16, 16), data, lambda start, steps_per_epoch: TrainlibThorStep(thor))
     assert result.history[-1][TRAIN_LOSS] < 0.6 * result.history[0][TRAIN_LOSS]

@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 import yaml
 from mindspore import nn, ops
+from pydantic import ValidationError
 
 from tests.support.config import CONF
+from trainlib.models.loss import CrossEntropySmooth
 from trainlib.optim.thor.capture import CapturedLayer
+from trainlib.optim.thor.step import create_thor_step
 from trainlib.params import BertThorTraining
-from trainlib.recipes.thor import thor_step_settings
 
 ROWS, IN, OUT = 2048, 64, 32  # a long sum: float32's rounding then differs from one rounding of the exact product
 
@@ -58,17 +60,23 @@ def test_float64_statistics_are_the_exact_products_rounded_once_to_float32():
 
 
 def test_the_documented_recipes_keep_float32_and_the_key_reaches_the_library():
-    """Both sections default to float32 (the documented recipes); the recipe's settings pass the key on to
-    ``create_thor_step`` (ResNet and BERT share ``thor_step_settings``), which sets every wrapped layer's."""
+    """Both sections default to float32 (the documented recipes); the BERT section, like the ResNet one, is the
+    ``ThorSettings`` that ``create_thor_step`` reads, which sets every wrapped layer's dtype."""
+    from tests.support.thor import TinyNet
+
     thor = yaml.safe_load((CONF / "base" / "parameters_thor.yml").read_text())["thor"]
     bert = yaml.safe_load((CONF / "base" / "parameters_thor_bert.yml").read_text())["thor_bert"]["thor"]
     assert thor["statistics_dtype"] == bert["statistics_dtype"] == "float32"
     section = BertThorTraining.model_validate({**bert, "statistics_dtype": "float64"})
-    assert thor_step_settings(section)["statistics_dtype"] == "float64"
+    net = TinyNet()
+    step = create_thor_step(
+        net, nn.WithLossCell(net, CrossEntropySmooth(4, 0.0)), np.ones(2), np.ones(2), section, rank_size=1
+    )
+    assert {wrapper.statistics_dtype for wrapper in step.preconditioner.wrappers} == {"float64"}
 
 
 def test_an_unknown_statistics_dtype_is_refused():
     from tests.support.thor import TinyNet, make_thor
 
-    with pytest.raises(ValueError, match=r"unknown statistics_dtype 'float16'; choose one of \('float32', 'float64'\)"):
+    with pytest.raises(ValidationError, match=r"statistics_dtype\n  Input should be 'float32' or 'float64'"):
         make_thor(TinyNet(), statistics_dtype="float16")

@@ -18,7 +18,8 @@ from trainlib.optim.thor.curvature import Curvature, scalar_parameter
 from trainlib.optim.thor.eigen import EigenMethod
 from trainlib.optim.thor.graft import AdamGraft
 from trainlib.optim.thor.inverse import InverseMethod
-from trainlib.optim.thor.linalg import COMPUTE_METHODS, DAMPING_METHODS, INVERSE_METHODS, STATISTICS_DTYPES
+from trainlib.optim.thor.linalg import INVERSE_METHODS
+from trainlib.params.thor import ThorSettings
 
 STATE_PREFIX = "thor."  # the preconditioner's keys in the optimizer state
 COUNTERS = ("steps", "second_order_steps", "reuse_steps", "trace_skips", "inverses_computed")
@@ -103,18 +104,19 @@ class ThorPreconditioner:
     and holds two compiled cells that turn the gradients of ``net.trainable_params()`` (in that order, unscaled) into
     THOR directions: ``second_order_cell`` (refresh the curvature from this step's statistics, then apply it) and
     ``reuse_cell`` (apply the stored one). ``ThorStep`` picks one per step with ``second_order_now`` and calls
-    ``capture`` / ``count_step`` around it. Step ``k`` (counted from 0, continued by ``load_state``) is second-order
-    when ``k % frequency == 0`` (or no curvature exists yet); its damping is ``damping[k]`` (the last value past
-    the end). ``block_size`` None inverts the full A and G, an int their diagonal blocks (Ascend: 128).
-    ``trace_rule`` ``(skip, stop)``, e.g. ``(0.01, 0.001)``, enables the paper's trace rule. ``loss_scale``: the factor
-    the differentiated loss carries, removed from G when it is taken. ``inverse_method`` (``block_inverse``): None
+    ``capture`` / ``count_step`` around it. ``settings``: the section (``params.ThorSettings``, validated with it).
+    Step ``k`` (counted from 0, continued by ``load_state``) is second-order when ``k % settings.frequency == 0`` (or
+    no curvature exists yet); its damping is ``damping[k]`` (the last value past the end). ``settings.block_size``
+    None inverts the full A and G, an int their diagonal blocks (Ascend: 128). ``trace_rule`` ``(skip, stop)``, e.g.
+    ``(0.01, 0.001)``, enables the paper's trace rule. ``settings.loss_scale``: the factor the differentiated loss
+    carries, removed from G when it is taken. ``inverse_method`` (``block_inverse``): None
     picks "cholesky", or "matrix_inverse" on Ascend. Counters: ``steps``, ``second_order_steps``, ``reuse_steps``,
     ``trace_skips``, ``inverses_computed`` ((layer, step) pairs whose curvature was computed; ``refreshed_layers``
     names those of the last second-order step).
 
-    Options, each off by default (today's THOR, whose graph is then unchanged), their maths in docs/recipes.md,
-    section "THOR's options": ``damping_method`` "fixed" or "factored" and ``compute_method`` "inverse" or
-    "eigen" pick ``method`` (``InverseMethod`` or ``EigenMethod``: full factors, no trace rule, CPU/GPU);
+    Options of ``settings``, each off by default (today's THOR, whose graph is then unchanged), their maths in
+    docs/recipes.md, section "THOR's options": ``damping_method`` "fixed" or "factored" and ``compute_method``
+    "inverse" or "eigen" pick ``method`` (``InverseMethod`` or ``EigenMethod``: full factors, no trace rule, CPU/GPU);
     ``adam_graft`` ``(beta1, beta2, eps)`` adds the step ``graft`` (``AdamGraft``), then ``kl_clip`` (a bound) the
     step ``clip`` (``KlClip``); each is None when off. ``last_clip_factor``, ``last_graft_scales`` and ``eigen()``
     show them. ``statistics_dtype`` "float64" takes A and G's products in float64 (``capture.CapturedLayer``), so
@@ -126,18 +128,11 @@ class ThorPreconditioner:
         self,
         net: nn.Cell,
         damping: np.ndarray,
+        settings: ThorSettings,
         *,
-        loss_scale: float,
-        frequency: int,
-        block_size: int | None,
-        trace_rule: tuple[float, float] | None,
         rank_size: int,
-        inverse_method: str | None,
-        damping_method: str = "fixed",
-        compute_method: str = "inverse",
-        kl_clip: float | None = None,
-        adam_graft: tuple[float, float, float] | None = None,
-        statistics_dtype: str = "float32",
+        trace_rule: tuple[float, float] | None = None,
+        inverse_method: str | None = None,
     ):
         self.damping = np.asarray(damping, np.float32).ravel()
         if not len(self.damping):
@@ -146,31 +141,28 @@ class ThorPreconditioner:
             inverse_method = "matrix_inverse" if ms.get_context("device_target") == "Ascend" else "cholesky"
         if inverse_method not in INVERSE_METHODS:
             raise ValueError(f"unknown inverse_method {inverse_method!r}; choose one of {INVERSE_METHODS}")
-        if damping_method not in DAMPING_METHODS:
-            raise ValueError(f"unknown damping_method {damping_method!r}; choose one of {DAMPING_METHODS}")
-        if compute_method not in COMPUTE_METHODS:
-            raise ValueError(f"unknown compute_method {compute_method!r}; choose one of {COMPUTE_METHODS}")
-        if statistics_dtype not in STATISTICS_DTYPES:
-            raise ValueError(f"unknown statistics_dtype {statistics_dtype!r}; choose one of {STATISTICS_DTYPES}")
-        if compute_method == "eigen" and (block_size is not None or trace_rule is not None):
+        # the settings were validated with their section (ThorSettings.option_problems); what is checked here is
+        # what they cannot know: the device, and the trace rule that only the ResNet section sets
+        compute_method = settings.compute_method
+        if compute_method == "eigen" and trace_rule is not None:
             raise ValueError(
-                "compute_method eigen decomposes the full factors at every second-order step: "
-                "it takes block_size None and no trace_rule"
+                "compute_method eigen decomposes the full factors at every second-order step: no trace_rule"
             )
         if compute_method == "eigen" and ms.get_context("device_target") == "Ascend":
             raise ValueError("compute_method eigen needs MindSpore's Eigh, which runs on CPU and GPU, not Ascend")
-        self.damping_method = damping_method
+        self.damping_method = damping_method = settings.damping_method
         self.compute_method = compute_method
-        self.statistics_dtype = statistics_dtype
-        self.kl_clip = None if kl_clip is None else float(kl_clip)
-        self.adam_graft = None if adam_graft is None else tuple(float(x) for x in adam_graft)
-        self.frequency = frequency
-        self.block_size = block_size
+        self.statistics_dtype = statistics_dtype = settings.statistics_dtype
+        self.kl_clip = settings.kl_clip
+        graft = settings.adam_graft
+        self.adam_graft = None if graft is None else (graft.beta1, graft.beta2, graft.eps)
+        self.frequency = settings.frequency
+        self.block_size = block_size = settings.block_size
         self.trace_rule = None if trace_rule is None else (float(trace_rule[0]), float(trace_rule[1]))
         self.rank_size = rank_size
         self.inverse_method = inverse_method
 
-        self.wrappers = wrap_layers(net, float(loss_scale), statistics_dtype)
+        self.wrappers = wrap_layers(net, settings.loss_scale, statistics_dtype)
         if not self.wrappers:
             raise ValueError("the network has no Conv2d (group 1) or Dense (no activation) layer for THOR")
         weights = net.trainable_params()

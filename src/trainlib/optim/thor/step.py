@@ -4,7 +4,6 @@ baseline's Momentum optimizer (``create_thor_step``)."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 
 import mindspore as ms
@@ -14,6 +13,7 @@ from mindspore import nn, ops
 from trainlib.optim.gradients import FirstOrderStep, UnscaledGradients
 from trainlib.optim.momentum import create_momentum, decays_unless_norm_or_bias
 from trainlib.optim.thor.preconditioner import ThorPreconditioner
+from trainlib.params.thor import ThorSettings
 
 
 class _PreconditionedStep(nn.Cell):
@@ -188,32 +188,30 @@ def create_thor_step(
     net_with_loss: nn.Cell,
     lr_per_step: np.ndarray,
     damping: np.ndarray,
+    settings: ThorSettings,
     *,
-    momentum: float,
-    weight_decay: float,
-    loss_scale: float,
     rank_size: int,
-    precondition: bool,
+    precondition: bool = True,
+    trace_rule: tuple[float, float] | None = None,
+    inverse_method: str | None = None,
     decays: Callable[[str], bool] = decays_unless_norm_or_bias,
-    **preconditioner_options,
 ) -> ThorStep:
-    """THOR for ``net``: the preconditioner, then the baseline's Momentum (``create_momentum``: weight decay on the
-    parameters ``decays`` names, by default all but BatchNorm gamma/beta and biases; ``lr_per_step`` indexed by its
-    global step) with loss scale 1, as the preconditioner already receives unscaled gradients. ``net_with_loss``: a
-    cell that computes the batch-mean loss of ``net`` from a batch's columns (``nn.WithLossCell(net, loss_fn)``, or
-    BERT's pre-training network with its losses). The other keyword arguments are ``ThorPreconditioner``'s
-    (``frequency``, ``block_size``, ``trace_rule``, ``inverse_method``, and the options ``damping_method`` ..
-    ``adam_graft``, which default to off: today's THOR); ``precondition`` False builds no preconditioner
-    (``ThorStep``: THOR's recipe without its second order)."""
-    options = {"loss_scale": loss_scale, "rank_size": rank_size, **preconditioner_options}
-    if precondition:
-        preconditioner = ThorPreconditioner(net, damping, **options)
-    else:
-        # unused, but checked all the same: a misspelt or missing option is a TypeError with or without them
-        inspect.signature(ThorPreconditioner).bind(net, damping, **options)
-        preconditioner = None
+    """THOR for ``net`` with a section's ``settings`` (``params.ThorSettings``: the ResNet or BERT section itself):
+    the preconditioner, then the baseline's Momentum (``create_momentum``: weight decay on the parameters ``decays``
+    names, by default all but BatchNorm gamma/beta and biases; ``lr_per_step`` indexed by its global step) with loss
+    scale 1, as the preconditioner already receives unscaled gradients. ``net_with_loss``: a cell that computes the
+    batch-mean loss of ``net`` from a batch's columns (``nn.WithLossCell(net, loss_fn)``, or BERT's pre-training
+    network with its losses). ``trace_rule`` and ``inverse_method`` are ``ThorPreconditioner``'s; ``precondition``
+    False builds no preconditioner (``ThorStep``: THOR's recipe without its second order)."""
+    preconditioner = (
+        ThorPreconditioner(
+            net, damping, settings, rank_size=rank_size, trace_rule=trace_rule, inverse_method=inverse_method
+        )
+        if precondition
+        else None
+    )
     lr_per_step = np.asarray(lr_per_step, np.float32).ravel()
-    optimizer = create_momentum(net, lr_per_step, momentum, weight_decay, 1.0, decays=decays)
+    optimizer = create_momentum(net, lr_per_step, settings.momentum, settings.weight_decay, 1.0, decays=decays)
     return ThorStep(
         net,
         net_with_loss,
@@ -221,6 +219,6 @@ def create_thor_step(
         optimizer,
         lr_per_step,
         damping,
-        loss_scale=loss_scale,
+        loss_scale=settings.loss_scale,
         rank_size=rank_size,
     )
