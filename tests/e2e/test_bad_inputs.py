@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.config import load_config
 from tests.support.projects import TINY_PARAMS, kedro, make_project, runs
-from tests.support.training import build
+from tests.support.training import GivenSteps, build
 from tests.support.trees import write_image_tree
 from trainlib.data.folder import BadImageError, DataLayoutError, create_dataset, scan_image_tree
 from trainlib.engine.checkpoint import Checkpoint, CheckpointError, save_checkpoint
@@ -219,8 +219,8 @@ def nan_loss(root: Path):
 
     def run(epochs: int):
         spec = TrainingSpec(epochs=epochs, batch_size=4, examples_per_step=4, schedule_epochs=2)
-        make_step = lambda start, steps_per_epoch: TrainStep(cell, net, optimizer, lr)  # noqa: E731
-        return train(spec, dataset, make_step, fingerprint="nan", checkpoints=checkpoints)
+        steps = GivenSteps(lambda start, steps_per_epoch: TrainStep(cell, net, optimizer, lr))
+        return train(spec, dataset, steps, fingerprint="nan", checkpoints=checkpoints)
 
     run(1)  # writes epoch_0001.ckpt, the last good checkpoint
 

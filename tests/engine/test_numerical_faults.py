@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from mindspore import nn
 
+from tests.support.training import GivenSteps
 from trainlib.engine.epochs import LossScaleOverflowError, NonFiniteLossError, TrainingSpec
 from trainlib.engine.loop import train
 from trainlib.engine.step import TrainStep
@@ -44,7 +45,7 @@ def dense_training(loss_scale: float) -> TrainStep:
 
 def train_one_epoch(step: TrainStep) -> list[dict]:
     spec = TrainingSpec(epochs=1, batch_size=BATCH, examples_per_step=BATCH)
-    return train(spec, dataset(), lambda start, steps_per_epoch: step).history
+    return train(spec, dataset(), GivenSteps(lambda start, steps_per_epoch: step)).history
 
 
 def test_the_training_runs_with_loss_scale_1():

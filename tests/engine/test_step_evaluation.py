@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 
+from tests.support.training import GivenSteps
 from trainlib.data.folder import create_dataset, scan_image_tree
 from trainlib.engine.callbacks import Callback
 from trainlib.engine.checkpoint import Checkpoint
@@ -54,11 +55,14 @@ def run(train_data, epochs: int, checkpoints: Checkpointing | None = None, callb
     return train(
         spec,
         train_data,
-        lambda start, steps: TrainStep(lambda images, labels: ms.Tensor(np.float32(1.0)), network),
+        GivenSteps(
+            lambda start, steps: TrainStep(lambda images, labels: ms.Tensor(np.float32(1.0)), network),
+            scores=lambda step, data: slow_evaluation(step),
+        ),
         start=Checkpoint({p.name: p.asnumpy() for p in network.get_parameters()}, {}),
         fingerprint="steps",
         checkpoints=checkpoints,
-        evaluate_steps=slow_evaluation,
+        step_validation="subset",  # the scores ignore it
         callbacks=callbacks,
     )
 

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from tests.support.training import CLASSES, build
+from tests.support.training import CLASSES, GivenSteps, build
 from trainlib.data.folder import create_dataset, scan_image_tree
 from trainlib.engine.callbacks import Callback, CallbackList, PeriodicCheckpoint
 from trainlib.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
@@ -107,10 +107,10 @@ def fit(
     result = train(
         spec,
         dataset,
-        lambda start, steps_per_epoch: ready,
+        GivenSteps(lambda start, steps_per_epoch: ready, scores=lambda step, data: evaluate()),
         start=Checkpoint({}, {"epoch": start_epoch}),
         continue_from_start=start_epoch > 0,
-        evaluate=None if evaluate is None else lambda _: evaluate(),
+        validation=None if evaluate is None else dataset,  # the scores ignore it
         callbacks=callbacks,
     )
     return result.history
@@ -203,7 +203,7 @@ def test_start_after_stop_or_beyond_the_schedule_is_refused(train_data):
         fit(constant_step(), train_data, 2, start_epoch=3)
     spec = TrainingSpec(epochs=4, batch_size=BATCH, examples_per_step=BATCH, schedule_epochs=3)
     with pytest.raises(ValueError, match=r"start 0 <= stop 4 <= schedule length 3"):
-        train(spec, train_data, lambda start, steps: TrainStep(constant_step(), None))
+        train(spec, train_data, GivenSteps(lambda start, steps: TrainStep(constant_step(), None)))
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
@@ -279,11 +279,11 @@ def momentum_training(tmp_path, train_data, val_data, callbacks=(), epochs: int 
     return train(
         spec,
         train_data,
-        make_step,
+        GivenSteps(make_step),
         start=start,
         fingerprint=fingerprint("momentum", epochs, start),
         checkpoints=Checkpointing(tmp_path, every_epochs=1, keep_last=2),
-        evaluate=lambda step: evaluate(step.network, val_data),
+        validation=val_data,
         callbacks=callbacks,
         metadata={"network": "resnet_narrow"},
     )
@@ -361,11 +361,11 @@ def test_model_train_steps_give_the_same_rows_callbacks_checkpoints_and_resume(t
             spec,
             # Model.train refuses a dataset another Model trained on: a new one per training, as per kedro run
             create_dataset(manifest, "train", IMAGE_SIZE, BATCH, training=True, num_workers=1),
-            lambda start_checkpoint, steps_per_epoch: model_step(start_checkpoint, steps_per_epoch, 3),
+            GivenSteps(lambda start_checkpoint, steps_per_epoch: model_step(start_checkpoint, steps_per_epoch, 3)),
             start=start,
             fingerprint="model-train",
             checkpoints=Checkpointing(tmp_path, every_epochs=1, keep_last=2),
-            evaluate=lambda step: evaluate(step.network, val_data),
+            validation=val_data,
             callbacks=callbacks,
         )
 
@@ -402,7 +402,7 @@ def test_model_train_steps_stop_on_a_non_finite_loss(train_data):
         train(
             spec,
             train_data,
-            lambda start, steps_per_epoch: model_step(start, steps_per_epoch, 2, poison=True),
+            GivenSteps(lambda start, steps_per_epoch: model_step(start, steps_per_epoch, 2, poison=True)),
             start=capture_state(build(0, lr_schedule())[0], None, {"epoch": 0}),
             callbacks=[recorder],
         )
@@ -549,7 +549,7 @@ def test_a_finished_training_removes_its_periodic_checkpoints_once_its_final_sta
     result = train(
         spec,
         train_data,
-        lambda start, steps_per_epoch: TrainStep(constant_step(), nn_dense()),
+        GivenSteps(lambda start, steps_per_epoch: TrainStep(constant_step(), nn_dense())),
         fingerprint="abc",
         checkpoints=Checkpointing(folder, every_epochs=1, keep_last=2),
     )
@@ -632,13 +632,13 @@ def test_thor_announces_its_two_compiled_steps_once_each(caplog):
     dataset = dataset.batch(len(labels[0]))
     spec = TrainingSpec(epochs=1, batch_size=len(labels[0]), examples_per_step=len(labels[0]))
     with caplog.at_level("INFO", logger="trainlib.engine"):
-        result = train(spec, dataset, lambda start, steps_per_epoch: step)
+        result = train(spec, dataset, GivenSteps(lambda start, steps_per_epoch: step))
     assert compile_lines(caplog) == [
         "Compiling the training graph (THOR, second-order step)…",
         "Compiling the training graph (THOR, step reusing the inverses)…",
     ]
     assert result.history[0]["train/compile_s"] > 0
-    assert step.recipe == "THOR"
+    assert step.title == "THOR"
 
 
 def test_callbacks_are_called_in_their_order_through_one_dispatcher():

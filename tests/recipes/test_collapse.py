@@ -33,7 +33,7 @@ def watch_over(epoch_accuracies, step_accuracies, steps_per_epoch=100) -> tuple[
     for epoch, accuracy in enumerate(epoch_accuracies):
         for step in (epoch * steps_per_epoch + 50, (epoch + 1) * steps_per_epoch):
             watch.on_step_evaluation({STEP_KEY: step, VAL_STEP_MLM_ACCURACY: next(steps)})
-        watch.evaluated({"mlm_accuracy": accuracy})
+        watch.on_evaluation(epoch, {"mlm_accuracy": accuracy})
         rows.append(watch.epoch_metrics(epoch))
     return watch, rows
 
@@ -72,7 +72,7 @@ def test_a_resumed_training_counts_the_evaluations_of_its_earlier_epochs():
     watch = CollapseWatch(MOST_FREQUENT, "thor_bert control")
     watch.on_resume(None, [{"epoch": 1, VAL_MLM_ACCURACY: 0.04}])
     watch.on_train_begin(2, 100, 1)
-    watch.evaluated({"mlm_accuracy": 0.052})
+    watch.on_evaluation(1, {"mlm_accuracy": 0.052})
     assert watch.epoch_metrics(1)[COLLAPSE_STEP] == 100.0
 
 

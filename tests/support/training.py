@@ -22,3 +22,21 @@ def build(seed: int, lr_per_step: np.ndarray, loss_scale: float = 8.0):
     step = nn.TrainOneStepCell(nn.WithLossCell(net, CrossEntropySmooth(CLASSES, 0.1)), optimizer, sens=loss_scale)
     step.set_train(True)
     return net, optimizer, step
+
+
+class GivenSteps:
+    """A ``StepFactory`` for the engine's tests: steps from ``make(start, steps_per_epoch)``, evaluations by
+    ``scores(step, dataset)`` (default: top-1/top-5 of the step's network on the dataset)."""
+
+    def __init__(self, make, scores=None):
+        self.make, self.scores = make, scores
+
+    def make_step(self, start, steps_per_epoch: int):
+        return self.make(start, steps_per_epoch)
+
+    def evaluate(self, step, dataset) -> dict[str, float]:
+        if self.scores is not None:
+            return self.scores(step, dataset)
+        from trainlib.engine.evaluation import evaluate
+
+        return evaluate(step.network, dataset)

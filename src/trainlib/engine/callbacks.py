@@ -25,7 +25,8 @@ class Callback:
 
     ``bind(step)`` once the training step (network, optimizer) exists; ``on_resume`` when the
     training continues from a checkpoint, with the rows of the epochs before; ``on_train_begin``;
-    per epoch ``on_epoch_begin``, ``on_step_end`` per step, ``epoch_metrics`` (figures of the
+    per epoch ``on_epoch_begin``, ``on_step_end`` per step, ``on_evaluation(epoch, figures)`` when the epoch
+    was evaluated (the recipe's ``StepFactory.evaluate`` figures), ``epoch_metrics`` (figures of the
     callback's own added to the epoch's row, e.g. ``thor/damping``) and ``on_epoch_end`` with the
     complete row; ``on_train_end`` once, also when training raised. ``on_step_evaluation(row)`` after
     each evaluation every ``eval_every_steps`` steps (right after that step's ``on_step_end``; on resume
@@ -37,6 +38,7 @@ class Callback:
     def on_train_begin(self, total_epochs: int, steps_per_epoch: int, start_epoch: int) -> None: ...
     def on_epoch_begin(self, epoch: int) -> None: ...
     def on_step_end(self, epoch: int, step: int, loss: float) -> None: ...
+    def on_evaluation(self, epoch: int, figures: Mapping[str, float]) -> None: ...
     def epoch_metrics(self, epoch: int) -> dict[str, float]:
         return {}
 
@@ -92,6 +94,9 @@ class CallbackList(Callback):
 
     def on_step_end(self, epoch: int, step: int, loss: float) -> None:
         self._call("on_step_end", epoch, step, loss)
+
+    def on_evaluation(self, epoch: int, figures: Mapping[str, float]) -> None:
+        self._call("on_evaluation", epoch, figures)
 
     def epoch_metrics(self, epoch: int) -> dict[str, float]:
         figures: dict[str, float] = {}

@@ -178,6 +178,7 @@ class EpochLoop:
         if self.evaluate is not None and (epoch + 1 == self.spec.epochs or (interval and (epoch + 1) % interval == 0)):
             figures = self.evaluate(self.step)
             row.update({key: float(figures[name]) for name, key in self.spec.evaluation_keys})
+            self.callbacks.on_evaluation(epoch, figures)
         row.update(self.callbacks.epoch_metrics(epoch))
         row[TIMESTAMP_KEY] = time.time()
         self.history.append(row)

@@ -1,7 +1,8 @@
 """The one training entry point of every recipe: ``train``.
 
-A recipe says how to build its step (``make_step(start checkpoint, steps per epoch) -> TrainStep``:
-network, optimizer, schedule) and how to evaluate; ``train`` runs the rest, the same for all:
+A recipe says how to build its step and how to evaluate it (``step.StepFactory``: ``make_step(start checkpoint, steps
+per epoch) -> TrainStep`` with network, optimizer and schedule; ``evaluate(step, dataset)``); ``train`` runs the rest,
+the same for all:
 
 1. find the newest checkpoint of this training (same ``fingerprint``, unfinished) in
    ``checkpoints.directory``; resuming, it is the start and its ``history`` the rows so far;
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,7 +50,7 @@ from trainlib.engine.fit import FitLoop
 from trainlib.engine.progress import ProgressReporter
 from trainlib.engine.resume import CHECKPOINT_DIR_KEY, CHECKPOINT_PREFIX, KEEP_STALE, find_resume_checkpoint
 from trainlib.engine.state import HISTORY_KEY, encode_history, history_of
-from trainlib.engine.step import TrainStep
+from trainlib.engine.step import StepFactory, TrainStep
 from trainlib.metrics import REPLICA_DIVERGENCE, THROUGHPUT_UNITS
 
 logger = logging.getLogger(__name__)
@@ -102,27 +103,28 @@ class TrainingResult:
 def train(
     spec: TrainingSpec,
     dataset,
-    make_step: Callable[[Checkpoint | None, int], TrainStep],
+    factory: StepFactory,
     *,
     start: Checkpoint | None = None,
     fingerprint: str = "",
     checkpoints: Checkpointing | None = None,
-    evaluate: Callable[[TrainStep], Mapping[str, float]] | None = None,
+    validation=None,
+    step_validation=None,
     callbacks: Sequence[Callback] = (),
     continue_from_start: bool = False,
     metadata: Mapping[str, int | float | bool | str] | None = None,
-    evaluate_steps: Callable[[TrainStep], Mapping[str, float]] | None = None,
 ) -> TrainingResult:
-    """Train from ``start`` (or the newest checkpoint of this training) to ``spec.epochs``.
+    """Train ``factory``'s steps from ``start`` (or the newest checkpoint of this training) to ``spec.epochs``.
 
-    ``dataset``: this rank's batched training data. ``make_step(start, steps_per_epoch)`` builds the
+    ``dataset``: this rank's batched training data. ``factory.make_step(start, steps_per_epoch)`` builds the
     network from ``start``'s weights (None: fresh) and the optimizer for a schedule of
     ``spec.schedule_epochs`` epochs. ``fingerprint`` identifies the configuration and start weights
     (``resume.fingerprint``); with ``checkpoints`` the training resumes from, and writes, periodic
-    checkpoints. ``evaluate(step)`` returns ``top1`` and ``top5``. ``continue_from_start``: ``start``
-    is another training's checkpoint whose optimizer state and epoch this one continues. ``metadata``
-    goes into every checkpoint beside ``epoch``, ``fingerprint`` and ``history``. ``evaluate_steps(step)``:
-    the evaluation every ``spec.eval_every_steps`` steps (a fixed val subset), its rows ``step_history``.
+    checkpoints. ``factory.evaluate(step, validation)`` every ``spec.eval_interval`` epochs and after the last (no
+    evaluation without ``validation``); ``factory.evaluate(step, step_validation)`` every ``spec.eval_every_steps``
+    steps (a fixed val subset), its rows ``step_history``. ``continue_from_start``: ``start`` is another training's
+    checkpoint whose optimizer state and epoch this one continues. ``metadata`` goes into every checkpoint beside
+    ``epoch``, ``fingerprint`` and ``history``.
     """
     stop = spec.epochs
     schedule = spec.schedule_epochs or spec.epochs
@@ -145,14 +147,14 @@ def train(
     steps_per_epoch = dataset.get_dataset_size()
     if steps_per_epoch == 0:
         raise ValueError("the training dataset yields no full batch")
-    step = make_step(start, steps_per_epoch)
+    step = factory.make_step(start, steps_per_epoch)
     if continuing:
         step.restore(start)
     del start  # the step holds the state now: a checkpoint loaded to resume from is freed while the training runs
     step.prepare()
     logger.info(
         "%s: epochs %d-%d of a %d-epoch schedule, %d steps/epoch, batch %d per rank, %s",
-        step.recipe,
+        step.title,
         start_epoch + 1,
         stop,
         schedule,
@@ -181,6 +183,8 @@ def train(
         dispatcher.on_resume(resume_from, history)
         for row in step_history:  # the earlier epochs' step evaluations, e.g. for the run's metrics
             dispatcher.on_step_evaluation(row)
+    evaluate = None if validation is None else lambda trained: factory.evaluate(trained, validation)
+    evaluate_steps = None if step_validation is None else lambda trained: factory.evaluate(trained, step_validation)
     epoch_loop = EpochLoop(spec, step, steps_per_epoch, dispatcher, evaluate, history, evaluate_steps, step_history)
     _fit_loop_of(step)(epoch_loop, start_epoch).run(dataset)
     return TrainingResult(

@@ -1,10 +1,13 @@
 """A training step: ``TrainStep`` trains on one batch and returns its outputs, and holds what a training's state is
 (network, optimizer state, schedule). It knows nothing of epochs: the loops (``engine.fit``, ``engine.epochs``) call it
-once per batch."""
+once per batch. ``StepFactory``: what a recipe gives the engine, its steps and their evaluation (Lightning's
+LightningModule to its Trainer: the recipe says what one step and one evaluation are, the engine's loop owns the
+rest)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import numpy as np
 
@@ -24,10 +27,10 @@ class TrainStep:
     Optimizers with other state (THOR, P-BFGS) override ``capture`` and ``restore``. The engine calls
     ``restore`` (when continuing), then ``prepare`` once before the first batch: a step whose cell depends
     on the restored state (e.g. boost's gradient freeze takes the rest of the schedule from the
-    optimizer's step count) builds it there. ``recipe`` names the optimizer in the training's start line.
+    optimizer's step count) builds it there. ``title`` names the optimizer in the training's start line.
     """
 
-    recipe = "training"
+    title = "training"
 
     def __init__(
         self,
@@ -83,6 +86,17 @@ class TrainStep:
     def release(self) -> None:
         """Free what the step holds in MindSpore (``release_cells``); the step is unusable afterwards."""
         release_cells(self)
+
+
+class StepFactory(Protocol):
+    """A recipe's training as the engine runs it (``loop.train``): ``make_step(start, steps_per_epoch)`` builds the
+    network from ``start``'s weights (None: fresh) and its optimizer for a schedule of ``steps_per_epoch`` steps per
+    epoch; ``evaluate(step, dataset)`` scores ``step`` on ``dataset`` (e.g. ``top1``, ``top5``). A recipe's factory is
+    an object of its own, holding its section (``recipes.thor.ThorStepFactory``), not closures handed to the loop."""
+
+    def make_step(self, start: Checkpoint | None, steps_per_epoch: int) -> TrainStep: ...
+
+    def evaluate(self, step: TrainStep, dataset) -> Mapping[str, float]: ...
 
 
 # the objects whose attributes may hold a step's cells: this project's, and MindSpore's Model (ModelThor, boost)

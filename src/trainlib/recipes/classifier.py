@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import pandas as pd
 
@@ -17,7 +17,7 @@ from trainlib.engine.loop import Checkpointing, TrainingResult, train
 from trainlib.engine.resume import fingerprint
 from trainlib.engine.runtime import configure_mindspore
 from trainlib.engine.state import capture_state, restore_network
-from trainlib.engine.step import TrainStep
+from trainlib.engine.step import StepFactory, TrainStep
 from trainlib.models.resnet import count_parameters, create_resnet
 from trainlib.params import DataParams, ModelParams, RuntimeParams
 from trainlib.predict.export import ExportedModel, export_classifier
@@ -115,23 +115,21 @@ def step_val_data(manifest: pd.DataFrame, data: DataParams):
     return val_data(pd.concat([manifest[manifest["split"] != "val"], val]), data)
 
 
-def step_evaluation(
-    manifest: pd.DataFrame, data: DataParams, every_steps: int, evaluate_on: Callable | None = None
-) -> Callable | None:
-    """The engine's ``evaluate_steps``: ``evaluate_on(step)`` rebound to the step subset (``step_val_data``),
-    default top-1/top-5 of ``step.network``; None when ``every_steps`` is 0 (nothing is built)."""
-    if not every_steps:
-        return None
-    subset = step_val_data(manifest, data)
-    if evaluate_on is None:
-        return lambda step: evaluate(step.network, subset)
-    return lambda step: evaluate_on(step, subset)
+class ImageStepFactory:
+    """The base of an image recipe's ``StepFactory``: its evaluation is top-1/top-5 of the step's network; a recipe
+    adds ``make_step`` (``momentum.MomentumStepFactory``, ``thor.ThorStepFactory``, ...)."""
+
+    def make_step(self, start: Checkpoint | None, steps_per_epoch: int) -> TrainStep:
+        raise NotImplementedError
+
+    def evaluate(self, step: TrainStep, dataset) -> dict[str, float]:
+        return evaluate(step.network, dataset)
 
 
 def train_classifier(
     context: TrainingContext,
     section,
-    make_step: Callable[[Checkpoint, int], TrainStep],
+    factory: StepFactory,
     *,
     name: str,
     start: Checkpoint,
@@ -140,13 +138,12 @@ def train_classifier(
     schedule_epochs: int | None = None,
     continue_from_start: bool = False,
     callbacks: Sequence[Callback] = (),
-    evaluate_on: Callable | None = None,
 ) -> TrainingResult:
-    """An image recipe's ``section`` on the engine (``engine.loop.train``) up to epoch ``epochs``: this rank's shard
-    of the train split in batches of ``section.batch_size``, evaluated on val every ``section.eval_interval``
-    epochs (a section without it: after the last) and on the step subset every ``section.eval_every_steps`` steps,
-    resumable checkpoints in ``section.checkpoint.dir``, ``name`` the training's name in their metadata.
-    ``evaluate_on(step, dataset)`` replaces the default top-1/top-5 of ``step.network``."""
+    """An image recipe's ``section`` on the engine (``engine.loop.train``) with ``factory``'s steps, up to epoch
+    ``epochs``: this rank's shard of the train split in batches of ``section.batch_size``, evaluated on val every
+    ``section.eval_interval`` epochs (a section without it: after the last) and on the step subset
+    (``step_val_data``) every ``section.eval_every_steps`` steps, resumable checkpoints in ``section.checkpoint.dir``,
+    ``name`` the training's name in their metadata."""
     manifest, data, runtime = context.manifest, context.data, context.runtime
     spec = TrainingSpec(
         epochs=epochs,
@@ -158,19 +155,19 @@ def train_classifier(
         eval_every_steps=section.eval_every_steps,
     )
     validation = val_data(manifest, data)
-    evaluate_on = evaluate_on or (lambda step, dataset: evaluate(step.network, dataset))
+    training = train_data(manifest, data, section.batch_size, runtime.seed)
     return train(
         spec,
-        train_data(manifest, data, section.batch_size, runtime.seed),
-        make_step,
+        training,
+        factory,
         start=start,
         fingerprint=fingerprint,
         checkpoints=Checkpointing.of(section.checkpoint),
-        evaluate=lambda step: evaluate_on(step, validation),
+        validation=validation,
+        step_validation=step_val_data(manifest, data) if section.eval_every_steps else None,
         callbacks=callbacks,
         continue_from_start=continue_from_start,
         metadata={"network": context.model.name, "training": name},
-        evaluate_steps=step_evaluation(manifest, data, section.eval_every_steps, evaluate_on),
     )
 
 

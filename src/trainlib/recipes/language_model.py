@@ -60,7 +60,7 @@ class CollapseWatch(Callback):
     """Whether a training has fallen back to the most frequent token's accuracy (``most_frequent``), and since which
     global step.
 
-    Each held-out evaluation (the epoch's through ``evaluated``, the one every K steps on the first examples
+    Each held-out evaluation (the epoch's through ``on_evaluation``, the one every K steps on the first examples
     through ``on_step_evaluation``, against that token's accuracy on those examples) is collapsed when its masked-LM
     accuracy is at most that accuracy + ``COLLAPSE_MARGIN``; the training is collapsed when its latest evaluation
     is, since the first step of that unbroken run. Adds ``MOST_FREQUENT_TOKEN_ACCURACY``, and on evaluated epochs
@@ -85,10 +85,8 @@ class CollapseWatch(Callback):
             since = (since if since is not None else step) if collapsed else None
         return since
 
-    def evaluated(self, figures: dict) -> dict:
-        """The epoch evaluation's ``figures``, noted for the epoch's row and returned."""
-        self.latest = float(figures["mlm_accuracy"])
-        return figures
+    def on_evaluation(self, epoch: int, figures) -> None:
+        self.latest = float(figures["mlm_accuracy"])  # noted for the epoch's row (epoch_metrics)
 
     def on_resume(self, source, history) -> None:
         self.resumed_rows = [row for row in history if VAL_MLM_ACCURACY in row]

@@ -11,16 +11,16 @@ from trainlib.engine.loop import TrainingResult
 from trainlib.optim.lars import create_lars
 from trainlib.params.lars import LarsParams
 from trainlib.recipes.context import TrainingContext
-from trainlib.recipes.momentum import train_momentum
+from trainlib.recipes.momentum import MomentumStepFactory, train_momentum
 
 
-def train_lars(
-    context: TrainingContext, start: Checkpoint, lars: LarsParams, *, callbacks: Sequence[Callback] = ()
-) -> TrainingResult:
-    """``lars.epochs`` epochs of its whole schedule from ``start``'s weights, each weight's step scaled by its
-    layer's trust ratio; BatchNorm parameters and biases as plain Momentum."""
+class LarsStepFactory(MomentumStepFactory):
+    """The Momentum recipe's steps with LARS as the optimizer (the same state: ``moments``, ``global_step``)."""
 
-    def optimizer(net, lr_per_step):
+    training: LarsParams
+
+    def create_optimizer(self, net, lr_per_step):
+        lars = self.training
         return create_lars(
             net,
             lr_per_step,
@@ -31,4 +31,10 @@ def train_lars(
             loss_scale=lars.loss_scale,
         )
 
-    return train_momentum(context, start, lars, name="lars", callbacks=callbacks, optimizer=optimizer)
+
+def train_lars(
+    context: TrainingContext, start: Checkpoint, lars: LarsParams, *, callbacks: Sequence[Callback] = ()
+) -> TrainingResult:
+    """``lars.epochs`` epochs of its whole schedule from ``start``'s weights, each weight's step scaled by its
+    layer's trust ratio; BatchNorm parameters and biases as plain Momentum."""
+    return train_momentum(context, start, lars, name="lars", callbacks=callbacks, factory=LarsStepFactory)

@@ -4,15 +4,15 @@ Recipe (models repo official/cv/ResNet): Momentum with weight decay on convoluti
 only, the configured per-step lr schedule (its ``peak`` scaled by ``worker_num / reference_devices``),
 label smoothing and a fixed loss scale. Optional: mindspore.boost's LessBN, gradient freeze or gradient
 accumulation in the step (``boost``), or Adasum of the ranks' weight deltas (``adasum``: own collectives,
-or boost's Adasum through ``Model.train``). ``train_momentum`` builds the step and hands everything else
-(resume, epochs, evaluation, checkpoints) to ``engine.loop.train``; other recipes follow the same shape.
+or boost's Adasum through ``Model.train``). ``MomentumStepFactory`` builds the steps; ``train_momentum`` hands it
+to the engine (``engine.loop.train``), which runs everything else (resume, epochs, evaluation, checkpoints); other
+recipes follow the same shape.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from trainlib.boost.options import boost_enabled, build_train_step
 from trainlib.distributed.launch import rank_context
@@ -29,8 +29,70 @@ from trainlib.recipes import classifier
 from trainlib.recipes.context import TrainingContext
 
 logger = logging.getLogger(__name__)
-# An optimizer over a network's parameters, from it and the lr of every step
-OptimizerFactory = Callable[[Any, Any], Any]
+
+
+class MomentumStepFactory(classifier.ImageStepFactory):
+    """The Momentum recipe's steps (``engine.step.StepFactory``): the network from the start weights, the section's
+    per-step lr over ``schedule_epochs`` epochs, ``create_optimizer``'s optimizer (Momentum; a recipe of the same
+    state overrides it: ``lars.LarsStepFactory``), label smoothing, the loss scale, and ``boost``'s or ``adasum``'s
+    step."""
+
+    def __init__(
+        self,
+        context: TrainingContext,
+        training: MomentumTraining,
+        *,
+        schedule_epochs: int,
+        boost: BoostParams | None = None,
+        adasum: AdasumParams | None = None,
+    ):
+        self.context, self.training, self.schedule_epochs = context, training, schedule_epochs
+        self.boost, self.adasum = boost, adasum
+        self.classes = classifier.num_classes(context.model, context.class_index)  # a mismatch stops before any work
+
+    def create_optimizer(self, net, lr_per_step):
+        """The optimizer over ``net``'s parameters with ``lr_per_step``: Momentum with the section's weight decay."""
+        training = self.training
+        return create_momentum(net, lr_per_step, training.momentum, training.weight_decay, training.loss_scale)
+
+    def make_step(self, start: Checkpoint, steps_per_epoch: int) -> TrainStep:
+        context, training = self.context, self.training
+        model, class_index = context.model, context.class_index
+        net = classifier.network_from_checkpoint(model, class_index, start, "start checkpoint")
+        lr_per_step = per_step(
+            training.lr,
+            epochs=self.schedule_epochs,
+            steps_per_epoch=steps_per_epoch,
+            devices=context.distributed.worker_num,
+        )
+        optimizer = self.create_optimizer(net, lr_per_step)
+        loss_fn = CrossEntropySmooth(self.classes, training.label_smoothing)
+        logger.info(
+            "%s training of %s: %s schedule, lr max %.4g, loss scale %g",
+            type(optimizer).__name__,
+            model.name,
+            training.lr.shape,
+            lr_per_step.max(),
+            training.loss_scale,
+        )
+        adasum = self.adasum
+        if adasum is not None and adasum.implementation == "mindspore_builtin":
+            from trainlib.optim.adasum.mindspore_adasum import builtin_adasum_model
+
+            step = ModelTrainStep(
+                lambda: builtin_adasum_model(net, loss_fn, optimizer, training.loss_scale),
+                net,
+                optimizer,
+                lr_per_step,
+                training.loss_scale,
+            )
+            step.title = "Momentum with Adasum (mindspore.boost)"
+            return step
+        step = MomentumStep(
+            net, loss_fn, optimizer, lr_per_step, training.loss_scale, context.runtime, self.boost, adasum
+        )
+        step.title = type(optimizer).__name__  # the optimizer that steps (LARS's, or Momentum)
+        return step
 
 
 def train_momentum(
@@ -46,7 +108,7 @@ def train_momentum(
     adasum: AdasumParams | None = None,
     callbacks: Sequence[Callback] = (),
     leader_callbacks: Sequence[Callback] = (),
-    optimizer: OptimizerFactory | None = None,
+    factory: type[MomentumStepFactory] = MomentumStepFactory,
 ) -> TrainingResult:
     """Momentum training from ``start`` up to epoch ``epochs`` (default ``training.epochs``) of a
     ``schedule_epochs``-epoch lr schedule (default: the training's own epochs).
@@ -57,16 +119,13 @@ def train_momentum(
     dim_reduce control). ``boost``: mindspore.boost's options in the step (None: off); ``adasum``: combine the
     ranks' weight deltas by Adasum (None: gradients averaged). ``callbacks`` run on every rank (e.g.
     ``tracking.EpochMetrics``, which logs only where a run is active); ``leader_callbacks`` only on each node's
-    first worker (files). ``name`` names the training in its checkpoints' metadata (``training``). ``optimizer``:
-    another optimizer of the same state (``moments``, ``global_step``) from the network and the lr per step (LARS);
-    None: Momentum. Returns the final full checkpoint, every epoch's row and the end-of-training figures.
+    first worker (files). ``name`` names the training in its checkpoints' metadata (``training``). ``factory``:
+    the steps' factory, ``MomentumStepFactory`` or one of another optimizer of the same state (``moments``,
+    ``global_step``; LARS). Returns the final full checkpoint, every epoch's row and the end-of-training figures.
     """
     epochs = training.epochs if epochs is None else epochs
     schedule_epochs = epochs if schedule_epochs is None else schedule_epochs
-    class_index, model = context.class_index, context.model
-    runtime, distributed = context.runtime, context.distributed
-    classifier.configure(runtime)
-    worker_num = distributed.worker_num
+    classifier.configure(context.runtime)
     run_id = classifier.training_fingerprint(
         context,
         training,
@@ -76,46 +135,11 @@ def train_momentum(
         start,
         *([boost] if boost_enabled(boost) else []),  # all off: the fingerprint of a plain run
     )
-    classes = classifier.num_classes(model, class_index)
-
-    def make_step(start: Checkpoint, steps_per_epoch: int) -> TrainStep:
-        net = classifier.network_from_checkpoint(model, class_index, start, "start checkpoint")
-        lr_per_step = per_step(training.lr, epochs=schedule_epochs, steps_per_epoch=steps_per_epoch, devices=worker_num)
-        if optimizer is None:
-            chosen = create_momentum(net, lr_per_step, training.momentum, training.weight_decay, training.loss_scale)
-        else:
-            chosen = optimizer(net, lr_per_step)
-        loss_fn = CrossEntropySmooth(classes, training.label_smoothing)
-        logger.info(
-            "%s training of %s: %s schedule, lr max %.4g, loss scale %g",
-            type(chosen).__name__,
-            model.name,
-            training.lr.shape,
-            lr_per_step.max(),
-            training.loss_scale,
-        )
-        if adasum is not None and adasum.implementation == "mindspore_builtin":
-            from trainlib.optim.adasum.mindspore_adasum import builtin_adasum_model
-
-            step = ModelTrainStep(
-                lambda: builtin_adasum_model(net, loss_fn, chosen, training.loss_scale),
-                net,
-                chosen,
-                lr_per_step,
-                training.loss_scale,
-            )
-            step.recipe = "Momentum with Adasum (mindspore.boost)"
-            return step
-        step = MomentumStep(net, loss_fn, chosen, lr_per_step, training.loss_scale, runtime, boost, adasum)
-        if optimizer is not None:  # the loop's log names the optimizer that steps (LARS), not Momentum's
-            step.recipe = type(chosen).__name__
-        return step
-
     leader = list(leader_callbacks) if rank_context().is_node_leader else []
     return classifier.train_classifier(
         context,
         training,
-        make_step,
+        factory(context, training, schedule_epochs=schedule_epochs, boost=boost, adasum=adasum),
         name=name,
         start=start,
         fingerprint=run_id,
@@ -160,7 +184,7 @@ class MomentumStep(TrainStep):
     rest of the lr schedule from the optimizer's step count.
     """
 
-    recipe = "Momentum"
+    title = "Momentum"
 
     def __init__(
         self,

@@ -7,8 +7,9 @@ zero-initialised (``thor.zero_init_last_bn_gamma``), statistics and inverses ref
 preconditioned, then the baseline's Momentum), a step the engine calls per batch; ``thor.precondition: false``
 keeps all of that recipe but passes the gradients to the Momentum unchanged (what the curvature adds);
 ``implementation: mindspore_builtin``: ``nn.thor`` trained by ``ModelThor`` through ``engine.model_bridge``
-(Ascend/GPU). ``train_thor`` builds the step and hands everything else (resume, epochs, evaluation,
-checkpoints, rows) to ``engine.loop.train``, like ``recipes.momentum``.
+(Ascend/GPU). ``ThorStepFactory`` builds the steps and evaluates them; ``train_thor`` hands it to the engine
+(``engine.loop.train``), which runs everything else (resume, epochs, evaluation, checkpoints, rows), like
+``recipes.momentum``.
 
 Both keep the engine's one state layout: network weights (BatchNorm statistics included) under their
 names; under ``optimizer.`` the optimizer's state and THOR's buffers (statistics, inverses, counters).
@@ -90,7 +91,7 @@ class TrainlibThorStep(TrainStep):
         self.thor = thor
         self.preconditioner = thor.preconditioner
         self.damping = thor.damping
-        self.recipe = "THOR" if thor.preconditioner is not None else "THOR's recipe without the preconditioner"
+        self.title = "THOR" if thor.preconditioner is not None else "THOR's recipe without the preconditioner"
 
     def next_graph(self) -> tuple[object, str]:
         # THOR compiles its second-order step and the steps between separately, each on its first use
@@ -117,7 +118,7 @@ class MindsporeThorStep(ModelTrainStep):
     ``optimizer.``, the weights as float32 network parameters). ``nn.thor`` keeps its counters to itself:
     ``preconditioner`` is None."""
 
-    recipe = "THOR (MindSpore nn.thor)"
+    title = "THOR (MindSpore nn.thor)"
     preconditioner = None
 
     def __init__(self, net, loss_fn, optimizer, lr_per_step, damping, thor: ThorParams):
@@ -208,30 +209,21 @@ class ThorFigures(Callback):
             )
 
 
-def train_thor(
-    context: TrainingContext,
-    start: Checkpoint,
-    thor: ThorParams,
-    *,
-    callbacks: Sequence[Callback] = (),
-) -> TrainingResult:
-    """THOR training from ``start``'s weights for ``thor.epochs`` epochs (resuming this training's newest
-    checkpoint in ``thor.checkpoint.dir``, if any). ``callbacks`` run on every rank (e.g.
-    ``tracking.EpochMetrics``). Returns the final full checkpoint, every epoch's row and the end figures."""
-    class_index, model = context.class_index, context.model
-    runtime, distributed = context.runtime, context.distributed
-    classifier.configure(runtime)
-    worker_num = distributed.worker_num
-    # nn.thor's own options do not change this project's THOR
-    run_id = classifier.training_fingerprint(
-        context, thor, start, exclude={"mindspore_builtin"} if thor.implementation == "trainlib" else ()
-    )
-    classes = classifier.num_classes(model, class_index)
+class ThorStepFactory(classifier.ImageStepFactory):
+    """THOR's steps (``engine.step.StepFactory``): the network from the start weights, the section's lr and damping
+    schedules (``thor_schedules``), label smoothing, and this project's THOR (``trainlib_thor_step``: the section
+    itself is its settings) or MindSpore's ``nn.thor`` (``implementation: mindspore_builtin``)."""
 
-    def make_step(start: Checkpoint, steps_per_epoch: int) -> TrainStep:
+    def __init__(self, context: TrainingContext, thor: ThorParams):
+        self.context, self.thor = context, thor
+        self.classes = classifier.num_classes(context.model, context.class_index)  # a mismatch stops before any work
+
+    def make_step(self, start: Checkpoint, steps_per_epoch: int) -> TrainStep:
+        context, thor = self.context, self.thor
+        model, class_index = context.model, context.class_index
         net = classifier.network_from_checkpoint(model, class_index, start, "start checkpoint")
         lr_per_step, damping = thor_schedules(thor, steps_per_epoch)
-        loss_fn = CrossEntropySmooth(classes, thor.label_smoothing)
+        loss_fn = CrossEntropySmooth(self.classes, thor.label_smoothing)
         if thor.precondition:
             logger.info(
                 "THOR (%s) training of %s, batch %d, frequency %d, lr %.4g -> %.4g, damping %.4g -> %.4g",
@@ -268,23 +260,39 @@ def train_thor(
                 split_indices=thor.split_indices,
             )
             return MindsporeThorStep(net, loss_fn, optimizer, lr_per_step, damping, thor)
-        return trainlib_thor_step(net, loss_fn, thor, lr_per_step, damping, rank_size=worker_num)
+        return trainlib_thor_step(net, loss_fn, thor, lr_per_step, damping, rank_size=context.distributed.worker_num)
 
-    def evaluate_on(step: TrainStep, dataset) -> dict[str, float]:
+    def evaluate(self, step: TrainStep, dataset) -> dict[str, float]:
         if isinstance(step, TrainlibThorStep):  # the wrapped layers capture nothing outside a THOR step
             return evaluate(step.network, dataset)
         # nn.thor converted the network and amp cast it: evaluate a plain float32 copy of its weights
+        model, class_index = self.context.model, self.context.class_index
         plain = classifier.network_from_checkpoint(model, class_index, Checkpoint(step.capture()), "the THOR network")
         return evaluate(plain, dataset)
 
+
+def train_thor(
+    context: TrainingContext,
+    start: Checkpoint,
+    thor: ThorParams,
+    *,
+    callbacks: Sequence[Callback] = (),
+) -> TrainingResult:
+    """THOR training from ``start``'s weights for ``thor.epochs`` epochs (resuming this training's newest
+    checkpoint in ``thor.checkpoint.dir``, if any). ``callbacks`` run on every rank (e.g.
+    ``tracking.EpochMetrics``). Returns the final full checkpoint, every epoch's row and the end figures."""
+    classifier.configure(context.runtime)
+    # nn.thor's own options do not change this project's THOR
+    run_id = classifier.training_fingerprint(
+        context, thor, start, exclude={"mindspore_builtin"} if thor.implementation == "trainlib" else ()
+    )
     return classifier.train_classifier(
         context,
         thor,
-        make_step,
+        ThorStepFactory(context, thor),
         name="thor" if thor.precondition else "thor_first_order",
         start=start,
         fingerprint=run_id,
         epochs=thor.epochs,
         callbacks=[ThorFigures(), *callbacks],
-        evaluate_on=evaluate_on,
     )

@@ -28,7 +28,7 @@ THOR adds are optimizer state), so a checkpoint loads into a plain network for e
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from trainlib.distributed.launch import rank_context
 from trainlib.engine.callbacks import Callback
@@ -60,16 +60,73 @@ from trainlib.text.examples import most_frequent_token_accuracy
 logger = logging.getLogger(__name__)
 
 
+class BertStepFactory:
+    """A BERT training's steps (``engine.step.StepFactory``): the network from the start weights, then the
+    training's own optimizer step (``step_for``: THOR's, or the control's); evaluated by the held-out masked-LM and
+    next-sentence figures."""
+
+    def __init__(self, context: LanguageModelContext):
+        self.context = context
+
+    def step_for(self, net: BertPreTraining, steps_per_epoch: int) -> TrainStep:
+        raise NotImplementedError
+
+    def make_step(self, start: Checkpoint, steps_per_epoch: int) -> TrainStep:
+        context = self.context
+        net = bert_from_checkpoint(context.network, context.vocab_size, start, "start checkpoint")
+        return self.step_for(net, steps_per_epoch)
+
+    def evaluate(self, step: TrainStep, dataset) -> dict[str, float]:
+        return mlm_metrics(step.network, dataset)
+
+
+class BertThorStepFactory(BertStepFactory):
+    """THOR on BERT: every Dense layer preconditioned, then Momentum (``thor_step_of``)."""
+
+    def __init__(self, context: LanguageModelContext, thor: BertThorTraining):
+        super().__init__(context)
+        self.thor = thor
+
+    def step_for(self, net: BertPreTraining, steps_per_epoch: int) -> TrainStep:
+        rank_size = self.context.distributed.worker_num
+        return TrainlibThorStep(thor_step_of(self.thor, net, steps_per_epoch, rank_size=rank_size))
+
+
+class BertControlStepFactory(BertStepFactory):
+    """The first-order control: AdamWeightDecay or Lamb with the warm-up polynomial lr, LayerNorm and biases not
+    decayed."""
+
+    def __init__(self, context: LanguageModelContext, control: BertControlTraining):
+        super().__init__(context)
+        self.control = control
+
+    def step_for(self, net: BertPreTraining, steps_per_epoch: int) -> TrainStep:
+        from mindspore import Tensor
+
+        control = self.control
+        lr_per_step = per_step(control.lr, epochs=control.epochs, steps_per_epoch=steps_per_epoch)
+        groups = decay_groups(net, control.weight_decay, decays_unless_layernorm_or_bias)
+        optimizer_class = control_optimizer(control)
+        optimizer = optimizer_class(groups, learning_rate=Tensor(lr_per_step), eps=control.eps)
+        gradients = UnscaledGradients(
+            BertNetworkWithLoss(net), optimizer.parameters, control.loss_scale, self.context.distributed.worker_num
+        )
+        net.set_train(True)
+        step = TrainStep(FirstOrderStep(gradients, optimizer), net, optimizer, lr_per_step, control.loss_scale)
+        step.title = f"BERT first-order control ({optimizer_class.__name__})"
+        return step
+
+
 def _train(
     context: LanguageModelContext,
     start: Checkpoint,
     section: BertThorTraining | BertControlTraining,
-    make_step: Callable[[BertPreTraining, int], TrainStep],
+    factory: BertStepFactory,
     *,
     name: str,
     callbacks: Sequence[Callback],
 ) -> TrainingResult:
-    """What both BERT trainings share: data, network from ``start``, evaluation, checkpoints, through the engine;
+    """What both BERT trainings share: data, evaluation, checkpoints, through the engine with ``factory``'s steps;
     ``name`` names the training in its checkpoints' metadata (``training``). Every held-out evaluation is also
     read against the most frequent token's accuracy (``CollapseWatch``: the rows' and the summary's
     ``thor_bert/collapsed``)."""
@@ -108,11 +165,6 @@ def _train(
         seed=context.runtime.seed,
         batch_key=f"thor_bert.{name}.batch_size",
     )
-
-    def build(start: Checkpoint, steps_per_epoch: int) -> TrainStep:
-        net = bert_from_checkpoint(context.network, context.vocab_size, start, "start checkpoint")
-        return make_step(net, steps_per_epoch)
-
     most_frequent = most_frequent_token_accuracy(
         context.train_examples, context.held_out_examples, context.vocabulary, subset=context.step_eval_examples
     )
@@ -120,14 +172,14 @@ def _train(
     result = train(
         spec,
         dataset,
-        build,
+        factory,
         start=start,
         fingerprint=run_id,
         checkpoints=Checkpointing.of(section.checkpoint),
-        evaluate=lambda step: watch.evaluated(mlm_metrics(step.network, held_out)),
+        validation=held_out,
+        step_validation=step_subset,
         callbacks=[watch, *callbacks],
         metadata={"network": NETWORK_NAME, "training": name},
-        evaluate_steps=(lambda step: mlm_metrics(step.network, step_subset)) if step_subset is not None else None,
     )
     result.summary.update(watch.summary())
     return result
@@ -166,11 +218,8 @@ def train_bert_thor(
 ) -> TrainingResult:
     """THOR (every Dense layer preconditioned, then Momentum) from ``start`` for ``thor.epochs`` epochs, resuming
     this training's newest checkpoint in ``thor.checkpoint.dir``."""
-
-    def make_step(net: BertPreTraining, steps_per_epoch: int) -> TrainStep:
-        return TrainlibThorStep(thor_step_of(thor, net, steps_per_epoch, rank_size=context.distributed.worker_num))
-
-    return _train(context, start, thor, make_step, name="thor", callbacks=[ThorFigures(), *callbacks])
+    factory = BertThorStepFactory(context, thor)
+    return _train(context, start, thor, factory, name="thor", callbacks=[ThorFigures(), *callbacks])
 
 
 def train_bert_control(
@@ -182,22 +231,8 @@ def train_bert_control(
 ) -> TrainingResult:
     """The first-order control (AdamWeightDecay or Lamb, warm-up polynomial lr) from ``start`` for
     ``control.epochs`` epochs, resuming this training's newest checkpoint in ``control.checkpoint.dir``."""
-    from mindspore import Tensor
-
-    def make_step(net: BertPreTraining, steps_per_epoch: int) -> TrainStep:
-        lr_per_step = per_step(control.lr, epochs=control.epochs, steps_per_epoch=steps_per_epoch)
-        groups = decay_groups(net, control.weight_decay, decays_unless_layernorm_or_bias)
-        optimizer_class = control_optimizer(control)
-        optimizer = optimizer_class(groups, learning_rate=Tensor(lr_per_step), eps=control.eps)
-        gradients = UnscaledGradients(
-            BertNetworkWithLoss(net), optimizer.parameters, control.loss_scale, context.distributed.worker_num
-        )
-        net.set_train(True)
-        step = TrainStep(FirstOrderStep(gradients, optimizer), net, optimizer, lr_per_step, control.loss_scale)
-        step.recipe = f"BERT first-order control ({optimizer_class.__name__})"
-        return step
-
-    return _train(context, start, control, make_step, name="control", callbacks=callbacks)
+    factory = BertControlStepFactory(context, control)
+    return _train(context, start, control, factory, name="control", callbacks=callbacks)
 
 
 def train_bert(

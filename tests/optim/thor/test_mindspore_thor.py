@@ -19,6 +19,7 @@ from mindspore import nn
 
 from pipelines.hooks.config_files import parameter_sources
 from tests.support.config import CONF, load_config
+from tests.support.training import GivenSteps
 from trainlib.engine.callbacks import Callback
 from trainlib.engine.checkpoint import OPTIMIZER_PREFIX, check_compatible
 from trainlib.engine.epochs import NonFiniteLossError, TrainingSpec
@@ -185,10 +186,10 @@ def test_model_train_bridge_records_rows_runs_our_callbacks_and_writes_checkpoin
     result = train(
         TrainingSpec(epochs=4, batch_size=4, examples_per_step=4, eval_interval=2),
         tiny_dataset(),
-        make_step,
+        GivenSteps(make_step, scores=lambda step, data: evaluations.append(1) or {"top1": 0.5, "top5": 1.0}),
         start=start,
         checkpoints=Checkpointing(tmp_path, every_epochs=1, keep_last=2),
-        evaluate=lambda step: evaluations.append(1) or {"top1": 0.5, "top5": 1.0},
+        validation="val",  # the scores ignore it
         callbacks=[steps, ThorFigures()],
         continue_from_start=True,
     )
@@ -209,7 +210,7 @@ def test_model_train_bridge_stops_on_a_non_finite_loss():
         train(
             TrainingSpec(epochs=2, batch_size=4, examples_per_step=4),
             tiny_dataset(),
-            momentum_step_factory(True),
+            GivenSteps(momentum_step_factory(True)),
             callbacks=[steps],
         )
     assert steps.calls == [] and steps.ended == 1

@@ -442,6 +442,7 @@ class SmallConvNet(nn.Cell):
 def test_short_training_reduces_the_loss():
     from mindspore import dataset as ds
 
+    from tests.support.training import GivenSteps
     from trainlib.engine.epochs import TrainingSpec
     from trainlib.engine.loop import train
     from trainlib.metrics import TRAIN_LOSS
@@ -459,6 +460,7 @@ def test_short_training_reduces_the_loss():
     loss = nn.WithLossCell(net, CrossEntropySmooth(3, 0.1))
     thor = create_thor_step(net, loss, lrs, damping, thor_settings(frequency=5), rank_size=1)
     assert len(thor.preconditioner.wrappers) == 2  # the conv inside the SequentialCell and the dense layer
-    result = train(TrainingSpec(epochs, 16, 16), data, lambda start, steps_per_epoch: TrainlibThorStep(thor))
+    factory = GivenSteps(lambda start, steps_per_epoch: TrainlibThorStep(thor))
+    result = train(TrainingSpec(epochs, 16, 16), data, factory)
     assert result.history[-1][TRAIN_LOSS] < 0.6 * result.history[0][TRAIN_LOSS]
     assert thor.preconditioner.second_order_steps == math.ceil(epochs * steps / 5)

@@ -17,7 +17,6 @@ import pandas as pd
 from trainlib.engine.callbacks import Callback
 from trainlib.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
 from trainlib.engine.epochs import TrainingSpec
-from trainlib.engine.evaluation import evaluate
 from trainlib.engine.loop import Checkpointing, TrainingResult, train
 from trainlib.engine.model_bridge import ModelTrainStep
 from trainlib.engine.resume import fingerprint
@@ -29,7 +28,14 @@ from trainlib.optim.dim_reduce.mindspore_dim_reduce import (
     run_in_child_process,
 )
 from trainlib.params import Stage2Params
-from trainlib.recipes.classifier import configure, network_from_checkpoint, num_classes, train_data, val_data
+from trainlib.recipes.classifier import (
+    ImageStepFactory,
+    configure,
+    network_from_checkpoint,
+    num_classes,
+    train_data,
+    val_data,
+)
 from trainlib.recipes.context import TrainingContext
 from trainlib.recipes.dim_reduce import step_table
 
@@ -163,6 +169,19 @@ def train_stage2_builtin(
         )
 
 
+class BuiltinStage2StepFactory(ImageStepFactory):
+    """mindspore.boost's DimReduce steps from stage 1's weights, with ``config`` (``builtin_dim_reduce_config``)."""
+
+    def __init__(self, context: TrainingContext, stage2: Stage2Params, config):
+        self.context, self.stage2, self.config = context, stage2, config
+        classes = num_classes(context.model, context.class_index)
+        self.loss_fn = CrossEntropySmooth(classes, stage2.label_smoothing)
+
+    def make_step(self, start: Checkpoint, steps_per_epoch: int) -> BuiltinDimReduceStep:
+        net = network_from_checkpoint(self.context.model, self.context.class_index, start, "of stage 1")
+        return BuiltinDimReduceStep(net, self.loss_fn, self.config, loss_scale=self.stage2.loss_scale)
+
+
 def _train_stage2_builtin_here(
     context: TrainingContext,
     start_path: Path,
@@ -172,13 +191,7 @@ def _train_stage2_builtin_here(
     run_handoff,
 ) -> tuple[TrainingResult, pd.DataFrame]:
     """The process side of ``train_stage2_builtin``."""
-    manifest, class_index, model, data, runtime = (
-        context.manifest,
-        context.class_index,
-        context.model,
-        context.data,
-        context.runtime,
-    )
+    manifest, model, data, runtime = context.manifest, context.model, context.data, context.runtime
     with run_handoff.attached() if run_handoff is not None else nullcontext():
         configure(runtime)
         start = load_checkpoint(start_path)
@@ -193,12 +206,7 @@ def _train_stage2_builtin_here(
             sigma=stage2.sigma,
             device_number=1,  # one process: trainlib.params refuses mindspore with distributed.worker_num above 1
         )
-        loss_fn = CrossEntropySmooth(num_classes(model, class_index), stage2.label_smoothing)
-
-        def make_step(start: Checkpoint, steps_per_epoch: int) -> BuiltinDimReduceStep:
-            net = network_from_checkpoint(model, class_index, start, "of stage 1")
-            return BuiltinDimReduceStep(net, loss_fn, config, loss_scale=stage2.loss_scale)
-
+        factory = BuiltinStage2StepFactory(context, stage2, config)
         validation = val_data(manifest, data)
         checkpoint = stage2.checkpoint
         result = train(
@@ -209,11 +217,11 @@ def _train_stage2_builtin_here(
                 data_seed=runtime.seed,
             ),
             train_data(manifest, data, stage2.batch_size, runtime.seed),
-            make_step,
+            factory,
             start=start,
             fingerprint=run_id,
             checkpoints=Checkpointing.of(checkpoint),
-            evaluate=lambda step: evaluate(step.network, validation),
+            validation=validation,
             callbacks=[BuiltinStepLosses(), *callbacks],
             continue_from_start=True,
             metadata={"network": model.name, "training": "stage2"},

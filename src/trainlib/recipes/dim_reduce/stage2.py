@@ -179,6 +179,33 @@ def pbfgs_config(stage2: Stage2Params) -> PBFGSConfig:
     return PBFGSConfig(**{field.name: getattr(stage2, field.name) for field in fields(PBFGSConfig)})
 
 
+class Stage2StepFactory(classifier.ImageStepFactory):
+    """Stage 2's steps (``engine.step.StepFactory``): the network from stage 1's weights, P-BFGS in the subspace of
+    ``pca_matrix`` with the section's constants (``pbfgs_config``)."""
+
+    def __init__(self, context: TrainingContext, stage2: Stage2Params, pca_matrix: np.ndarray):
+        self.context, self.pca_matrix, self.config = context, pca_matrix, pbfgs_config(stage2)
+        classes = classifier.num_classes(context.model, context.class_index)
+        self.loss_fn = CrossEntropySmooth(classes, stage2.label_smoothing)
+
+    def make_step(self, start: Checkpoint, steps_per_epoch: int) -> PBFGSStep:
+        context, config = self.context, self.config
+        model = context.model
+        net = classifier.network_from_checkpoint(model, context.class_index, start, "of stage 1")
+        logger.info(
+            "P-BFGS stage 2 of %s in a %d-dimensional subspace: rho %g, %d trials, sigma %g, gamma %g, alpha %g",
+            model.name,
+            self.pca_matrix.shape[0],
+            config.rho,
+            config.max_trials,
+            config.sigma,
+            config.gamma,
+            config.alpha,
+        )
+        pbfgs = PBFGS(net, self.loss_fn, self.pca_matrix, config, rank_size=context.distributed.worker_num)
+        return PBFGSStep(pbfgs, steps_per_epoch)
+
+
 def train_stage2(
     context: TrainingContext,
     stage1_checkpoint: Checkpoint,
@@ -194,32 +221,12 @@ def train_stage2(
     run on every rank; ``on_steps`` gets the per-step rows (``PBFGSFigures``). Returns the training's result
     and the per-step table (``STEP_COLUMNS``).
     """
-    class_index, model = context.class_index, context.model
-    runtime, distributed = context.runtime, context.distributed
-    classifier.configure(runtime)
-    worker_num = distributed.worker_num
+    classifier.configure(context.runtime)
     run_id = classifier.training_fingerprint(context, stage2, stage1_checkpoint, pca_matrix)
-    config = pbfgs_config(stage2)
-    loss_fn = CrossEntropySmooth(classifier.num_classes(model, class_index), stage2.label_smoothing)
-
-    def make_step(start: Checkpoint, steps_per_epoch: int) -> PBFGSStep:
-        net = classifier.network_from_checkpoint(model, class_index, start, "of stage 1")
-        logger.info(
-            "P-BFGS stage 2 of %s in a %d-dimensional subspace: rho %g, %d trials, sigma %g, gamma %g, alpha %g",
-            model.name,
-            pca_matrix.shape[0],
-            config.rho,
-            config.max_trials,
-            config.sigma,
-            config.gamma,
-            config.alpha,
-        )
-        return PBFGSStep(PBFGS(net, loss_fn, pca_matrix, config, rank_size=worker_num), steps_per_epoch)
-
     result = classifier.train_classifier(
         context,
         stage2,
-        make_step,
+        Stage2StepFactory(context, stage2, pca_matrix),
         name="stage2",
         start=stage1_checkpoint,
         fingerprint=run_id,
