@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 
 import pandas as pd
-from study_runner import PROJECT, TABLES, interval, params_argument, run_study
+from study_runner import PROJECT, TABLES, interval, params_argument, read_table, run_study
 
 from trainlib.readable import write_csv
 
@@ -103,7 +103,7 @@ def markdown(grid: str, done: pd.DataFrame) -> str:
         first = rows.iloc[0]
         own = {k: v for k, v in GRIDS[grid].get(setting, {}).items() if small.get(k) != v}
         changes = params_argument(own) if setting != "small" else first["overrides"]
-        for _, row in paired_differences(pd.read_csv(RESULTS / grid / setting / "runs.csv")).iterrows():
+        for _, row in paired_differences(read_table(RESULTS / grid / setting / "runs.csv")).iterrows():
             goal = GOALS.get((row["comparison"], row["measure"]))
             bound = row["ci_high"] if "ratio" in row["measure"] else row["ci_low"]
             met = "" if goal is None else ("met" if goal(row["mean"], bound) else "not met")
@@ -122,8 +122,8 @@ def against_small(grid: str, row: str) -> str:
     from trainlib.study.statistics import t_interval
 
     def runs_of(setting: str) -> pd.DataFrame:
-        runs = pd.read_csv(RESULTS / grid / setting / "runs.csv")
-        return runs[runs["recipe"] == row].set_index("seed")
+        runs = read_table(RESULTS / grid / setting / "runs.csv")
+        return runs[runs["result"] == row].set_index("seed")
 
     reference = runs_of("small")
     lines = [f"| setting | {row} final top-1 vs small | {row} time to target / small | n |", "|---|---|---|---|"]
@@ -149,14 +149,14 @@ def summary_table(grid: str) -> str:
     for folder in sorted((RESULTS / grid).iterdir()):
         if not (folder / "summary.csv").exists():
             continue
-        for _, row in pd.read_csv(folder / "summary.csv").iterrows():
+        for _, row in read_table(folder / "summary.csv").iterrows():
             top1, time_s, epochs = (
                 f"{scale * row[m]:.{digits}f} [{scale * row[f'{m}_ci_low']:.{digits}f}, "
                 f"{scale * row[f'{m}_ci_high']:.{digits}f}]"
                 for m, scale, digits in (("final_top1", 100, 2), ("time_to_target_s", 1, 1), ("epochs_to_target", 1, 2))
             )
             lines.append(
-                f"| {folder.name} | {row['recipe']} | {top1} | {time_s} | {epochs} | "
+                f"| {folder.name} | {row['result']} | {top1} | {time_s} | {epochs} | "
                 f"{row['time_to_target_s_n']}/{row['runs']} |"
             )
     return "\n".join(lines)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from trainlib.params.recipe_spec import result_named
+
 PROJECT = Path(__file__).resolve().parents[1]
 STUDY_OUTPUT = PROJECT / "data/08_reporting/study"
 TABLES = ("runs", "summary", "paired")
@@ -19,7 +21,7 @@ TABLES = ("runs", "summary", "paired")
 
 @dataclass(frozen=True)
 class StudyOutcome:
-    runs: pd.DataFrame  # one row per (result, seed)
+    runs: pd.DataFrame  # one row per (result row, seed): column ``result``
     summary: pd.DataFrame  # per result: mean, 95 % CI, n of each measure
     paired: pd.DataFrame  # thor vs baseline, stage2 vs control: mean, 95 % CI, n
     wall_s: float  # the whole kedro run, data checks and evaluations included
@@ -44,7 +46,12 @@ def run_study(overrides: dict[str, object], env: str | None = None, extra_params
     started = time.perf_counter()
     subprocess.run(command, cwd=PROJECT, check=True)
     wall_s = time.perf_counter() - started
-    return StudyOutcome(*(pd.read_csv(STUDY_OUTPUT / f"{table}.csv") for table in TABLES), wall_s)
+    return StudyOutcome(*(read_table(STUDY_OUTPUT / f"{table}.csv") for table in TABLES), wall_s)
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """A study's table, its result row in the column ``result`` (one written before the rename named it ``recipe``)."""
+    return result_named(pd.read_csv(path))
 
 
 def interval(mean: float, low: float, high: float, points: bool) -> str:

@@ -14,8 +14,8 @@ CATALOG = Path(__file__).parents[2] / "conf/base/catalog.yml"
 
 def test_floats_are_saved_with_six_significant_digits_and_load_back(tmp_path):
     dataset = CSVDataset(filepath=str(tmp_path / "runs.csv"), save_args={"sep": ";"})
-    dataset.save(pd.DataFrame({"recipe": ["thor"], "train_time_s": [625.8682556999393], "seed": [0]}))
-    assert (tmp_path / "runs.csv").read_text() == "recipe;train_time_s;seed\nthor;625.868;0\n"
+    dataset.save(pd.DataFrame({"result": ["thor"], "train_time_s": [625.8682556999393], "seed": [0]}))
+    assert (tmp_path / "runs.csv").read_text() == "result;train_time_s;seed\nthor;625.868;0\n"
     assert CSVDataset(filepath=str(tmp_path / "runs.csv"), load_args={"sep": ";"}).load().at[0, "train_time_s"] == (
         625.868
     )

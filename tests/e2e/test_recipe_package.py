@@ -79,7 +79,7 @@ def test_a_recipe_from_its_own_package_is_tuned_studied_and_reported_beside_the_
     result = kedro_run(project, site, "--pipelines=study")
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
     runs = pd.read_csv(project / "data/08_reporting/study/runs.csv")
-    assert sorted(runs["recipe"]) == ["baseline", "nesterov"] and set(runs["seed"]) == {0}
+    assert sorted(runs["result"]) == ["baseline", "nesterov"] and set(runs["seed"]) == {0}
     paired = pd.read_csv(project / "data/08_reporting/study/paired.csv")
     assert "nesterov vs baseline" in set(paired["comparison"])
     # tuned at equal effort: one trial each, in Optuna studies of their own

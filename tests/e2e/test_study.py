@@ -99,17 +99,17 @@ def test_a_killed_study_resumes_without_rerunning_a_finished_run(study):
 def test_ci_columns_follow_from_the_logged_per_run_values(study):
     project, _, _, client = study
     runs = pd.read_csv(project / "data/08_reporting/study/runs.csv")
-    summary = pd.read_csv(project / "data/08_reporting/study/summary.csv").set_index("recipe")
-    assert sorted(zip(runs["recipe"], runs["seed"], strict=True)) == [(r, s) for r in STUDY["recipes"] for s in (0, 1)]
-    for recipe, group in runs.groupby("recipe"):
+    summary = pd.read_csv(project / "data/08_reporting/study/summary.csv").set_index("result")
+    assert sorted(zip(runs["result"], runs["seed"], strict=True)) == [(r, s) for r in STUDY["recipes"] for s in (0, 1)]
+    for result, group in runs.groupby("result"):
         logged = []
         for run_id in group["mlflow_run_id"]:
             child = client.get_run(run_id)
-            assert child.data.tags["result"] == recipe
+            assert child.data.tags["result"] == result
             logged.append(child.data.metrics["final/top1"])
         mean = np.mean(logged)
         half = stats.t.ppf(0.975, len(logged) - 1) * np.std(logged, ddof=1) / math.sqrt(len(logged))
-        row = summary.loc[recipe]
+        row = summary.loc[result]
         assert row["final_top1"] == pytest.approx(mean, rel=CSV_REL)
         # an accuracy's interval is cut to [0, 1] (tests/report/test_study.py)
         assert row["final_top1_ci_low"] == pytest.approx(max(mean - half, 0.0), rel=CSV_REL, abs=1e-9, nan_ok=True)
@@ -187,10 +187,10 @@ def assert_paired(project: Path, row: str, reference: str, seeds: tuple[int, ...
     """The study's runs hold ``row`` and ``reference`` for ``seeds``, and ``paired.csv``'s final top-1 difference
     of ``row vs reference`` is the mean of the per-seed differences; returns the runs."""
     runs = pd.read_csv(project / "data/08_reporting/study/runs.csv")
-    assert sorted(zip(runs["recipe"], runs["seed"], strict=True)) == sorted(
+    assert sorted(zip(runs["result"], runs["seed"], strict=True)) == sorted(
         (name, seed) for name in (row, reference) for seed in seeds
     )
-    by_seed = runs.set_index(["recipe", "seed"])["final_top1"]
+    by_seed = runs.set_index(["result", "seed"])["final_top1"]
     paired = pd.read_csv(project / "data/08_reporting/study/paired.csv").set_index(["comparison", "measure"])
     difference = paired.loc[(f"{row} vs {reference}", "final_top1_difference")]
     assert difference["n"] == len(seeds) and difference["unit"] == "pt"  # points, rounded as printed
@@ -206,7 +206,7 @@ def child_run_steps(client: mlflow.MlflowClient, runs: pd.DataFrame, recipe: str
     for _, run in runs.iterrows():
         child = client.get_run(run["mlflow_run_id"])
         assert child.info.status == "FINISHED"
-        assert child.data.tags["result"] == run["recipe"] and child.data.tags["recipe"] == recipe
+        assert child.data.tags["result"] == run["result"] and child.data.tags["recipe"] == recipe
         assert child.data.metrics["final/top1"] == pytest.approx(run["final_top1"], rel=CSV_REL)
         steps.append(sorted(m.step for m in client.get_metric_history(run["mlflow_run_id"], "val/step_top1")))
     return steps

@@ -326,14 +326,14 @@ def test_study_pipeline(workspace, caplog):
         outputs = studied_outputs = run_pipeline("study", params, project)
     warnings = [record.getMessage() for record in caplog.records if record.name == "trainlib.study.runner"]
     assert warnings == [
-        f"study.eval_every_steps is 8, but an epoch of {recipe} has 6 steps: its curve has a point every 8 steps "
+        f"study.eval_every_steps is 8, but an epoch of {result} has 6 steps: its curve has a point every 8 steps "
         "across epochs and one at the training's end; set study.eval_every_steps to at most 6 for a point in every "
         "epoch"
-        for recipe in ("baseline", "thor", "thor_first_order")
+        for result in ("baseline", "thor", "thor_first_order")
     ]
     # the curve is never empty: each training's end is a point of it
     curves = outputs["study.curves"]
-    assert sorted(curves.groupby("recipe")["step"].apply(list).items()) == [
+    assert sorted(curves.groupby("result")["step"].apply(list).items()) == [
         ("baseline", [6]),
         ("thor", [6]),
         ("thor_first_order", [6]),
@@ -341,12 +341,13 @@ def test_study_pipeline(workspace, caplog):
     drawn = [line for line in outputs["study.top1_vs_time_plot"].axes[0].get_lines() if line.get_marker() == "o"]
     assert [len(line.get_xdata()) for line in drawn] == [1, 1, 1]  # one point each, drawn as a marker
     summary = outputs["study.summary"]
-    assert list(summary["recipe"]) == ["baseline", "thor", "thor_first_order"] and (summary["runs"] == 1).all()
+    assert list(summary["result"]) == ["baseline", "thor", "thor_first_order"] and (summary["runs"] == 1).all()
     # the recipe as documented, and the curvature alone at equal recipe
     assert list(outputs["study.paired"]["comparison"].unique()) == ["thor vs baseline", "thor vs thor_first_order"]
     study_run = only_run(uri, "study")
     runs = children(uri, study_run).values()
     assert {child.data.tags["recipe"] for child in runs} == {"baseline", "thor", "thor_first_order"}
+    assert all(child.data.tags["result"] == child.data.tags["recipe"] for child in runs)  # one row each
     # the run and each training's child run name the machine their figures came from
     machine = {
         "machine.cpu": cpu_model(),
@@ -367,12 +368,12 @@ def test_study_pipeline(workspace, caplog):
     assert thor["train/loss"] != first_order["train/loss"]
     # each training's run says when it first reached the target (a low one: every training reaches it), as the
     # study's own table does
-    table = outputs["study.runs"].set_index("recipe")
+    table = outputs["study.runs"].set_index("result")
     for name, child in names.items():
-        recipe = name.split()[1]
+        result = name.split()[1]
         assert child.data.metrics["target/reached"] == 1
-        assert child.data.metrics["target/epochs"] == pytest.approx(table.loc[recipe, "epochs_to_target"], rel=1e-6)
-        assert child.data.metrics["target/time_s"] == pytest.approx(table.loc[recipe, "time_to_target_s"], rel=1e-6)
+        assert child.data.metrics["target/epochs"] == pytest.approx(table.loc[result, "epochs_to_target"], rel=1e-6)
+        assert child.data.metrics["target/time_s"] == pytest.approx(table.loc[result, "time_to_target_s"], rel=1e-6)
     # the study's run holds the values it trained with, not the recipes' own (baseline.epochs 2 in these params)
     for key in ("baseline.epochs", "thor.epochs", "thor_bert.thor.epochs", "adasum.epochs"):
         assert study_run.data.params[key] == "1", key

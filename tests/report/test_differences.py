@@ -121,7 +121,7 @@ def test_fewer_than_three_seeds_give_the_seeds_needed_not_an_interval_of_everyth
     [-100, +100] pt. The report gives the study's estimate of the seeds that would decide instead, in the CSV (no
     interval, the estimate in its column) and in the summary; a 1-seed study says it has no spread."""
     runs = pd.DataFrame(
-        {"recipe": ["baseline"] * 2 + ["thor"] * 2, "seed": [0, 1] * 2, "final_top1": [0.75, 0.74, 0.87, 0.66]}
+        {"result": ["baseline"] * 2 + ["thor"] * 2, "seed": [0, 1] * 2, "final_top1": [0.75, 0.74, 0.87, 0.66]}
         | {"final_top5": [0.99] * 4, "time_to_target_s": [math.nan] * 4, "epochs_to_target": [math.nan] * 4}
     )
     paired = in_points(paired_differences(runs))  # paired.csv, as the study writes it
@@ -189,7 +189,7 @@ def study_and_unequal_runs(tmp_path):
     ids["rehearsal"] = log_recipe_run(client, experiment, "thor", full, [0.9], fast_dev_run="a few batches")
     runs = pd.DataFrame(
         {
-            "recipe": ["baseline"] * 3 + ["thor"] * 3,
+            "result": ["baseline"] * 3 + ["thor"] * 3,
             "seed": [0, 1, 2] * 2,
             "final_top1": [0.62, 0.64, 0.63, 0.80, 0.83, 0.815],
             "final_top5": [0.95, 0.96, 0.955, 0.97, 0.97, 0.97],
@@ -280,7 +280,7 @@ def test_the_table_figures_and_runs_of_a_studied_recipe_are_the_studys(study_wit
     assert list(table["epochs"]) == [1, 1] and list(table["left_out"]) == ["", ""] and table["seed"].isna().all()
     # one number, one rounding: a studied recipe's top-1 is the study's own mean (summary.csv), not a second
     # computation from the unrounded metrics that reads 0.348667 where the study's file says 0.348666
-    studied = reader.artifact_csv(study, "study/summary.csv").set_index("recipe")
+    studied = reader.artifact_csv(study, "study/summary.csv").set_index("result")
     means = {r: sum(v for (name, _), v in STUDIED_FINALS.items() if name == r) / 2 for r in ("baseline", "thor")}
     for recipe in ("baseline", "thor"):
         assert float_text(table.at[recipe, "top1"]) == float_text(studied.at[recipe, "final_top1"])
@@ -299,3 +299,21 @@ def test_the_table_figures_and_runs_of_a_studied_recipe_are_the_studys(study_wit
     assert pinned.at["thor", "left_out"] == (
         "from study, 2 seeds, baseline from single run: not a pair; pin thor's run (report.run_ids)"
     )
+
+
+def test_a_study_logged_before_the_result_column_was_named_result_is_read(tmp_path):
+    """A study logged before the rename names the result row ``recipe`` in its runs.csv and summary.csv: the report
+    still finds its trainings through runs.csv and takes its means from summary.csv."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    _, study, trainings = log_study_walk(uri, tmp_path, result_column="recipe")
+    reader = MlflowRunReader(uri, EXPERIMENT)
+    old = {name: reader.artifact_csv(study, f"study/{name}.csv") for name in ("runs", "summary")}
+    assert all("recipe" in table and "result" not in table for table in old.values())  # the files are the old ones
+    comparison = compare(reader, ["baseline", "thor"], TARGET)
+    table = comparison.table.set_index("recipe")
+    assert list(table["source"]) == ["study, 2 seeds"] * 2  # its trainings, found through the old runs.csv
+    assert sorted(comparison.read_runs) == sorted(trainings.values())
+    for recipe in ("baseline", "thor"):  # its own means, from the old summary.csv
+        assert float_text(table.at[recipe, "top1"]) == float_text(
+            old["summary"].set_index("recipe").at[recipe, "final_top1"]
+        )

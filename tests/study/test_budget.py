@@ -78,7 +78,7 @@ def test_the_logged_sections_carry_the_studys_values_and_leave_the_configuration
 
 
 def test_an_epoch_shorter_than_the_interval_is_named_once_per_result_row(caplog):
-    records = [{"recipe": "thor", "steps_per_epoch": 15}, {"recipe": "baseline", "steps_per_epoch": 30}]
+    records = [{"result": "thor", "steps_per_epoch": 15}, {"result": "baseline", "steps_per_epoch": 30}]
     assert short_epochs(records, 20) == {"thor": 15}
     assert short_epochs(records, 0) == {}  # no step evaluation: nothing to warn of
     warned: set[str] = set()

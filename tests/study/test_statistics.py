@@ -35,7 +35,7 @@ def test_intervals_of_accuracies_stay_inside_what_an_accuracy_can_be():
     """Two seeds near 1 (or near 0) give a t-interval far past [0, 1]; the study's tables and figure cut it there."""
     runs = pd.DataFrame(
         {
-            "recipe": ["thor", "thor", "baseline", "baseline"],
+            "result": ["thor", "thor", "baseline", "baseline"],
             "seed": [0, 1, 0, 1],
             "final_top1": [0.99, 0.8, 0.02, 0.3],
             "final_top5": [1.0, 0.9, 0.5, 0.6],
@@ -45,7 +45,7 @@ def test_intervals_of_accuracies_stay_inside_what_an_accuracy_can_be():
     )
     raw = t_interval(runs["final_top1"][:2].tolist())
     assert raw[2] > 1  # the uncut interval of the two thor seeds
-    summary = summarise(runs).set_index("recipe")
+    summary = summarise(runs).set_index("result")
     assert summary.at["thor", "final_top1_ci_high"] == 1.0 and summary.at["baseline", "final_top1_ci_low"] == 0.0
     assert summary.at["thor", "final_top1_ci_low"] == max(raw[1], 0.0)
     assert summary.at["thor", "time_to_target_s_ci_low"] < 0  # times are not accuracies: not cut
@@ -57,8 +57,8 @@ def test_intervals_of_accuracies_stay_inside_what_an_accuracy_can_be():
         <= 1
     )
     curves = pd.DataFrame(
-        [(recipe, seed, t, top1) for recipe, seed, top1 in (("thor", 0, 0.99), ("thor", 1, 0.6)) for t in (1.0, 2.0)],
-        columns=["recipe", "seed", "elapsed_s", "top1"],
+        [(result, seed, t, top1) for result, seed, top1 in (("thor", 0, 0.99), ("thor", 1, 0.6)) for t in (1.0, 2.0)],
+        columns=["result", "seed", "elapsed_s", "top1"],
     )
     band = curves_figure(curves).axes[0].collections[0].get_paths()[0].vertices[:, 1]
     assert band.min() >= 0 and band.max() <= 1
@@ -74,7 +74,7 @@ def test_first_crossing_is_the_earliest_step_at_or_above_the_target():
 def test_summary_and_paired_differences():
     runs = pd.DataFrame(
         {
-            "recipe": ["baseline"] * 3 + ["thor"] * 3,
+            "result": ["baseline"] * 3 + ["thor"] * 3,
             "seed": [0, 1, 2] * 2,
             "final_top1": [0.80, 0.82, 0.84, 0.83, 0.84, 0.88],
             "final_top5": [0.99] * 6,
@@ -82,7 +82,7 @@ def test_summary_and_paired_differences():
             "epochs_to_target": [1.0, 1.2, math.nan, 0.5, 0.9, 0.7],
         }
     )
-    summary = summarise(runs).set_index("recipe")
+    summary = summarise(runs).set_index("result")
     assert summary.loc["baseline", "runs"] == 3 and summary.loc["baseline", "time_to_target_s_n"] == 2
     assert summary.loc["thor", "final_top1"] == pytest.approx(np.mean([0.83, 0.84, 0.88]))
     paired = paired_differences(runs).set_index("measure")
@@ -134,7 +134,7 @@ def test_the_study_log_names_a_ratio_no_seed_could_give(caplog):
 
     runs = pd.DataFrame(
         {
-            "recipe": ["thor", "thor", "thor", "baseline", "baseline", "baseline"],
+            "result": ["thor", "thor", "thor", "baseline", "baseline", "baseline"],
             "seed": [0, 1, 2, 0, 1, 2],
             "final_top1": [0.81, 0.8, 0.82, 0.79, 0.78, 0.8],
             "final_top5": [0.99] * 6,

@@ -110,7 +110,7 @@ def test_tuned_study_records_every_trial_and_trains_the_best_on_fresh_seeds(tmp_
     assert float(fresh[0].data.params["baseline.lr.peak"]) == best.params["lr.peak"]
 
     choices = outputs["study.tuning_choices"]
-    assert choices[["recipe", "key", "documented", "chosen"]].values.tolist() == [
+    assert choices[["result", "key", "documented", "chosen"]].values.tolist() == [
         ["baseline", "lr.peak", 0.05, best.params["lr.peak"]]
     ]
     assert choices.loc[0, ["trials", "complete", "fail", "best_trial"]].tolist() == [2, 1, 2, 2]
@@ -204,7 +204,7 @@ def test_thor_bert_tunes_each_training_at_equal_effort_and_trains_both_bests_on_
     assert len(children) == 6  # 2 + 2 trials, 2 fresh-seed trainings
 
     choices = outputs["study.tuning_choices"]
-    assert choices[["recipe", "key", "documented"]].values.tolist() == [
+    assert choices[["result", "key", "documented"]].values.tolist() == [
         ["thor_bert", "lr.peak", 0.006464],
         ["thor_bert", "weight_decay", 1e-5],
         ["thor_bert", "damping.peak", 0.007035],
@@ -213,8 +213,8 @@ def test_thor_bert_tunes_each_training_at_equal_effort_and_trains_both_bests_on_
         ["thor_bert_control", "lr.warmup_steps", 2],
         ["thor_bert_control", "weight_decay", 1e-5],
     ]
-    assert choices.groupby("recipe")["trials"].max().to_dict() == {"thor_bert": 2, "thor_bert_control": 2}
-    assert list(outputs["study.runs"]["recipe"]) == ["thor_bert", "thor_bert_control"]  # fresh seed only
+    assert choices.groupby("result")["trials"].max().to_dict() == {"thor_bert": 2, "thor_bert_control": 2}
+    assert list(outputs["study.runs"]["result"]) == ["thor_bert", "thor_bert_control"]  # fresh seed only
 
 
 def test_objective_ranks_every_trial_that_reached_the_target_first():

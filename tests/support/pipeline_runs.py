@@ -53,8 +53,8 @@ def widest_isa() -> str:
 def assert_the_study_trained_it(study: dict, row: str, history: pd.DataFrame, steps: pd.DataFrame) -> None:
     """The study's result row ``row`` has the final accuracy and the step curve of ``history`` and ``steps`` (a
     ``kedro run``'s), exactly."""
-    final = study["study.runs"].set_index("recipe").loc[row]
+    final = study["study.runs"].set_index("result").loc[row]
     assert (final["final_top1"], final["final_top5"]) == tuple(history[["val/top1", "val/top5"]].iloc[-1]), row
-    curve = study["study.curves"].query("recipe == @row")
+    curve = study["study.curves"].query("result == @row")
     assert list(curve["step"]) == list(steps["step"]), row
     assert list(curve["top1"]) == list(steps["val/step_top1"]), row

@@ -40,13 +40,16 @@ def log_recipe_run(
     return run_id
 
 
-def log_study_walk(uri: str, folder: Path) -> tuple[str, str, dict[tuple[str, int], str]]:
+def log_study_walk(
+    uri: str, folder: Path, *, result_column: str = "result"
+) -> tuple[str, str, dict[tuple[str, int], str]]:
     """The issue's walk, logged into the store at ``uri`` (its artifacts and CSV files under ``folder``): the default
     run (baseline, 5 epochs), then a study of baseline and thor over 2 seeds of 1 epoch each, whose trainings are
     child runs of the study's run as the study pipeline logs them; killed after its first training and rerun, so that
     training is a child of the killed run, and the rerun's runs.csv names it. Its split has 1,050 train images, of
     which an epoch trains on 1,000 (full batches), in 10 s on seed 0 and 20 s on seed 1. Its CSV files are written
-    as the catalog writes them (six digits), its summary from runs.csv read back, as the study's next node reads it.
+    as the catalog writes them (six digits), its summary from runs.csv read back, as the study's next node reads it;
+    ``result_column`` names the result row in runs.csv and summary.csv (``recipe``: a study of before the rename).
     Returns the default run, the study's run and its trainings by (recipe, seed)."""
     client = mlflow.MlflowClient(uri)
     experiment = client.create_experiment(EXPERIMENT, artifact_location=(folder / "mlruns").as_uri())
@@ -62,9 +65,9 @@ def log_study_walk(uri: str, folder: Path) -> tuple[str, str, dict[tuple[str, in
         tags = {"mlflow.parentRunId": parent, "recipe": recipe, "result": recipe, "seed": str(seed)}
         trainings[recipe, seed] = log_recipe_run(client, experiment, "study", {}, [top1], 10.0 * (seed + 1), **tags)
     client.set_terminated(killed, "KILLED")
-    recipes, seeds = zip(*STUDIED_FINALS, strict=True)
+    results, seeds = zip(*STUDIED_FINALS, strict=True)
     runs = pd.DataFrame(
-        {"recipe": list(recipes), "seed": list(seeds), "final_top1": list(STUDIED_FINALS.values())}
+        {"result": list(results), "seed": list(seeds), "final_top1": list(STUDIED_FINALS.values())}
         | {"final_top5": [0.99] * 4, "time_to_target_s": [math.nan] * 4, "epochs_to_target": [math.nan] * 4}
         | {"mlflow_run_id": list(trainings.values())}
     )
@@ -73,7 +76,9 @@ def log_study_walk(uri: str, folder: Path) -> tuple[str, str, dict[tuple[str, in
     write_csv(runs, tables / "runs.csv")
     runs = pd.read_csv(tables / "runs.csv")
     write_csv(in_points(paired_differences(runs)), tables / "paired.csv")
-    write_csv(summarise(runs), tables / "summary.csv")
+    write_csv(summarise(runs).rename(columns={"result": result_column}), tables / "summary.csv")
+    if result_column != "result":
+        write_csv(runs.rename(columns={"result": result_column}), tables / "runs.csv")
     for table in ("paired", "runs", "summary"):
         client.log_artifact(study, str(tables / f"{table}.csv"), "study")
     client.set_terminated(study)

@@ -1,6 +1,8 @@
 """Nodes of the ``study`` pipeline: the chosen recipes over several seeds (``study.runner``), then their
 statistics and figure (``study.statistics``). Each training is an MLflow child run of the study's run (tags
-``recipe``, ``seed``); finished runs are kept in ``study.dir`` and never trained again."""
+``recipe``, ``result``: its result row, ``seed``); finished runs are kept in ``study.dir`` and never trained again.
+The study's tables name each training's result row in the column ``result``; one written before, which named it
+``recipe`` (a rerun from ``study.summarise`` on an earlier runs.csv), is read through ``recipe_spec.result_named``."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pipelines import tracking
 from pipelines.study.recipe_runs import RecipePipelines, plain
 from trainlib.metrics import VAL_STEP_MLM_ACCURACY, VAL_STEP_TOP1
 from trainlib.params import StudyParams, TargetParams, ThorBertParams
+from trainlib.params.recipe_spec import RESULT_KEY, result_named
 from trainlib.report.differences import in_points
 from trainlib.study.runner import StudyPlan, run_study
 from trainlib.study.statistics import (
@@ -43,9 +46,10 @@ def run_recipes(
     are first tuned (``study.tuning``; thor_bert's two each with their own trials, on
     ``thor_bert.target_mlm_accuracy``) and their best values train on those seeds.
 
-    Returns one row per result (``statistics.RUN_COLUMNS``: final top-1/top-5 on val after the last epoch, time,
-    steps and epochs to ``target.top1`` at step resolution, training seconds; thor_bert's rows: the held-out
-    masked-LM accuracy and loss, and the target ``thor_bert.target_mlm_accuracy``), the step-evaluation curves
+    Returns one row per result (``statistics.RUN_COLUMNS``: the result row in the column ``result``, final
+    top-1/top-5 on val after the last epoch, time, steps and epochs to ``target.top1`` at step resolution, training
+    seconds; thor_bert's rows: the held-out masked-LM accuracy and loss, and the target
+    ``thor_bert.target_mlm_accuracy``), the step-evaluation curves
     (``statistics.CURVE_COLUMNS``: top-1/top-5, or masked-LM accuracy, on the step subset against training seconds)
     and the tuning's chosen values beside the documented ones (``CHOICE_COLUMNS``; no rows without tuning).
     """
@@ -69,11 +73,12 @@ def summarise_study(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per result row mean and 95 % t-interval of each measure, and the paired differences (thor against
     baseline, stage2 against control, adasum against allreduce), differences of accuracies in points, rounded as
     logged (column ``unit``); the means go to the study's MLflow run as fractions, as every accuracy metric
-    (``study/<recipe>/<measure>``, ``study/<recipe>_vs_<reference>/<measure>``)."""
+    (``study/<result>/<measure>``, ``study/<result>_vs_<reference>/<measure>``)."""
+    runs = result_named(runs)
     summary = summarise(runs)
     paired = paired_differences(runs)
     metrics = {
-        f"study/{row['recipe']}/{measure}": row[measure]
+        f"study/{row[RESULT_KEY]}/{measure}": row[measure]
         for _, row in summary.iterrows()
         for measure in MEASURES
         if measure in row
@@ -94,9 +99,9 @@ def _log_table(summary: pd.DataFrame, paired: pd.DataFrame) -> None:
         cells = [
             f"{m} {row[m]:.4g} [{row[f'{m}_ci_low']:.4g}, {row[f'{m}_ci_high']:.4g}] n={row[f'{m}_n']}"
             for m in MEASURES
-            if row.get(f"{m}_n", 0) > 0  # a recipe's own measures: top-1 or masked-LM accuracy
+            if row.get(f"{m}_n", 0) > 0  # a row's own measures: top-1 or masked-LM accuracy
         ]
-        lines.append(f"  {row['recipe']}: " + "; ".join(cells))
+        lines.append(f"  {row[RESULT_KEY]}: " + "; ".join(cells))
     for _, row in paired.iterrows():
         unit = " pt" if row["unit"] == "pt" else ""
         if row["n"] == 0:  # a time ratio needs a seed on which both reached the target
@@ -119,11 +124,13 @@ def _undecided(row: pd.Series) -> str:
 def plot_study(curves: pd.DataFrame, target: TargetParams, thor_bert: ThorBertParams) -> Figure:
     """Top-1 (thor_bert's rows: held-out masked-LM accuracy) on the step subset against training time, per result
     row: seeds, mean and 95 % band; the target line is top-1's, or the masked-LM one in a study of thor_bert only."""
+    curves = result_named(curves)
     language_only = curves["top1"].isna().all() and curves["mlm_accuracy"].notna().any()
     return curves_figure(curves, thor_bert.target_mlm_accuracy if language_only else target.top1)
 
 
 def plot_tuning(study: StudyParams, tuning_choices: pd.DataFrame) -> tuple[dict[str, Figure], dict[str, Figure]]:
-    """Each tuned recipe's (``tuning_choices``) Optuna optimization history and parameter importances, as
-    ``<recipe>.png``, read from ``study.tuning.storage``; none without tuning."""
-    return tuning_figures(list(tuning_choices["recipe"].unique()), tuning=study.tuning)
+    """Each tuned training's (``tuning_choices``, by result row) Optuna optimization history and parameter
+    importances, as ``<result>.png``, read from ``study.tuning.storage``; none without tuning."""
+    tuning_choices = result_named(tuning_choices)
+    return tuning_figures(list(tuning_choices[RESULT_KEY].unique()), tuning=study.tuning)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import entry_points
@@ -34,17 +35,22 @@ SUBSPACE = "#b07aa1"
 WARM_START = "#bab0ac"
 # What a recipe's trainings are scored on: top-1 of an image classifier, masked-LM accuracy of a language model
 Task = Literal["image_classification", "masked_lm"]
+# The key that names a training's result row in the study's files (its records, runs.csv, curves.csv, summary.csv,
+# tuning/choices.csv) and its MLflow tag; ``recipe`` there is the recipe, as everywhere else
+RESULT_KEY = "result"
+# The study's files of before 2026-11-28 (issue 51 item 7) named the result row ``recipe``: ``result_named`` reads them
+OLD_RESULT_KEY = "recipe"
 
 
 @dataclass(frozen=True)
 class ResultRow:
-    """One training a recipe gives in a study, named as its result row (runs.csv's ``recipe`` column, the MLflow
-    ``result`` tag). ``section``: the dotted configuration section it trains with; ``paired_with``: the rows it is
-    compared against (``thor``: ``baseline``, then ``thor_first_order``); ``budgeted``: the section's keys the
-    study's budget sets (``epochs``, ``eval_every_steps``); ``tunable``: a tuning samples it; ``preconditioned``:
-    it has THOR's damping and frequency to tune; ``colour``: its runs' colour family; ``values``: dotted parameter
-    keys its training sets on top of the configuration (``thor_first_order``: ``thor.precondition`` false), rows of
-    different values training in separate runs of the recipe's pipeline.
+    """One training a recipe gives in a study, named as its result row (``RESULT_KEY``: runs.csv's ``result``
+    column, the MLflow ``result`` tag). ``section``: the dotted configuration section it trains with;
+    ``paired_with``: the rows it is compared against (``thor``: ``baseline``, then ``thor_first_order``);
+    ``budgeted``: the section's keys the study's budget sets (``epochs``, ``eval_every_steps``); ``tunable``: a
+    tuning samples it; ``preconditioned``: it has THOR's damping and frequency to tune; ``colour``: its runs' colour
+    family; ``values``: dotted parameter keys its training sets on top of the configuration (``thor_first_order``:
+    ``thor.precondition`` false), rows of different values training in separate runs of the recipe's pipeline.
 
     Its training's datasets in the recipe's pipeline are named after ``section`` (``dim_reduce.stage2.history``):
     the study reads its ``history`` and ``step_history`` there."""
@@ -166,6 +172,18 @@ def template_trainers() -> dict[type, RecipeSpec]:
 def result_rows() -> dict[str, tuple[str, ...]]:
     """Each recipe's result rows, by recipe."""
     return {name: tuple(row.name for row in spec.results) for name, spec in recipe_specs().items()}
+
+
+def result_named(table):
+    """``table``, a study's record (a mapping) or table (a pandas DataFrame: runs.csv, curves.csv, summary.csv,
+    tuning/choices.csv), with its result row under ``RESULT_KEY``. The one place that reads the files of before the
+    rename: they held the row under ``OLD_RESULT_KEY`` (``recipe``), which is renamed here; a file of now is
+    returned as it is."""
+    if OLD_RESULT_KEY not in table or RESULT_KEY in table:  # a DataFrame's ``in`` is its columns'
+        return table
+    if isinstance(table, Mapping):
+        return {RESULT_KEY if key == OLD_RESULT_KEY else key: value for key, value in table.items()}
+    return table.rename(columns={OLD_RESULT_KEY: RESULT_KEY})
 
 
 def rows() -> dict[str, ResultRow]:

@@ -39,18 +39,18 @@ class RecipeSpace(Section):
 
 
 class TuningParams(Section):
-    """Tuning at equal effort (``study.tuning``, off with ``trials: 0``): per recipe ``trials`` Optuna trials on the
-    tuning ``seeds``, drawn from ``spaces``, in one Optuna study per recipe in ``storage``; the best of each is
-    then trained on ``study.seeds``."""
+    """Tuning at equal effort (``study.tuning``, off with ``trials: 0``): per tuned result row ``trials`` Optuna
+    trials on the tuning ``seeds``, drawn from ``spaces``, in one Optuna study per row in ``storage``; the best of
+    each is then trained on ``study.seeds``."""
 
-    trials: NonNegativeInt  # per recipe, across every process sharing the storage; 0: no tuning
+    trials: NonNegativeInt  # per tuned result row, across every process sharing the storage; 0: no tuning
     seeds: Annotated[list[int], Field(min_length=1)]  # runtime.seed of the trials: disjoint from study.seeds
     sampler: Literal["tpe", "qmc"]
     sampler_seed: int
     pruner: Pruner  # stop a trial whose step evaluations trail the other trials' (docs/study.md, Pruners)
     storage: Annotated[str, Field(min_length=1)]  # an Optuna storage URL: sqlite:///<file>, postgresql://..., ...
     credentials: str | None = None  # an entry of conf/local/credentials.yml exported as environment variables
-    name: Annotated[str, Field(min_length=1)]  # Optuna study <name>/<recipe>
+    name: Annotated[str, Field(min_length=1)]  # Optuna study <name>/<result> (a tuned result row)
     spaces: dict[str, RecipeSpace]  # by tunable result row (trainlib.params.recipe_spec)
     # a running trial records a heartbeat every heartbeat_interval seconds; one silent for grace_period seconds (its
     # machine died) is failed by the next process to look, and its values retried up to max_retry times

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from trainlib.metrics import EPOCH_KEYS, FINAL_KEYS, TRAIN_EPOCH_TIME_S, TRAIN_IMAGES_PER_S
+from trainlib.params.recipe_spec import RESULT_KEY, result_named
 from trainlib.readable import counted
 from trainlib.report.differences import newest_study_run
 from trainlib.report.histories import final_accuracy, recipe_curve, recipe_history, time_to_target
@@ -66,7 +67,7 @@ TABLE_COLUMNS = [
 ]
 SINGLE_RUN = "single run"
 VARIANCE_ARTIFACT = "pca/pca_explained_variance.csv"
-STUDY_RUNS_ARTIFACT = "study/runs.csv"  # a study's results: recipe (its result row), seed, mlflow_run_id, ...
+STUDY_RUNS_ARTIFACT = "study/runs.csv"  # a study's results: result (its result row), seed, mlflow_run_id, ...
 STUDY_SUMMARY_ARTIFACT = "study/summary.csv"  # its means per result row: final_top1, final_top1_n, ...
 VARIANCE_COLUMNS = ["component", "explained_variance", "explained_variance_ratio", "cumulative_ratio"]
 
@@ -197,16 +198,19 @@ def study_trainings(reader: RunReader, study: RunRecord) -> dict[str, dict[int, 
     ``{"dim_reduce": {0: {"stage1": ..., "stage2": ..., "control": ...}}}``. Read from its ``runs.csv`` (each
     result's MLflow run), not from its child runs: a resumed study reads a result trained by an earlier, killed
     run, whose run is that run's child; and a tuning's trials are not results. dim_reduce's stage 1, which gives no
-    result row, is the run of the same ``study_key``."""
+    result row, is the run of the same ``study_key``. A study of before the rename names the result row ``recipe``
+    in its runs.csv: read as ``result`` (``recipe_spec.result_named``)."""
     table = reader.artifact_csv(study["run_id"], STUDY_RUNS_ARTIFACT)
+    table = None if table is None else result_named(table)
     found: dict[str, dict[int, dict[str, RunRecord]]] = {}
     for row in [] if table is None else table.itertuples():
         run = reader.get(row.mlflow_run_id) if isinstance(row.mlflow_run_id, str) else None
         if run is None or run["status"] != "FINISHED":
             continue
         tags = run["tags"]
-        by_result = found.setdefault(tags.get("recipe", row.recipe), {}).setdefault(int(row.seed), {})
-        by_result[row.recipe] = run
+        result = getattr(row, RESULT_KEY)
+        by_result = found.setdefault(tags.get("recipe", result), {}).setdefault(int(row.seed), {})
+        by_result[result] = run
         if "stage1" not in by_result and tags.get("recipe") == "dim_reduce" and "study_key" in tags:
             stage1 = reader.search(
                 f"tags.study_key = '{tags['study_key']}' and tags.result = 'stage1' and attributes.status = 'FINISHED'"
@@ -394,9 +398,10 @@ def study_means(reader: RunReader, study: RunRecord, result: str, seeds: int) ->
     of it that may round the other way (the study averages its runs.csv, rounded to six digits, and 0.2666665 then
     reads 0.266666 where the mean of the unrounded metrics reads 0.266667). Empty where the study has no such row."""
     summary = reader.artifact_csv(study["run_id"], STUDY_SUMMARY_ARTIFACT)
-    if summary is None or "recipe" not in summary:
+    summary = None if summary is None else result_named(summary)  # a study's of before the rename: ``recipe``
+    if summary is None or RESULT_KEY not in summary:
         return {}
-    rows = summary[summary["recipe"] == result]
+    rows = summary[summary[RESULT_KEY] == result]
     averaged = [key for key in ("top1", "top5") if {f"final_{key}", f"final_{key}_n"} <= set(summary.columns)]
     return {
         key: float(rows[f"final_{key}"].iloc[0])

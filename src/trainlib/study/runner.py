@@ -34,7 +34,7 @@ from trainlib.metrics import (
     VAL_TOP1,
     VAL_TOP5,
 )
-from trainlib.params.recipe_spec import RecipeSpec, ResultRow, recipe_specs, result_rows
+from trainlib.params.recipe_spec import RESULT_KEY, RecipeSpec, ResultRow, recipe_specs, result_named, result_rows
 
 logger = logging.getLogger(__name__)
 
@@ -117,11 +117,12 @@ class StudyPlan:
 def run_study(trainer: RecipeTrainer, plan: StudyPlan, tracking: StudyTracking) -> list[dict]:
     """Every recipe of the plan over every seed, skipping the runs finished earlier; one record per result row.
 
-    A record: ``recipe`` (a result row's name, ``recipe_spec.result_rows``), ``seed``, ``key``, ``mlflow_run_id``,
+    A record: ``result`` (a result row's name, ``recipe_spec.result_rows``), ``seed``, ``key``, ``mlflow_run_id``,
     ``final_top1``/``final_top5`` on the whole val split after the last epoch (thor_bert's rows:
     ``final_mlm_accuracy``/``final_mlm_loss`` on every held-out example), ``step_metric`` (the step-evaluation key
     time to target reads), ``steps_per_epoch``, and the engine's ``history`` (per epoch) and ``step_history`` (per
-    step evaluation).
+    step evaluation). A result file of before the rename holds the row under ``recipe``: it is read as ``result``
+    (``recipe_spec.result_named``).
     """
     results = plan.directory / "runs"
     results.mkdir(parents=True, exist_ok=True)
@@ -134,7 +135,7 @@ def run_study(trainer: RecipeTrainer, plan: StudyPlan, tracking: StudyTracking) 
             paths = {row: results / f"{key}.{row}.json" for row in rows}
             if all(path.exists() for path in paths.values()):
                 logger.info("study: %s finished earlier (%s), not run again", key, results)
-                reused = [json.loads(path.read_text()) for path in paths.values()]
+                reused = [result_named(json.loads(path.read_text())) for path in paths.values()]
                 for record in reused:
                     _log_reused(recipe, record, tracking)
                 records += reused
@@ -143,7 +144,7 @@ def run_study(trainer: RecipeTrainer, plan: StudyPlan, tracking: StudyTracking) 
             logger.info("study: training %s (seed %d)", key, seed)
             trained = trainer.train(recipe, seed, key, rows, plan.values, tracking)
             for row in rows:
-                record = {"recipe": row, "seed": seed, "key": key, **figures(trained[row])}
+                record = {RESULT_KEY: row, "seed": seed, "key": key, **figures(trained[row])}
                 write_atomically(paths[row], json.dumps(record, indent=1).encode())
                 records.append(record)
             # the result files hold all the study needs: the epoch checkpoints (kept for a resume) go
@@ -157,7 +158,7 @@ def _log_reused(recipe: str, record: Mapping, tracking: StudyTracking) -> None:
     one: tagged ``reused`` with ``reused_from``, the run that trained it, where its curves are; its final figures.
     The record keeps pointing at that run."""
     spec = recipe_specs()[recipe]
-    row = next(row for row in spec.results if row.name == record["recipe"])
+    row = next(row for row in spec.results if row.name == record[RESULT_KEY])
     seed = record["seed"]
     tags = {"recipe": recipe, "result": row.name, "seed": str(seed), "study_key": record["key"], "reused": "true"}
     if record.get("mlflow_run_id"):
@@ -204,7 +205,7 @@ def short_epochs(records: Sequence[Mapping], eval_every_steps: int) -> dict[str,
     """The result rows of ``records`` whose epoch has fewer steps than ``eval_every_steps``, with their steps per
     epoch: their step evaluations fall across epochs, or only at the training's end (``EpochLoop.end``)."""
     return {
-        record["recipe"]: record["steps_per_epoch"]
+        record[RESULT_KEY]: record["steps_per_epoch"]
         for record in records
         if 0 < record["steps_per_epoch"] < eval_every_steps
     }
@@ -212,16 +213,16 @@ def short_epochs(records: Sequence[Mapping], eval_every_steps: int) -> dict[str,
 
 def _warn_of_short_epochs(records: Sequence[Mapping], eval_every_steps: int, warned: set[str]) -> None:
     # once per result row: its seeds share the steps per epoch
-    for recipe, steps in short_epochs(records, eval_every_steps).items():
-        if recipe in warned:
+    for result, steps in short_epochs(records, eval_every_steps).items():
+        if result in warned:
             continue
-        warned.add(recipe)
+        warned.add(result)
         logger.warning(
             "study.eval_every_steps is %d, but an epoch of %s has %d steps: its curve has a point every %d steps "
             "across epochs and one at the training's end; set study.eval_every_steps to at most %d for a point in "
             "every epoch",
             eval_every_steps,
-            recipe,
+            result,
             steps,
             eval_every_steps,
             steps,

@@ -25,10 +25,10 @@ from trainlib.metrics import (
     VAL_STEP_TOP1,
     VAL_STEP_TOP5,
 )
-from trainlib.params.recipe_spec import paired_rows
+from trainlib.params.recipe_spec import RESULT_KEY, paired_rows
 
-# columns of the per-run table, each summarised per recipe by ``summarise`` (a language model's rows have the
-# masked-LM figures in place of top-1/top-5; a measure a table lacks, or no run of a recipe has, is left out)
+# columns of the per-run table, each summarised per result row by ``summarise`` (a language model's rows have the
+# masked-LM figures in place of top-1/top-5; a measure a table lacks, or no run of a result row has, is left out)
 MEASURES = (
     "final_top1",
     "final_top5",
@@ -40,9 +40,10 @@ MEASURES = (
 )
 CONFIDENCE = 0.95
 MOST_SEEDS = 1000  # seeds_to_decide's search: past this many, a difference is not one seeds can decide
-# the study's tables: one row per result (``runs_table``), one per step evaluation (``curves_table``)
-RUN_COLUMNS = ["recipe", "seed", *MEASURES, "train_time_s", "steps_per_epoch", "mlflow_run_id", "key"]
-CURVE_COLUMNS = ["recipe", "seed", "step", "elapsed_s", "top1", "top5", "mlm_accuracy"]
+# the study's tables: one row per result (``runs_table``), one per step evaluation (``curves_table``); each names its
+# training's result row in the column ``result`` (``recipe_spec.RESULT_KEY``)
+RUN_COLUMNS = [RESULT_KEY, "seed", *MEASURES, "train_time_s", "steps_per_epoch", "mlflow_run_id", "key"]
+CURVE_COLUMNS = [RESULT_KEY, "seed", "step", "elapsed_s", "top1", "top5", "mlm_accuracy"]
 # Measures that are accuracies, and the paired differences of accuracies: their intervals are cut to what an
 # accuracy can be (a t-interval of a few seeds near 1 otherwise reaches past it)
 ACCURACY_BOUNDS = {"final_top1": (0.0, 1.0), "final_top5": (0.0, 1.0), "final_mlm_accuracy": (0.0, 1.0)}
@@ -90,7 +91,7 @@ def runs_table(records: Sequence[Mapping], targets: Mapping[str, float]) -> pd.D
     (``targets``: step-evaluation key -> target), its training seconds (its epochs' sum), steps per epoch, MLflow
     run and key."""
     rows = [
-        {"recipe": r["recipe"], "seed": r["seed"]}
+        {RESULT_KEY: r[RESULT_KEY], "seed": r["seed"]}
         | run_figures(r, targets[r.get("step_metric", VAL_STEP_TOP1)])
         | {
             "train_time_s": sum(row[TRAIN_EPOCH_TIME_S] for row in r["history"]),
@@ -108,7 +109,7 @@ def curves_table(records: Sequence[Mapping]) -> pd.DataFrame:
     masked-LM accuracy on the first held-out examples, against training seconds."""
     rows = [
         {
-            "recipe": r["recipe"],
+            RESULT_KEY: r[RESULT_KEY],
             "seed": r["seed"],
             "step": row[STEP_KEY],
             "elapsed_s": row[TRAIN_ELAPSED_S],
@@ -164,12 +165,12 @@ def seeds_to_decide(
 
 
 def summarise(runs: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataFrame:
-    """Per recipe (in order of appearance): ``runs`` (seeds), then per measure of ``MEASURES`` its mean,
-    ``_ci_low``, ``_ci_high`` and ``_n`` (the runs with a value: time and epochs to target count only the runs
-    that reached it)."""
+    """Per result row (column ``result``, in order of appearance): ``runs`` (seeds), then per measure of ``MEASURES``
+    its mean, ``_ci_low``, ``_ci_high`` and ``_n`` (the runs with a value: time and epochs to target count only the
+    runs that reached it)."""
     rows = []
-    for recipe, group in runs.groupby("recipe", sort=False):
-        row: dict[str, float | str | int] = {"recipe": recipe, "runs": len(group)}
+    for result, group in runs.groupby(RESULT_KEY, sort=False):
+        row: dict[str, float | str | int] = {RESULT_KEY: result, "runs": len(group)}
         for measure in (measure for measure in MEASURES if measure in group):
             mean, low, high, n = t_interval(group[measure].tolist(), confidence, ACCURACY_BOUNDS.get(measure))
             row.update({measure: mean, f"{measure}_ci_low": low, f"{measure}_ci_high": high, f"{measure}_n": n})
@@ -183,21 +184,21 @@ def paired_differences(
     """Each result row of ``pairs`` (default: every recipe's, ``recipe_spec.paired_rows``: THOR against the baseline and
     against its recipe without the preconditioner, dim_reduce's stage 2 against its control, Adasum against averaged
     gradients, …) present with its reference, on the seeds both ran: per seed the ratio of times to
-    target (``time_to_target_ratio``, recipe / reference, seeds where both reached it), of epochs to target
+    target (``time_to_target_ratio``, row / reference, seeds where both reached it), of epochs to target
     (``epochs_to_target_ratio``: the same without the cost per step, graph compilation included; and of steps, for
-    a language model's pair) and the differences of final top-1 and top-5 (``final_top1_difference``, recipe -
+    a language model's pair) and the differences of final top-1 and top-5 (``final_top1_difference``, row -
     reference, same epochs; masked-LM accuracy and loss for a language model's pair); mean and t-interval of each.
 
     Columns: ``comparison`` (``thor vs baseline``), ``measure``, ``mean``, ``ci_low``, ``ci_high``, ``n``, and
     ``seeds_to_decide`` (``seeds_to_decide``: ``n`` when the interval excludes no effect already).
     """
-    by_seed = runs.set_index(["recipe", "seed"])
-    present = set(runs["recipe"])
+    by_seed = runs.set_index([RESULT_KEY, "seed"])
+    present = set(runs[RESULT_KEY])
     rows = []
-    for recipe, reference in paired_rows() if pairs is None else pairs:
-        if recipe not in present or reference not in present:
+    for result, reference in paired_rows() if pairs is None else pairs:
+        if result not in present or reference not in present:
             continue
-        other, base = by_seed.loc[recipe], by_seed.loc[reference]
+        other, base = by_seed.loc[result], by_seed.loc[reference]
         seeds = sorted(set(other.index) & set(base.index))
         ours, theirs = other.loc[seeds], base.loc[seeds]
         measures = {"time_to_target_ratio": (ours["time_to_target_s"] / theirs["time_to_target_s"]).tolist()}
@@ -217,7 +218,7 @@ def paired_differences(
             mean, low, high, n = t_interval(values, confidence, DIFFERENCE_BOUNDS.get(measure))
             no_effect = 1.0 if measure.endswith("_ratio") else 0.0
             rows.append(
-                {"comparison": f"{recipe} vs {reference}", "measure": measure, "mean": mean}
+                {"comparison": f"{result} vs {reference}", "measure": measure, "mean": mean}
                 | {"ci_low": low, "ci_high": high, "n": n}
                 | {"seeds_to_decide": seeds_to_decide(values, no_effect, confidence)}
             )
@@ -227,13 +228,13 @@ def paired_differences(
 def curves_figure(
     curves: pd.DataFrame, target_top1: float | None = None, points: int = 60, confidence: float = CONFIDENCE
 ) -> Figure:
-    """Accuracy on the step subset against training seconds: per recipe each seed's curve (thin) and the mean over
-    seeds with its t-interval as a band, on a common time grid up to the shortest run's last evaluation
-    (linear interpolation between evaluations). ``curves``: columns recipe, seed, elapsed_s, top1 (a language
+    """Accuracy on the step subset against training seconds: per result row each seed's curve (thin) and the mean
+    over seeds with its t-interval as a band, on a common time grid up to the shortest run's last evaluation
+    (linear interpolation between evaluations). ``curves``: columns result, seed, elapsed_s, top1 (a language
     model's rows: its held-out masked-LM accuracy, column mlm_accuracy, in place of top-1)."""
     figure = Figure(figsize=(7, 4.5), tight_layout=True)
     axes = figure.add_subplot()
-    for index, (recipe, rows) in enumerate(curves.groupby("recipe", sort=False)):
+    for index, (result, rows) in enumerate(curves.groupby(RESULT_KEY, sort=False)):
         colour = f"C{index}"
         language = "mlm_accuracy" in rows and rows["top1"].isna().all()
         group = rows.assign(top1=rows["mlm_accuracy"]) if language else rows
@@ -250,9 +251,9 @@ def curves_figure(
             half = _t_quantile(0.5 + confidence / 2, len(series) - 1) * values.std(axis=0, ddof=1)
             half /= math.sqrt(len(series))
             axes.fill_between(grid, np.clip(mean - half, 0, 1), np.clip(mean + half, 0, 1), color=colour, alpha=0.25)
-            axes.plot(grid, mean, color=colour, label=f"{recipe} (mean of {len(series)} seeds, {confidence:.0%} CI)")
+            axes.plot(grid, mean, color=colour, label=f"{result} (mean of {len(series)} seeds, {confidence:.0%} CI)")
         else:
-            axes.plot([], [], color=colour, label=recipe)
+            axes.plot([], [], color=colour, label=result)
     if target_top1 is not None:
         axes.axhline(target_top1, color="grey", linestyle="--", linewidth=0.8, label=f"target {target_top1:g}")
     axes.set_xlabel("training time (s, evaluations excluded)")

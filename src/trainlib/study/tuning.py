@@ -16,7 +16,7 @@ evaluation its pruner rules out (``pruner``: ``median``, ``successive_halving``,
 ``create_pruner``). The best trial's values (thor_bert: both
 trainings' best) are then trained on the study's seeds, fresh, for the paired intervals the study reports.
 
-Each tuned training's trials are one Optuna study, ``<name>/<recipe>``, in ``storage`` (an RDB URL): any number of
+Each tuned training's trials are one Optuna study, ``<name>/<result>``, in ``storage`` (an RDB URL): any number of
 processes, on any machines, given the same storage share it and split its budget. The budget counts every
 COMPLETE, PRUNED, RUNNING and failed trial across the processes (a process starts a trial only while fewer than
 ``trials`` are counted, and gives back one that raced past the budget); a process whose budget is counted waits
@@ -55,7 +55,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from trainlib.engine.callbacks import Callback
 from trainlib.metrics import STEP_KEY, VAL_STEP_MLM_ACCURACY, VAL_STEP_TOP1
 from trainlib.params import TuningParams, space_ranges
-from trainlib.params.recipe_spec import recipe_of_row, row_sections, tuned_trainings
+from trainlib.params.recipe_spec import RESULT_KEY, recipe_of_row, row_sections, tuned_trainings
 from trainlib.processes import process_alive
 from trainlib.study.runner import RecipeTrainer, StudyPlan, StudyTracking, run_study
 from trainlib.study.statistics import first_crossing
@@ -80,10 +80,11 @@ _STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.R
 
 @dataclass(frozen=True)
 class RecipeTuning:
-    """One recipe's tuning: its Optuna study's name, the chosen (best) values beside the section's own, its
-    trials by state (every process's), the best value, and this process's wall time and all trials' time."""
+    """One tuned training's tuning (``result``: its result row, ``recipe_spec.tuned_trainings``): its Optuna study's
+    name, the chosen (best) values beside the section's own, its trials by state (every process's), the best value,
+    and this process's wall time and all trials' time."""
 
-    recipe: str
+    result: str
     study_name: str
     chosen: Mapping[str, float]
     documented: Mapping[str, float]
@@ -178,7 +179,7 @@ def tune_recipe(
         )
     best = min(complete, key=lambda t: t.value)
     return RecipeTuning(
-        recipe=recipe,
+        result=recipe,
         study_name=study.study_name,
         chosen={key: best.params[key] for key in ranges},
         documented={key: trainer.configured(f"{row_sections()[recipe]}.{key}") for key in ranges},
@@ -238,10 +239,11 @@ def with_values(recipe: str, values: Mapping[str, object]) -> dict[str, object]:
 
 
 def choices_rows(tunings: Sequence[RecipeTuning], *, tuning: TuningParams) -> list[dict]:
-    """Per recipe and tuned key: the documented (configured) and chosen value, with the budget it was chosen at."""
+    """Per tuned training (column ``result``: its result row) and tuned key: the documented (configured) and chosen
+    value, with the budget it was chosen at."""
     return [
         {
-            "recipe": tuned.recipe,
+            RESULT_KEY: tuned.result,
             "key": key,
             "documented": tuned.documented[key],
             "chosen": tuned.chosen[key],
@@ -259,7 +261,7 @@ def choices_rows(tunings: Sequence[RecipeTuning], *, tuning: TuningParams) -> li
 
 
 CHOICE_COLUMNS = [
-    "recipe",
+    RESULT_KEY,
     "key",
     "documented",
     "chosen",
@@ -276,25 +278,26 @@ CHOICE_COLUMNS = [
 ]
 
 
-def tuning_figures(recipes: Sequence[str], *, tuning: TuningParams) -> tuple[dict[str, Figure], dict[str, Figure]]:
-    """Optuna's optimization history and parameter importances of each recipe's study, as ``<recipe>.png``
-    figures; importances need two completed trials (a recipe with fewer has none, and the log says so)."""
+def tuning_figures(results: Sequence[str], *, tuning: TuningParams) -> tuple[dict[str, Figure], dict[str, Figure]]:
+    """Optuna's optimization history and parameter importances of each tuned training's study (``results``: their
+    result rows), as ``<result>.png`` figures; importances need two completed trials (a training with fewer has
+    none, and the log says so)."""
     histories, importances = {}, {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
-        for recipe in recipes:
-            study = load_study(recipe, tuning=tuning)
-            histories[f"{recipe}.png"] = _titled(
-                optuna.visualization.matplotlib.plot_optimization_history(study), f"{recipe}: objective by trial"
+        for result in results:
+            study = load_study(result, tuning=tuning)
+            histories[f"{result}.png"] = _titled(
+                optuna.visualization.matplotlib.plot_optimization_history(study), f"{result}: objective by trial"
             )
             complete = sum(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
             if complete < 2:
                 logger.info(
-                    "tuning %s: no parameter importances (%d completed trial; they need 2 or more)", recipe, complete
+                    "tuning %s: no parameter importances (%d completed trial; they need 2 or more)", result, complete
                 )
                 continue
-            importances[f"{recipe}.png"] = _titled(
-                optuna.visualization.matplotlib.plot_param_importances(study), f"{recipe}: parameter importances"
+            importances[f"{result}.png"] = _titled(
+                optuna.visualization.matplotlib.plot_param_importances(study), f"{result}: parameter importances"
             )
     return histories, importances
 
