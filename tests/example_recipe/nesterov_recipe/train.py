@@ -1,4 +1,4 @@
-"""The recipe's training: the project's Momentum loop with MindSpore's Momentum in its Nesterov form."""
+"""The recipe's training: the project's Momentum steps and loop with MindSpore's Momentum in its Nesterov form."""
 
 from __future__ import annotations
 
@@ -12,15 +12,16 @@ from trainlib.engine.checkpoint import Checkpoint
 from trainlib.engine.loop import TrainingResult
 from trainlib.optim.momentum import decay_groups
 from trainlib.recipes.context import TrainingContext
-from trainlib.recipes.momentum import train_momentum
+from trainlib.recipes.momentum import MomentumStepFactory, train_momentum
 
 
-def train_nesterov(
-    context: TrainingContext, start: Checkpoint, section: NesterovParams, *, callbacks: Sequence[Callback] = ()
-) -> TrainingResult:
-    """``section.epochs`` epochs of its whole schedule from ``start``'s weights."""
+class NesterovStepFactory(MomentumStepFactory):
+    """The Momentum recipe's steps with the Nesterov form of MindSpore's Momentum as the optimizer."""
 
-    def optimizer(net, lr_per_step):
+    training: NesterovParams
+
+    def create_optimizer(self, net, lr_per_step):
+        section = self.training
         return nn.Momentum(
             decay_groups(net, section.weight_decay),
             learning_rate=lr_per_step,
@@ -29,4 +30,9 @@ def train_nesterov(
             use_nesterov=True,
         )
 
-    return train_momentum(context, start, section, name="nesterov", callbacks=callbacks, optimizer=optimizer)
+
+def train_nesterov(
+    context: TrainingContext, start: Checkpoint, section: NesterovParams, *, callbacks: Sequence[Callback] = ()
+) -> TrainingResult:
+    """``section.epochs`` epochs of its whole schedule from ``start``'s weights."""
+    return train_momentum(context, start, section, name="nesterov", callbacks=callbacks, factory=NesterovStepFactory)
