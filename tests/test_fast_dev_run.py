@@ -8,6 +8,7 @@ from omegaconf import OmegaConf
 from tests.support.config import load_config
 from trainlib.fast_dev_run import TAG, fast_dev_run_overrides, relocated
 from trainlib.params import validate_parameters
+from trainlib.params.recipe_spec import rehearsals
 
 DEFAULT_DATA = {
     "source": "fashion_mnist",
@@ -32,6 +33,7 @@ def overrides(env: str, *, trees: dict[str, int] | None = None, cpu_workers: int
         default_data=DEFAULT_DATA,
         classes_in=lambda root, train: trees.get(root),
         default_classes=10,
+        recipes=rehearsals(),
     )
 
 
@@ -47,6 +49,7 @@ def ascend_overrides(extra: dict, *, pipelines, memory_gb: float, cpu_workers: i
         default_data=DEFAULT_DATA,
         classes_in=lambda root, train: classes,
         default_classes=10,
+        recipes=rehearsals(),
     )
 
 

@@ -32,9 +32,6 @@ NOT_YET_DERIVED = {
     ("pipelines/dim_reduce/pipeline.py", "TRAININGS"),
     ("pipelines/dim_reduce/pipeline.py", "create_pipeline"),
     ("pipelines/thor_bert/pipeline.py", "TRAININGS"),
-    ("trainlib/fast_dev_run.py", "SECTION_RULES"),
-    ("trainlib/fast_dev_run.py", "_thor_bert"),
-    ("trainlib/fast_dev_run.py", "fast_dev_run_overrides"),
     ("trainlib/params/root.py", "SharedParameters"),  # its cross-section rules name sections
     ("trainlib/params/study.py", "StudyParams"),
     ("trainlib/recipes/language_model.py", "compare_trainings"),

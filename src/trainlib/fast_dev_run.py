@@ -10,13 +10,15 @@ rules satisfied (dim_reduce's trajectory, PCA components and epochs), and every 
 ``data/fast_dev_run/<env>/`` (``relocated``: checkpoint folders here, the catalog's files in ``pipelines.hooks``),
 so that a real run's checkpoints and results are never touched or resumed.
 
-The rules are a table, ``SECTION_RULES``: a function of a section's mapping and the ``Plan`` (workers, batch,
-steps, env) returning its substitutions by key within the section. A section of one training (a batch size and a
-checkpoint folder: baseline, lars, a recipe of another package) needs no entry: it takes ``_training``; a section
-with rules of its own (``thor_bert``) adds one. Only values that differ from the configuration are returned.
+The rules are functions of a section's mapping and the ``Plan`` (workers, batch, steps, env) returning its
+substitutions by key within the section: ``SECTION_RULES`` for the shared sections; a recipe's section takes the
+rule its specification declares (``RecipeSpec.rehearsal``, given here as ``Rehearsals``), and a section of one
+training without one (a batch size and a checkpoint folder: baseline, lars, a recipe of another package)
+``training_budget``. Only values that differ from the configuration are returned.
 
-Pure: standard library only (no Kedro, MindSpore or MLflow); ``pipelines.hooks`` applies the result as runtime
-parameters before validation, so the nodes see the substituted values.
+Pure: standard library only (no Kedro, MindSpore or MLflow; the specifications are given, not imported);
+``pipelines.hooks`` applies the result as runtime parameters before validation, so the nodes see the substituted
+values.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ def _data(section: Mapping, plan: Plan) -> dict:
     }
 
 
-def _training(section: Mapping, plan: Plan, epochs: int | None = 1) -> dict:
+def training_budget(section: Mapping, plan: Plan, epochs: int | None = 1) -> dict:
     """A training's budget: 1 epoch (or ``epochs``), 2 images per worker, evaluated and checkpointed each epoch
     in a folder of its own."""
     values = {
@@ -111,41 +113,18 @@ def _training(section: Mapping, plan: Plan, epochs: int | None = 1) -> dict:
 
 
 def _trains(section) -> bool:
-    """A section of one training: what ``_training`` rehearses."""
+    """A section of one training: what ``training_budget`` rehearses."""
     return isinstance(section, Mapping) and "batch_size" in section and "checkpoint" in section
 
 
-def _adasum(section: Mapping, plan: Plan) -> dict:
-    # mindspore.boost's Adasum needs 16 Ascend devices: the project's own Adasum runs the same combination on CPU
-    return {**_training(section, plan), "implementation": "trainlib"}
-
-
-def _thor(section: Mapping, plan: Plan) -> dict:
+def nested_training_budgets(section: Mapping, plan: Plan) -> dict:
+    """``training_budget`` of every training a section holds (``thor_bert.thor``, ``thor_bert.control``), by key."""
     return {
-        **_training(section, plan),
-        "implementation": "trainlib",  # MindSpore's nn.thor kernels exist only on Ascend and GPU
-        "frequency": THOR_FREQUENCY,
+        f"{name}.{key}": value
+        for name, training in section.items()
+        if _trains(training)
+        for key, value in training_budget(training, plan).items()
     }
-
-
-def _dim_reduce(section: Mapping, plan: Plan) -> dict:
-    stage1 = section["stage1"]
-    # stage 1 stops before its schedule ends when the recipe's does (70 of 90 epochs)
-    schedule_epochs = 3 if stage1["epochs"] < stage1["schedule_epochs"] else 2
-    values = {f"stage1.{k}": v for k, v in _training(stage1, plan, 2).items()}
-    values |= {
-        "stage1.schedule_epochs": schedule_epochs,
-        "stage1.trajectory.dir": plan.relocated(stage1["trajectory"]["dir"]),
-        "stage1.trajectory.start_epoch": 1,
-        "stage1.trajectory.every_steps": 1,  # 2 epochs of >= 3 steps: >= 6 weight files
-        "stage1.trajectory.every_epochs": None,
-        "collect.n_files": 4,
-        "pca.n_components": 3,
-        "stage2.implementation": "trainlib",  # boost's DimReduce runs outside msrun, on one worker only
-    }
-    values |= {f"stage2.{k}": v for k, v in _training(section["stage2"], plan).items()}
-    values["control.checkpoint.dir"] = plan.relocated(section["control"]["checkpoint"]["dir"])
-    return values
 
 
 def _study(section: Mapping, plan: Plan) -> dict:
@@ -158,43 +137,29 @@ def _study(section: Mapping, plan: Plan) -> dict:
     }
 
 
-BERT_DOCUMENTS = 4  # corpus documents a rehearsal reads: examples for a few steps of the env's sequence length
-
-
-def _thor_bert(section: Mapping, plan: Plan) -> dict:
-    """The env's BERT (network, sequence length, schedules' shape, THOR and baseline settings) on the first few
-    documents for one epoch of a few steps; Lamb, which MindSpore runs on Ascend and GPU only, becomes the script's
-    AdamWeightDecay."""
-    values = {
-        "corpus.max_documents": BERT_DOCUMENTS,
-        "eval_batch_size": BATCH_PER_WORKER,
-        "step_eval_examples": EVAL_IMAGES,
-        "thor.frequency": THOR_FREQUENCY,
-    }
-    for training in ("thor", "control"):
-        values |= {f"{training}.{k}": v for k, v in _training(section[training], plan).items()}
-    if section["control"]["optimizer"] == "lamb":
-        values["control.optimizer"] = "adamweightdecay"
-    return values
-
-
 def _tracking(section: Mapping, plan: Plan) -> dict:
     return {"artifact_max_mb": 0}  # checkpoints and reports stay on disk: nothing is stored as a result
 
 
-# section -> its rule, where it needs one of its own; any other section that trains (a batch size and a checkpoint
-# folder: baseline, lars, another package's recipe) takes ``_training``, so that no training escapes the rehearsal
+# the shared sections' rules; a recipe's section takes its specification's (``Rehearsals.rules``)
 SECTION_RULES: dict[str, Rule] = {
     "runtime": _runtime,
     "distributed": _distributed,
     "data": _data,
-    "adasum": _adasum,
-    "thor": _thor,
-    "dim_reduce": _dim_reduce,
     "study": _study,
-    "thor_bert": _thor_bert,
     "tracking": _tracking,
 }
+
+
+@dataclass(frozen=True)
+class Rehearsals:
+    """What the recipes' specifications say of their rehearsal (``params.recipe_spec.rehearsals``): ``rules``, the
+    rule of each recipe section that has one of its own; ``several_ranks``, the recipes the study trains on several
+    ranks; ``second_order_pipelines``, the pipelines that may train THOR (``THOR_MEMORY_GB`` a worker)."""
+
+    rules: Mapping[str, Rule] = field(default_factory=dict)
+    several_ranks: frozenset[str] = frozenset()
+    second_order_pipelines: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -254,6 +219,7 @@ def fast_dev_run_overrides(
     default_data: Mapping[str, Any],
     classes_in: Callable[[str, str], int | None],
     default_classes: int,
+    recipes: Rehearsals,
 ) -> Substitutions:
     """The substitutions that rehearse ``raw_params`` (an environment's merged configuration) on this CPU machine.
 
@@ -262,11 +228,12 @@ def fast_dev_run_overrides(
     may train THOR (``THOR_MEMORY_GB`` each), one where they may run the study. ``default_data``: the CPU default tree's
     ``source``, ``root`` and ``split_dirs`` (conf/base's data section), used when ``data.root`` does not exist.
     ``classes_in(root, train_dir)``: the class folders of a tree's train split, ``None`` when ``root`` does not
-    exist; ``default_classes``: the default tree's classes before it is written out.
+    exist; ``default_classes``: the default tree's classes before it is written out. ``recipes``: the recipes'
+    rules, and which of them train on several ranks or may train THOR.
     """
     workers_in_env = raw_params["distributed"]["worker_num"]
-    # thor, thor_bert; a run of the study trains on one worker below, whatever its recipes
-    thor_may_run = pipelines is None or any(name.startswith("thor") for name in pipelines)
+    # a run of the study trains on one worker below, whatever its recipes
+    thor_may_run = pipelines is None or bool(recipes.second_order_pipelines.intersection(pipelines))
     fit = int(min(memory_gb / (THOR_MEMORY_GB if thor_may_run else WORKER_MEMORY_GB), 1 << 16))
     workers = 1 if workers_in_env == 1 else _power_of_two_at_most(max(2, min(workers_in_env, cpu_workers)))
     workers = max(1, min(workers, _power_of_two_at_most(fit)))
@@ -281,9 +248,10 @@ def fast_dev_run_overrides(
     )
     result = Substitutions()
     wanted: dict[str, Any] = {}
-    for name in [*SECTION_RULES, *(name for name in raw_params if name not in SECTION_RULES)]:
+    rules = {**SECTION_RULES, **recipes.rules}
+    for name in [*rules, *(name for name in raw_params if name not in rules)]:
         section = raw_params.get(name)
-        rule = SECTION_RULES.get(name, _training if _trains(section) else None)
+        rule = rules.get(name, training_budget if _trains(section) else None)
         if section is not None and rule is not None:
             wanted |= {f"{name}.{key}": value for key, value in rule(section, plan).items()}
 
@@ -302,8 +270,9 @@ def fast_dev_run_overrides(
     elif data["source"] != "folder" and data["root"] != default_data["root"]:
         wanted["data.source"] = "folder"  # a tree of the user's, read as it is
     # enough images for STEPS_PER_EPOCH steps of every training, on the most ranks any of them uses
-    study_adasum_runs = (pipelines is None or "study" in pipelines) and "adasum" in raw_params.get("study", {}).get(
-        "recipes", []
+    study_recipes = raw_params.get("study", {}).get("recipes", [])
+    study_adasum_runs = (pipelines is None or "study" in pipelines) and bool(
+        recipes.several_ranks.intersection(study_recipes)
     )
     ranks = max(plan.workers, plan.adasum_workers if study_adasum_runs else 1)
     per_class = max(1, math.ceil(STEPS_PER_EPOCH * ranks * BATCH_PER_WORKER / max(classes, 1)))

@@ -15,6 +15,7 @@ from pipelines.hooks.command_line import requested_pipelines
 from pipelines.hooks.config_files import leaf_items
 from trainlib import fast_dev_run
 from trainlib.data.fashion_mnist import CLASS_NAMES
+from trainlib.params.recipe_spec import rehearsals
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ def rehearsal_substitutions(
         default_data=default_data,
         classes_in=classes_in,
         default_classes=len(CLASS_NAMES),
+        recipes=rehearsals(),
     )
 
 

@@ -3,8 +3,11 @@ the subspace) and the control (Momentum over stage 2's epochs)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pydantic import model_validator
 
+from trainlib.fast_dev_run import Plan, training_budget
 from trainlib.params.base import CheckpointParams, Section
 from trainlib.params.baseline import MomentumTraining
 from trainlib.params.choices import Implementation
@@ -104,6 +107,26 @@ class DimReduceParams(Section):
         return self
 
 
+def _rehearse(section: Mapping, plan: Plan) -> dict:
+    stage1 = section["stage1"]
+    # stage 1 stops before its schedule ends when the recipe's does (70 of 90 epochs)
+    schedule_epochs = 3 if stage1["epochs"] < stage1["schedule_epochs"] else 2
+    values = {f"stage1.{k}": v for k, v in training_budget(stage1, plan, 2).items()}
+    values |= {
+        "stage1.schedule_epochs": schedule_epochs,
+        "stage1.trajectory.dir": plan.relocated(stage1["trajectory"]["dir"]),
+        "stage1.trajectory.start_epoch": 1,
+        "stage1.trajectory.every_steps": 1,  # 2 epochs of >= 3 steps: >= 6 weight files
+        "stage1.trajectory.every_epochs": None,
+        "collect.n_files": 4,
+        "pca.n_components": 3,
+        "stage2.implementation": "trainlib",  # boost's DimReduce runs outside msrun, on one worker only
+    }
+    values |= {f"stage2.{k}": v for k, v in training_budget(section["stage2"], plan).items()}
+    values["control.checkpoint.dir"] = plan.relocated(section["control"]["checkpoint"]["dir"])
+    return values
+
+
 # DimReduce: stage 1, the PCA of its trajectory, then P-BFGS stage 2 against the Momentum control from the same stage-1
 # checkpoint (the control evaluates as stage 2 does; neither is tuned: the control has no schedule of its own)
 RECIPES = (
@@ -118,5 +141,6 @@ RECIPES = (
         colour=SUBSPACE,
         other_trainings=(("stage1", WARM_START),),
         report=ReportRuns(("dim_reduce",), ("stage1", "stage2"), ("control",)),
+        rehearsal=_rehearse,
     ),
 )

@@ -22,6 +22,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Literal
 
+from trainlib.fast_dev_run import Rehearsals, Rule
+
 ENTRY_POINT_GROUP = "resnet_recipes.recipes"
 # Colour families of runs in MLflow's charts (Tableau 10's hues), one per kind of training so that a chart reads at a
 # glance: first-order baselines and controls blue, THOR orange, THOR's recipe without its preconditioner red, Adasum
@@ -90,7 +92,9 @@ class RecipeSpec:
     A recipe trained by the image template (``pipelines.training``) names its ``trainer``, ``"module:function"``
     called as ``function(context, start, section, *, callbacks)`` (and ``boost=`` when ``takes_boost``: the
     Momentum baseline's mindspore.boost options); ``pipeline_module`` is where its Kedro pipeline's
-    ``create_pipeline`` is (empty: ``pipelines.<pipeline>.pipeline``; a package of its own names its module)."""
+    ``create_pipeline`` is (empty: ``pipelines.<pipeline>.pipeline``; a package of its own names its module).
+    ``rehearsal``: how ``runtime.fast_dev_run`` shrinks its section, when a section of one training's budget
+    (``fast_dev_run.training_budget``) is not enough (THOR's implementation and frequency, dim_reduce's stages)."""
 
     name: str
     section: str
@@ -106,6 +110,9 @@ class RecipeSpec:
     trainer: str = ""
     takes_boost: bool = False
     pipeline_module: str = ""
+    # its section's rule under runtime.fast_dev_run (``fast_dev_run.Rule``); None: ``fast_dev_run.training_budget``
+    # for a section of one training
+    rehearsal: Rule | None = None
     doc: str = field(default="", compare=False)
 
     @property
@@ -158,6 +165,19 @@ def recipe_specs() -> dict[str, RecipeSpec]:
 def recipe_pipelines() -> dict[str, RecipeSpec]:
     """The recipes with a pipeline of their own (not thor_first_order, which runs thor's), by pipeline name."""
     return {spec.name: spec for spec in recipe_specs().values() if spec.pipeline_name == spec.name}
+
+
+def rehearsals() -> Rehearsals:
+    """What ``runtime.fast_dev_run`` needs of the recipes: each section's own rule, the recipes the study trains on
+    several ranks, the pipelines that may train THOR (a row that is ``preconditioned``)."""
+    specs = recipe_specs().values()
+    return Rehearsals(
+        rules={spec.section: spec.rehearsal for spec in specs if spec.rehearsal is not None},
+        several_ranks=frozenset(spec.name for spec in specs if spec.several_ranks),
+        second_order_pipelines=frozenset(
+            spec.pipeline_name for spec in specs if any(row.preconditioned for row in spec.results)
+        ),
+    )
 
 
 def template_trainers() -> dict[type, RecipeSpec]:

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated
 
 from pydantic import Field, model_validator
 
+from trainlib.fast_dev_run import THOR_FREQUENCY, Plan, training_budget
 from trainlib.params.base import CheckpointParams, ImageRecipe, Section
 from trainlib.params.choices import AmpLevel, ComputeMethod, DampingMethod, Implementation, StatisticsDtype
 from trainlib.params.errors import CrossKeyProblems
@@ -113,6 +115,14 @@ class ThorParams(ImageRecipe, ThorSettings):
         return self
 
 
+def _rehearse(section: Mapping, plan: Plan) -> dict:
+    return {
+        **training_budget(section, plan),
+        "implementation": "trainlib",  # MindSpore's nn.thor kernels exist only on Ascend and GPU
+        "frequency": THOR_FREQUENCY,
+    }
+
+
 # THOR, compared with the baseline and with its own recipe without the preconditioner (thor.precondition false)
 RECIPES = (
     RecipeSpec(
@@ -132,6 +142,7 @@ RECIPES = (
         colour=SECOND_ORDER,
         report=ReportRuns(("thor",)),
         trainer="trainlib.recipes.thor:train_thor",
+        rehearsal=_rehearse,
     ),
     RecipeSpec(
         "thor_first_order",

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from trainlib.fast_dev_run import BATCH_PER_WORKER, EVAL_IMAGES, THOR_FREQUENCY, Plan, nested_training_budgets
 from trainlib.params.base import CheckpointParams, LanguageRecipe, Section
 from trainlib.params.errors import CrossKeyProblems
 from trainlib.params.numbers import Fraction, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt
@@ -142,6 +144,25 @@ class ThorBertParams(Section):
 
 
 # BERT pre-trained with THOR against its first-order control (AdamWeightDecay or Lamb), each tuned on its own
+BERT_DOCUMENTS = 4  # corpus documents a rehearsal reads: examples for a few steps of the env's sequence length
+
+
+def _rehearse(section: Mapping, plan: Plan) -> dict:
+    """The env's BERT (network, sequence length, schedules' shape, THOR and control settings) on the first few
+    documents for one epoch of a few steps; Lamb, which MindSpore runs on Ascend and GPU only, becomes the script's
+    AdamWeightDecay."""
+    values = {
+        "corpus.max_documents": BERT_DOCUMENTS,
+        "eval_batch_size": BATCH_PER_WORKER,
+        "step_eval_examples": EVAL_IMAGES,
+        "thor.frequency": THOR_FREQUENCY,
+        **nested_training_budgets(section, plan),
+    }
+    if section["control"]["optimizer"] == "lamb":
+        values["control.optimizer"] = "adamweightdecay"
+    return values
+
+
 RECIPES = (
     RecipeSpec(
         "thor_bert",
@@ -160,5 +181,6 @@ RECIPES = (
         ),
         task="masked_lm",
         colour=SECOND_ORDER,
+        rehearsal=_rehearse,
     ),
 )
