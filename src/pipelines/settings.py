@@ -9,7 +9,6 @@ from .hooks import (
     CheckpointHooks,
     ConfigurationHooks,
     CredentialHooks,
-    ExperimentHooks,
     MemoryInputHooks,
     MlflowRunHooks,
     ModelHooks,
@@ -34,7 +33,6 @@ HOOKS = (
     # of a password in --params and masked the run's parameters (pluggy calls the later registered first)
     OutageHooks(configuration),
     CredentialHooks(),
-    ExperimentHooks(),
     RunNameHooks(configuration),
     MlflowRunHooks(configuration),
     SignalHooks(),

@@ -8,8 +8,6 @@
 - ``MlflowRunHooks`` (``mlflow_run``): the MLflow run's name and tags, the nodes' parameters as the
   configuration's values, orphaned runs ended KILLED, the hand-off to msrun's rank 0, failure tags, the
   closing links;
-- ``ExperimentHooks`` (``experiment``): a run whose MLflow experiment another machine created at the same moment
-  sets up again and joins it;
 - ``OutageHooks`` (``outages``): the tuning storage opened before the MLflow run starts (one line for a wrong
   password or an unreachable database); a run stopped by the tracking server's outage records it without waiting
   again;
@@ -24,7 +22,9 @@
 - ``TrainingRunHooks`` (``training_runs``): the nodes of one of a pipeline's several trainings run in its MLflow
   child run;
 - ``NodeParamsMlflowHook`` (``node_params``): kedro-mlflow's own hook, in its place, sending each node's
-  parameters in one batch instead of one request per parameter;
+  parameters in one batch instead of one request per parameter; its base ``ExperimentMlflowHook``
+  (``experiment``): a run whose MLflow experiment another machine created at the same moment sets up again and
+  joins it;
 - ``MemoryInputHooks`` (``memory_inputs``): a partial run first runs the left-out node that makes an in-memory
   dataset it reads (a training's ``training_context``).
 
@@ -38,7 +38,7 @@ from pipelines.hooks.checkpoints import CheckpointHooks
 from pipelines.hooks.configuration import ConfigurationHooks, RunConfiguration
 from pipelines.hooks.credentials import CredentialHooks
 from pipelines.hooks.errors import NodeErrorHooks
-from pipelines.hooks.experiment import ExperimentHooks
+from pipelines.hooks.experiment import ExperimentMlflowHook
 from pipelines.hooks.memory_inputs import MemoryInputHooks
 from pipelines.hooks.mlflow_run import MlflowRunHooks, RunNameHooks
 from pipelines.hooks.models import ModelHooks
@@ -52,7 +52,7 @@ __all__ = [
     "CheckpointHooks",
     "ConfigurationHooks",
     "CredentialHooks",
-    "ExperimentHooks",
+    "ExperimentMlflowHook",
     "MemoryInputHooks",
     "MlflowRunHooks",
     "ModelHooks",

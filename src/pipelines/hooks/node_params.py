@@ -17,15 +17,16 @@ from __future__ import annotations
 import threading
 
 from kedro.framework.hooks import hook_impl
-from kedro_mlflow.framework.hooks import MlflowHook
 from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
+from pipelines.hooks.experiment import ExperimentMlflowHook
 from pipelines.tracking.writer import log_params
 
 
-class NodeParamsMlflowHook(MlflowHook):
+class NodeParamsMlflowHook(ExperimentMlflowHook):
     """kedro-mlflow's ``MlflowHook`` (registered in its place: settings' ``DISABLE_HOOKS_FOR_PLUGINS``), logging the
-    parameters of each node in one batch.
+    parameters of each node in one batch; through ``ExperimentMlflowHook``, joining an MLflow experiment another
+    process created at the same moment.
 
     A value longer than MLflow's limit still goes through kedro-mlflow's ``long_params_strategy`` (truncated,
     a tag, or an error), one request each as before. A parameter two nodes share is sent again with the same
