@@ -9,7 +9,6 @@ from .hooks import (
     CheckpointHooks,
     ConfigurationHooks,
     CredentialHooks,
-    MemoryInputHooks,
     MlflowRunHooks,
     ModelHooks,
     NodeErrorHooks,
@@ -41,7 +40,6 @@ HOOKS = (
     ModelHooks(),
     NodeErrorHooks(),
     TrainingRunHooks(),
-    MemoryInputHooks(),
     # kedro-mlflow's hook, logging a node's parameters in one batch: in place of the one its plugin registers
     # (disabled below). Last here, it is still called before the hooks above that set no tryfirst/trylast, as the
     # plugin's was (pluggy calls the hooks registered last first; Kedro registers these before the plugins').

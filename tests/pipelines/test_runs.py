@@ -195,12 +195,12 @@ def test_baseline_thor_and_report_pipelines(workspace, tmp_path):
     assert "report/summary.md" in logged and "report/explained_variance.png" not in logged
     assert_readable_csv_files(project / "data")
 
-    # a partial rerun (`kedro run --nodes=baseline.evaluate`) reads the training's context, which lives in memory: the
-    # node that makes it runs first, with the run's hooks, so the run logs the sections it is made of as before
+    # a partial rerun (`kedro run --nodes=baseline.evaluate`): the node reads the manifest, the class index and the
+    # shared sections from the catalog itself, as in the whole run, and the run logs the sections it read
     evaluated = run_pipeline("baseline", params, project, node_names=["baseline.evaluate"])
     assert evaluated["baseline.eval_report"] == outputs_of_baseline["baseline.eval_report"]
     (partial,) = [run for run in runs_of(uri, "baseline") if run.info.run_id != baseline_run_id]
-    assert {"model.name", "data.image_size", "runtime.seed", "distributed.worker_num"} <= set(partial.data.params)
+    assert {"model.name", "data.image_size", "runtime.seed"} <= set(partial.data.params)
 
 
 def test_predict_pipeline(workspace, tmp_path):
@@ -300,7 +300,7 @@ def test_dim_reduce_pipeline(workspace, tmp_path):
     # each child logs the parameters of its own section, so MLflow's Compare has columns for it
     assert trainings["stage2"].data.params["dim_reduce.stage2.rho"] == "0.55"
     assert trainings["control"].data.params["dim_reduce.control.checkpoint.keep_last"] == "2"
-    # and the shared sections its context is made of, as the training and the kedro run's run read them
+    # and the shared sections its training read, as the kedro run's run logs them
     for training, child in trainings.items():
         assert child.data.params["data.image_size"] == "16", training
         assert {"model.name", "runtime.seed", "distributed.worker_num"} <= set(child.data.params), training
@@ -456,7 +456,7 @@ def test_thor_bert_pipeline(workspace):
         assert (run.data.metrics["target/reached"], run.data.metrics["target/epochs"]) == (1, 1)
     assert only_run(uri, "thor_bert").data.metrics[MOST_FREQUENT_TOKEN_ACCURACY] == pytest.approx(most_frequent)
     assert runs["control"].data.params["thor_bert.control.optimizer"] == "adamweightdecay"
-    for training, run in runs.items():  # its own section, its target and the shared sections of its context
+    for training, run in runs.items():  # its own section, its target and the shared sections its training read
         logged = set(run.data.params)
         assert any(key.startswith(f"thor_bert.{training}.") for key in logged), training
         expected = {"thor_bert.target_mlm_accuracy", "thor_bert.eval_batch_size", "thor_bert.network.hidden_size"}

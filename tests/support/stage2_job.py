@@ -57,7 +57,6 @@ def main(work: Path, tree: Path, implementation: str) -> None:
 
     from pipelines.dim_reduce.nodes import train_stage2
     from pipelines.tracking import training_run
-    from pipelines.training.nodes import training_context
     from trainlib.data.folder import scan_image_tree
     from trainlib.engine.checkpoint import save_checkpoint
     from trainlib.engine.runtime import configure_mindspore
@@ -79,10 +78,8 @@ def main(work: Path, tree: Path, implementation: str) -> None:
         mlflow.start_run(run_name="stage2_job"),
         training_run("stage2", {"dim_reduce.stage2": params.dim_reduce.stage2}),
     ):
-        context = training_context(
-            scan.manifest, scan.class_index, params.model, params.data, params.runtime, params.distributed
-        )
-        checkpoint, history, _, steps = train_stage2(stage1, q.T.astype(np.float32), context, params.dim_reduce.stage2)
+        shared = (scan.manifest, scan.class_index, params.model, params.data, params.runtime, params.distributed)
+        checkpoint, history, _, steps = train_stage2(stage1, q.T.astype(np.float32), *shared, params.dim_reduce.stage2)
     save_checkpoint(checkpoint, work / "stage2.ckpt")
     history.to_csv(work / "stage2_history.csv", index=False)
     steps.to_csv(work / "stage2_steps.csv", index=False)

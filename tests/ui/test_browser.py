@@ -265,7 +265,7 @@ def test_kedro_viz_shows_dim_reduce_stages_collapsed_with_layers(viz_site, brows
         settled_screenshot(browser, "kedro_viz_stage2_expanded")
         assert drawn(browser, "modularPipeline") == {"data", *stages} - {"dim_reduce.stage2"}
         # labelled by the last part of their names: stage 2's training tells itself from the control's
-        assert drawn(browser, "task") == {"training_context", "train_stage2", "evaluate", "export_model"}
+        assert drawn(browser, "task") == {"train_stage2", "evaluate", "export_model"}
 
 
 # Each node label's drawn size (its font size times the zoom), the zoom the page script asked for and the one drawn

@@ -12,7 +12,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from pipelines import tracking
-from pipelines.training.nodes import training_outputs
+from pipelines.training.nodes import training_context, training_outputs
 from trainlib.distributed.launch import on_every_rank
 from trainlib.engine.checkpoint import Checkpoint
 from trainlib.optim.dim_reduce.pca import explained_variance_table
@@ -20,23 +20,34 @@ from trainlib.params import (
     BoostParams,
     CollectParams,
     ControlParams,
+    DataParams,
+    DistributedParams,
     ModelParams,
     PcaParams,
+    RuntimeParams,
     Stage1Params,
     Stage2Params,
 )
 from trainlib.recipes import dim_reduce
-from trainlib.recipes.context import TrainingContext
 from trainlib.report.figures import explained_variance_figure
 
 STAGE2_MINUS_CONTROL_TOP1 = "dim_reduce/stage2_minus_control_top1"
 
 
 def train_stage1(
-    initial_weights: Checkpoint, context: TrainingContext, stage1: Stage1Params, boost: BoostParams
+    initial_weights: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
+    stage1: Stage1Params,
+    boost: BoostParams,
 ) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Momentum to ``stage1.epochs`` of a ``stage1.schedule_epochs`` schedule, keeping the weight trajectory: the
     checkpoint of the last step, the per-epoch and step histories and the trajectory index."""
+    context = training_context(manifest, class_index, model, data, runtime, distributed)
     result, index = on_every_rank(
         dim_reduce.train_stage1, context, initial_weights, stage1, boost=boost, callbacks=[tracking.EpochMetrics()]
     )
@@ -83,12 +94,18 @@ def _log_pbfgs_steps(rows: Sequence[Mapping[str, float]]) -> None:
 def train_stage2(
     stage1_checkpoint: Checkpoint,
     pca_matrix: np.ndarray,
-    context: TrainingContext,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
     stage2: Stage2Params,
 ) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """P-BFGS in the PCA subspace for ``stage2.epochs`` epochs from the stage-1 weights (``implementation:
     mindspore_builtin``: ``mindspore.boost``'s DimReduce instead, in a process of its own): the final checkpoint, the
     per-epoch and step histories and the per-step table."""
+    context = training_context(manifest, class_index, model, data, runtime, distributed)
     callbacks = [tracking.EpochMetrics()]
     if stage2.implementation == "mindspore_builtin":
         handoff = tracking.MlflowRunHandoff.capture()
@@ -105,13 +122,19 @@ def train_stage2(
 
 def train_control(
     stage1_checkpoint: Checkpoint,
-    context: TrainingContext,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
     stage1: Stage1Params,
     stage2: Stage2Params,
     control: ControlParams,
     boost: BoostParams,
 ) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
     """Momentum continued from the stage-1 checkpoint (stage 1's recipe) for as many epochs as stage 2 trains."""
+    context = training_context(manifest, class_index, model, data, runtime, distributed)
     result = on_every_rank(
         dim_reduce.train_control, context, stage1_checkpoint, stage1, stage2, control, boost=boost,
         callbacks=[tracking.EpochMetrics()],

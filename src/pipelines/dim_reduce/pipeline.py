@@ -3,16 +3,16 @@
 The modular pipeline ``dim_reduce``, one nested namespace per stage, each a box in kedro-viz that expands:
 ``dim_reduce.stage1`` (build, Momentum keeping the weight trajectory, evaluate), ``dim_reduce.trajectory_pca``,
 ``dim_reduce.stage2`` (P-BFGS, evaluate), ``dim_reduce.control`` (Momentum for the same epochs, evaluate) and
-``dim_reduce.comparison``. The context, build, evaluate and export nodes are the image training template's; the
-three trainings' nodes (their context's too) are tagged ``training_run``, so each logs into an MLflow child run of
-its own (``stage1``, ``stage2``, ``control``; ``hooks.training_runs``); stage 2's and the control's also hold their
-exported models (``hooks.models``).
+``dim_reduce.comparison``. The build, evaluate and export nodes are the image training template's, and the three
+trainings read its ``CONTEXT_INPUTS`` as its ``train`` does; their nodes are tagged ``training_run``, so each logs
+into an MLflow child run of its own (``stage1``, ``stage2``, ``control``; ``hooks.training_runs``); stage 2's and
+the control's also hold their exported models (``hooks.models``).
 """
 
 from kedro.pipeline import Pipeline, node, pipeline
 
 from pipelines.modular import TRAINING_RUN_TAG, namespaced
-from pipelines.training.pipeline import RECIPE, build_node, context_node, evaluate_node, export_node
+from pipelines.training.pipeline import CONTEXT_INPUTS, RECIPE, build_node, evaluate_node, export_node
 
 from .nodes import collect_trajectory, compare_runs, fit_pca, train_control, train_stage1, train_stage2
 
@@ -25,13 +25,12 @@ def create_pipeline(**kwargs) -> Pipeline:
     """Nodes ``dim_reduce.<stage>.<node>``: ``dim_reduce.stage1.train_stage1``, ``dim_reduce.stage2.evaluate``, …"""
     # the initial weights are built outside the training's child run: that node logs nothing. Stage 1 exports no
     # model: its network is where stage 2 and the control start, the pipeline's results are theirs. Each training's
-    # context is made in its child run, which so logs the shared sections beside the training's own
+    # node reads the shared sections in its child run, which so logs them beside the training's own
     stage1 = pipeline([build_node()]) + pipeline(
         [
-            context_node(),
             node(
                 train_stage1,
-                ["initial_weights", "training_context", f"params:{RECIPE}", "params:boost"],
+                ["initial_weights", *CONTEXT_INPUTS, f"params:{RECIPE}", "params:boost"],
                 ["final_checkpoint", "history", "step_history", "trajectory_index"],
                 name="train_stage1",
             ),
@@ -57,10 +56,9 @@ def create_pipeline(**kwargs) -> Pipeline:
     )
     stage2 = pipeline(
         [
-            context_node(),
             node(
                 train_stage2,
-                ["stage1_checkpoint", "pca_matrix", "training_context", "params:stage2"],
+                ["stage1_checkpoint", "pca_matrix", *CONTEXT_INPUTS, "params:stage2"],
                 ["final_checkpoint", "history", "step_history", "steps"],
                 name="train_stage2",
             ),
@@ -70,12 +68,11 @@ def create_pipeline(**kwargs) -> Pipeline:
     ) + pipeline([export_node()])
     control = pipeline(
         [
-            context_node(),
             node(
                 train_control,
                 [
                     "stage1_checkpoint",
-                    "training_context",
+                    *CONTEXT_INPUTS,
                     "params:stage1",
                     "params:stage2",
                     "params:control",

@@ -24,9 +24,7 @@
 - ``NodeParamsMlflowHook`` (``node_params``): kedro-mlflow's own hook, in its place, sending each node's
   parameters in one batch instead of one request per parameter; its base ``ExperimentMlflowHook``
   (``experiment``): a run whose MLflow experiment another machine created at the same moment sets up again and
-  joins it;
-- ``MemoryInputHooks`` (``memory_inputs``): a partial run first runs the left-out node that makes an in-memory
-  dataset it reads (a training's ``training_context``).
+  joins it.
 
 The helpers ``config_files`` (the configuration as Kedro's loader reads it), ``rehearsal`` (fast_dev_run applied to
 a run) and ``command_line`` (what the command line asked for) serve them. Every MLflow call goes through
@@ -39,7 +37,6 @@ from pipelines.hooks.configuration import ConfigurationHooks, RunConfiguration
 from pipelines.hooks.credentials import CredentialHooks
 from pipelines.hooks.errors import NodeErrorHooks
 from pipelines.hooks.experiment import ExperimentMlflowHook
-from pipelines.hooks.memory_inputs import MemoryInputHooks
 from pipelines.hooks.mlflow_run import MlflowRunHooks, RunNameHooks
 from pipelines.hooks.models import ModelHooks
 from pipelines.hooks.node_params import NodeParamsMlflowHook
@@ -53,7 +50,6 @@ __all__ = [
     "ConfigurationHooks",
     "CredentialHooks",
     "ExperimentMlflowHook",
-    "MemoryInputHooks",
     "MlflowRunHooks",
     "ModelHooks",
     "NodeErrorHooks",

@@ -92,34 +92,66 @@ def language_context(
     runtime: RuntimeParams,
     distributed: DistributedParams,
 ) -> LanguageModelContext:
-    """What the training's nodes read besides their own section: the examples, the tokenizer's pieces and the shared
-    sections, in one value (``LanguageModelContext``)."""
+    """What a training's nodes read besides their own section, in one value (``LanguageModelContext``): the
+    examples, the tokenizer's pieces and the shared sections, as each node receives them from the catalog."""
     vocabulary = pieces(tokenizer_from_json(tokenizer))
     sections = (network, eval_batch_size, step_eval_examples, runtime, distributed)
     return LanguageModelContext(train_examples, held_out_examples, vocabulary, *sections)
 
 
 def train(
-    initial_weights: Checkpoint, context: LanguageModelContext, recipe: LanguageRecipe, target_mlm_accuracy: float
+    initial_weights: Checkpoint,
+    train_examples: dict[str, np.ndarray],
+    held_out_examples: dict[str, np.ndarray],
+    tokenizer: str,
+    network: BertNetworkParams,
+    eval_batch_size: int,
+    step_eval_examples: PositiveInt | None,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
+    recipe: LanguageRecipe,
+    target_mlm_accuracy: float,
 ) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
     """The section's training from the initial weights: THOR (every Dense layer preconditioned, then Momentum) or
     the first-order control (AdamWeightDecay or Lamb); the final checkpoint and the per-epoch and step histories.
     A rerun resumes from ``<section>.checkpoint.dir``. The run gets when it first reached ``target_mlm_accuracy``
     (``target/epochs``, …)."""
+    context = language_context(
+        train_examples, held_out_examples, tokenizer, network, eval_batch_size, step_eval_examples, runtime, distributed
+    )
     callbacks = [tracking.EpochMetrics(), tracking.TimeToTarget(target_mlm_accuracy, "mlm_accuracy")]
     return training_outputs(on_every_rank(train_bert, context, initial_weights, recipe, callbacks=callbacks))
 
 
-def evaluate(checkpoint: Checkpoint, context: LanguageModelContext) -> dict:
+def evaluate(
+    checkpoint: Checkpoint,
+    train_examples: dict[str, np.ndarray],
+    held_out_examples: dict[str, np.ndarray],
+    tokenizer: str,
+    network: BertNetworkParams,
+    eval_batch_size: int,
+    step_eval_examples: PositiveInt | None,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
+) -> dict:
     """Held-out masked-LM accuracy and loss of the training's checkpoint, in this process, logged as ``final/…``."""
+    context = language_context(
+        train_examples, held_out_examples, tokenizer, network, eval_batch_size, step_eval_examples, runtime, distributed
+    )
     report = evaluate_bert(context, checkpoint)
     tracking.log_final(report)
     return report
 
 
-def export_model(checkpoint: Checkpoint, context: LanguageModelContext, tokenizer: str) -> ExportedModel:
+def export_model(
+    checkpoint: Checkpoint,
+    held_out_examples: dict[str, np.ndarray],
+    tokenizer: str,
+    network: BertNetworkParams,
+    runtime: RuntimeParams,
+) -> ExportedModel:
     """The training's BERT as MindIR filling masks, into ``model``; ``ModelHooks`` log it to its child run."""
-    return export_bert(checkpoint, context.held_out_examples, tokenizer, context.network, context.runtime)
+    return export_bert(checkpoint, held_out_examples, tokenizer, network, runtime)
 
 
 def compare(

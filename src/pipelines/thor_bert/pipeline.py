@@ -3,8 +3,8 @@
 The modular pipeline ``thor_bert``, one nested namespace per stage, each a box in kedro-viz: ``thor_bert.corpus``
 (train and held-out documents), ``thor_bert.tokenizer``, ``thor_bert.examples`` (pre-training examples of each),
 ``thor_bert.network`` (the initial weights both trainings start from), ``thor_bert.thor`` and ``thor_bert.control``
-(one template, ``training_pipeline``: context, train, then held-out masked-LM evaluation, in a child run of its
-own) and ``thor_bert.comparison``.
+(one template, ``training_pipeline``: train, then held-out masked-LM evaluation, in a child run of its own, and the
+export) and ``thor_bert.comparison``.
 """
 
 from kedro.pipeline import Pipeline, node, pipeline
@@ -18,7 +18,6 @@ from .nodes import (
     evaluate,
     export_model,
     fit_tokenizer,
-    language_context,
     split_corpus,
     train,
 )
@@ -34,6 +33,7 @@ SHARED = {
     "held_out_examples": f"{NAMESPACE}.examples.held_out_examples",
     "initial_weights": f"{NAMESPACE}.network.initial_weights",
 }
+# What a training and its evaluation read besides their weights and own sections (trainlib's LanguageModelContext);
 # sub-sections only: Kedro 1.7 cannot validate a pipeline reading both params:thor_bert and params:thor_bert.<key>
 CONTEXT_INPUTS = [
     "train_examples",
@@ -61,23 +61,29 @@ SECTIONS = {
 
 
 def training_pipeline(training: str) -> Pipeline:
-    """The language training template for ``thor_bert.<training>`` (``thor``, ``control``): its
-    ``training_context`` (the examples and shared sections, made in the training's child run, which so logs them),
-    ``train`` from the shared initial weights, then ``evaluate`` on the held-out examples."""
+    """The language training template for ``thor_bert.<training>`` (``thor``, ``control``): ``train`` from the
+    shared initial weights, then ``evaluate`` on the held-out examples, both reading the examples and the shared
+    sections (``CONTEXT_INPUTS``) in the training's child run, which so logs them; ``export_model`` beside."""
     template = pipeline(
         [
-            node(language_context, CONTEXT_INPUTS, "training_context", name="training_context"),
             node(
                 train,
-                ["initial_weights", "training_context", "params:recipe", "params:target_mlm_accuracy"],
+                ["initial_weights", *CONTEXT_INPUTS, "params:recipe", "params:target_mlm_accuracy"],
                 ["final_checkpoint", "history", "step_history"],
                 name="train",
             ),
-            node(evaluate, ["final_checkpoint", "training_context"], "eval_report", name="evaluate"),
+            node(evaluate, ["final_checkpoint", *CONTEXT_INPUTS], "eval_report", name="evaluate"),
         ],
         tags=TRAINING_RUN_TAG,
     ) + pipeline(
-        [node(export_model, ["final_checkpoint", "training_context", "tokenizer"], "model", name="export_model")]
+        [
+            node(
+                export_model,
+                ["final_checkpoint", "held_out_examples", "tokenizer", "params:network", "params:runtime"],
+                "model",
+                name="export_model",
+            )
+        ]
     )
     sections = {**SECTIONS, "recipe": f"{NAMESPACE}.{training}"}
     return namespaced(template, f"{NAMESPACE}.{training}", inputs=_used(template), sections=sections)

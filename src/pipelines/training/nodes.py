@@ -1,7 +1,9 @@
 """Nodes of the image training template: the initial weights, a recipe's whole training, the evaluation of a
 checkpoint. Each image recipe (baseline, adasum, thor) instantiates them under its own namespace; dim_reduce's
-stages build and evaluate with them. Tracking: the run the node runs in (the ``kedro run``'s, or a training's child
-run, ``hooks.training_runs``) receives the per-epoch rows and the final figures."""
+stages build and evaluate with them. Each node reads the manifest, the class index and the shared sections it needs
+from the catalog itself, so any node reruns alone (``kedro run --nodes=baseline.evaluate``) and logs what it read.
+Tracking: the run the node runs in (the ``kedro run``'s, or a training's child run, ``hooks.training_runs``)
+receives the per-epoch rows and the final figures."""
 
 from __future__ import annotations
 
@@ -33,24 +35,30 @@ def training_context(
     model: ModelParams,
     data: DataParams,
     runtime: RuntimeParams,
-    distributed: DistributedParams,
+    distributed: DistributedParams | None = None,
 ) -> TrainingContext:
-    """What the training's nodes read besides their own section: the data pipeline's manifest and class index and
-    the shared sections, in one value (``TrainingContext``)."""
+    """What a training's nodes read besides their own section, in one value (``TrainingContext``): the data
+    pipeline's manifest and class index and the shared sections, as each node receives them from the catalog.
+    Without ``distributed``, this process alone (an evaluation, an export)."""
     return TrainingContext(manifest, class_index, model, data, runtime, distributed)
 
 
-def build_network(context: TrainingContext, zero_init_last_bn_gamma: bool) -> Checkpoint:
+def build_network(
+    class_index: dict[str, int], model: ModelParams, runtime: RuntimeParams, zero_init_last_bn_gamma: bool
+) -> Checkpoint:
     """Initial weights of the configured ResNet, seeded by ``runtime.seed``; the recipe's own
     ``zero_init_last_bn_gamma`` (THOR's recipes: each residual block's last BatchNorm gamma starts at 0)."""
-    return classifier.build_network(
-        context.model, context.class_index, context.runtime, zero_init_last_bn_gamma=zero_init_last_bn_gamma
-    )
+    return classifier.build_network(model, class_index, runtime, zero_init_last_bn_gamma=zero_init_last_bn_gamma)
 
 
 def train(
     initial_weights: Checkpoint,
-    context: TrainingContext,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+    distributed: DistributedParams,
     recipe: ImageRecipe,
     boost: BoostParams,
     target: TargetParams,
@@ -60,7 +68,8 @@ def train(
     the per-epoch and step histories; the run gets when it first reached ``target.top1`` (``target/epochs``, …). With
     ``distributed.worker_num`` above 1 it trains
     on that many msrun workers; a rerun resumes from the newest checkpoint in ``<recipe>.checkpoint.dir``."""
-    check_launch(recipe, context.distributed)
+    check_launch(recipe, distributed)
+    context = training_context(manifest, class_index, model, data, runtime, distributed)
     result = on_every_rank(train_recipe, context, initial_weights, recipe, boost=boost, callbacks=callbacks(target))
     return training_outputs(result)
 
@@ -83,15 +92,29 @@ def training_outputs(result: TrainingResult) -> tuple[Checkpoint, pd.DataFrame, 
     )
 
 
-def evaluate(checkpoint: Checkpoint, context: TrainingContext) -> dict:
+def evaluate(
+    checkpoint: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+) -> dict:
     """Top-1/top-5 of the checkpoint on val, in this process (``baseline: top-1 …``, named by the training that
     wrote it), logged as ``final/top1``, ``final/top5``."""
-    report = classifier.evaluate_checkpoint(context, checkpoint)
+    report = classifier.evaluate_checkpoint(training_context(manifest, class_index, model, data, runtime), checkpoint)
     tracking.log_final(report)
     return report
 
 
-def export_model(checkpoint: Checkpoint, context: TrainingContext) -> ExportedModel:
+def export_model(
+    checkpoint: Checkpoint,
+    manifest: pd.DataFrame,
+    class_index: dict[str, int],
+    model: ModelParams,
+    data: DataParams,
+    runtime: RuntimeParams,
+) -> ExportedModel:
     """The training's final network as MindIR with its description and an example image, into ``model``; the
     project's ``ModelHooks`` log that folder to the training's MLflow run as its model (docs/use-a-model.md)."""
-    return classifier.export_checkpoint(context, checkpoint)
+    return classifier.export_checkpoint(training_context(manifest, class_index, model, data, runtime), checkpoint)
