@@ -161,6 +161,12 @@ def test_baseline_thor_and_report_pipelines(workspace, tmp_path):
     assert (project / "data/06_models/baseline/model/network.mindir").is_file()
     (version,) = client(uri).search_model_versions("name = 'baseline'")
     assert version.run_id == run.info.run_id
+    # the final checkpoint in its file, and an artifact of the run (its catalog entry's mlflow_artifact): the
+    # periodic checkpoints are gone (CheckpointHooks)
+    assert (project / "data/06_models/baseline/final.ckpt").is_file()
+    assert not list((project / "data/06_models/baseline/epochs").glob("*.ckpt"))
+    artifacts = {artifact.path for artifact in client(uri).list_artifacts(run.info.run_id, "checkpoints")}
+    assert artifacts == {"checkpoints/final.ckpt"}
 
     outputs = run_audited("thor", params, project, tmp_path / "thor_graphs", **up_to("thor.evaluate"))
     assert_trained(outputs, "thor", epochs=1)

@@ -42,14 +42,12 @@ def declared_file(catalog, dataset_name: str, key: str) -> tuple[Path, dict] | N
     (``mlflow_artifact``, ``mlflow_model``), or None when it declares nothing there."""
     if catalog is None or dataset_name not in catalog:
         return None
-    dataset = catalog.get(dataset_name)
-    spec = (getattr(dataset, "metadata", None) or {}).get(key)
+    spec = (getattr(catalog.get(dataset_name), "metadata", None) or {}).get(key)
     if not spec:
         return None
-    # Kedro has no public accessor for a dataset's file; ``_describe()`` (what the dataset's repr shows) is the
-    # one every dataset implements, and every dataset of this catalog names its file ``filepath`` in it, as
-    # kedro-datasets' do
-    return Path(dataset._describe()["filepath"]), spec
+    # the file as the catalog's entry names it, from which Kedro built the dataset: its resolved configuration (a
+    # dataset factory's with the name's placeholders filled in), the path made absolute under the project
+    return Path(catalog.config_resolver.resolve_pattern(dataset_name)["filepath"]), spec
 
 
 def in_training_run(training: str | None):

@@ -4,6 +4,7 @@ removed (``trainlib.engine.resume.remove_finished_checkpoints``): they are no lo
 from __future__ import annotations
 
 from kedro.framework.hooks import hook_impl
+from kedro.io import MemoryDataset, SharedMemoryDataset
 
 from trainlib.engine.checkpoint import Checkpoint
 from trainlib.engine.resume import remove_finished_checkpoints
@@ -25,10 +26,11 @@ class CheckpointHooks:
             remove_finished_checkpoints(data)
 
     def _stored(self, dataset_name: str) -> bool:
-        """Whether the catalog keeps ``dataset_name`` in storage (not in memory) and it is there, as Kedro's
-        runner decides it (``_EPHEMERAL``: MemoryDataset, the default for a name the catalog lacks). Kedro has no
-        public attribute for it; its runner reads the same one."""
+        """Whether the catalog keeps ``dataset_name`` in storage and it is there: not a name the catalog lacks (a
+        MemoryDataset at run time), nor one it declares in memory (a MemoryDataset, or the SharedMemoryDataset of
+        Kedro's ParallelRunner), which holds the data only while this process runs."""
         catalog = self._catalog
         if catalog is None or dataset_name not in catalog:
             return False
-        return not getattr(catalog.get(dataset_name), "_EPHEMERAL", False) and catalog.exists(dataset_name)
+        in_memory = isinstance(catalog.get(dataset_name), MemoryDataset | SharedMemoryDataset)
+        return not in_memory and catalog.exists(dataset_name)
