@@ -9,7 +9,9 @@ gathers the short values it would log one by one, sending them with one ``log_ba
 Why a subclass rather than logging them in ``MlflowRunHooks`` and taking the ``params:`` inputs away: the
 ``TrainingRunHooks`` (trylast) read those inputs after kedro-mlflow, and re-doing kedro-mlflow's selection,
 flattening and long-value handling would copy more of its code; here the one internal relied on is
-``MlflowHook._log_param(name, value)``, overridden.
+``MlflowHook._log_param(name, value)``, overridden. kedro-mlflow 2.0 has no public way to change how its hook sends
+a parameter, so this module is the project's one use of a private name of kedro-mlflow (issue 51 item 6); a
+kedro-mlflow upgrade that renames it fails ``tests/pipelines/test_node_params.py``.
 """
 
 from __future__ import annotations
