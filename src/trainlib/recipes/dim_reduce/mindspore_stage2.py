@@ -62,7 +62,7 @@ class BuiltinDimReduceStep(ModelTrainStep):
     so ``lr`` is unknown (None).
     """
 
-    recipe = "DimReduce (mindspore.boost)"
+    title = "DimReduce (mindspore.boost)"
 
     def __init__(self, net, loss_fn, config: dict, *, loss_scale: float):
         super().__init__(

@@ -71,7 +71,7 @@ class PBFGSStep(TrainStep):
     ``lr`` is the step size the last step accepted, the factor its subspace direction was applied with.
     """
 
-    recipe = "P-BFGS"
+    title = "P-BFGS"
 
     def __init__(self, trainer: PBFGS, steps_per_epoch: int):
         super().__init__(self._train_batch, trainer.net, loss_scale=trainer.config.loss_scale)
