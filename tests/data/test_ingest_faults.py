@@ -398,7 +398,7 @@ def test_a_level_below_decode_is_warned_of_at_ingest(jpeg_tree, tmp_path, caplog
     """The data pipeline's ingest says that files reach MindSpore's decoder unchecked below ``decode``."""
     data = {**load_config()["data"], "verify": level, "cache_dir": str(tmp_path / "cache")}
     with caplog.at_level(logging.WARNING, logger="pipelines.data"):
-        build_manifest(str(jpeg_tree), DataParams(**data))
+        build_manifest(DataParams(**{**data, "source": "folder", "root": str(jpeg_tree)}))
     warned = f"data.verify is {level!r}: image contents reach MindSpore's decoder unchecked" in caplog.text
     assert warned == (level != "decode")
 

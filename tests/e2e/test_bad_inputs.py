@@ -50,7 +50,9 @@ def build_manifest_node(image_root: Path) -> Callable[[], object]:
     from pipelines.data.nodes import build_manifest
 
     data = load_config()["data"]
-    return lambda: build_manifest(str(image_root), DataParams(**{**data, "on_bad_file": "fail"}))
+    return lambda: build_manifest(
+        DataParams(**{**data, "source": "folder", "root": str(image_root), "on_bad_file": "fail"})
+    )
 
 
 def kedro_project(root: Path, params: dict) -> Path:

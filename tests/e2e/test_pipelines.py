@@ -304,7 +304,6 @@ def test_viz_shows_nodes_and_datasets(viz_site):
     # a task node's name is its last part (``train``), its full name the namespaced one
     names = {n.get("full_name", n["name"]): n["type"] for n in graph["nodes"]}
     for task in (
-        "data.locate_image_tree",
         "data.build_manifest",
         "baseline.build_network",
         "baseline.train",

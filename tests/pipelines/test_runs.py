@@ -207,6 +207,12 @@ def test_baseline_thor_and_report_pipelines(workspace, tmp_path):
     assert evaluated["baseline.eval_report"] == outputs_of_baseline["baseline.eval_report"]
     (partial,) = [run for run in runs_of(uri, "baseline") if run.info.run_id != baseline_run_id]
     assert {"model.name", "data.image_size", "runtime.seed"} <= set(partial.data.params)
+    # `kedro run --nodes=data.build_manifest`: the data pipeline's one node reads only the parameters, so it runs
+    # alone, and the tree it scans again gives the same manifest
+    manifest = project / "data/02_intermediate/manifest.csv"
+    before = manifest.read_bytes()
+    rebuilt = run_pipeline("data", params, project, node_names=["data.build_manifest"])
+    assert set(rebuilt) >= {"manifest", "class_index"} and manifest.read_bytes() == before
 
 
 def test_predict_pipeline(workspace, tmp_path):

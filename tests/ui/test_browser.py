@@ -45,7 +45,6 @@ LAYER_NAMES = ".pipeline-flowchart__layer-names--visible .pipeline-layer-name"
 DIM_REDUCE_STAGES = ("stage1", "trajectory_pca", "stage2", "control", "comparison")
 LAYERS = ("raw", "intermediate", "primary", "model_input", "models", "model_output", "reporting")
 BASELINE_TASKS = {
-    "data.locate_image_tree",
     "data.build_manifest",
     "baseline.build_network",
     "baseline.train",

@@ -57,8 +57,10 @@ def verdict_cache(data: DataParams) -> Path:
     return Path(data.cache_dir) / VERDICT_CACHE_FILE
 
 
-def build_manifest(image_root: str, data: DataParams) -> tuple[pd.DataFrame, dict, pd.DataFrame, pd.DataFrame]:
-    """Scan the tree and keep at most ``data.max_per_class`` images per class and split."""
+def build_manifest(data: DataParams) -> tuple[pd.DataFrame, dict, pd.DataFrame, pd.DataFrame]:
+    """The tree of ``data.root`` (``locate_image_tree``), scanned; at most ``data.max_per_class`` images per class
+    and split kept."""
+    image_root = locate_image_tree(data)
     if data.verify != "decode":
         # measured on 1,500 mutated JPEG, PNG and BMP files: MindSpore's decoder died (SIGFPE, SIGSEGV) or hung on 94,
         # Pillow's full decode (level decode) refused every one of them (mindir_serving.decoding)

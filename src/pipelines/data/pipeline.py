@@ -4,18 +4,18 @@ from kedro.pipeline import Pipeline, node, pipeline
 
 from pipelines.modular import namespaced
 
-from .nodes import build_manifest, locate_image_tree
+from .nodes import build_manifest
 
 
 def create_pipeline(**kwargs) -> Pipeline:
-    """Nodes ``data.locate_image_tree``, ``data.build_manifest``; ``manifest`` and ``class_index`` keep their
-    names (every training reads them), the rest is ``data.…``."""
+    """Node ``data.build_manifest``: the tree ``params:data`` names (the default data written out on first use),
+    scanned into ``manifest`` and ``class_index``, which keep their names (every training reads them), and the
+    ``data.…`` reports. One node from the parameters: ``kedro run --nodes=data.build_manifest`` has every input."""
     template = pipeline(
         [
-            node(locate_image_tree, "params:data", "image_root", name="locate_image_tree"),
             node(
                 build_manifest,
-                ["image_root", "params:data"],
+                "params:data",
                 ["manifest", "class_index", "class_counts", "bad_files"],
                 name="build_manifest",
             ),
