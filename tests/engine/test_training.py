@@ -1,5 +1,6 @@
 """The training engine: ``train``'s epochs, rows, evaluation, non-finite-loss check, periodic checkpoints,
-resume, and full-state capture."""
+resume, callbacks and compile announcements (the state and the choice of a resume checkpoint:
+``test_state_and_resume``)."""
 
 from __future__ import annotations
 
@@ -8,21 +9,19 @@ import math
 import numpy as np
 import pytest
 
-from tests.support.training import CLASSES, GivenSteps, build
+from tests.support.training import CLASSES, GivenSteps, build, compile_lines, write_epoch
 from trainlib.data.folder import create_dataset, scan_image_tree
-from trainlib.engine.callbacks import Callback, CallbackList, PeriodicCheckpoint
+from trainlib.engine.callbacks import Callback, PeriodicCheckpoint
 from trainlib.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint, load_checkpoint, save_checkpoint
 from trainlib.engine.epochs import NonFiniteLossError, TrainingSpec
 from trainlib.engine.evaluation import evaluate
 from trainlib.engine.loop import Checkpointing, train
 from trainlib.engine.model_bridge import ModelTrainStep
-from trainlib.engine.progress import announce_compile
-from trainlib.engine.resume import find_resume_checkpoint, fingerprint, remove_finished_checkpoints
+from trainlib.engine.resume import fingerprint, remove_finished_checkpoints
 from trainlib.engine.state import capture_state, history_of, restore_state
 from trainlib.engine.step import TrainStep
-from trainlib.metrics import EPOCH_KEYS, TIMESTAMP_KEY, history_table
+from trainlib.metrics import TIMESTAMP_KEY
 from trainlib.models.loss import CrossEntropySmooth
-from trainlib.models.resnet import create_resnet
 from trainlib.optim.schedules import warmup_schedule
 
 BATCH, EPOCHS, IMAGE_SIZE = 4, 2, 12
@@ -409,139 +408,6 @@ def test_model_train_steps_stop_on_a_non_finite_loss(train_data):
     assert not recorder.step_losses and recorder.events[-1] == ("train_end",)
 
 
-def test_history_table_has_epoch_then_the_metric_keys():
-    rows = [
-        {"epoch": 1, "train/loss": 2.0, "train/lr": 0.1, "train/images_per_s": 9.0, "train/epoch_time_s": 1.0,
-         "train/compile_s": 3.0, TIMESTAMP_KEY: 100.0},
-        {"epoch": 2, "train/loss": 1.0, "train/lr": 0.05, "train/images_per_s": 9.0, "train/epoch_time_s": 1.0,
-         "train/compile_s": 0.0, "val/top1": 0.5, "val/top5": 1.0, TIMESTAMP_KEY: 101.0},
-    ]  # fmt: skip
-    table = history_table(rows)
-    assert list(table.columns) == ["epoch", *EPOCH_KEYS]
-    assert list(table["epoch"]) == [1, 2] and np.isnan(table["val/top1"][0])
-    assert list(history_table([]).columns) == ["epoch", *EPOCH_KEYS]
-
-
-def test_periodic_checkpoint_every_n_epochs_with_prefix(tmp_path):
-    saved = []
-
-    def capture(epoch: int) -> Checkpoint:
-        saved.append(epoch)
-        return Checkpoint({"w": np.zeros(1, np.float32)}, {"epoch": epoch})
-
-    saver = PeriodicCheckpoint(capture, tmp_path, every_epochs=2, keep_last=3, prefix="stage1")
-    (tmp_path / "other_0001.ckpt").write_bytes(b"not ours")  # another prefix is left alone
-    for epoch in range(9):
-        saver.on_epoch_end(epoch, {})
-    assert saved == [2, 4, 6, 8]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "other_0001.ckpt",
-        "stage1_0004.ckpt",
-        "stage1_0006.ckpt",
-        "stage1_0008.ckpt",
-    ]
-
-
-def all_params(cell) -> dict[str, np.ndarray]:
-    return {p.name: p.asnumpy().copy() for p in cell.get_parameters()}
-
-
-def test_capture_and_restore_state_round_trip(mindspore_cpu, tmp_path):
-    ms = mindspore_cpu
-    rng = np.random.default_rng(0)
-    images = ms.Tensor(rng.standard_normal((BATCH, 3, IMAGE_SIZE, IMAGE_SIZE)).astype(np.float32))
-    labels = ms.Tensor(np.array([0, 1, 2, 0], np.int32))
-    lr_per_step = lr_schedule()
-
-    net, optimizer, step = build(1, lr_per_step)
-    for _ in range(3):
-        step(images, labels)
-    state = capture_state(net, optimizer, {"network": "resnet_narrow", "epoch": 1})
-    assert state.metadata == {"network": "resnet_narrow", "epoch": 1}
-    # network params (BatchNorm statistics included) under their own names, optimizer state prefixed
-    assert set(state.network_params()) == set(all_params(net))
-    assert any(name.endswith("moving_mean") for name in state.network_params())
-    assert {"moments.fc.weight", "global_step", "learning_rate", "momentum"} <= set(state.optimizer_state())
-    assert not any(name.startswith(OPTIMIZER_PREFIX + "fc.") for name in state.params)  # no duplicates
-    assert int(state.optimizer_state()["global_step"].reshape(-1)[0]) == 3
-    assert np.abs(state.optimizer_state()["moments.fc.weight"]).max() > 0
-
-    fresh_net, fresh_optimizer, fresh_step = build(2, lr_per_step)
-    assert not np.array_equal(all_params(fresh_net)["fc.weight"], state.params["fc.weight"])
-    restore_state(fresh_net, state, fresh_optimizer)
-    restored_net, restored_optimizer = all_params(fresh_net), all_params(fresh_optimizer)
-    for name, value in all_params(net).items():
-        np.testing.assert_array_equal(restored_net[name], value, err_msg=name)
-    for name, value in all_params(optimizer).items():
-        np.testing.assert_array_equal(restored_optimizer[name].reshape(value.shape), value, err_msg=name)
-
-    # the restored pair continues exactly like the original, also after a trip through a file
-    save_checkpoint(state, tmp_path / "state.ckpt")
-    disk_net, disk_optimizer, disk_step = build(3, lr_per_step)
-    restore_state(disk_net, load_checkpoint(tmp_path / "state.ckpt"), disk_optimizer)
-    expected = float(step(images, labels).asnumpy())
-    assert float(fresh_step(images, labels).asnumpy()) == expected
-    assert float(disk_step(images, labels).asnumpy()) == expected
-    np.testing.assert_array_equal(all_params(fresh_net)["fc.weight"], all_params(net)["fc.weight"])
-    np.testing.assert_array_equal(all_params(disk_net)["fc.weight"], all_params(net)["fc.weight"])
-
-
-def test_capture_without_optimizer_holds_only_network_params():
-    net = create_resnet("resnet_narrow", CLASSES)
-    state = capture_state(net, None, {"epoch": 0})
-    assert state.optimizer_state() == {}
-    assert set(state.params) == set(all_params(net))
-
-
-def test_restore_state_needs_optimizer_state_when_given_an_optimizer():
-    lr_per_step = lr_schedule()
-    net, optimizer, _ = build(0, lr_per_step)
-    weights_only = capture_state(net, None, {})
-    other_net, other_optimizer, _ = build(1, lr_per_step)
-    with pytest.raises(ValueError, match="lacks optimizer state"):
-        restore_state(other_net, weights_only, other_optimizer)
-    restore_state(other_net, weights_only)  # the network alone is fine
-    np.testing.assert_array_equal(all_params(other_net)["fc.weight"], all_params(net)["fc.weight"])
-
-
-def test_restore_state_rejects_a_checkpoint_missing_network_params():
-    net = create_resnet("resnet_narrow", CLASSES)
-    state = capture_state(net, None, {})
-    del state.params["fc.bias"]
-    with pytest.raises(ValueError, match="fc.bias"):
-        restore_state(create_resnet("resnet_narrow", CLASSES), state)
-
-
-def write_epoch(folder, epoch: int, run_id: str) -> None:
-    save_checkpoint(
-        Checkpoint({"w": np.zeros(2, np.float32)}, {"epoch": epoch, "fingerprint": run_id}),
-        folder / f"epoch_{epoch:04d}.ckpt",
-    )
-
-
-def test_resume_picks_the_newest_checkpoint_of_the_same_unfinished_training(tmp_path):
-    assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5) is None
-    write_epoch(tmp_path, 2, "abc")
-    write_epoch(tmp_path, 3, "abc")
-    assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5) == tmp_path / "epoch_0003.ckpt"
-
-
-def test_checkpoints_of_another_configuration_are_moved_aside(tmp_path):
-    write_epoch(tmp_path, 2, "other")
-    assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5) is None
-    stale = [p for p in tmp_path.iterdir() if p.is_dir()]
-    assert len(stale) == 1 and stale[0].name.startswith("stale-")
-    assert [p.name for p in stale[0].iterdir()] == ["epoch_0002.ckpt"]
-    assert not list(tmp_path.glob("*.ckpt"))
-
-
-def test_a_finished_training_is_not_resumed(tmp_path):
-    write_epoch(tmp_path, 4, "abc")
-    write_epoch(tmp_path, 5, "abc")
-    assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5) is None
-    assert not list(tmp_path.iterdir())  # a new run's epoch_0001 must not be rotated away by old files
-
-
 def test_a_finished_training_removes_its_periodic_checkpoints_once_its_final_state_is_saved(tmp_path, train_data):
     folder = tmp_path / "epochs"
     write_epoch(tmp_path / "other", 1, "other")  # another training's folder is left alone
@@ -571,41 +437,6 @@ def nn_dense():
     return nn.Dense(1, 1)
 
 
-def make_stale(folder, names) -> None:
-    for name in names:
-        (folder / name).mkdir(parents=True)
-        write_epoch(folder / name, 1, name)
-
-
-def test_stale_folders_beyond_keep_stale_are_removed_oldest_first(tmp_path, caplog):
-    keep = 2
-    old = [f"stale-20200101-00000{i}" for i in range(keep + 2)]
-    make_stale(tmp_path, old)
-    with caplog.at_level("INFO", logger="trainlib.engine.resume"):
-        assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5, keep_stale=keep) is None
-    assert sorted(p.name for p in tmp_path.iterdir()) == old[-keep:]
-    removed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Removed ")]
-    assert len(removed) == 2 and str(tmp_path / old[0]) in removed[0] and str(tmp_path / old[1]) in removed[1]
-
-    # checkpoints of another configuration make a new stale folder, the newest of the ones kept
-    write_epoch(tmp_path, 2, "other")
-    assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5, keep_stale=keep) is None
-    kept = sorted(p.name for p in tmp_path.iterdir())
-    assert len(kept) == keep and kept[0] == old[-1] and kept[1] > old[-1]
-    assert [p.name for p in (tmp_path / kept[1]).iterdir()] == ["epoch_0002.ckpt"]
-
-
-def test_two_moves_in_the_same_second_make_two_stale_folders(tmp_path):
-    for run_id in ("first", "second"):
-        write_epoch(tmp_path, 2, run_id)
-        assert find_resume_checkpoint(tmp_path, "epoch", "abc", stop_epoch=5) is None
-    assert len([p for p in tmp_path.iterdir() if p.name.startswith("stale-")]) == 2
-
-
-def compile_lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling ")]
-
-
 def test_one_compile_line_per_compiled_cell_and_a_start_line_with_the_true_lr(tmp_path, train_data, val_data, caplog):
     with caplog.at_level("INFO", logger="trainlib.engine"):
         momentum_training(tmp_path, train_data, val_data)  # 3 epochs, evaluated after each
@@ -616,56 +447,3 @@ def test_one_compile_line_per_compiled_cell_and_a_start_line_with_the_true_lr(tm
         f"training: epochs 1-3 of a 3-epoch schedule, {STEPS_PER_EPOCH} steps/epoch, batch {BATCH} per rank, "
         f"lr {lr[0]:.4g} at the first step to {lr[-1]:.4g} at the last"
     ]
-
-
-def test_thor_announces_its_two_compiled_steps_once_each(caplog):
-    """The epoch loop announces each graph the step names (``next_graph``) before its first call, and times the steps
-    that compiled apart; THOR's second-order and reusing steps are two graphs."""
-    import mindspore.dataset as ds
-
-    from tests.support.thor import TinyNet, batch, make_thor
-    from trainlib.recipes.thor import TrainlibThorStep
-
-    step = TrainlibThorStep(make_thor(TinyNet(), steps=5, frequency=2))
-    images, labels = zip(*(batch(index) for index in range(5)), strict=True)  # second-order 1, 3, 5; reusing 2, 4
-    dataset = ds.NumpySlicesDataset((np.concatenate(images), np.concatenate(labels)), shuffle=False)
-    dataset = dataset.batch(len(labels[0]))
-    spec = TrainingSpec(epochs=1, batch_size=len(labels[0]), examples_per_step=len(labels[0]))
-    with caplog.at_level("INFO", logger="trainlib.engine"):
-        result = train(spec, dataset, GivenSteps(lambda start, steps_per_epoch: step))
-    assert compile_lines(caplog) == [
-        "Compiling the training graph (THOR, second-order step)…",
-        "Compiling the training graph (THOR, step reusing the inverses)…",
-    ]
-    assert result.history[0]["train/compile_s"] > 0
-    assert step.title == "THOR"
-
-
-def test_callbacks_are_called_in_their_order_through_one_dispatcher():
-    calls = []
-
-    class Named(Callback):
-        def __init__(self, name, figures):
-            self.name, self.figures = name, figures
-
-        def on_epoch_begin(self, epoch):
-            calls.append((self.name, epoch))
-
-        def epoch_metrics(self, epoch):
-            return self.figures
-
-    callbacks = CallbackList([Named("a", {"x": 1.0, "y": 1.0}), Named("b", {"y": 2.0})])
-    callbacks.on_epoch_begin(3)
-    assert calls == [("a", 3), ("b", 3)]
-    assert callbacks.epoch_metrics(3) == {"x": 1.0, "y": 2.0}  # the later callback's figure wins
-
-
-def test_a_compile_is_announced_once_per_object_compiled(mindspore_cpu, caplog):
-    """The mark lives with what is compiled: the same cell is announced once whoever asks, a new one again."""
-    from mindspore import nn
-
-    first, second = nn.Dense(1, 1), nn.Dense(1, 1)
-    with caplog.at_level("INFO", logger="trainlib.engine"):
-        announced = [announce_compile(first), announce_compile(first), announce_compile(second)]
-    assert announced == [True, False, True]
-    assert compile_lines(caplog) == ["Compiling the training graph…"] * 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from trainlib.models.loss import CrossEntropySmooth
@@ -40,3 +42,19 @@ class GivenSteps:
         from trainlib.engine.evaluation import evaluate
 
         return evaluate(step.network, dataset)
+
+
+def write_epoch(folder, epoch: int, fingerprint: str) -> None:
+    """A periodic checkpoint ``epoch_<NNNN>.ckpt`` of a training of ``fingerprint`` in ``folder``, holding one
+    weight: what the resume and clean-up tests pick among."""
+    from trainlib.engine.checkpoint import Checkpoint, save_checkpoint
+
+    save_checkpoint(
+        Checkpoint({"w": np.zeros(2, np.float32)}, {"epoch": epoch, "fingerprint": fingerprint}),
+        Path(folder) / f"epoch_{epoch:04d}.ckpt",
+    )
+
+
+def compile_lines(caplog) -> list[str]:
+    """The engine's "Compiling …" log lines a test captured, in order."""
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling ")]
