@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh Debian machine: the Fashion-MNIST package
 # (default dataset), the Python 3.11 documentation's sources (the thor_bert text corpus), Chromium
-# and its WebDriver (tests/test_browser.py opens kedro-viz and the MLflow UI in it), PostgreSQL (the
+# and its WebDriver (tests/ui/test_viz_browser.py and test_browser.py open kedro-viz and the MLflow UI in it), PostgreSQL (the
 # slow tier's database server), a C compiler (one slow test's preload library) and a virtual
 # environment in .venv/ with the locked dependencies (installed by uv, below).
 # Safe to rerun: each step is skipped when already done.
@@ -28,7 +28,7 @@ fi
 if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
   sudo=""
   if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-  echo "Installing Debian packages chromium and chromium-driver (for tests/test_browser.py)"
+  echo "Installing Debian packages chromium and chromium-driver (for the browser tests, tests/ui)"
   $sudo apt-get update -qq
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver
 fi

@@ -1,68 +1,30 @@
-"""Real-browser checks: the ``kedro viz build`` site and the MLflow UI, opened in headless Chromium.
+"""Real-browser checks of the MLflow UI (and the report's links into it), opened in headless Chromium; the
+``kedro viz build`` site's are in ``test_viz_browser.py``.
 
-A real tiny ``kedro run`` fills the MLflow store, ``kedro viz build`` writes the static site, both are served on
-localhost and read back from the rendered pages. Chromium and its WebDriver are Debian's ``chromium`` and
-``chromium-driver`` (installed by ``scripts/setup.sh``); selenium is pointed at them, so nothing is downloaded.
-Screenshots go to ``test-artifacts/browser/`` at the repository root, also when a page fails to render.
+A real tiny ``kedro run`` fills the MLflow store, served on localhost and read back from the rendered pages.
+Chromium and its WebDriver are Debian's ``chromium`` and ``chromium-driver`` (installed by ``scripts/setup.sh``);
+selenium is pointed at them, so nothing is downloaded. Screenshots go to ``test-artifacts/browser/`` at the
+repository root, also when a page fails to render (``tests/support/browser.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import json
-import os
 import re
-import threading
-from collections.abc import Callable, Iterator
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from pathlib import Path
 
 import mlflow
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
 
 from pipelines.tracking.naming import RUN_COLOUR_TAG
-from pipelines.viz_page import LABEL_PX
-from tests.support.projects import PROJECT, TINY_PARAMS, kedro, make_project, run_on_tiny_tree
+from tests.support.browser import before_each_page, screenshot, settled_screenshot, wait_for
+from tests.support.projects import TINY_PARAMS, kedro, make_project, run_on_tiny_tree
 from tests.support.servers import mlflow_server
 from tests.support.stores import REPORT_OUTPUT, store_report, tracking_uri
 from tests.support.trees import write_image_tree
 from tests.support.views import charted, linked_view
-
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
-ARTIFACTS = PROJECT / "test-artifacts" / "browser"
-PAGE_TIMEOUT_S = 90  # a page's scripts, on 2 shared cores
-# The baseline pipeline's task nodes, named here so that the check cannot pass on an empty graph.
-FLOWCHART_NODES = "svg g.pipeline-node[data-node-fullname]"
-LABELS = "svg g.pipeline-node text"
-LAYER_NAMES = ".pipeline-flowchart__layer-names--visible .pipeline-layer-name"
-DIM_REDUCE_STAGES = ("stage1", "trajectory_pca", "stage2", "control", "comparison")
-LAYERS = ("raw", "intermediate", "primary", "model_input", "models", "model_output", "reporting")
-BASELINE_TASKS = {
-    "data.build_manifest",
-    "baseline.build_network",
-    "baseline.train",
-    "baseline.evaluate",
-    "baseline.export_model",
-}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def chromium_installed() -> None:
-    """Fails in CI (``CI`` set) and skips elsewhere, before any work, when Chromium or its WebDriver is missing."""
-    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
-    if missing:
-        reason = f"{', '.join(missing)} not installed: run scripts/setup.sh (Debian chromium, chromium-driver)"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-
 
 RUN_OUTPUT = "kedro_run_output.txt"  # what the project's kedro run printed (its closing links among it)
 
@@ -95,261 +57,10 @@ def study_project(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def browser() -> Iterator[webdriver.Chrome]:
-    """Headless Debian Chromium driven by Debian's chromedriver, quit after the test."""
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    # --no-sandbox: CI runs as root, where Chromium's sandbox refuses to start
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1600,1000"):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    driver.set_page_load_timeout(PAGE_TIMEOUT_S)
-    driver.set_script_timeout(PAGE_TIMEOUT_S)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-def before_each_page(driver: webdriver.Chrome, script: str) -> None:
-    """Run ``script`` in every page before the page's own scripts (to preset its localStorage)."""
-    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": script})
-
-
-def screenshot(driver: webdriver.Chrome, name: str) -> Path:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    (ARTIFACTS / f"{name}_failed.png").unlink(missing_ok=True)  # from an earlier run, no longer true
-    path = ARTIFACTS / f"{name}.png"
-    assert driver.save_screenshot(str(path)), path
-    print(f"screenshot: {path}")
-    return path
-
-
-def wait_for(driver: webdriver.Chrome, condition: Callable, name: str, what: str):
-    """``condition``'s first truthy value within PAGE_TIMEOUT_S; on timeout a ``<name>_failed`` screenshot, a fail."""
-    try:
-        # an element read while the page re-renders goes stale: the condition is asked again
-        wait = WebDriverWait(
-            driver, PAGE_TIMEOUT_S, poll_frequency=0.5, ignored_exceptions=(StaleElementReferenceException,)
-        )
-        return wait.until(condition)
-    except TimeoutException:
-        path = screenshot(driver, f"{name}_failed")
-        body = driver.find_element(By.TAG_NAME, "body").text
-        pytest.fail(f"{what} not shown within {PAGE_TIMEOUT_S} s at {driver.current_url} ({path}); page text:\n{body}")
-
-
-def settled_screenshot(driver: webdriver.Chrome, name: str) -> Path:
-    """A screenshot once the page's animations (fade-ins, drawn lines) have finished; looping ones (kedro-viz's
-    pulsing markers) never do and are not waited for."""
-    still = "a => a.playState !== 'running' || a.effect.getComputedTiming().iterations === Infinity"
-    wait_for(
-        driver,
-        lambda d: d.execute_script(f"return document.getAnimations().every({still})"),
-        name,
-        "a still page",
-    )
-    return screenshot(driver, name)
-
-
-@contextlib.contextmanager
-def static_site(folder: Path) -> Iterator[str]:
-    """``folder`` served over HTTP on a free localhost port; yields the base URL."""
-
-    class Quiet(SimpleHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
-
-
-@pytest.fixture
 def mlflow_ui(filled_project, tmp_path) -> Iterator[str]:
     """The MLflow UI over the tiny baseline run's store."""
     with mlflow_server(filled_project / "mlflow.db", tmp_path / "mlflow_server.log") as url:
         yield url
-
-
-def test_kedro_viz_site_shows_the_pipeline(viz_site, browser):
-    graph = json.loads((viz_site / "build" / "api" / "main").read_text())
-    # the site opens on __default__ with parameters hidden; with every modular pipeline expanded, every other
-    # node of that pipeline is drawn (a task node by the last part of its name, ``train``)
-    pipeline_nodes = [n for n in graph["nodes"] if "__default__" in n.get("pipelines", [])]
-    expected = {(n["name"], n["type"]) for n in pipeline_nodes if n["type"] in ("task", "data")}
-    assert BASELINE_TASKS <= {n["full_name"] for n in pipeline_nodes if n["type"] == "task"}
-    # a first visit, nothing in the browser's storage: the site itself keeps kedro-viz's feature tour off the graph
-    with static_site(viz_site / "build") as url:
-        browser.get(f"{url}/?expandAllPipelines=true")
-        wait_for(
-            browser,
-            lambda d: len(d.find_elements(By.CSS_SELECTOR, FLOWCHART_NODES)) >= len(expected),
-            "kedro_viz",
-            f"{len(expected)} flowchart nodes",
-        )
-        settled_screenshot(browser, "kedro_viz")
-        nodes = browser.find_elements(By.CSS_SELECTOR, FLOWCHART_NODES)
-        shown = {(n.get_attribute("data-node-fullname"), n.get_attribute("data-node-type")) for n in nodes}
-        # every pipeline expanded is wider than the window at readable labels: the right part is a drag away, out of
-        # view, where selenium's .text reads nothing; the drawn text elements carry the names all the same
-        labels = {t.get_attribute("textContent") for t in browser.find_elements(By.CSS_SELECTOR, LABELS)}
-        tour = browser.find_elements(By.CSS_SELECTOR, ".feature-hints")
-    assert shown == expected
-    assert {name for name, _ in expected} <= labels  # the names are drawn, not only carried as attributes
-    assert tour == []  # no "Workflow run status, 1 of 6" over the graph
-
-
-def drawn(driver: webdriver.Chrome, kind: str) -> set[str]:
-    """The ``data-node-fullname`` of every flowchart node of type ``kind`` (task, data, modularPipeline)."""
-    nodes = driver.find_elements(By.CSS_SELECTOR, f"{FLOWCHART_NODES}[data-node-type='{kind}']")
-    return {node.get_attribute("data-node-fullname") for node in nodes}
-
-
-def click_node(driver: webdriver.Chrome, full_name: str) -> None:
-    """Click the flowchart node ``full_name`` (a collapsed modular pipeline expands)."""
-    driver.find_element(By.CSS_SELECTOR, f"{FLOWCHART_NODES}[data-node-fullname='{full_name}']").click()
-
-
-def test_kedro_viz_shows_dim_reduce_stages_collapsed_with_layers(viz_site, browser):
-    graph = json.loads((viz_site / "build" / "api" / "pipelines" / "dim_reduce").read_text())
-    (stage2_train,) = [n["id"] for n in graph["nodes"] if n.get("full_name") == "dim_reduce.stage2.train_stage2"]
-    stages = {f"dim_reduce.{stage}" for stage in DIM_REDUCE_STAGES}
-    # the layer bands turned on, as the toolbar's layers button stores it (the page script leaves them off at first)
-    before_each_page(
-        browser, "localStorage.setItem('KedroViz', JSON.stringify({showFeatureHints: false, layer: {visible: true}}));"
-    )
-    with static_site(viz_site / "build") as url:
-        browser.get(f"{url}/?pid=dim_reduce")
-        # every namespace starts collapsed: the data pipeline and dim_reduce are one box each, no task is drawn
-        wait_for(
-            browser,
-            lambda d: drawn(d, "modularPipeline") == {"data", "dim_reduce"},
-            "kedro_viz_dim_reduce",
-            "the data and dim_reduce boxes",
-        )
-        settled_screenshot(browser, "kedro_viz_dim_reduce")
-        assert drawn(browser, "task") == set()
-
-        click_node(browser, "dim_reduce")
-        wait_for(
-            browser,
-            lambda d: drawn(d, "modularPipeline") == {"data", *stages},
-            "kedro_viz_dim_reduce_stages",
-            "the stages",
-        )
-        settled_screenshot(browser, "kedro_viz_dim_reduce_stages")
-        assert drawn(browser, "task") == set()  # the stages are collapsed too
-        # the catalog's layers: the layers button is on and the bands are drawn, named in the layers' order
-        layers_button = browser.find_element(By.CSS_SELECTOR, "button.pipeline-menu-button--layers")
-        assert layers_button.is_enabled() and "pipeline-icon-toolbar__button--active" in layers_button.get_attribute(
-            "class"
-        )
-        names = [li.text for li in browser.find_elements(By.CSS_SELECTOR, LAYER_NAMES)]
-        assert {"intermediate", "models", "reporting"} <= set(names)
-        assert names == sorted(names, key=LAYERS.index)
-        assert len(browser.find_elements(By.CSS_SELECTOR, "g.pipeline-flowchart__layers rect.pipeline-layer")) == len(
-            names
-        )
-
-        click_node(browser, "dim_reduce.stage2")
-        stage2 = f"{FLOWCHART_NODES}[data-id='{stage2_train}']"
-        wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, stage2), "kedro_viz_stage2_expanded", "stage 2")
-        settled_screenshot(browser, "kedro_viz_stage2_expanded")
-        assert drawn(browser, "modularPipeline") == {"data", *stages} - {"dim_reduce.stage2"}
-        # labelled by the last part of their names: stage 2's training tells itself from the control's
-        assert drawn(browser, "task") == {"train_stage2", "evaluate", "export_model"}
-
-
-# Each node label's drawn size (its font size times the zoom), the zoom the page script asked for and the one drawn
-# (kedro-viz keeps a small graph at its own larger fit), the left edge of the chart (right of the toolbar and sidebar),
-# the labels' extent, the graph's extent (its nodes and edges, not the layer bands, which span the chart), the
-# window's size, the minimap's right edge and its button's state.
-VIZ_VIEW = """
-const labels = [...document.querySelectorAll(arguments[0])];
-const zoomed = document.querySelector('svg.pipeline-flowchart__graph[data-page-script-zoom]');
-const drawn = labels.map(t => parseFloat(getComputedStyle(t).fontSize) * t.getScreenCTM().a);
-const boxes = labels.map(t => t.getBoundingClientRect());
-const graph = [...document.querySelectorAll('g.pipeline-flowchart__nodes, g.pipeline-flowchart__edges')]
-  .map(g => g.getBoundingClientRect());
-const minimap = document.querySelector('.pipeline-minimap-container').getBoundingClientRect();
-return {
-  labels: zoomed ? labels.length : 0,
-  zoom_asked: zoomed ? parseFloat(zoomed.getAttribute('data-page-script-zoom')) : null,
-  zoom_drawn: labels.length ? labels[0].getScreenCTM().a : null,
-  smallest_px: Math.min(...drawn),
-  smallest_box_px: Math.min(...boxes.map(b => b.height)),
-  chart_left: document.querySelector('.pipeline-sidebar').getBoundingClientRect().right,
-  left: Math.min(...boxes.map(b => b.left)), top: Math.min(...boxes.map(b => b.top)),
-  bottom: Math.max(...boxes.map(b => b.bottom)), height: window.innerHeight,
-  graph_left: Math.min(...graph.map(b => b.left)), graph_right: Math.max(...graph.map(b => b.right)),
-  width: window.innerWidth,
-  minimap_right: minimap.right,
-  minimap_button: document.querySelector('.pipeline-minimap-button--map').getAttribute('aria-label'),
-};
-"""
-
-
-def readable_view(driver: webdriver.Chrome, name: str) -> dict:
-    """The opened pipeline's ``VIZ_VIEW`` once the page script has zoomed (after kedro-viz's own fit, which it
-    marks on the graph) and the labels are drawn at ``viz_page.LABEL_PX`` or more, measured again when the page is
-    still (the zoom drawn); fails with a screenshot if the labels never are that size."""
-
-    def measured(d):
-        view = d.execute_script(VIZ_VIEW, LABELS)
-        return view if view["labels"] and view["smallest_px"] >= LABEL_PX else None
-
-    wait_for(driver, measured, name, f"labels of {LABEL_PX} px or more")
-    settled_screenshot(driver, name)
-    view = driver.execute_script(VIZ_VIEW, LABELS)
-    print(
-        f"{name}: zoom {view['zoom_drawn']:.3f}, labels {view['smallest_px']:.2f} px, graph x {view['graph_left']:.0f}"
-        f"-{view['graph_right']:.0f} in {view['chart_left']}-{view['width']} px"
-    )
-    return view
-
-
-def fits_the_width(view: dict) -> bool:
-    """The whole graph (nodes and edges) between the toolbar and the window's right edge: nothing cut off."""
-    return view["chart_left"] <= view["graph_left"] and view["graph_right"] <= view["width"]
-
-
-def test_kedro_viz_opens_every_pipeline_readable_without_the_minimap(viz_site, browser):
-    pipelines = sorted(path.name for path in (viz_site / "build" / "api" / "pipelines").iterdir())
-    assert "dim_reduce" in pipelines
-    with static_site(viz_site / "build") as url:
-        # a first visit (a fresh profile, nothing stored) in the window widths people use: before the page script,
-        # dim_reduce opened at 38 % (labels 5 px), under the minimap, its rightmost label cut off; with the layer
-        # bands drawn, at labels of 10 px its right edge was still 58 px past the window at 1440 px, 218 px at 1280
-        for width in (1280, 1440):
-            browser.set_window_size(width, 900)
-            browser.get(f"{url}/?pid=dim_reduce")
-            view = readable_view(browser, f"kedro_viz_readable_dim_reduce_{width}")
-            assert view["smallest_box_px"] >= LABEL_PX, view
-            assert view["minimap_button"] == "Turn minimap on", view  # kedro-viz's own state: off
-            assert view["minimap_right"] <= view["chart_left"], view  # moved out, under the toolbar
-            assert fits_the_width(view), view
-            assert 0 <= view["top"] and view["bottom"] <= view["height"], view
-        stored = json.loads(browser.execute_script("return localStorage.getItem('KedroViz')"))
-        assert stored["orientation"] == "horizontal" and stored["visible"]["miniMap"] is False
-        assert stored["layer"]["visible"] is False
-        for pipeline in pipelines:  # every registered pipeline opens readable and whole in width at 1440 px
-            browser.get(f"{url}/?pid={pipeline}")
-            view = readable_view(browser, f"kedro_viz_readable_{pipeline}")
-            assert fits_the_width(view), (pipeline, view)
-        # a choice the user made stays: the minimap turned on is on at the next visit
-        browser.execute_script(
-            "const s = JSON.parse(localStorage.getItem('KedroViz')); s.visible.miniMap = true;"
-            "localStorage.setItem('KedroViz', JSON.stringify(s));"
-        )
-        browser.get(f"{url}/?pid=dim_reduce")
-        assert readable_view(browser, "kedro_viz_readable_minimap_kept")["minimap_button"] == "Turn minimap off"
 
 
 def test_mlflow_ui_shows_the_run_and_its_metrics(filled_project, mlflow_ui, browser):
