@@ -108,6 +108,9 @@ def test_the_closing_links_open_shared_views_that_chart_each_run_and_list_the_he
         ids = (seed0.info.run_id, seed1.info.run_id)
         assert charts["searchFilter"] == f"attributes.run_id IN ('{ids[0]}', '{ids[1]}')"
         assert charts["runsHiddenMode"] == "SHOW_ALL"
+        # two chart tiles a row in the compared section and in MLflow's section of the runs' other metrics
+        sections = [(s["name"], s["columns"]) for s in charts["compareRunSections"]]
+        assert sections == [("compared runs", 2), ("val", 2)]
         columns = linked_view(uri, table)
         assert columns["selectedColumns"] == [
             "metrics.`final/top1`",

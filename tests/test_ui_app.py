@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from flask import Flask, jsonify, send_from_directory
 
-from pipelines.tracking.ui_app import VIEW_SCRIPT, WORKFLOW_KEY, with_view_script
+from pipelines.tracking.ui_app import (
+    ASSISTANT_AUTO_OPENED_KEY,
+    ASSISTANT_PANEL_KEY,
+    VIEW_SCRIPT,
+    WORKFLOW_KEY,
+    with_view_script,
+)
 
 PAGE = "<!doctype html><html><head><meta charset='utf-8'/></head><body><div id='root'></div></body></html>"
 
@@ -27,6 +33,9 @@ def test_the_page_gets_the_view_script_first_in_its_head_once(tmp_path):
     assert page.count(WORKFLOW_KEY) == 2 and page.count("<script>") == 1
     # it sets the key only where unset, to the JSON string the UI parses
     assert f"getItem('{WORKFLOW_KEY}')===null" in VIEW_SCRIPT and "JSON.stringify('machine_learning')" in VIEW_SCRIPT
+    # and closes the Assistant panel where the browser has no choice stored, so that MLflow does not open it
+    assert f"getItem('{ASSISTANT_PANEL_KEY}')===null){{s.setItem('{ASSISTANT_PANEL_KEY}','false');" in VIEW_SCRIPT
+    assert f"s.setItem('{ASSISTANT_AUTO_OPENED_KEY}','true')" in VIEW_SCRIPT
 
 
 def test_other_answers_are_left_as_they_are(tmp_path):

@@ -107,18 +107,42 @@ def test_mlflow_ui_shows_the_run_and_its_metrics(filled_project, mlflow_ui, brow
 
 
 def classic_mlflow_views(driver: webdriver.Chrome) -> None:
-    """The classic run views (not the GenAI ones a new experiment opens on), without the assistant panel."""
+    """The classic run views (not the GenAI ones a new experiment opens on)."""
     before_each_page(driver, "localStorage.setItem('mlflow.workflowType_v1', JSON.stringify('machine_learning'));")
-    no_assistant_panel(driver)
 
 
-def no_assistant_panel(driver: webdriver.Chrome) -> None:
-    """No MLflow Assistant panel over the page (it opens by itself on a browser's first visit)."""
-    before_each_page(
-        driver,
-        "localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false');"
-        "localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true');",
-    )
+# MLflow's Assistant (Beta): its panel (a box beside the page, position: relative) and its round button at the
+# bottom right (position: fixed), shown whenever the panel is closed; MLflow opens the panel by itself, once, when
+# that button first mounts on a server at localhost, unless the served page's script (``ui_app``) closed it.
+ASSISTANT = """
+const parts = Array.from(document.querySelectorAll('[data-assistant-ui="true"]')).filter(e => e.offsetWidth > 0);
+const of = position => parts.filter(e => getComputedStyle(e).position === position);
+return {panel: of('relative').map(e => Math.round(e.getBoundingClientRect().width)),
+        button: of('fixed').length > 0, stored: localStorage.getItem('mlflow.assistant.panelOpen_v1')};
+"""
+
+
+def assistant(driver: webdriver.Chrome, name: str, shown: str = "button") -> dict:
+    """The Assistant's state once its button (the panel closed) or its panel (``shown="panel"``) is on the page:
+    the panel's width in px (empty when closed), whether the button shows and the stored choice."""
+
+    def state(d) -> dict | None:
+        found = d.execute_script(ASSISTANT)
+        return found if found[shown] else None
+
+    return wait_for(driver, state, name, f"the Assistant's {shown}")
+
+
+# Each chart tile of the chart view: its width, its title as shown and the title's parts cut short by an ellipsis.
+CHART_TILES = """
+return Array.from(document.querySelectorAll('[data-testid="experiment-view-compare-runs-card"]'))
+  .filter(card => card.offsetWidth > 0).map(card => {
+    const header = card.firstElementChild;
+    const cut = Array.from(header.querySelectorAll('*')).filter(e =>
+      getComputedStyle(e).textOverflow === 'ellipsis' && e.scrollWidth > e.clientWidth);
+    return {width: card.getBoundingClientRect().width, title: header.innerText, cut: cut.map(e => e.innerText)};
+  });
+"""
 
 
 # Each line chart's drawn traces: per trace (one per run and chart, and the unsmoothed copy MLflow draws beneath), the
@@ -162,7 +186,6 @@ def printed_links(output: str) -> tuple[str, str]:
 
 def open_chart_link(driver: webdriver.Chrome, link: str, metric: str, expected: set[str], name: str):
     """Open ``link`` as printed, with no click, until ``metric``'s chart draws every run of ``expected``."""
-    no_assistant_panel(driver)
     driver.get(link)
 
     def every_run_drawn(d) -> bool:
@@ -194,6 +217,8 @@ def study_ui(study_project, tmp_path) -> Iterator[str]:
 
 
 def test_the_link_after_a_study_charts_its_step_evaluations_a_line_per_run(study_project, study_ui, browser):
+    """At a 1440 px window from a fresh profile: no Assistant panel, each chart tile wide with its whole title."""
+    browser.set_window_size(1440, 1000)
     chart, _ = printed_links((study_project / RUN_OUTPUT).read_text())
     link = chart.replace("http://127.0.0.1:5000", study_ui)
     uri = f"sqlite:///{study_project / 'mlflow.db'}"
@@ -213,11 +238,18 @@ def test_the_link_after_a_study_charts_its_step_evaluations_a_line_per_run(study
     colours = drawn_colours(browser, "val/step_top1")
     assert colours == {r: run.data.tags[RUN_COLOUR_TAG] for r, run in trainings.items()}
     assert len(set(colours.values())) == len(trainings)
+    assert browser.execute_script("return window.innerWidth") == 1440
+    assert assistant(browser, "mlflow_link_study")["panel"] == []
+    tiles = browser.execute_script(CHART_TILES)
+    print("chart tiles:", tiles)
+    # the compared runs' two charts first, then MLflow's of the runs' other metrics (val/step_top5, …), 2 a row
+    titles = [tile["title"].split("\n")[0] for tile in tiles]
+    assert titles[:3] == ["val/step_top1", "val/top1", "val/step_top5"]
+    assert all(tile["width"] >= 300 and tile["cut"] == [] for tile in tiles), tiles
 
 
 def test_the_runs_table_link_shows_the_headline_columns_best_first(study_project, study_ui, browser):
     _, table = printed_links((study_project / RUN_OUTPUT).read_text())
-    no_assistant_panel(browser)
     browser.get(table.replace("http://127.0.0.1:5000", study_ui))
     headers = ("final/top1", "final/top5", "target/epochs", "target/time_s", "baseline.epochs", "thor.epochs", "seed")
 
@@ -251,12 +283,12 @@ def test_compare_a_run_page_and_the_breadcrumb_from_a_bare_experiment_link_stay_
     upgrade that renames the view's key or changes its parsing fails here."""
     client = mlflow.MlflowClient(f"sqlite:///{study_project / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("resnet-recipes").experiment_id
-    no_assistant_panel(browser)
     browser.get(f"{study_ui}/#/experiments/{experiment}")
     rows = ".ag-pinned-left-cols-container .ag-row"
     wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, f"{rows} button"), "mlflow_bare", "rows")
     settled_screenshot(browser, "mlflow_bare_experiment")
     on_table = genai_elements(browser)
+    panels = [assistant(browser, "mlflow_bare")["panel"]]
 
     def trainings(driver) -> list:
         """The study's training rows (its child runs), once the study run's row shows them."""
@@ -283,6 +315,7 @@ def test_compare_a_run_page_and_the_breadcrumb_from_a_bare_experiment_link_stay_
     )
     settled_screenshot(browser, "mlflow_compare")
     on_compare = genai_elements(browser)
+    panels.append(assistant(browser, "mlflow_compare")["panel"])
     browser.back()
     wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, f"{rows} button"), "mlflow_runs_table_back", "rows")
     (training, *_) = open_trainings("mlflow_runs_table_open")
@@ -295,6 +328,7 @@ def test_compare_a_run_page_and_the_breadcrumb_from_a_bare_experiment_link_stay_
     )
     settled_screenshot(browser, "mlflow_run_page")
     on_run = genai_elements(browser)
+    panels.append(assistant(browser, "mlflow_run_page")["panel"])
     crumb = wait_for(
         browser,
         lambda d: [
@@ -310,6 +344,19 @@ def test_compare_a_run_page_and_the_breadcrumb_from_a_bare_experiment_link_stay_
     settled_screenshot(browser, "mlflow_breadcrumb_back")
     assert (on_table, on_compare, on_run, genai_elements(browser)) == ([], [], [], [])
     assert "Model training" in browser.find_element(By.TAG_NAME, "body").text
+    closed = assistant(browser, "mlflow_breadcrumb_back")
+    assert panels + [closed["panel"]] == [[]] * 4 and closed["stored"] == "false"  # closed on every page
+    # the user opens the panel with its button: the next page keeps it open
+    browser.execute_script(
+        "Array.from(document.querySelectorAll('[data-assistant-ui=\"true\"]'))"
+        ".find(e => getComputedStyle(e).position === 'fixed').querySelector('button').click()"
+    )
+    assistant(browser, "mlflow_assistant_opened", "panel")
+    browser.refresh()
+    kept = assistant(browser, "mlflow_assistant_kept", "panel")
+    settled_screenshot(browser, "mlflow_assistant_kept")
+    print("assistant panel kept:", kept)
+    assert kept["stored"] == "true" and not kept["button"]
 
 
 def test_the_report_link_draws_every_compared_run(recipe_store, browser):

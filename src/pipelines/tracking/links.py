@@ -118,11 +118,44 @@ def table_view(headline: Sequence[str], epochs_params: Sequence[str], run_ids: S
     }
 
 
-def comparison_view(run_ids: Sequence[str], metrics: Sequence[str], table: Mapping) -> dict:
+# Chart tiles per row in each section of the chart view: MLflow's default, 3, drew them 276 px wide in a 1440 px
+# window beside the runs list and the side bar (tests/ui/test_browser.py measures them)
+CHART_COLUMNS = 2
+MODEL_METRICS, SYSTEM_METRICS = "Model metrics", "System metrics"  # MLflow's sections of keys without a prefix
+
+
+def chart_sections(run_ids: Sequence[str]) -> list[str]:
+    """The sections MLflow's chart view puts a chart of each metric of ``run_ids`` in, by name: a key's part before
+    its last ``/`` (``val`` for ``val/top5``; ``Model metrics`` for a key without one, ``System metrics`` for
+    ``system/…``), sorted."""
+    client = mlflow.MlflowClient()
+    keys = {key for run_id in run_ids for key in client.get_run(run_id).data.metrics}
+    prefixes = {key.rpartition("/")[0] for key in keys}
+    return sorted({MODEL_METRICS if not p else SYSTEM_METRICS if p == "system" else p for p in prefixes})
+
+
+def _section(uuid: str, name: str, reordered: bool) -> dict:
+    return {
+        "uuid": uuid,
+        "name": name,
+        "display": True,
+        "isReordered": reordered,
+        "deleted": False,
+        "columns": CHART_COLUMNS,
+    }
+
+
+def comparison_view(
+    run_ids: Sequence[str], metrics: Sequence[str], table: Mapping, sections: Sequence[str] = ()
+) -> dict:
     """A shared view of the runs page's chart view: only the runs ``run_ids``, every one drawn, and one line chart
     per key of ``metrics`` (a step evaluation's, then the epochs'), whose points are drawn as markers, so a run
-    with a single value is a point and not an invisible line."""
+    with a single value is a point and not an invisible line. Below that section MLflow draws a chart of each other
+    metric in a section of its prefix; the ``sections`` named (``chart_sections``) are laid out, as the first, with
+    ``CHART_COLUMNS`` tiles a row, those of ``metrics``' prefixes first (``val``: its other keys, ``val/top5``)."""
     section = "compared"
+    charted_prefixes = {metric.rpartition("/")[0] for metric in metrics}
+    sections = sorted(sections, key=lambda name: (name not in charted_prefixes, name))
     charts = [
         {
             "uuid": f"chart-{index}",
@@ -154,7 +187,8 @@ def comparison_view(run_ids: Sequence[str], metrics: Sequence[str], table: Mappi
         "searchFilter": only_runs(run_ids),
         "compareRunCharts": charts,
         "compareRunSections": [
-            {"uuid": section, "name": "compared runs", "display": True, "isReordered": True, "deleted": False}
+            _section(section, "compared runs", True),
+            *(_section(f"section-{name}", name, False) for name in sections),
         ],
         "hideEmptyCharts": True,
         "isAccordionReordered": True,
@@ -222,7 +256,7 @@ def closing_links(base: str, run_id: str) -> tuple[str | None, str]:
         if charted:
             runs = list(dict.fromkeys(run for metric in charted for run in compared[metric]))
             table = table_view(headline, epochs_params(runs))
-            charts = share_view(experiment_id, comparison_view(runs, charted, table))
+            charts = share_view(experiment_id, comparison_view(runs, charted, table, chart_sections(runs)))
             listed = table_view(headline, epochs_params(runs), runs) if reported else table
             return comparison_url(base, experiment_id, charts), runs_page_url(
                 base, experiment_id, share_view(experiment_id, listed)

@@ -6,9 +6,14 @@ Why a plugin: MLflow 3.17-3.18's UI reads its view (GenAI or model training) onl
 and from the browser's localStorage key ``mlflow.workflowType_v1``, whose built-in default is GenAI; its Compare
 button, run links and breadcrumbs drop the URL parameter. The plugin serves the UI's ``index.html`` with a short
 script at the top of ``<head>`` that, when the key is unset, sets it to the JSON string ``"machine_learning"`` (the
-UI parses the value as JSON: a bare string falls back to GenAI). A user who picks GenAI keeps that choice.
-tests/ui/test_browser.py clicks through Compare, a run page and the breadcrumb from a fresh browser profile, so an
-MLflow upgrade that changes the key or its parsing fails there.
+UI parses the value as JSON: a bare string falls back to GenAI). A user who picks GenAI keeps that choice. The same
+script closes MLflow's Assistant (Beta) panel on a first visit: MLflow opens it by itself on a browser's first visit to
+a server on localhost, where it took 360 of 1,440 px and narrowed the compare link's chart tiles to 150 px with their
+titles cut; the script sets ``mlflow.assistant.panelOpen_v1`` to ``false`` (and MLflow's record that it auto-opened
+the panel) only when that key is unset, so a user who opens the panel keeps it open.
+tests/ui/test_browser.py clicks through Compare, a run page and the breadcrumb from a fresh browser profile, with no
+Assistant panel on any page, then opens the panel and finds it open on the next page, so an MLflow upgrade that
+changes a key or its parsing fails there.
 """
 
 from __future__ import annotations
@@ -17,9 +22,16 @@ from flask import Flask, Response, request
 
 WORKFLOW_KEY = "mlflow.workflowType_v1"
 MODEL_TRAINING = "machine_learning"
+# MLflow's Assistant (Beta): its panel, a quarter of the window, opens by itself on a browser's first visit to a
+# server on localhost (MLflow then records that it did, the second key) and stays as the user leaves it (the first).
+ASSISTANT_PANEL_KEY = "mlflow.assistant.panelOpen_v1"
+ASSISTANT_AUTO_OPENED_KEY = "mlflow.assistant.fab.autoOpenedOnFirstLoad_v1"
 VIEW_SCRIPT = (
-    f"<script>try{{if(window.localStorage.getItem('{WORKFLOW_KEY}')===null)"
-    f"{{window.localStorage.setItem('{WORKFLOW_KEY}',JSON.stringify('{MODEL_TRAINING}'))}}}}catch(e){{}}</script>"
+    "<script>try{var s=window.localStorage;"
+    f"if(s.getItem('{WORKFLOW_KEY}')===null){{s.setItem('{WORKFLOW_KEY}',JSON.stringify('{MODEL_TRAINING}'))}}"
+    f"if(s.getItem('{ASSISTANT_PANEL_KEY}')===null)"
+    f"{{s.setItem('{ASSISTANT_PANEL_KEY}','false');s.setItem('{ASSISTANT_AUTO_OPENED_KEY}','true')}}"
+    "}catch(e){}</script>"
 )
 
 
