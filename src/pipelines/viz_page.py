@@ -17,14 +17,21 @@ its rightmost label was cut off. The script
 - zooms each pipeline as it opens (on load, or another pipeline chosen) to the whole graph fitted to the width left
   by the sidebar, measured on the drawn labels, but never below ``LABEL_PX`` for the labels: a graph wider than
   that would start at its left edge (its first nodes), the rest a drag away (none is at 1280 and 1440 px with the
-  layer bands off). A box expanded or collapsed, or the reset button, gets kedro-viz's own fit, so the whole changed
-  graph is in view. kedro-viz has no zoom setting; the script reaches its Redux store through
+  layer bands off);
+- zooms again when a box of the open pipeline is expanded: kedro-viz's own fit drew dim_reduce's stages at 34 %
+  (labels of 5 px) and stage 2's nodes at 29 %; the script fits the whole graph if it fits with labels of
+  ``LABEL_PX``, else what the click opened (the nodes new to the graph, their box in kedro-viz's layout), never below
+  ``LABEL_PX``, from its left edge when wider than the window (dim_reduce's 11 opened nodes are 2,067 px wide at 10
+  px). A box collapsed is zoomed as a pipeline opened; the reset button keeps kedro-viz's own fit (the whole graph).
+  It marks the graph with the nodes it zoomed to (``data-page-script-focus``) and a count of its zooms. kedro-viz has
+  no zoom setting; the script reaches its Redux store through
   ``window.__REDUX_DEVTOOLS_EXTENSION_COMPOSE__``, the hook kedro-viz reads when it creates the store (the Redux
   DevTools extension's, which it keeps working when installed), and sends the zoom as kedro-viz's own minimap does
   (``UPDATE_ZOOM``).
 
-tests/ui/test_browser.py measures the drawn label height and the graph's width on dim_reduce and every pipeline and
-the hidden minimap, so a kedro-viz upgrade that renames a key or the store hook fails there.
+tests/ui/test_viz_browser.py measures the drawn label height and the graph's width on dim_reduce and every pipeline,
+the hidden minimap, and dim_reduce and its stage 2 opened at 1280 and 1440 px, so a kedro-viz upgrade that renames a
+key or the store hook fails there.
 """
 
 from __future__ import annotations
@@ -80,12 +87,18 @@ PAGE_SCRIPT = (
       };
       if (view.layout === seen.layout && view.sidebar === seen.sidebar && view.size === seen.size) return;
       seen = view;
-      if (!nodes.length || (view.pipeline === zoomed.pipeline && view.nodes !== zoomed.nodes)) {
+      if (!nodes.length) {
         pending = null;
         return;
       }
+      // a box of the same pipeline expanded: the nodes it opened into (none when one collapsed)
+      var before = {}, opened = [];
+      if (view.pipeline === zoomed.pipeline && view.nodes !== zoomed.nodes) {
+        zoomed.nodes.split(",").forEach(function (id) { before[id] = true; });
+        opened = nodes.filter(function (node) { return !before[node.id]; }).map(function (node) { return node.id; });
+      }
       if (pending === null) window.requestAnimationFrame(settle);
-      pending = {view: view, zoom: now.zoom, frames: 0};
+      pending = {view: view, zoom: now.zoom, frames: 0, opened: opened};
     });
     function settle() {
       if (pending === null) return;
@@ -95,22 +108,45 @@ PAGE_SCRIPT = (
         window.requestAnimationFrame(settle);
         return;
       }
+      var opened = pending.opened;
       zoomed = pending.view;
       pending = null;
-      zoomToRead(store, svg);
+      zoomToRead(store, svg, opened);
     }
   }
 
-  function zoomToRead(store, svg) {
+  // The box of the graph's nodes ``ids`` in its own coordinates (kedro-viz's layout: a node's x and y are its centre)
+  function boxOf(store, ids) {
+    var wanted = {}, left = Infinity, top = Infinity, right = -Infinity, bottom = -Infinity;
+    ids.forEach(function (id) { wanted[id] = true; });
+    store.getState().graph.nodes.forEach(function (node) {
+      if (!wanted[node.id]) return;
+      left = Math.min(left, node.x - node.width / 2);
+      right = Math.max(right, node.x + node.width / 2);
+      top = Math.min(top, node.y - node.height / 2);
+      bottom = Math.max(bottom, node.y + node.height / 2);
+    });
+    return right > left ? {x: left, y: top, width: right - left, height: bottom - top} : null;
+  }
+
+  function zoomToRead(store, svg, opened) {
     var nodes = svg.querySelector("g.pipeline-flowchart__nodes"), label = svg.querySelector("g.pipeline-node text");
     if (!nodes || !label) return;
     var box = nodes.getBBox(), font = parseFloat(window.getComputedStyle(label).fontSize);
     var sidebar = document.querySelector(".pipeline-sidebar");
     var left = sidebar ? sidebar.getBoundingClientRect().right - svg.getBoundingClientRect().left : 0;
     var width = svg.clientWidth - left - 2 * MARGIN_PX, height = svg.clientHeight - 2 * MARGIN_PX;
-    var fit = Math.min(width / box.width, height / box.height);
     // a thousandth above the floor: the label's drawn height is then LABEL_PX or more after rounding
-    var scale = Math.min(Math.max(fit, (1.001 * LABEL_PX) / font), store.getState().zoom.maxScale || 2);
+    var floor = (1.001 * LABEL_PX) / font, part = opened.length ? boxOf(store, opened) : null;
+    var focus = "";
+    if (part && Math.min(width / box.width, height / box.height) < floor) {
+      box = part;  // the whole graph unreadable in the window: what was opened, in view
+      focus = opened.join(",");
+    }
+    var fit = Math.min(width / box.width, height / box.height);
+    var scale = Math.min(Math.max(fit, floor), store.getState().zoom.maxScale || 2);
+    svg.setAttribute("data-page-script-focus", focus);  // the nodes zoomed to (none: the whole graph)
+    svg.setAttribute("data-page-script-zooms", 1 + (parseInt(svg.getAttribute("data-page-script-zooms"), 10) || 0));
     var x = left + MARGIN_PX + Math.max(0, (width - box.width * scale) / 2);
     var y = MARGIN_PX + Math.max(0, (height - box.height * scale) / 2);
     svg.setAttribute("data-page-script-zoom", scale);  // the zoom it asked for: tests/ui/test_browser.py waits on it
