@@ -5,7 +5,8 @@ Every pipeline is a modular pipeline under its own namespace, the name it is reg
 ``dim_reduce.stage2.train_stage2``, and the datasets it writes ``baseline.final_checkpoint``, which the catalog's
 dataset factories (``{recipe}.final_checkpoint``) map to files. kedro-viz draws each namespace as a box that
 expands, and the run commands it offers (``kedro run --to-nodes='dim_reduce.stage2.train_stage2'``) name the pipeline
-through the first part of the name (``pipeline_registry.pipelines_named_by``).
+through the first part of the name (``pipeline_registry.pipelines_named_by``). A parameter dataset
+(``params:thor.lr``) names a dotted key of the configuration, whose value ``value_at`` reads.
 """
 
 from __future__ import annotations
@@ -62,3 +63,17 @@ def _section_key(name: str, sections: Mapping[str, str]) -> str:
     key = name.removeprefix(PARAMS_PREFIX)
     head, dot, rest = key.partition(".")
     return PARAMS_PREFIX + sections[head] + dot + rest if head in sections else name
+
+
+def value_at(tree: Mapping, key: str):
+    """The value of the dotted key ``key`` in the configuration ``tree``: a parameter dataset's (``params:thor.lr``)
+    or the key itself (``thor.lr.peak``); ``tree``'s sections may be mappings or models (sections Kedro validated)."""
+    value = tree
+    for name in key.removeprefix(PARAMS_PREFIX).split("."):
+        if isinstance(value, Mapping) and name in value:
+            value = value[name]
+        elif name in getattr(type(value), "model_fields", ()):  # a section Kedro validated (a pydantic model)
+            value = getattr(value, name)
+        else:
+            raise KeyError(f"the configuration has no key {key.removeprefix(PARAMS_PREFIX)!r} (at {name!r})")
+    return value

@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 
 from pipelines.hooks.mlflow_run import with_values
-from pipelines.study.recipe_runs import RecipePipelines, value_at
+from pipelines.modular import value_at
+from pipelines.study.recipe_runs import RecipePipelines
 from tests.support.runner import tiny_parameters
 from trainlib.params.recipe_spec import recipe_specs
 from trainlib.study import runner

@@ -18,6 +18,7 @@ from pipelines.failures import Failure
 from pipelines.hooks.command_line import invoked_command
 from pipelines.hooks.config_files import leaf_items
 from pipelines.hooks.configuration import ConfigurationHooks
+from pipelines.modular import value_at
 from pipelines.pipeline_registry import DEFAULT_PIPELINE
 from pipelines.tracking.handoff import MlflowRunHandoff
 from pipelines.tracking.links import (
@@ -79,14 +80,6 @@ def with_values(value, key: str, values: Mapping[str, object]):
     if isinstance(value, Mapping):
         return {name: with_values(inner, f"{key}.{name}" if key else name, values) for name, inner in value.items()}
     return values.get(key, value)
-
-
-def raw_value(raw_params: dict, dataset_name: str):
-    """The configuration's mapping (or value) behind a ``params:`` dataset (``params:thor.lr``)."""
-    value = raw_params
-    for key in dataset_name.removeprefix("params:").split("."):
-        value = value[key]
-    return value
 
 
 def run_pipelines(run_params: dict) -> list[str]:
@@ -163,7 +156,7 @@ class MlflowRunHooks:
             inputs.update({f"params:{section}": value for section, value in raw_params.items()})
         for name, value in inputs.items():
             if name.startswith("params:"):
-                logged = raw_value(raw_params, name) if isinstance(value, BaseModel) else value
+                logged = value_at(raw_params, name) if isinstance(value, BaseModel) else value
                 if node.namespace == STUDY and self._study_budget:
                     logged = with_values(logged, name.removeprefix("params:"), self._study_budget)
                 inputs[name] = redact_value(logged)

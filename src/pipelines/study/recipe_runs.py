@@ -28,6 +28,7 @@ from kedro.pipeline import Pipeline
 from kedro.runner import SequentialRunner
 from kedro.validation import ParameterValidator
 
+from pipelines.modular import PARAMS_PREFIX, value_at
 from trainlib.engine.callbacks import observing_trainings
 from trainlib.engine.resume import fingerprint
 from trainlib.metrics import STEPS_PER_EPOCH, table_rows
@@ -35,7 +36,6 @@ from trainlib.params.recipe_spec import RecipeSpec, ResultRow, recipe_specs
 from trainlib.study.budget import budget_update
 from trainlib.study.runner import StudyPlan, StudyTracking, Trained, final_accuracy, training_title
 
-PARAMS = "params:"
 FOLDER_KEY = "dir"  # under a recipe's section: a folder its trainings write (RecipeSpec)
 # a fingerprint's stand-in for the study's folder: where the checkpoints go does not change what trains
 ANY_FOLDER = "<study.dir>/checkpoints/<key>"
@@ -114,7 +114,7 @@ class RecipePipelines:
                 }
             )
             for name in run.pipeline.inputs():
-                catalog[name] = value_at(typed, name) if name.startswith(PARAMS) else self._data[name]
+                catalog[name] = value_at(typed, name) if name.startswith(PARAMS_PREFIX) else self._data[name]
             for training, nodes in trainings.items():
                 part = Pipeline(nodes)
                 row = next((row for row in run.rows if row.section == training), None)
@@ -122,7 +122,7 @@ class RecipePipelines:
                 tags = {"recipe": recipe, "result": result, "seed": str(seed), "study_key": key}
                 if spec.several_ranks:
                     tags["workers"] = str(self._plan.adasum_workers)
-                read = {name.removeprefix(PARAMS): value_at(typed, name) for name in _parameter_names(part)}
+                read = {name.removeprefix(PARAMS_PREFIX): value_at(typed, name) for name in _parameter_names(part)}
                 with tracking.run(training_title(spec, training, row, seed), tags, read) as run_id:
                     with observing_trainings(tracking.callbacks()):
                         SequentialRunner().run(part, catalog)
@@ -232,7 +232,7 @@ def _trained(catalog: DataCatalog, row: ResultRow, run_id: str | None) -> Traine
 
 
 def _parameter_names(pipeline: Pipeline) -> list[str]:
-    return sorted(name for name in pipeline.inputs() if name.startswith(PARAMS))
+    return sorted(name for name in pipeline.inputs() if name.startswith(PARAMS_PREFIX))
 
 
 def _folder_keys(section, prefix: str) -> list[str]:
@@ -255,20 +255,6 @@ def plain(value):
         return {key: plain(inner) for key, inner in value.items()}
     if isinstance(value, list | tuple):
         return [plain(inner) for inner in value]
-    return value
-
-
-def value_at(tree: Mapping, key: str):
-    """The value of the dotted key ``key`` (``params:thor.lr.peak`` or ``thor.lr.peak``) in ``tree``, whose sections
-    may be mappings or models."""
-    value = tree
-    for name in key.removeprefix(PARAMS).split("."):
-        if isinstance(value, Mapping) and name in value:
-            value = value[name]
-        elif hasattr(value, "model_fields") and name in type(value).model_fields:  # a section Kedro validated
-            value = getattr(value, name)
-        else:
-            raise KeyError(f"the configuration has no key {key.removeprefix(PARAMS)!r} (at {name!r})")
     return value
 
 

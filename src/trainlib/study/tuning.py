@@ -79,7 +79,7 @@ _STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.R
 
 
 @dataclass(frozen=True)
-class RecipeTuning:
+class ResultTuning:
     """One tuned training's tuning (``result``: its result row, ``recipe_spec.tuned_trainings``): its Optuna study's
     name, the chosen (best) values beside the section's own, its trials by state (every process's), the best value,
     and this process's wall time and all trials' time."""
@@ -107,7 +107,7 @@ def run_tuned_study(
     *,
     tuning: TuningParams,
     targets: Mapping[str, float],
-) -> tuple[list[dict], list[RecipeTuning]]:
+) -> tuple[list[dict], list[ResultTuning]]:
     """Tune every training of the plan's recipes (``targets``: each step metric's target), then train each recipe
     with its trainings' best values on the plan's seeds: the study's records (``run_study``'s, fresh seeds only)
     and each training's tuning."""
@@ -115,7 +115,7 @@ def run_tuned_study(
     for recipe in plan.recipes:
         chosen: dict[str, object] = {}
         for training in tuned_trainings()[recipe]:
-            tuned = tune_recipe(training, trainer, plan, tracking, tuning=tuning, target=targets[step_metric(training)])
+            tuned = tune_result(training, trainer, plan, tracking, tuning=tuning, target=targets[step_metric(training)])
             logger.info(
                 "tuning %s: trial %d of %d chose %s (documented %s); %s; %.0f s here, %.0f s in all trials",
                 training,
@@ -133,24 +133,24 @@ def run_tuned_study(
     return records, tunings
 
 
-def tune_recipe(
-    recipe: str,
+def tune_result(
+    result: str,
     trainer: RecipeTrainer,
     plan: StudyPlan,
     tracking: StudyTracking,
     *,
     tuning: TuningParams,
     target: float,
-) -> RecipeTuning:
-    """Run trials of ``recipe`` (a tuned training, ``recipe_spec.tuned_trainings``) until its Optuna study counts
-    ``tuning.trials`` (every process's), then its best."""
-    ranges = space_ranges(tuning.spaces[recipe])
+) -> ResultTuning:
+    """Run trials of ``result`` (a tuned training's result row, ``recipe_spec.tuned_trainings``) until its Optuna
+    study counts ``tuning.trials`` (every process's), then its best."""
+    ranges = space_ranges(tuning.spaces[result])
     on_dead_trial = RetryDeadTrial(tracking, max_retry=tuning.max_retry)
-    study = open_study(recipe, tuning=tuning, on_dead_trial=on_dead_trial, eval_every_steps=plan.eval_every_steps)
+    study = open_study(result, tuning=tuning, on_dead_trial=on_dead_trial, eval_every_steps=plan.eval_every_steps)
     _release_abandoned(study, on_dead_trial)
     started = time.monotonic()
     waiting = False
-    run_trial = _TrialObjective(recipe, ranges, trainer, plan, tracking, tuning=tuning, target=target)
+    run_trial = _TrialObjective(result, ranges, trainer, plan, tracking, tuning=tuning, target=target)
     while True:
         _fail_stale_trials(study)
         counted = _counted(study)
@@ -159,7 +159,7 @@ def tune_recipe(
             if not running:
                 break
             if not waiting:
-                logger.info("tuning %s: waiting for the trials running in other processes (%d)", recipe, running)
+                logger.info("tuning %s: waiting for the trials running in other processes (%d)", result, running)
                 waiting = True
             # each either ends, or goes stale and its values come back to this loop
             time.sleep(min(tuning.heartbeat_interval, RUNNING_POLL_S))
@@ -173,16 +173,16 @@ def tune_recipe(
     if not complete:
         failures = sorted({t.user_attrs.get(ERROR_ATTR, "abandoned") for t in trials if t.state == TrialState.FAIL})
         raise ValueError(
-            f"study.tuning: no trial of {recipe} completed in {study.study_name!r} ({len(trials)} trials; failures: "
-            f"{', '.join(failures) or 'none'}); narrow study.tuning.spaces.{recipe} "
+            f"study.tuning: no trial of {result} completed in {study.study_name!r} ({len(trials)} trials; failures: "
+            f"{', '.join(failures) or 'none'}); narrow study.tuning.spaces.{result} "
             "(conf/base/parameters_study.yml) or raise study.tuning.trials"
         )
     best = min(complete, key=lambda t: t.value)
-    return RecipeTuning(
-        result=recipe,
+    return ResultTuning(
+        result=result,
         study_name=study.study_name,
         chosen={key: best.params[key] for key in ranges},
-        documented={key: trainer.configured(f"{row_sections()[recipe]}.{key}") for key in ranges},
+        documented={key: trainer.configured(f"{row_sections()[result]}.{key}") for key in ranges},
         trials={state.name: sum(t.state == state for t in trials) for state in _STATES},
         best_trial=best.number,
         best_value=float(best.value),
@@ -191,21 +191,22 @@ def tune_recipe(
     )
 
 
-def study_name(recipe: str, *, tuning: TuningParams) -> str:
-    return f"{tuning.name}/{recipe}"
+def study_name(result: str, *, tuning: TuningParams) -> str:
+    """The Optuna study of the tuned training whose result row is ``result``: ``<study.tuning.name>/<result>``."""
+    return f"{tuning.name}/{result}"
 
 
 def open_study(
-    recipe: str, *, tuning: TuningParams, on_dead_trial: RetryDeadTrial, eval_every_steps: int
+    result: str, *, tuning: TuningParams, on_dead_trial: RetryDeadTrial, eval_every_steps: int
 ) -> optuna.Study:
-    """``recipe``'s Optuna study in the storage (created by the first process to ask), minimising the objective,
-    with ``tuning``'s heartbeats and pruner (on step evaluations every ``eval_every_steps`` steps); ``on_dead_trial``
-    is called with each trial this process fails as dead."""
+    """The Optuna study of result row ``result``'s tuning in the storage (created by the first process to ask),
+    minimising the objective, with ``tuning``'s heartbeats and pruner (on step evaluations every
+    ``eval_every_steps`` steps); ``on_dead_trial`` is called with each trial this process fails as dead."""
     # our own log lines say what each trial did; Optuna's would add a traceback for each failed one
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     return optuna.create_study(
         storage=open_storage(tuning.storage, heartbeats=(tuning, on_dead_trial)),
-        study_name=study_name(recipe, tuning=tuning),
+        study_name=study_name(result, tuning=tuning),
         direction="minimize",
         sampler=create_sampler(tuning),
         pruner=create_pruner(tuning.pruner, eval_every_steps=eval_every_steps),
@@ -213,9 +214,9 @@ def open_study(
     )
 
 
-def load_study(recipe: str, *, tuning: TuningParams) -> optuna.Study:
-    """``recipe``'s existing Optuna study (its figures)."""
-    return optuna.load_study(study_name=study_name(recipe, tuning=tuning), storage=open_storage(tuning.storage))
+def load_study(result: str, *, tuning: TuningParams) -> optuna.Study:
+    """The existing Optuna study of result row ``result``'s tuning (its figures)."""
+    return optuna.load_study(study_name=study_name(result, tuning=tuning), storage=open_storage(tuning.storage))
 
 
 def objective(records: Sequence[Mapping], *, target: float, epochs: int) -> float:
@@ -231,14 +232,14 @@ def objective(records: Sequence[Mapping], *, target: float, epochs: int) -> floa
     return sum(values) / len(values)
 
 
-def with_values(recipe: str, values: Mapping[str, object]) -> dict[str, object]:
-    """``values`` (keys of the tuned training's section: ``lr.peak``) under their whole dotted keys
+def with_values(result: str, values: Mapping[str, object]) -> dict[str, object]:
+    """``values`` (keys of the section result row ``result`` trains with: ``lr.peak``) under their whole dotted keys
     (``recipe_spec.row_sections``: ``thor_bert.thor.lr.peak``), as a study plan's ``values``."""
-    section = row_sections()[recipe]
+    section = row_sections()[result]
     return {f"{section}.{key}": value for key, value in values.items()}
 
 
-def choices_rows(tunings: Sequence[RecipeTuning], *, tuning: TuningParams) -> list[dict]:
+def choices_rows(tunings: Sequence[ResultTuning], *, tuning: TuningParams) -> list[dict]:
     """Per tuned training (column ``result``: its result row) and tuned key: the documented (configured) and chosen
     value, with the budget it was chosen at."""
     return [
@@ -380,7 +381,7 @@ class _TrialObjective:
 
     def __init__(
         self,
-        recipe: str,
+        result: str,
         ranges: Mapping[str, Sequence[float]],
         trainer: RecipeTrainer,
         plan: StudyPlan,
@@ -389,7 +390,7 @@ class _TrialObjective:
         tuning: TuningParams,
         target: float,
     ):
-        self.recipe, self.ranges, self.trainer, self.plan, self.tracking = recipe, ranges, trainer, plan, tracking
+        self.result, self.ranges, self.trainer, self.plan, self.tracking = result, ranges, trainer, plan, tracking
         self.tuning, self.target = tuning, target
 
     def __call__(self, trial: Trial) -> float:
@@ -399,36 +400,37 @@ class _TrialObjective:
         trial.set_user_attr(RUN_IDS_ATTR, [])
         if sorted(t.number for t in _counted(trial.study)).index(trial.number) >= self.tuning.trials:
             raise _PastTheBudget(f"trial {trial.number}")
-        recipe, values = self.recipe, draw_values(trial, self.ranges, tuning=self.tuning)
+        result, values = self.result, draw_values(trial, self.ranges, tuning=self.tuning)
         trial_tracking = TrialTracking(
-            self.tracking, trial, values, pruning=self.tuning.pruner != "none", step_metric=step_metric(recipe)
+            self.tracking, trial, values, pruning=self.tuning.pruner != "none", step_metric=step_metric(result)
         )
         trial_plan = replace(
             self.plan,
-            recipes=[recipe_of_row()[recipe].name],
+            recipes=[recipe_of_row()[result].name],
             seeds=list(self.tuning.seeds),
-            results=[recipe],
-            values={**self.plan.values, **with_values(recipe, values)},
+            results=[result],
+            values={**self.plan.values, **with_values(result, values)},
         )
         try:
             records = run_study(self.trainer, trial_plan, trial_tracking)
         except optuna.TrialPruned:
-            logger.info("tuning %s: trial %d pruned (%s)", recipe, trial.number, _values_text(values))
+            logger.info("tuning %s: trial %d pruned (%s)", result, trial.number, _values_text(values))
             raise
         except TRIAL_FAILURES as error:
             trial.set_user_attr(ERROR_ATTR, type(error).__name__)
-            logger.warning("tuning %s: trial %d failed, %s: %s", recipe, trial.number, type(error).__name__, error)
+            logger.warning("tuning %s: trial %d failed, %s: %s", result, trial.number, type(error).__name__, error)
             raise
         value = objective(records, target=self.target, epochs=self.plan.epochs)
-        logger.info("tuning %s: trial %d (%s): %.4g", recipe, trial.number, _values_text(values), value)
+        logger.info("tuning %s: trial %d (%s): %.4g", result, trial.number, _values_text(values), value)
         return value
 
 
 class TrialTracking:
-    """A study's tracking for one trial's trainings: each child run named ``<recipe>/trial<N>/seed<S>``, with the
-    sampled values as ``tuning.<key>`` parameters and the tags ``trial``, ``tuning_study``, ``trial_state``
-    (COMPLETE, PRUNED, FAIL) and ``trial_error`` (a failure's error name); the pruner's reports on the first
-    training's step evaluations of ``step_metric``."""
+    """A study's tracking for one trial's trainings: each child run named as the study names it
+    (``runner.training_title``) with the trial before the seed, ``baseline/trial<N>/seed<S>``, with the sampled
+    values as ``tuning.<key>`` parameters and the tags ``trial``, ``tuning_study``, ``trial_state`` (COMPLETE,
+    PRUNED, FAIL) and ``trial_error`` (a failure's error name); the pruner's reports on the first training's step
+    evaluations of ``step_metric``."""
 
     def __init__(
         self, tracking: StudyTracking, trial: Trial, values: Mapping[str, float], *, pruning: bool, step_metric: str
