@@ -50,7 +50,7 @@ def main() -> None:
     epochs = -(-args.steps // steps_per_epoch)
     ms.set_seed(0)
     zero_init = conf.thor.zero_init_last_bn_gamma
-    initial = capture_state(create_network(conf.model, scan.class_index, zero_init_last_bn_gamma=zero_init), None, {})
+    initial = capture_state(create_network(conf.network, scan.class_index, zero_init_last_bn_gamma=zero_init), None, {})
 
     rules: dict[str, tuple[float, float] | None] = {"no rule": None}
     for text in args.rules:
@@ -59,7 +59,7 @@ def main() -> None:
     runs = {}
     for name, rule in rules.items():
         thor = conf.thor.model_copy(update={"epochs": epochs, "frequency": args.frequency, "trace_rule": rule})
-        net = create_network(conf.model, scan.class_index)
+        net = create_network(conf.network, scan.class_index)
         restore_network(net, initial)
         loss_fn = CrossEntropySmooth(len(scan.class_index), thor.label_smoothing)
         runs[name] = trainlib_thor_step(net, loss_fn, thor, *thor_schedules(thor, steps_per_epoch), rank_size=1).thor
@@ -83,7 +83,7 @@ def main() -> None:
     layers = len(next(iter(runs.values())).preconditioner.layer_names)
     baseline = statistics.median(times["no rule"]["second_order"])
     print(
-        f"THOR on {conf.model.name}, batch {conf.thor.batch_size}, {data.image_size}px, {layers} layers, "
+        f"THOR on {conf.network.name}, batch {conf.thor.batch_size}, {data.image_size}px, {layers} layers, "
         f"{args.steps} steps at frequency {args.frequency} (medians; compiling steps left out):"
     )
     for name, step in runs.items():

@@ -65,7 +65,7 @@ def main() -> None:
     from trainlib.recipes.thor import thor_schedules, trainlib_thor_step
 
     conf = load_conf()
-    data, model, baseline = conf.data, conf.model, conf.baseline
+    data, network, baseline = conf.data, conf.network, conf.baseline
     configure_mindspore("CPU", "graph", 0)
     fashion_mnist.materialise(PROJECT / data.root)
     scan = scan_image_tree(PROJECT / data.root, data.split_dirs.model_dump(), verify="none")
@@ -78,13 +78,13 @@ def main() -> None:
     def initial_weights(section):
         """Same seed for both: identical weights but for THOR's zero-initialised last BN gammas."""
         ms.set_seed(0)
-        net = create_network(model, scan.class_index, zero_init_last_bn_gamma=section.zero_init_last_bn_gamma)
+        net = create_network(network, scan.class_index, zero_init_last_bn_gamma=section.zero_init_last_bn_gamma)
         return capture_state(net, None, {})
 
     momentum_initial, thor_initial = initial_weights(baseline), initial_weights(conf.thor)
 
     def momentum_setup(epochs: int):
-        net = create_network(model, scan.class_index)
+        net = create_network(network, scan.class_index)
         restore_network(net, momentum_initial)
         lrs = per_step(baseline.lr, epochs=epochs, steps_per_epoch=steps_per_epoch)
         optimizer = create_momentum(net, lrs, baseline.momentum, baseline.weight_decay, baseline.loss_scale)
@@ -99,7 +99,7 @@ def main() -> None:
     def thor_setup(epochs: int, frequency: int):
         """The THOR recipe's step (preconditioner + Momentum) for ``epochs`` epochs at ``frequency``."""
         thor = conf.thor.model_copy(update={"epochs": epochs, "frequency": frequency})
-        net = create_network(model, scan.class_index)
+        net = create_network(network, scan.class_index)
         restore_network(net, thor_initial)
         loss_fn = CrossEntropySmooth(classes, thor.label_smoothing)
         return net, trainlib_thor_step(net, loss_fn, thor, *thor_schedules(thor, steps_per_epoch), rank_size=1).thor
@@ -121,7 +121,7 @@ def main() -> None:
             times["momentum"].append(momentum_time)
             times["second_order" if thor.preconditioner.second_order_steps > before else "reuse"].append(thor_time)
     medians = {kind: statistics.median(values) for kind, values in times.items()}
-    print(f"network {model.name}, batch {batch}, {data.image_size}px, medians of {args.steps} steps each:")
+    print(f"network {network.name}, batch {batch}, {data.image_size}px, medians of {args.steps} steps each:")
     for kind, value in medians.items():
         print(f"  {kind:>13} step: {1000 * value:7.1f} ms  ({value / medians['momentum']:.2f} x Momentum)")
     for frequency in map(int, args.frequencies.split(",")):

@@ -32,9 +32,9 @@ def test_a_comma_inside_brackets_stays_with_its_list():
 
 
 def test_plain_items_parse_as_kedro_parses_them():
-    assert parse("baseline.lr.peak=0.1, model.name=resnet18") == {
+    assert parse("baseline.lr.peak=0.1, network.name=resnet18") == {
         "baseline": {"lr": {"peak": 0.1}},
-        "model": {"name": "resnet18"},
+        "network": {"name": "resnet18"},
     }
     assert parse("") == {}
 

@@ -27,7 +27,7 @@ def test_env_overrides_keys_and_keeps_the_rest(base, env, device):
     assert params["baseline"]["lr"]["gamma"] == base["baseline"]["lr"]["gamma"]
     assert params["baseline"]["checkpoint"]["dir"] == base["baseline"]["checkpoint"]["dir"]
     # and the recipe values replace the CPU defaults
-    assert params["model"] == {**base["model"], "name": "resnet50", "num_classes": 1001}
+    assert params["network"] == {**base["network"], "name": "resnet50", "num_classes": 1001}
     assert params["data"]["max_per_class"] == {"train": None, "val": None}
     assert params["data"]["image_size"] == 224
     assert params["distributed"]["worker_num"] == 8
@@ -43,7 +43,7 @@ def test_env_overrides_keys_and_keeps_the_rest(base, env, device):
 def test_base_is_the_cpu_default(base):
     assert base["runtime"]["device_target"] == "CPU"
     assert base["data"]["source"] == "fashion_mnist"
-    assert base["model"]["name"] == "resnet_narrow"
+    assert base["network"]["name"] == "resnet_narrow"
 
 
 def test_the_tracking_uri_is_the_local_store_unless_mlflow_tracking_uri_names_a_server(monkeypatch):

@@ -76,7 +76,7 @@ def test_the_recipe_is_kept(env):
     extra = {"runtime": {"fast_dev_run": True}, "data": {"root": "/local/tree"}}
     original = validate_parameters(merged_params(env, {**extra, "runtime": {**merged_params(env)["runtime"]}}))
     params = validate_parameters(merged_params(env, extra, overrides(env, extra=extra).nested()))
-    assert params.model == original.model  # resnet50, 1001 classes
+    assert params.network == original.network  # resnet50, 1001 classes
     assert params.data.image_size == original.data.image_size == 224
     assert params.data.crop_scale == original.data.crop_scale
     assert params.boost == original.boost
@@ -143,7 +143,7 @@ def test_dim_reduce_rules_are_satisfied_by_the_rehearsal_itself():
 def test_only_changes_are_listed_and_the_summary_is_one_line():
     substitutions = overrides("base", extra={"runtime": {"fast_dev_run": True}})
     assert "runtime.device_target" not in substitutions.values  # base is CPU already
-    assert "model.name" not in substitutions.values
+    assert "network.name" not in substitutions.values
     line = substitutions.summary()
     assert "\n" not in line and line.startswith("data.eval_batch_size=4") and "study.seeds=[0]" in line
     assert TAG == "fast_dev_run"

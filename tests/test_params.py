@@ -56,9 +56,9 @@ def problems(params: dict, sources: dict | None = None) -> list[str]:
         # choices
         ("baseline.lr.shape", "cosin", "baseline.lr.shape is 'cosin'; choose one of linear, cosine, quadratic, steps"),
         (
-            "model.name",
+            "network.name",
             None,
-            "model.name is null; choose one of resnet18, resnet34, resnet50, resnet101, resnet_narrow",
+            "network.name is null; choose one of resnet18, resnet34, resnet50, resnet101, resnet_narrow",
         ),
         ("runtime.device_target", "TPU", "runtime.device_target is 'TPU'; choose one of CPU, GPU, Ascend"),
         ("dim_reduce.stage2.implementation", "boost", "is 'boost'; choose one of trainlib, mindspore_builtin"),
@@ -143,6 +143,7 @@ def test_renamed_keys_and_values_in_params_stop_the_run_naming_the_new_ones():
         "thor_bert": {"baseline": {"epochs": 2}},
         "adasum": {"implementation": "own"},
         "thor": {"mindspore": {"amp_level": "O3"}},
+        "model": {"name": "resnet18"},
     }
     with pytest.raises(click.ClickException) as error:
         refuse_renamed(ParameterFiles(CONF, "local"), given)
@@ -151,6 +152,25 @@ def test_renamed_keys_and_values_in_params_stop_the_run_naming_the_new_ones():
         "  --params: thor_bert.baseline was renamed thor_bert.control",
         "  --params: adasum.implementation: 'own' was renamed 'trainlib'",
         "  --params: thor.mindspore was renamed thor.mindspore_builtin",
+        "  --params: model.name was renamed network.name",
+    ]
+
+
+def test_the_network_settings_in_an_old_model_section_stop_the_run_naming_the_network_section(tmp_path):
+    conf = copied_conf(tmp_path)
+    base = conf / "base" / "parameters.yml"
+    text = base.read_text()
+    model = next(line for line in text.splitlines() if line.startswith("model:"))
+    # the model section before the split: the network's keys in it
+    base.write_text(text.replace(f"\n{model}\n", "\n").replace("\nnetwork:", "\nmodel:", 1))
+    with pytest.raises(click.ClickException) as error:
+        refuse_renamed(ParameterFiles(conf, "local"), {})
+    assert error.value.message.splitlines() == [
+        "renamed parameters:",
+        *(
+            f"  {base}: model.{key} was renamed network.{key}"
+            for key in ("name", "num_classes", "conv_init", "dense_init")
+        ),
     ]
 
 

@@ -15,7 +15,7 @@ def test_run_names_are_short_and_abbreviate_each_key_the_same_way_everywhere():
         "thor.epochs",
         "baseline.epochs",
         "baseline.lr.peak",
-        "model.name",
+        "network.name",
         "data.root",
         "dim_reduce.stage1.trajectory.start_epoch",
         "dim_reduce.stage2.alpha",
@@ -35,7 +35,7 @@ def test_run_names_are_short_and_abbreviate_each_key_the_same_way_everywhere():
         "data+baseline alpha=[1,2]"
     )
     long = run_name(
-        ["dim_reduce"], None, {"data.root": "/data/imagenet/train-subset", "model.name": "resnet50"}, keys, True
+        ["dim_reduce"], None, {"data.root": "/data/imagenet/train-subset", "network.name": "resnet50"}, keys, True
     )
     assert len(long) == 40 and long.endswith("… (partial)") and long.startswith("dim_reduce root=/data/")
 

@@ -148,11 +148,11 @@ def wrong_type(root: Path):
 
 
 def bad_choice_and_range_together(root: Path):
-    project = kedro_project(root, {"model": {"name": "resnet_narow"}, "baseline": {"momentum": 1.5}})
+    project = kedro_project(root, {"network": {"name": "resnet_narow"}, "baseline": {"momentum": 1.5}})
     source = Path("conf") / "local" / "parameters.yml"
     expected = [
         "Error: invalid parameters:",
-        f"model.name is 'resnet_narow'; choose one of resnet18, resnet34, resnet50, resnet101, resnet_narrow "
+        f"network.name is 'resnet_narow'; choose one of resnet18, resnet34, resnet50, resnet101, resnet_narrow "
         f"({source})",
         f"baseline.momentum is 1.5 but must be < 1 ({source})",
         "baseline.lr.peak is -1 but must be > 0 (--params)",
@@ -178,18 +178,18 @@ def checkpoints_of_a_different_network(root: Path):
         trainable = {p.name: p.asnumpy().copy() for p in five_classes.trainable_params()}
         save_checkpoint(Checkpoint(trainable, {"global_step": step}), paths[-1])
     index = pd.DataFrame({"path": [str(p) for p in paths], "epoch": 1, "step": 1, "global_step": [10, 20, 30]})
-    from trainlib.params import DimReduceParams, ModelParams
+    from trainlib.params import DimReduceParams, NetworkParams
 
     base = load_config()["dim_reduce"]
     dim_reduce = DimReduceParams(**{**base, "collect": {"n_files": None}, "pca": {"n_components": 2}})
-    model = load_config()["model"]
-    model = ModelParams(**{**model, "name": "resnet_narrow"})
+    network = load_config()["network"]
+    network = NetworkParams(**{**network, "name": "resnet_narrow"})
     three_classes = {name: label for label, name in enumerate(CLASSES)}
 
     def action():
         return raised(
             CheckpointError,
-            lambda: collect_trajectory(index, three_classes, model, dim_reduce.collect, dim_reduce.pca),
+            lambda: collect_trajectory(index, three_classes, network, dim_reduce.collect, dim_reduce.pca),
         )
 
     return action, [f"checkpoint {paths[0]} does not match the network", "fc.bias has shape (5,) instead of (3,)"]

@@ -146,7 +146,7 @@ def test_the_pipelines_rehearse_the_environment_on_cpu(tmp_path, tree, env, pipe
             assert "runtime.device_target=CPU" in listed
             if "adasum" in run.data.tags["pipeline"].split("+"):
                 assert "distributed.worker_num=2" in listed  # Adasum's exchange between 2 ranks
-            assert run.data.params["model.name"] == "resnet50" and run.data.params["data.image_size"] == "224"
+            assert run.data.params["network.name"] == "resnet50" and run.data.params["data.image_size"] == "224"
 
 
 def assert_data_parallel(client, found, output: str, project) -> None:

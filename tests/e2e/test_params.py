@@ -13,6 +13,7 @@ import pytest
     [
         ("baseline.epoch=3", "baseline.epoch is not a known parameter; did you mean baseline.epochs? (--params)"),
         ("thor.damping_method=mindspore", "--params: thor.damping_method: 'mindspore' was renamed 'fixed'"),
+        ("model.name=resnet18", "--params: model.name was renamed network.name"),
     ],
 )
 def test_kedro_run_with_a_bad_parameter_stops_before_mindspore_loads(tmp_path, params, message):

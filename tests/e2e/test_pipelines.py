@@ -221,7 +221,7 @@ def test_mlflow_run_holds_params_metrics_artifacts_tags(baseline_run):
     client, run = baseline_mlflow_run(project)
     assert run.info.status == "FINISHED"
     assert run.data.params["baseline.epochs"] == str(EPOCHS)
-    assert run.data.params["model.name"] == "resnet_narrow"
+    assert run.data.params["network.name"] == "resnet_narrow"
     assert run.data.params["runtime.device_target"] == "CPU"
     for metric in ("train/loss", "train/lr", "train/epoch_time_s", "train/images_per_s", "val/top1", "val/top5"):
         history = client.get_metric_history(run.info.run_id, metric)

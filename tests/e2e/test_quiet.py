@@ -78,7 +78,7 @@ def test_runs_are_named_and_tagged(quiet_project):
         tags = run.data.tags
         assert tags["env"] == "local"  # conf/local holds the tiny parameters
         assert tags["runner"] == "SequentialRunner"
-        assert (tags["model"], tags["image_size"], tags["seed"]) == ("resnet_narrow", "16", "42")
+        assert (tags["network"], tags["image_size"], tags["seed"]) == ("resnet_narrow", "16", "42")
         assert (tags["train_images"], tags["val_images"], tags["classes"]) == ("12", "6", "3")
     # the link each run prints opens the MLflow UI on the experiment's runs table, as a shared view
     url = f"http://127.0.0.1:5000/#/experiments/{default.info.experiment_id}/runs?viewStateShareKey="

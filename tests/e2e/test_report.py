@@ -122,11 +122,11 @@ def test_table_equals_the_runs_logged_metrics(report_run):
         for column, value in expected.items():
             assert table.loc[recipe, column] == pytest.approx(value, rel=CSV_REL, nan_ok=True), (recipe, column)
         assert not table.loc[recipe, "resumed"] and table.loc[recipe, "env"] == "local"
-        assert table.loc[recipe, "model"] == "resnet_narrow"
+        assert table.loc[recipe, "network"] == "resnet_narrow"
     # every recipe trained on the same data and model: nothing differs, nothing is warned about
     assert table["differs"].isna().all()
     output = result.stdout + result.stderr
-    assert "differ in data or model" not in output
+    assert "differ in data or network" not in output
     # the final evaluation, as the evaluation node wrote it
     thor_eval = pd.read_json(project / "data/08_reporting/thor_eval.json", typ="series")
     assert table.loc["thor", "top1"] == pytest.approx(thor_eval["top1"], rel=CSV_REL)

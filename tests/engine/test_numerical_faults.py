@@ -89,28 +89,28 @@ def test_stage2_with_too_large_a_loss_scale_stops_as_a_loss_scale_error(tmp_path
     from tests.support.trees import write_image_tree
     from trainlib.data.folder import scan_image_tree
     from trainlib.engine.state import capture_state
-    from trainlib.params import DataParams, DimReduceParams, DistributedParams, ModelParams, RuntimeParams
+    from trainlib.params import DataParams, DimReduceParams, DistributedParams, NetworkParams, RuntimeParams
     from trainlib.recipes.classifier import create_network
     from trainlib.recipes.dim_reduce import train_stage2
 
     tree = write_image_tree(tmp_path / "tree", classes=("a", "b", "c"), per_class={"train": 6, "val": 2})
     scanned = scan_image_tree(tree, {"train": "train", "val": "val"})
     params = load_config()
-    params["model"]["name"] = "resnet_narrow"
+    params["network"]["name"] = "resnet_narrow"
     params["data"].update({"image_size": 12, "num_workers": 1})
     stage2 = params["dim_reduce"]["stage2"]
     # the scaled loss (about 1.1 x 3.3e38) overflows float32, and with it the scaled gradients
     stage2.update({"batch_size": BATCH, "loss_scale": 3.3e38})
     stage2["checkpoint"]["dir"] = str(tmp_path / "epochs")
-    model = ModelParams(**params["model"])
-    net = create_network(model, scanned.class_index)
+    network = NetworkParams(**params["network"])
+    net = create_network(network, scanned.class_index)
     start = capture_state(net, None, {"network": "resnet_narrow", "epoch": 1})
     n = sum(int(np.prod(p.shape)) for p in net.trainable_params())
     pca = np.linalg.qr(np.random.default_rng(0).standard_normal((n, 3)))[0].T.astype(np.float32)
     context = TrainingContext(
         scanned.manifest,
         scanned.class_index,
-        model,
+        network,
         DataParams(**params["data"]),
         RuntimeParams(**params["runtime"]),
         DistributedParams(**params["distributed"]),

@@ -104,7 +104,7 @@ def test_data_pipeline(workspace):
     run = only_run(tracking_uri(project), "data")
     assert run.info.status == "FINISHED"
     assert run.info.run_name.startswith("data source=folder ")  # the --params that change the configuration
-    expected = {"env": "base", "runner": "RecordingRunner", "model": "resnet_narrow", "image_size": "16"}
+    expected = {"env": "base", "runner": "RecordingRunner", "network": "resnet_narrow", "image_size": "16"}
     expected |= {"train_images": "24", "val_images": "9", "classes": "3"}  # from the manifest it saved
     assert {key: run.data.tags[key] for key in expected} == expected
     assert run.data.params["data.image_size"] == "16" and run.data.params["data.root"] == str(tree)
@@ -206,7 +206,7 @@ def test_baseline_thor_and_report_pipelines(workspace, tmp_path):
     evaluated = run_pipeline("baseline", params, project, node_names=["baseline.evaluate"])
     assert evaluated["baseline.eval_report"] == outputs_of_baseline["baseline.eval_report"]
     (partial,) = [run for run in runs_of(uri, "baseline") if run.info.run_id != baseline_run_id]
-    assert {"model.name", "data.image_size", "runtime.seed"} <= set(partial.data.params)
+    assert {"network.name", "data.image_size", "runtime.seed"} <= set(partial.data.params)
     # `kedro run --nodes=data.build_manifest`: the data pipeline's one node reads only the parameters, so it runs
     # alone, and the tree it scans again gives the same manifest
     manifest = project / "data/02_intermediate/manifest.csv"
@@ -315,7 +315,7 @@ def test_dim_reduce_pipeline(workspace, tmp_path):
     # and the shared sections its training read, as the kedro run's run logs them
     for training, child in trainings.items():
         assert child.data.params["data.image_size"] == "16", training
-        assert {"model.name", "runtime.seed", "distributed.worker_num"} <= set(child.data.params), training
+        assert {"network.name", "runtime.seed", "distributed.worker_num"} <= set(child.data.params), training
     stage1_params = set(trainings["stage1"].data.params)
     assert "dim_reduce.stage1.epochs" in stage1_params and any(key.startswith("boost.") for key in stage1_params)
 

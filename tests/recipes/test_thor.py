@@ -37,9 +37,9 @@ def setting(tmp_path_factory):
 def train(root, params, manifest, class_index):
     """THOR's recipe trained in a folder of its own under ``root`` (its checkpoints land there)."""
     initial = build_network(
-        params.model, class_index, params.runtime, zero_init_last_bn_gamma=params.thor.zero_init_last_bn_gamma
+        params.network, class_index, params.runtime, zero_init_last_bn_gamma=params.thor.zero_init_last_bn_gamma
     )
-    context = TrainingContext(manifest, class_index, params.model, params.data, params.runtime, params.distributed)
+    context = TrainingContext(manifest, class_index, params.network, params.data, params.runtime, params.distributed)
     folder = root / f"precondition_{params.thor.precondition}"
     folder.mkdir()  # a new folder: nothing to resume from
     with pytest.MonkeyPatch.context() as patch:
@@ -69,7 +69,7 @@ def test_without_the_preconditioner_thor_is_momentum_on_thors_recipe(setting, fi
     assert not any(name.startswith("optimizer.thor.") for name in result.checkpoint.params)
 
     # the reference: THOR's network, schedule, weight decay and loss scale in a plain Momentum step, same batches
-    net = network_from_checkpoint(params.model, class_index, initial, "the initial weights")
+    net = network_from_checkpoint(params.network, class_index, initial, "the initial weights")
     data = train_data(manifest, params.data, thor.batch_size, params.runtime.seed)
     lr_per_step, _ = thor_schedules(thor, data.get_dataset_size())
     optimizer = create_momentum(net, lr_per_step, thor.momentum, thor.weight_decay, thor.loss_scale)

@@ -21,7 +21,7 @@ from tests.support.config import CONF, changed, load_config
 from tests.support.stores import EXPERIMENT
 from trainlib.metrics import EPOCH_KEYS
 from trainlib.params import ParameterError, validate_parameters
-from trainlib.report.compare import compare, data_and_model, setting_differences, table_row
+from trainlib.report.compare import compare, data_and_network, setting_differences, table_row
 from trainlib.report.figures import figures
 from trainlib.report.histories import epoch_rows, recipe_history, time_to_target
 from trainlib.report.runs import NoRunsError, report_recipes
@@ -136,11 +136,12 @@ def run_record(params: dict[str, str], env: str = "local", **tags: str) -> dict:
 
 
 def test_table_row_takes_settings_from_params_and_time_from_the_curve():
+    # model.name: a run logged before the network section (params.renames), read as network.name
     params = {"model.name": "resnet18", "data.image_size": "16", "runtime.seed": "7", "data.num_workers": "1"}
     history = recipe_history(report_recipes()["dim_reduce"], "abc", dim_reduce_metrics(1))
     curve = history[history["training"] != "control"]
     row = table_row(report_recipes()["dim_reduce"], run_record(params), curve, {"top1": 0.9, "top5": 1.0}, 0.85, False)
-    assert (row["model"], row["image_size"], row["seed"]) == ("resnet18", 16, 7)
+    assert (row["network"], row["image_size"], row["seed"]) == ("resnet18", 16, 7)
     assert row["epoch_images"] == 1000 and row["train_images"] is None  # 100 images/s for 10 s; no split tag
     assert (row["epochs"], row["train_time_s"], row["wall_time_s"]) == (3, 60.0, 90.0)
     assert row["images_per_s"] == pytest.approx((100 * 10 + 50 * 20 + 40 * 30) / 60)
@@ -148,20 +149,20 @@ def test_table_row_takes_settings_from_params_and_time_from_the_curve():
 
 
 def test_settings_that_differ_between_runs_are_named_per_run():
-    same = {"data.image_size": "32", "data.max_per_class.train": "1500", "model.name": "resnet_narrow"}
+    same = {"data.image_size": "32", "data.max_per_class.train": "1500", "network.name": "resnet_narrow"}
     settings = {
-        "baseline": data_and_model(run_record({**same, "data.num_workers": "2", "runtime.seed": "1"})),
-        "thor": data_and_model(run_record({**same, "data.num_workers": "1", "runtime.seed": "2"})),
+        "baseline": data_and_network(run_record({**same, "data.num_workers": "2", "runtime.seed": "1"})),
+        "thor": data_and_network(run_record({**same, "data.num_workers": "1", "runtime.seed": "2"})),
     }
-    # worker count and seed change neither the data nor the model
+    # worker count and seed change neither the data nor the network
     assert setting_differences(settings) == {"baseline": "", "thor": ""}
-    settings["adasum"] = data_and_model(run_record({**same, "data.image_size": "16"}, env="gpu"))
-    settings["dim_reduce"] = data_and_model(run_record({k: v for k, v in same.items() if k != "model.name"}))
+    settings["adasum"] = data_and_network(run_record({**same, "data.image_size": "16"}, env="gpu"))
+    settings["dim_reduce"] = data_and_network(run_record({k: v for k, v in same.items() if k != "network.name"}))
     assert setting_differences(settings) == {
-        "baseline": "data.image_size=32; env=local; model.name=resnet_narrow",
-        "thor": "data.image_size=32; env=local; model.name=resnet_narrow",
-        "adasum": "data.image_size=16; env=gpu; model.name=resnet_narrow",
-        "dim_reduce": "data.image_size=32; env=local; model.name=?",
+        "baseline": "data.image_size=32; env=local; network.name=resnet_narrow",
+        "thor": "data.image_size=32; env=local; network.name=resnet_narrow",
+        "adasum": "data.image_size=16; env=gpu; network.name=resnet_narrow",
+        "dim_reduce": "data.image_size=32; env=local; network.name=?",
     }
 
 
@@ -272,7 +273,7 @@ def test_dim_reduce_is_read_from_its_child_runs(tmp_path, caplog):
     assert (row["top1"], row["top5"], row["epochs"], row["train_time_s"]) == (0.9, 1.0, 3, 60.0)
     assert row["images_per_s"] == pytest.approx((100 * 10 + 50 * 20 + 40 * 30) / 60)
     assert (row["epoch_to_target"], row["time_to_target_s"]) == (3, 60.0)
-    assert (row["model"], row["image_size"], row["seed"], row["epoch_images"]) == ("resnet_narrow", 32, 42, 1000)
+    assert (row["network"], row["image_size"], row["seed"], row["epoch_images"]) == ("resnet_narrow", 32, 42, 1000)
     assert table.loc["thor", "run_status"] == "missing"
     assert f"skipping dim_reduce run {ids['partial']}, which lacks ['stage1: train/loss']" in caplog.text
     # the baseline trained on 16 px images: the table and the log say so
@@ -280,7 +281,7 @@ def test_dim_reduce_is_read_from_its_child_runs(tmp_path, caplog):
     assert table.loc["baseline", "differs"] == "data.image_size=16"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "differ" in r.getMessage()]
     assert warnings == [
-        "Report: the compared runs differ in data or model, so their figures are not like for like: "
+        "Report: the compared runs differ in data or network, so their figures are not like for like: "
         "dim_reduce: data.image_size=32 | baseline: data.image_size=16"
     ]
     assert comparison.explained_variance["cumulative_ratio"].tolist() == [0.6, 0.8]

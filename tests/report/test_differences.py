@@ -180,7 +180,7 @@ def study_and_unequal_runs(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     experiment = client.create_experiment(EXPERIMENT, artifact_location=(tmp_path / "mlruns").as_uri())
-    full = {"data.max_per_class.train": "1500", "data.image_size": "32", "model.name": "resnet_narrow"}
+    full = {"data.max_per_class.train": "1500", "data.image_size": "32", "network.name": "resnet_narrow"}
     ids = {
         "baseline": log_recipe_run(client, experiment, "baseline", full, [0.5, 0.7, 0.8, 0.84, 0.85]),
         "thor": log_recipe_run(client, experiment, "thor", {**full, "data.max_per_class.train": "60"}, [0.21]),

@@ -53,7 +53,7 @@ def log_study_walk(
     Returns the default run, the study's run and its trainings by (recipe, seed)."""
     client = mlflow.MlflowClient(uri)
     experiment = client.create_experiment(EXPERIMENT, artifact_location=(folder / "mlruns").as_uri())
-    data = {"data.image_size": "32", "model.name": "resnet_narrow"}
+    data = {"data.image_size": "32", "network.name": "resnet_narrow"}
     default = log_recipe_run(client, experiment, "baseline", data, [0.5, 0.7, 0.8, 0.84, 0.85])
     tags = {"pipeline": "study", "env": "base", "train_images": "1050"}
     killed, study = (client.create_run(experiment, tags=tags).info.run_id for _ in range(2))

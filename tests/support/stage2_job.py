@@ -37,7 +37,7 @@ def parameters(work: Path, implementation: str = "trainlib"):
     from trainlib.params import validate_parameters
 
     raw = load_config()
-    raw["model"]["name"] = "resnet_narrow"
+    raw["network"]["name"] = "resnet_narrow"
     raw["data"].update({"image_size": 16, "num_workers": 1})
     raw["dim_reduce"]["stage2"].update(
         {
@@ -68,7 +68,7 @@ def main(work: Path, tree: Path, implementation: str) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
     scan = scan_image_tree(tree, {"train": "train", "val": "val"})
     configure_mindspore("CPU", "graph", params.runtime.seed)
-    net = create_network(params.model, scan.class_index)
+    net = create_network(params.network, scan.class_index)
     stage1 = capture_state(net, None, {"network": "resnet_narrow", "epoch": STAGE1_EPOCH})
     n = sum(int(np.prod(p.shape)) for p in net.trainable_params())
     q, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((n, K)))
@@ -78,7 +78,7 @@ def main(work: Path, tree: Path, implementation: str) -> None:
         mlflow.start_run(run_name="stage2_job"),
         training_run("stage2", {"dim_reduce.stage2": params.dim_reduce.stage2}),
     ):
-        shared = (scan.manifest, scan.class_index, params.model, params.data, params.runtime, params.distributed)
+        shared = (scan.manifest, scan.class_index, params.network, params.data, params.runtime, params.distributed)
         checkpoint, history, _, steps = train_stage2(stage1, q.T.astype(np.float32), *shared, params.dim_reduce.stage2)
     save_checkpoint(checkpoint, work / "stage2.ckpt")
     history.to_csv(work / "stage2_history.csv", index=False)

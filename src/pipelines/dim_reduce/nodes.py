@@ -22,7 +22,7 @@ from trainlib.params import (
     ControlParams,
     DataParams,
     DistributedParams,
-    ModelParams,
+    NetworkParams,
     PcaParams,
     RuntimeParams,
     Stage1Params,
@@ -38,7 +38,7 @@ def train_stage1(
     initial_weights: Checkpoint,
     manifest: pd.DataFrame,
     class_index: dict[str, int],
-    model: ModelParams,
+    network: NetworkParams,
     data: DataParams,
     runtime: RuntimeParams,
     distributed: DistributedParams,
@@ -47,7 +47,7 @@ def train_stage1(
 ) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Momentum to ``stage1.epochs`` of a ``stage1.schedule_epochs`` schedule, keeping the weight trajectory: the
     checkpoint of the last step, the per-epoch and step histories and the trajectory index."""
-    context = training_context(manifest, class_index, model, data, runtime, distributed)
+    context = training_context(manifest, class_index, network, data, runtime, distributed)
     result, index = on_every_rank(
         dim_reduce.train_stage1, context, initial_weights, stage1, boost=boost, callbacks=[tracking.EpochMetrics()]
     )
@@ -57,12 +57,12 @@ def train_stage1(
 def collect_trajectory(
     trajectory_index: pd.DataFrame,
     class_index: dict[str, int],
-    model: ModelParams,
+    network: NetworkParams,
     collect: CollectParams,
     pca: PcaParams,
 ) -> pd.DataFrame:
     """The last ``collect.n_files`` trajectory files, checked against the network's parameters."""
-    chosen = dim_reduce.collect_trajectory(trajectory_index, model, class_index, collect, pca)
+    chosen = dim_reduce.collect_trajectory(trajectory_index, network, class_index, collect, pca)
     tracking.log_metrics({"pca/trajectory_files": len(trajectory_index), "pca/trajectory_length": len(chosen)})
     return chosen
 
@@ -70,11 +70,11 @@ def collect_trajectory(
 def fit_pca(
     selected_trajectory: pd.DataFrame,
     class_index: dict[str, int],
-    model: ModelParams,
+    network: NetworkParams,
     pca: PcaParams,
 ) -> tuple[np.ndarray, pd.DataFrame, Figure]:
     """k x n projection of the centred trajectory, its explained-variance table and plot."""
-    result = dim_reduce.trajectory_pca(selected_trajectory, model, class_index, pca)
+    result = dim_reduce.trajectory_pca(selected_trajectory, network, class_index, pca)
     table = explained_variance_table(result)
     tracking.log_metrics(
         {
@@ -96,7 +96,7 @@ def train_stage2(
     pca_matrix: np.ndarray,
     manifest: pd.DataFrame,
     class_index: dict[str, int],
-    model: ModelParams,
+    network: NetworkParams,
     data: DataParams,
     runtime: RuntimeParams,
     distributed: DistributedParams,
@@ -105,7 +105,7 @@ def train_stage2(
     """P-BFGS in the PCA subspace for ``stage2.epochs`` epochs from the stage-1 weights (``implementation:
     mindspore_builtin``: ``mindspore.boost``'s DimReduce instead, in a process of its own): the final checkpoint, the
     per-epoch and step histories and the per-step table."""
-    context = training_context(manifest, class_index, model, data, runtime, distributed)
+    context = training_context(manifest, class_index, network, data, runtime, distributed)
     callbacks = [tracking.EpochMetrics()]
     if stage2.implementation == "mindspore_builtin":
         handoff = tracking.MlflowRunHandoff.capture()
@@ -124,7 +124,7 @@ def train_control(
     stage1_checkpoint: Checkpoint,
     manifest: pd.DataFrame,
     class_index: dict[str, int],
-    model: ModelParams,
+    network: NetworkParams,
     data: DataParams,
     runtime: RuntimeParams,
     distributed: DistributedParams,
@@ -134,7 +134,7 @@ def train_control(
     boost: BoostParams,
 ) -> tuple[Checkpoint, pd.DataFrame, pd.DataFrame]:
     """Momentum continued from the stage-1 checkpoint (stage 1's recipe) for as many epochs as stage 2 trains."""
-    context = training_context(manifest, class_index, model, data, runtime, distributed)
+    context = training_context(manifest, class_index, network, data, runtime, distributed)
     result = on_every_rank(
         dim_reduce.train_control, context, stage1_checkpoint, stage1, stage2, control, boost=boost,
         callbacks=[tracking.EpochMetrics()],

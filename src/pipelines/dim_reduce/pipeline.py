@@ -42,13 +42,13 @@ def create_pipeline(**kwargs) -> Pipeline:
         [
             node(
                 collect_trajectory,
-                ["trajectory_index", "class_index", "params:model", "params:collect", "params:pca"],
+                ["trajectory_index", "class_index", "params:network", "params:collect", "params:pca"],
                 "selected_trajectory",
                 name="collect_trajectory",
             ),
             node(
                 fit_pca,
-                ["selected_trajectory", "class_index", "params:model", "params:pca"],
+                ["selected_trajectory", "class_index", "params:network", "params:pca"],
                 ["pca_matrix", "explained_variance", "explained_variance_plot"],
                 name="fit_pca",
             ),

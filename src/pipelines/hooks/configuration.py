@@ -40,9 +40,13 @@ class RunConfiguration:
 
     @property
     def identity(self) -> dict[str, str]:
-        """What tells the run's results apart besides its pipelines: the model, image size and seed."""
+        """What tells the run's results apart besides its pipelines: the network, image size and seed."""
         params = self.params
-        return {"model": params.model.name, "image_size": str(params.data.image_size), "seed": str(params.runtime.seed)}
+        return {
+            "network": params.network.name,
+            "image_size": str(params.data.image_size),
+            "seed": str(params.runtime.seed),
+        }
 
 
 class ConfigurationHooks:

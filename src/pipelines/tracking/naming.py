@@ -17,7 +17,7 @@ DESCRIPTION_TAG = "mlflow.note.content"  # the run page's description
 
 def short_key(key: str, keys: Sequence[str]) -> str:
     """The shortest dotted suffix of ``key`` that no other key of ``keys`` ends with (``thor.lr.peak``:
-    ``peak``; ``model.name``, as other keys end with ``name``): one abbreviation per key, in every run."""
+    ``peak``; ``network.name``, as other keys end with ``name``): one abbreviation per key, in every run."""
     parts = key.split(".")
     for length in range(1, len(parts)):
         suffix = ".".join(parts[-length:])

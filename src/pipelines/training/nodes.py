@@ -20,6 +20,7 @@ from trainlib.params import (
     DistributedParams,
     ImageRecipe,
     ModelParams,
+    NetworkParams,
     RuntimeParams,
     TargetParams,
 )
@@ -32,7 +33,7 @@ from trainlib.recipes.registry import check_launch, train_recipe
 def training_context(
     manifest: pd.DataFrame,
     class_index: dict[str, int],
-    model: ModelParams,
+    network: NetworkParams,
     data: DataParams,
     runtime: RuntimeParams,
     distributed: DistributedParams | None = None,
@@ -40,22 +41,22 @@ def training_context(
     """What a training's nodes read besides their own section, in one value (``TrainingContext``): the data
     pipeline's manifest and class index and the shared sections, as each node receives them from the catalog.
     Without ``distributed``, this process alone (an evaluation, an export)."""
-    return TrainingContext(manifest, class_index, model, data, runtime, distributed)
+    return TrainingContext(manifest, class_index, network, data, runtime, distributed)
 
 
 def build_network(
-    class_index: dict[str, int], model: ModelParams, runtime: RuntimeParams, zero_init_last_bn_gamma: bool
+    class_index: dict[str, int], network: NetworkParams, runtime: RuntimeParams, zero_init_last_bn_gamma: bool
 ) -> Checkpoint:
     """Initial weights of the configured ResNet, seeded by ``runtime.seed``; the recipe's own
     ``zero_init_last_bn_gamma`` (THOR's recipes: each residual block's last BatchNorm gamma starts at 0)."""
-    return classifier.build_network(model, class_index, runtime, zero_init_last_bn_gamma=zero_init_last_bn_gamma)
+    return classifier.build_network(network, class_index, runtime, zero_init_last_bn_gamma=zero_init_last_bn_gamma)
 
 
 def train(
     initial_weights: Checkpoint,
     manifest: pd.DataFrame,
     class_index: dict[str, int],
-    model: ModelParams,
+    network: NetworkParams,
     data: DataParams,
     runtime: RuntimeParams,
     distributed: DistributedParams,
@@ -69,7 +70,7 @@ def train(
     ``distributed.worker_num`` above 1 it trains
     on that many msrun workers; a rerun resumes from the newest checkpoint in ``<recipe>.checkpoint.dir``."""
     check_launch(recipe, distributed)
-    context = training_context(manifest, class_index, model, data, runtime, distributed)
+    context = training_context(manifest, class_index, network, data, runtime, distributed)
     result = on_every_rank(train_recipe, context, initial_weights, recipe, boost=boost, callbacks=callbacks(target))
     return training_outputs(result)
 
@@ -96,13 +97,13 @@ def evaluate(
     checkpoint: Checkpoint,
     manifest: pd.DataFrame,
     class_index: dict[str, int],
-    model: ModelParams,
+    network: NetworkParams,
     data: DataParams,
     runtime: RuntimeParams,
 ) -> dict:
     """Top-1/top-5 of the checkpoint on val, in this process (``baseline: top-1 …``, named by the training that
     wrote it), logged as ``final/top1``, ``final/top5``."""
-    report = classifier.evaluate_checkpoint(training_context(manifest, class_index, model, data, runtime), checkpoint)
+    report = classifier.evaluate_checkpoint(training_context(manifest, class_index, network, data, runtime), checkpoint)
     tracking.log_final(report)
     return report
 
@@ -111,10 +112,13 @@ def export_model(
     checkpoint: Checkpoint,
     manifest: pd.DataFrame,
     class_index: dict[str, int],
-    model: ModelParams,
+    network: NetworkParams,
     data: DataParams,
     runtime: RuntimeParams,
+    model: ModelParams,
 ) -> ExportedModel:
-    """The training's final network as MindIR with its description and an example image, into ``model``; the
-    project's ``ModelHooks`` log that folder to the training's MLflow run as its model (docs/use-a-model.md)."""
-    return classifier.export_checkpoint(training_context(manifest, class_index, model, data, runtime), checkpoint)
+    """The training's final network as MindIR with its description and an example image, into ``model``, of
+    ``model.export_batch_size`` images a batch; the project's ``ModelHooks`` log that folder to the training's MLflow
+    run as its model (docs/use-a-model.md)."""
+    context = training_context(manifest, class_index, network, data, runtime)
+    return classifier.export_checkpoint(context, checkpoint, model.export_batch_size)

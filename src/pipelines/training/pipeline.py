@@ -18,7 +18,7 @@ from .nodes import build_network, evaluate, export_model, train
 RECIPE = "recipe"
 # What a training reads besides its weights and its own sections (trainlib's TrainingContext): the data pipeline's
 # datasets and the shared sections
-CONTEXT_INPUTS = ["manifest", "class_index", "params:model", "params:data", "params:runtime", "params:distributed"]
+CONTEXT_INPUTS = ["manifest", "class_index", "params:network", "params:data", "params:runtime", "params:distributed"]
 # What an evaluation or an export reads of them: it runs in this process alone, on no msrun worker
 EVALUATION_INPUTS = CONTEXT_INPUTS[:-1]
 
@@ -27,7 +27,7 @@ def build_node() -> Node:
     """``build_network``: the initial weights, with the recipe section's ``zero_init_last_bn_gamma``."""
     return node(
         build_network,
-        ["class_index", "params:model", "params:runtime", f"params:{RECIPE}.zero_init_last_bn_gamma"],
+        ["class_index", "params:network", "params:runtime", f"params:{RECIPE}.zero_init_last_bn_gamma"],
         "initial_weights",
         name="build_network",
     )
@@ -40,8 +40,9 @@ def evaluate_node() -> Node:
 
 def export_node() -> Node:
     """``export_model``: the training's ``final_checkpoint`` as a model folder, ``model`` (MindIR, description,
-    example image), which ``hooks.models`` logs to the training's MLflow run."""
-    return node(export_model, ["final_checkpoint", *EVALUATION_INPUTS], "model", name="export_model")
+    example image; ``params:model``'s ``export_batch_size``), which ``hooks.models`` logs to the training's MLflow
+    run."""
+    return node(export_model, ["final_checkpoint", *EVALUATION_INPUTS, "params:model"], "model", name="export_model")
 
 
 def training_pipeline(section: str) -> Pipeline:

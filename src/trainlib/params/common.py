@@ -109,14 +109,21 @@ class DataParams(Section):
     create_root: bool = False
 
 
-class ModelParams(Section):
+class NetworkParams(Section):
+    """The ResNet an image recipe trains (``network:``): part of a training's identity."""
+
     name: NetworkName
     num_classes: PositiveInt | None  # None: the number of classes in the data
     conv_init: Initialiser
     dense_init: Initialiser
-    # YAML ``register``: each training's exported model becomes a version of a registered model (hooks.models).
-    # Not part of a training's identity (excluded from model_dump, so checkpoints resume whatever it is); named
-    # apart in Python, where ``register`` is pydantic's metaclass method
+
+
+class ModelParams(Section):
+    """The MLflow model a training logs (``model:``): its final network exported to MindIR (``hooks.models``).
+    Not part of a training's identity (excluded from ``model_dump``, so checkpoints resume whatever it is)."""
+
+    # YAML ``register``: each training's exported model becomes a version of a registered model (hooks.models);
+    # named apart in Python, where ``register`` is pydantic's metaclass method
     register_model: bool = Field(alias="register", exclude=True)
     export_batch_size: PositiveInt = Field(exclude=True)  # the exported MindIR's fixed batch (predict.export)
 

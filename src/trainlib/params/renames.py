@@ -17,6 +17,11 @@ RENAMED_KEYS: dict[str, str] = {
     "study.tuning.spaces.thor_bert_baseline": "study.tuning.spaces.thor_bert_control",
     # the settings of MindSpore's built-in THOR, named as the implementation that reads them
     "thor.mindspore": "thor.mindspore_builtin",
+    # the ResNet's settings are the network section's; the model section is only the logged MLflow model's
+    "model.name": "network.name",
+    "model.num_classes": "network.num_classes",
+    "model.conv_init": "network.conv_init",
+    "model.dense_init": "network.dense_init",
 }
 # this project's implementation is trainlib's; MindSpore's own one (mindspore.nn.thor, mindspore.boost) is built in
 _IMPLEMENTATIONS = {"own": "trainlib", "mindspore": "mindspore_builtin"}

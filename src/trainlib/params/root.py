@@ -15,6 +15,7 @@ from trainlib.params.common import (
     DataParams,
     DistributedParams,
     ModelParams,
+    NetworkParams,
     RuntimeParams,
     TargetParams,
     TrackingParams,
@@ -35,6 +36,7 @@ class SharedParameters(Section):
     runtime: RuntimeParams
     distributed: DistributedParams
     data: DataParams
+    network: NetworkParams
     model: ModelParams
     boost: BoostParams
     migrate: MigrateParams

@@ -19,7 +19,7 @@ from trainlib.engine.runtime import configure_mindspore
 from trainlib.engine.state import capture_state, restore_network
 from trainlib.engine.step import StepFactory, TrainStep
 from trainlib.models.resnet import count_parameters, create_resnet
-from trainlib.params import DataParams, ModelParams, RuntimeParams
+from trainlib.params import DataParams, NetworkParams, RuntimeParams
 from trainlib.predict.export import ExportedModel, export_classifier
 from trainlib.recipes.context import TrainingContext
 
@@ -34,7 +34,7 @@ def training_fingerprint(context: TrainingContext, section, *parts, exclude: Ite
     section (but for ``NOT_TRAINING`` and ``exclude``), the seed, the ranks, and ``parts`` (start weights, ...)."""
     settings = section.model_dump(exclude=NOT_TRAINING | set(exclude))
     runtime, workers = context.runtime, context.distributed.worker_num
-    return fingerprint(context.model, context.data, settings, runtime.seed, workers, *parts)
+    return fingerprint(context.network, context.data, settings, runtime.seed, workers, *parts)
 
 
 def configure(runtime: RuntimeParams) -> None:
@@ -42,30 +42,30 @@ def configure(runtime: RuntimeParams) -> None:
     configure_mindspore(runtime.device_target, runtime.mode, runtime.seed)
 
 
-def num_classes(model: ModelParams, class_index: dict[str, int]) -> int:
-    """``model.num_classes`` when set (ImageNet recipes use 1001), else the data's class count."""
-    if model.num_classes is None:
+def num_classes(network: NetworkParams, class_index: dict[str, int]) -> int:
+    """``network.num_classes`` when set (ImageNet recipes use 1001), else the data's class count."""
+    if network.num_classes is None:
         return len(class_index)
-    if model.num_classes < len(class_index):
-        raise ValueError(f"model.num_classes is {model.num_classes} but the data has {len(class_index)} classes")
-    return model.num_classes
+    if network.num_classes < len(class_index):
+        raise ValueError(f"network.num_classes is {network.num_classes} but the data has {len(class_index)} classes")
+    return network.num_classes
 
 
-def create_network(model: ModelParams, class_index: dict[str, int], *, zero_init_last_bn_gamma: bool = False):
+def create_network(network: NetworkParams, class_index: dict[str, int], *, zero_init_last_bn_gamma: bool = False):
     """The configured ResNet, freshly initialised (MindSpore's global seed); ``zero_init_last_bn_gamma``: each
     residual block's last BatchNorm gamma starts at 0 (a recipe's setting, THOR's)."""
     return create_resnet(
-        model.name,
-        num_classes(model, class_index),
-        conv_init=model.conv_init,
-        dense_init=model.dense_init,
+        network.name,
+        num_classes(network, class_index),
+        conv_init=network.conv_init,
+        dense_init=network.dense_init,
         zero_init_last_bn_gamma=zero_init_last_bn_gamma,
     )
 
 
-def network_from_checkpoint(model: ModelParams, class_index: dict[str, int], checkpoint: Checkpoint, source: str):
+def network_from_checkpoint(network: NetworkParams, class_index: dict[str, int], checkpoint: Checkpoint, source: str):
     """The configured network with ``checkpoint``'s weights; a mismatch names ``source``."""
-    net = create_network(model, class_index)
+    net = create_network(network, class_index)
     check_compatible({p.name: tuple(p.shape) for p in net.get_parameters()}, checkpoint, source)
     restore_network(net, checkpoint)
     return net
@@ -167,28 +167,28 @@ def train_classifier(
         step_validation=step_val_data(manifest, data) if section.eval_every_steps else None,
         callbacks=callbacks,
         continue_from_start=continue_from_start,
-        metadata={"network": context.model.name, "training": name},
+        metadata={"network": context.network.name, "training": name},
     )
 
 
 def build_network(
-    model: ModelParams, class_index: dict[str, int], runtime: RuntimeParams, *, zero_init_last_bn_gamma: bool
+    network: NetworkParams, class_index: dict[str, int], runtime: RuntimeParams, *, zero_init_last_bn_gamma: bool
 ) -> Checkpoint:
     """Initial weights of the configured ResNet, seeded by ``runtime.seed`` (``create_network``)."""
     configure(runtime)
-    net = create_network(model, class_index, zero_init_last_bn_gamma=zero_init_last_bn_gamma)
-    logger.info("Built %s: %d trainable parameters", model.name, count_parameters(net))
-    return capture_state(net, None, {"network": model.name, "epoch": 0})
+    net = create_network(network, class_index, zero_init_last_bn_gamma=zero_init_last_bn_gamma)
+    logger.info("Built %s: %d trainable parameters", network.name, count_parameters(net))
+    return capture_state(net, None, {"network": network.name, "epoch": 0})
 
 
 def evaluate_checkpoint(context: TrainingContext, checkpoint: Checkpoint) -> dict:
     """Top-1/top-5 (fractions) of ``checkpoint`` on ``context``'s val split in this process, as a report; messages
     name it by the training that wrote it (its metadata ``training``: ``baseline``, ``stage2``, …)."""
-    manifest, class_index, model, data = context.manifest, context.class_index, context.model, context.data
+    manifest, class_index, network, data = context.manifest, context.class_index, context.network, context.data
     runtime = context.runtime
     label = str(checkpoint.metadata.get("training", "checkpoint"))
     configure(runtime)
-    net = network_from_checkpoint(model, class_index, checkpoint, f"of {label}")
+    net = network_from_checkpoint(network, class_index, checkpoint, f"of {label}")
     accuracy = evaluate(net, val_data(manifest, data))
     logger.info(
         "%s: top-1 %.2f%%, top-5 %.2f%% on %d val images",
@@ -198,7 +198,7 @@ def evaluate_checkpoint(context: TrainingContext, checkpoint: Checkpoint) -> dic
         accuracy["images"],
     )
     return {
-        "network": model.name,
+        "network": network.name,
         "epoch": int(checkpoint.metadata.get("epoch", 0)),
         "top1": accuracy["top1"],
         "top5": accuracy["top5"],
@@ -206,13 +206,14 @@ def evaluate_checkpoint(context: TrainingContext, checkpoint: Checkpoint) -> dic
     }
 
 
-def export_checkpoint(context: TrainingContext, checkpoint: Checkpoint) -> ExportedModel:
+def export_checkpoint(context: TrainingContext, checkpoint: Checkpoint, batch_size: int) -> ExportedModel:
     """``checkpoint``'s network as MindIR with what predicting needs (``predict.export``): the data's image size and
-    resize ratio, the class names by label, and the first val image of the manifest as an example input."""
-    model, class_index, data = context.model, context.class_index, context.data
+    resize ratio, the class names by label, and the first val image of the manifest as an example input; its fixed
+    batch ``batch_size`` (``model.export_batch_size``)."""
+    network, class_index, data = context.network, context.class_index, context.data
     configure(context.runtime)
     label = str(checkpoint.metadata.get("training", "checkpoint"))
-    net = network_from_checkpoint(model, class_index, checkpoint, f"of {label}")
+    net = network_from_checkpoint(network, class_index, checkpoint, f"of {label}")
     val = context.manifest[context.manifest["split"] == "val"]
     if val.empty:
         raise ValueError("the manifest has no 'val' images to take the model's example input from")
@@ -223,9 +224,9 @@ def export_checkpoint(context: TrainingContext, checkpoint: Checkpoint) -> Expor
         image_size=data.image_size,
         eval_resize_ratio=data.eval_resize_ratio,
         class_index=class_index,
-        num_classes=num_classes(model, class_index),
-        network=model.name,
+        num_classes=num_classes(network, class_index),
+        network=network.name,
         training=label,
         example_image=example_image,
-        batch_size=model.export_batch_size,
+        batch_size=batch_size,
     )

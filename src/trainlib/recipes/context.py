@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from trainlib.params import BertNetworkParams, DataParams, DistributedParams, ModelParams, RuntimeParams
+from trainlib.params import BertNetworkParams, DataParams, DistributedParams, NetworkParams, RuntimeParams
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class TrainingContext:
 
     manifest: pd.DataFrame
     class_index: dict[str, int]
-    model: ModelParams
+    network: NetworkParams
     data: DataParams
     runtime: RuntimeParams
     distributed: DistributedParams | None  # None: this process alone (an evaluation)

@@ -48,7 +48,7 @@ class MomentumStepFactory(classifier.ImageStepFactory):
     ):
         self.context, self.training, self.schedule_epochs = context, training, schedule_epochs
         self.boost, self.adasum = boost, adasum
-        self.classes = classifier.num_classes(context.model, context.class_index)  # a mismatch stops before any work
+        self.classes = classifier.num_classes(context.network, context.class_index)  # a mismatch stops before any work
 
     def create_optimizer(self, net, lr_per_step):
         """The optimizer over ``net``'s parameters with ``lr_per_step``: Momentum with the section's weight decay."""
@@ -57,8 +57,8 @@ class MomentumStepFactory(classifier.ImageStepFactory):
 
     def make_step(self, start: Checkpoint, steps_per_epoch: int) -> TrainStep:
         context, training = self.context, self.training
-        model, class_index = context.model, context.class_index
-        net = classifier.network_from_checkpoint(model, class_index, start, "start checkpoint")
+        network, class_index = context.network, context.class_index
+        net = classifier.network_from_checkpoint(network, class_index, start, "start checkpoint")
         lr_per_step = per_step(
             training.lr,
             epochs=self.schedule_epochs,
@@ -70,7 +70,7 @@ class MomentumStepFactory(classifier.ImageStepFactory):
         logger.info(
             "%s training of %s: %s schedule, lr max %.4g, loss scale %g",
             type(optimizer).__name__,
-            model.name,
+            network.name,
             training.lr.shape,
             lr_per_step.max(),
             training.loss_scale,

@@ -216,19 +216,19 @@ class ThorStepFactory(classifier.ImageStepFactory):
 
     def __init__(self, context: TrainingContext, thor: ThorParams):
         self.context, self.thor = context, thor
-        self.classes = classifier.num_classes(context.model, context.class_index)  # a mismatch stops before any work
+        self.classes = classifier.num_classes(context.network, context.class_index)  # a mismatch stops before any work
 
     def make_step(self, start: Checkpoint, steps_per_epoch: int) -> TrainStep:
         context, thor = self.context, self.thor
-        model, class_index = context.model, context.class_index
-        net = classifier.network_from_checkpoint(model, class_index, start, "start checkpoint")
+        network, class_index = context.network, context.class_index
+        net = classifier.network_from_checkpoint(network, class_index, start, "start checkpoint")
         lr_per_step, damping = thor_schedules(thor, steps_per_epoch)
         loss_fn = CrossEntropySmooth(self.classes, thor.label_smoothing)
         if thor.precondition:
             logger.info(
                 "THOR (%s) training of %s, batch %d, frequency %d, lr %.4g -> %.4g, damping %.4g -> %.4g",
                 thor.implementation,
-                model.name,
+                network.name,
                 thor.batch_size,
                 thor.frequency,
                 lr_per_step[0],
@@ -240,7 +240,7 @@ class ThorStepFactory(classifier.ImageStepFactory):
             logger.info(
                 "THOR's recipe without the preconditioner (thor.precondition false: gradients straight to Momentum) "
                 "training of %s, batch %d, lr %.4g -> %.4g",
-                model.name,
+                network.name,
                 thor.batch_size,
                 lr_per_step[0],
                 lr_per_step[-1],
@@ -266,8 +266,8 @@ class ThorStepFactory(classifier.ImageStepFactory):
         if isinstance(step, TrainlibThorStep):  # the wrapped layers capture nothing outside a THOR step
             return evaluate(step.network, dataset)
         # nn.thor converted the network and amp cast it: evaluate a plain float32 copy of its weights
-        model, class_index = self.context.model, self.context.class_index
-        plain = classifier.network_from_checkpoint(model, class_index, Checkpoint(step.capture()), "the THOR network")
+        network, class_index = self.context.network, self.context.class_index
+        plain = classifier.network_from_checkpoint(network, class_index, Checkpoint(step.capture()), "the THOR network")
         return evaluate(plain, dataset)
 
 

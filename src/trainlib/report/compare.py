@@ -21,6 +21,7 @@ import pandas as pd
 
 from trainlib.metrics import EPOCH_KEYS, FINAL_KEYS, TRAIN_EPOCH_TIME_S, TRAIN_IMAGES_PER_S
 from trainlib.params.recipe_spec import RESULT_KEY, result_named
+from trainlib.params.renames import RENAMED_KEYS
 from trainlib.readable import counted
 from trainlib.report.differences import newest_study_run
 from trainlib.report.histories import final_accuracy, recipe_curve, recipe_history, time_to_target
@@ -39,14 +40,14 @@ logger = logging.getLogger(__name__)
 
 # Parameters (as kedro-mlflow flattens them) that change what is trained on or what is trained;
 # data loading settings that do not change the images (workers, evaluation batch, cache folder) are left out.
-DATA_MODEL_PREFIXES = ("data.", "model.")
-NOT_DATA_OR_MODEL = ("data.num_workers", "data.eval_batch_size", "data.cache_dir")
+DATA_NETWORK_PREFIXES = ("data.", "network.")
+NOT_DATA_OR_NETWORK = ("data.num_workers", "data.eval_batch_size", "data.cache_dir")
 TABLE_COLUMNS = [
     "recipe",
     "run_id",
     "run_status",
     "env",
-    "model",
+    "network",
     "image_size",
     "train_images",
     "epoch_images",
@@ -82,7 +83,7 @@ class Comparison:
     explained_variance: pd.DataFrame
     # each training's final top1/top5 and its budget (epochs), by name: the recipes', dim_reduce's stage2 and control
     finals: dict[str, dict[str, float]] = field(default_factory=dict)
-    # the data and model settings of each training's run (data_and_model), by the same names
+    # the data and network settings of each training's run (data_and_network), by the same names
     settings: dict[str, dict[str, str | None]] = field(default_factory=dict)
     # the runs behind the table's rows, for the report's closing link: the single runs, and the study's trainings of
     # the recipes reported from the study
@@ -111,7 +112,7 @@ def table_row(
 
     ``history`` is the recipe's curve (``recipe_curve``); ``final`` its last training's final evaluation.
     ``train_images`` is the run's train split as its tag says (the manifest's count, as on every run);
-    ``epoch_images`` the images one epoch trained on (``epoch_images``: full batches, so fewer); model, image size
+    ``epoch_images`` the images one epoch trained on (``epoch_images``: full batches, so fewer); network, image size
     and seed are the run's logged parameters.
     """
     times = history[TRAIN_EPOCH_TIME_S].to_numpy(dtype=np.float64)
@@ -124,7 +125,7 @@ def table_row(
         "run_id": run["run_id"],
         "run_status": run["status"],
         "env": run["tags"].get("env"),  # runs of different environments train different data
-        "model": run["params"].get("model.name"),
+        "network": run_params(run).get("network.name"),
         "image_size": _number(run["params"].get("data.image_size")),
         "train_images": _number(run["tags"].get("train_images")),
         "epoch_images": epoch_images(history),
@@ -143,22 +144,28 @@ def table_row(
     }
 
 
-def data_and_model(run: RunRecord) -> dict[str, str | None]:
-    """The settings that decide what a run trained on and what it trained: its data and model
+def run_params(run: RunRecord) -> dict[str, str | None]:
+    """A run's params by their current keys: a run logged before a rename (``model.name``, now ``network.name``,
+    ``params.renames``) reads as a new one."""
+    return {RENAMED_KEYS.get(key, key): value for key, value in run["params"].items()}
+
+
+def data_and_network(run: RunRecord) -> dict[str, str | None]:
+    """The settings that decide what a run trained on and what it trained: its data and network
     parameters and its configuration environment (key ``env``)."""
     settings: dict[str, str | None] = {
         key: value
-        for key, value in run["params"].items()
-        if key.startswith(DATA_MODEL_PREFIXES) and key not in NOT_DATA_OR_MODEL
+        for key, value in run_params(run).items()
+        if key.startswith(DATA_NETWORK_PREFIXES) and key not in NOT_DATA_OR_NETWORK
     }
     settings["env"] = run["tags"].get("env")
     return settings
 
 
 def setting_differences(settings: Mapping[str, Mapping[str, str | None]]) -> dict[str, str]:
-    """Per recipe, ``key=value`` of each data or model setting on which the compared runs disagree.
+    """Per recipe, ``key=value`` of each data or network setting on which the compared runs disagree.
 
-    ``settings`` maps a recipe to its run's ``data_and_model``; a setting one run lacks counts as
+    ``settings`` maps a recipe to its run's ``data_and_network``; a setting one run lacks counts as
     differing (its value shows as ``?``). Empty strings when every run agrees.
     """
     keys = sorted({key for values in settings.values() for key in values})
@@ -171,7 +178,7 @@ def setting_differences(settings: Mapping[str, Mapping[str, str | None]]) -> dic
 
 def unequal_budgets(table: pd.DataFrame, settings: Mapping[str, Mapping[str, str | None]]) -> dict[str, str]:
     """Per recipe with a run, why its run is not compared side by side with the reference's (the baseline's, else
-    the first recipe's with a run): other epochs, or other data or model settings; empty when the budgets are
+    the first recipe's with a run): other epochs, or other data or network settings; empty when the budgets are
     equal."""
     rows = table[table["run_status"] != "missing"].set_index("recipe")
     recipes = [recipe for recipe in rows.index if recipe in settings]
@@ -255,7 +262,7 @@ def compare(
     recipe is reported from its single run (``find_run``); one of these whose source differs from the reference's
     (the baseline's) is left out of the side-by-side comparison, with why. A recipe without a run is a row with
     ``run_status`` ``missing`` (and a log line); no run at all raises ``NoRunsError``. Runs that differ in data or
-    model are named in a warning and in the table's ``differs`` column.
+    network are named in a warning and in the table's ``differs`` column.
     """
     chosen = recipes_by_name(recipes)
     if not reader.experiment_exists:
@@ -279,7 +286,7 @@ def compare(
             history, rows[recipe.name] = _studied(reader, recipe, study[0], seeds, target_top1)
             histories.append(history)
             sources[recipe.name] = rows[recipe.name]["source"]
-            settings[recipe.name] = data_and_model(study[0])
+            settings[recipe.name] = data_and_network(study[0])
             read_runs += [training["run_id"] for by_result in seeds.values() for training in by_result.values()]
             runs[recipe.name] = None  # no single run: its figures are the study's
             logger.info("Report: %s from study %s (%s)", recipe.name, study[0]["run_id"], sources[recipe.name])
@@ -305,7 +312,7 @@ def compare(
         resumed = any(key == "resumed_from" for r in (run, *trained.values()) for key in r["tags"])
         rows[recipe.name] = table_row(recipe, run, recipe_curve(history), final, target_top1, resumed)
         rows[recipe.name]["source"] = sources[recipe.name] = SINGLE_RUN
-        settings[recipe.name] = data_and_model(run)
+        settings[recipe.name] = data_and_network(run)
         read_runs.append(run["run_id"])
         for name in (*recipe.trainings[1:], *recipe.side_trainings) or (recipe.name,):
             ended = history[history["training"] == name]["epoch"]
@@ -333,7 +340,7 @@ def compare(
         rows[recipe]["differs"] = differs
     if any(differences.values()):
         logger.warning(
-            "Report: the compared runs differ in data or model, so their figures are not like for like: %s",
+            "Report: the compared runs differ in data or network, so their figures are not like for like: %s",
             " | ".join(f"{recipe}: {differs}" for recipe, differs in differences.items()),
         )
     table = pd.DataFrame(list(rows.values()), columns=TABLE_COLUMNS).astype(

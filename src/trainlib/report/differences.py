@@ -1,6 +1,6 @@
 """By how much the recipes differ, from one source per statement: a multi-seed study (means and 95 % intervals of the
 paired differences over its seeds), or single runs at equal budget (one run each, no interval). Single runs of
-unequal budget (other epochs, other data or model settings) are not compared: they are listed as left out, with the
+unequal budget (other epochs, other data or network settings) are not compared: they are listed as left out, with the
 reason. Plain data in, plain data out.
 
 Units are the same everywhere, in the tables, the CSV files and the log: differences of accuracies in percentage
@@ -72,7 +72,7 @@ def in_points(differences: pd.DataFrame) -> pd.DataFrame:
 def budget_gap(
     this: Mapping[str, float], that: Mapping[str, float], settings: Mapping[str, Mapping[str, str | None]] | None
 ) -> str:
-    """What makes two trainings' budgets unequal: their epochs, and each data or model setting on which their runs
+    """What makes two trainings' budgets unequal: their epochs, and each data or network setting on which their runs
     differ (``settings`` of each, by name under ``this["name"]``/``that["name"]``); empty when equal."""
     gaps = []
     if this["epochs"] != that["epochs"]:
@@ -105,8 +105,8 @@ def single_run_differences(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """From one run per training, at equal budget: each training's final top-1/top-5 minus ``reference``'s, and
     ``stage2`` minus ``control``, in points. ``finals``: training name -> ``top1``, ``top5`` (fractions) and
-    ``epochs`` (its budget); ``settings``: training name -> its run's data and model settings
-    (``compare.data_and_model``). Returns the differences and the pairs left out for an unequal budget, with why."""
+    ``epochs`` (its budget); ``settings``: training name -> its run's data and network settings
+    (``compare.data_and_network``). Returns the differences and the pairs left out for an unequal budget, with why."""
     pairs = [(name, reference) for name in finals if name not in (reference, "stage1", "control")]
     pairs.append(("stage2", "control"))
     rows, left_out = [], []

@@ -174,11 +174,11 @@ class BuiltinStage2StepFactory(ImageStepFactory):
 
     def __init__(self, context: TrainingContext, stage2: Stage2Params, config):
         self.context, self.stage2, self.config = context, stage2, config
-        classes = num_classes(context.model, context.class_index)
+        classes = num_classes(context.network, context.class_index)
         self.loss_fn = CrossEntropySmooth(classes, stage2.label_smoothing)
 
     def make_step(self, start: Checkpoint, steps_per_epoch: int) -> BuiltinDimReduceStep:
-        net = network_from_checkpoint(self.context.model, self.context.class_index, start, "of stage 1")
+        net = network_from_checkpoint(self.context.network, self.context.class_index, start, "of stage 1")
         return BuiltinDimReduceStep(net, self.loss_fn, self.config, loss_scale=self.stage2.loss_scale)
 
 
@@ -191,12 +191,14 @@ def _train_stage2_builtin_here(
     run_handoff,
 ) -> tuple[TrainingResult, pd.DataFrame]:
     """The process side of ``train_stage2_builtin``."""
-    manifest, model, data, runtime = context.manifest, context.model, context.data, context.runtime
+    manifest, network, data, runtime = context.manifest, context.network, context.data, context.runtime
     with run_handoff.attached() if run_handoff is not None else nullcontext():
         configure(runtime)
         start = load_checkpoint(start_path)
         pca_matrix = np.load(pca_path)
-        run_id = fingerprint(model, data, stage2.model_dump(exclude={"checkpoint"}), runtime.seed, 1, start, pca_matrix)
+        run_id = fingerprint(
+            network, data, stage2.model_dump(exclude={"checkpoint"}), runtime.seed, 1, start, pca_matrix
+        )
         config = builtin_dim_reduce_config(
             pca_path,
             n_components=pca_matrix.shape[0],
@@ -224,6 +226,6 @@ def _train_stage2_builtin_here(
             validation=validation,
             callbacks=[BuiltinStepLosses(), *callbacks],
             continue_from_start=True,
-            metadata={"network": model.name, "training": "stage2"},
+            metadata={"network": network.name, "training": "stage2"},
         )
         return result, result.step.table()  # the result travels back without its step (TrainingResult)

@@ -18,7 +18,7 @@ from trainlib.params import (
     BoostParams,
     CollectParams,
     ControlParams,
-    ModelParams,
+    NetworkParams,
     PcaParams,
     Stage1Params,
     Stage2Params,
@@ -69,24 +69,24 @@ def train_stage1(
 
 def collect_trajectory(
     trajectory_index: pd.DataFrame,
-    model: ModelParams,
+    network: NetworkParams,
     class_index: dict[str, int],
     collect: CollectParams,
     pca: PcaParams,
 ) -> pd.DataFrame:
     """The last ``collect.n_files`` trajectory files, each checked against the network's trainable parameters."""
     chosen = select_trajectory(trajectory_index, n_files=collect.n_files, n_components=pca.n_components)
-    net = create_network(model, class_index)
+    net = create_network(network, class_index)
     verify_trajectory(chosen["path"].tolist(), {p.name: tuple(p.shape) for p in net.trainable_params()})
     return chosen
 
 
 def trajectory_pca(
-    selected_trajectory: pd.DataFrame, model: ModelParams, class_index: dict[str, int], pca: PcaParams
+    selected_trajectory: pd.DataFrame, network: NetworkParams, class_index: dict[str, int], pca: PcaParams
 ) -> TrajectoryPCA:
     """The top ``pca.n_components`` principal directions of the selected trajectory files (k x n, float32 rows
     over the network's trainable parameters in order, flattened)."""
-    names = [p.name for p in create_network(model, class_index).trainable_params()]
+    names = [p.name for p in create_network(network, class_index).trainable_params()]
     result = fit_trajectory_pca(selected_trajectory["path"].tolist(), names, n_components=pca.n_components)
     logger.info(
         "PCA: %d components of %d parameters explain %.1f%% of the trajectory's variance",

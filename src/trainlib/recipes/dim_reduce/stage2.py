@@ -185,16 +185,16 @@ class Stage2StepFactory(classifier.ImageStepFactory):
 
     def __init__(self, context: TrainingContext, stage2: Stage2Params, pca_matrix: np.ndarray):
         self.context, self.pca_matrix, self.config = context, pca_matrix, pbfgs_config(stage2)
-        classes = classifier.num_classes(context.model, context.class_index)
+        classes = classifier.num_classes(context.network, context.class_index)
         self.loss_fn = CrossEntropySmooth(classes, stage2.label_smoothing)
 
     def make_step(self, start: Checkpoint, steps_per_epoch: int) -> PBFGSStep:
         context, config = self.context, self.config
-        model = context.model
-        net = classifier.network_from_checkpoint(model, context.class_index, start, "of stage 1")
+        network = context.network
+        net = classifier.network_from_checkpoint(network, context.class_index, start, "of stage 1")
         logger.info(
             "P-BFGS stage 2 of %s in a %d-dimensional subspace: rho %g, %d trials, sigma %g, gamma %g, alpha %g",
-            model.name,
+            network.name,
             self.pca_matrix.shape[0],
             config.rho,
             config.max_trials,
