@@ -32,12 +32,17 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def mlflow_server(
-    backend: Path, log: Path, artifacts: Path | None = None, app_name: str = "model-training"
+    backend: Path,
+    log: Path,
+    artifacts: Path | None = None,
+    app_name: str = "model-training",
+    port: int | None = None,
 ) -> Iterator[str]:
     """``mlflow server --app-name <app_name>`` over the SQLite store ``backend`` (with ``artifacts`` as the proxied
     artifact store, when given), as the docs start a team's: the project's app plugin opens the UI in its
-    model-training view (``pipelines.tracking.ui_app``); yields its URL once its ``/health`` answers."""
-    port = free_port()
+    model-training view (``pipelines.tracking.ui_app``); yields its URL once its ``/health`` answers. ``port``: a
+    given one (a server restarted where its clients look for it), else a free one."""
+    port = port or free_port()
     command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     command += ["--app-name", app_name]
     command += ["--backend-store-uri", f"sqlite:///{backend}"]
