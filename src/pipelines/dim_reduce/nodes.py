@@ -28,10 +28,11 @@ from trainlib.params import (
     Stage1Params,
     Stage2Params,
 )
+from trainlib.params.recipe_spec import recipe_specs
 from trainlib.recipes import dim_reduce
 from trainlib.report.figures import explained_variance_figure
 
-STAGE2_MINUS_CONTROL_TOP1 = "dim_reduce/stage2_minus_control_top1"
+RECIPE = "dim_reduce"
 
 
 def train_stage1(
@@ -142,8 +143,23 @@ def train_control(
     return training_outputs(result)
 
 
-def compare_runs(stage1_report: dict, stage2_report: dict, control_report: dict) -> pd.DataFrame:
-    """One row per model: top-1/top-5 and the gain over the Momentum control, which is logged."""
-    table = dim_reduce.compare_runs({"stage1": stage1_report, "stage2": stage2_report, "control": control_report})
-    tracking.log_metrics({STAGE2_MINUS_CONTROL_TOP1: stage2_report["top1"] - control_report["top1"]})
+def compare_runs(**reports: dict) -> pd.DataFrame:
+    """One row per training, its evaluation report under its name (``stage1``, ``stage2``, ``control``): top-1/top-5
+    and the gain over the Momentum control; each result row's top-1 gain over the row it is paired with is logged
+    (``dim_reduce/stage2_minus_control_top1``)."""
+    table = dim_reduce.compare_runs(reports)
+    tracking.log_metrics(
+        {
+            f"{RECIPE}/{row}_minus_{reference}_top1": reports[row]["top1"] - reports[reference]["top1"]
+            for row, reference in _paired_trainings()
+        }
+    )
     return table
+
+
+def _paired_trainings() -> list[tuple[str, str]]:
+    """(training, the training it is compared against), by their namespaces under dim_reduce, from the recipe's
+    result rows."""
+    results = recipe_specs()[RECIPE].results
+    training = {row.name: row.section.removeprefix(f"{RECIPE}.") for row in results}
+    return [(training[row.name], training[reference]) for row in results for reference in row.paired_with]

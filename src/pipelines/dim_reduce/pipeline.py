@@ -13,12 +13,19 @@ from kedro.pipeline import Pipeline, node, pipeline
 
 from pipelines.modular import TRAINING_RUN_TAG, namespaced
 from pipelines.training.pipeline import CONTEXT_INPUTS, RECIPE, build_node, evaluate_node, export_node
+from trainlib.params.recipe_spec import recipe_specs
 
 from .nodes import collect_trajectory, compare_runs, fit_pca, train_control, train_stage1, train_stage2
 
 NAMESPACE = "dim_reduce"
 STAGE1_CHECKPOINT = f"{NAMESPACE}.stage1.final_checkpoint"
-TRAININGS = ("stage1", "stage2", "control")
+# The trainings, each a namespace of its own under dim_reduce: the recipe's one that gives no result row (stage 1),
+# then where its result rows train (stage 2, the control)
+_SPEC = recipe_specs()[NAMESPACE]
+TRAININGS = (
+    *(name for name, _ in _SPEC.other_trainings),
+    *(row.section.removeprefix(f"{NAMESPACE}.") for row in _SPEC.results),
+)
 
 
 def create_pipeline(**kwargs) -> Pipeline:
@@ -85,10 +92,10 @@ def create_pipeline(**kwargs) -> Pipeline:
         ],
         tags=TRAINING_RUN_TAG,
     ) + pipeline([export_node()])
-    comparison = pipeline(
-        [node(compare_runs, ["stage1_report", "stage2_report", "control_report"], "comparison", name="compare_runs")]
-    )
-    sections = {name: f"{NAMESPACE}.{name}" for name in ("stage1", "stage2", "control", "collect", "pca")}
+    # each training's report, as compare_runs' argument of the training's name
+    reports = {training: f"{training}_report" for training in TRAININGS}
+    comparison = pipeline([node(compare_runs, reports, "comparison", name="compare_runs")])
+    sections = {name: f"{NAMESPACE}.{name}" for name in (*TRAININGS, "collect", "pca")}
     return (
         namespaced(stage1, f"{NAMESPACE}.stage1", sections={RECIPE: f"{NAMESPACE}.stage1"})
         + namespaced(

@@ -10,6 +10,7 @@ export) and ``thor_bert.comparison``.
 from kedro.pipeline import Pipeline, node, pipeline
 
 from pipelines.modular import TRAINING_RUN_TAG, namespaced
+from trainlib.params.recipe_spec import recipe_specs
 
 from .nodes import (
     build_network,
@@ -23,7 +24,9 @@ from .nodes import (
 )
 
 NAMESPACE = "thor_bert"
-TRAININGS = ("thor", "control")
+# The trainings, each a namespace of its own under thor_bert: where the recipe's result rows train
+# (``thor_bert.thor``, ``thor_bert.control``)
+TRAININGS = tuple(row.section.removeprefix(f"{NAMESPACE}.") for row in recipe_specs()[NAMESPACE].results)
 # The datasets each stage reads from the stages before it, by their names in the stage's template
 SHARED = {
     "train_documents": f"{NAMESPACE}.corpus.train_documents",
