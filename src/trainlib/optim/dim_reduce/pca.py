@@ -14,10 +14,12 @@ components accurate, even when their variance is 1e-8 of the first one's.
 
 Two modes, chosen with ``in_memory``:
 
-- ``in_memory=True`` (default): every checkpoint is loaded once into column blocks of one float32 trajectory
-  (N x n: 1.0x the trajectory's float32 size). ``P`` is then written block by block while each block is freed,
-  so ``P`` reuses the trajectory's memory instead of adding to it: the peak stays near 1.0x plus the float64
-  mean (2/N x) and one loaded checkpoint (1/N x), whatever k is.
+- ``in_memory=True`` (default): every checkpoint is loaded once, the next one read on a thread while the last
+  is copied in, into one float32 trajectory (N x n: 1.0x the trajectory's float32 size) in its own mapping.
+  ``P`` is then written over the trajectory's first k rows, chunk by chunk behind the chunks it is projected
+  from, and the other rows' pages go back to the OS: the peak stays near 1.0x plus the float64 mean (2/N x) and
+  two loaded checkpoints (2/N x), whatever k is, and ``P`` needs no memory of its own (first touches of fresh
+  pages can cost as much as the arithmetic: ``benchmarks/pca_trajectory.py``).
 - ``in_memory=False``: for trajectories that do not fit. Pass 1 computes the mean (N loads); then the Gram
   matrix and the projection each gather column ranges of ``block_bytes`` from every checkpoint
   (N loads per range, about ``N * n * 4 / block_bytes`` ranges each). Memory is ``P`` (k x n float32), one
@@ -29,7 +31,9 @@ Two modes, chosen with ``in_memory``:
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -46,9 +50,6 @@ Loader = Callable[[int], np.ndarray]
 # Columns per float64 work chunk: small enough for N x chunk float64 to stay in cache between the cast, the
 # centring and the BLAS call; large enough for BLAS to run at speed.
 DEFAULT_CHUNK_SIZE = 1 << 14
-# In memory, storage blocks above glibc's largest mmap threshold (32 MiB) are separate mappings, so each one
-# goes back to the OS as soon as it is projected; that is how P can reuse the trajectory's memory.
-IN_MEMORY_BLOCK_BYTES = 64 << 20
 STREAMING_BLOCK_BYTES = 1 << 30
 # Eigenvalues of G below this fraction of the largest are rounding noise: the trajectory does not span them.
 RANK_RTOL = 1e-10
@@ -127,13 +128,13 @@ def fit_pca(
         n_checkpoints: N, number of trajectory points; must exceed ``n_components``.
         n_components: k, number of principal directions to keep.
         labels: names of the checkpoints for error messages (e.g. file paths); default "trajectory source i".
-        in_memory: hold the float32 trajectory (about 1.05x its size at peak, including ``components``) and load
-            each checkpoint once; ``False`` holds only ``components`` plus one block and loads each checkpoint
-            ``1 + 2 * ceil(n / block_columns)`` times, ``block_columns`` being about ``block_bytes / (4 * N)``
-            (see the module docstring).
+        in_memory: hold the float32 trajectory (about 1.05x its size at peak, including ``components``, which
+            are written over it) and load each checkpoint once; ``False`` holds only ``components`` plus one block
+            and loads each checkpoint ``1 + 2 * ceil(n / block_columns)`` times, ``block_columns`` being about
+            ``block_bytes / (4 * N)`` (see the module docstring).
         chunk_size: columns (weights) per float64 work chunk: memory ``N * chunk_size * 8`` bytes.
-        block_bytes: bytes of float32 gathered per column block; default 64 MiB in memory (storage blocks), 1 GiB
-            for ``in_memory=False`` (one block per pass over the checkpoints).
+        block_bytes: with ``in_memory=False``, bytes of float32 gathered per column block; default 1 GiB (one
+            block per pass over the checkpoints). Unused in memory.
 
     Raises:
         ValueError: N <= k, a checkpoint that is not a flat vector, has a different length from the first or
@@ -148,11 +149,10 @@ def fit_pca(
         raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
     if labels is not None and len(labels) != n_checkpoints:
         raise ValueError(f"got {len(labels)} labels for {n_checkpoints} checkpoints")
-    if block_bytes is None:
-        block_bytes = IN_MEMORY_BLOCK_BYTES if in_memory else STREAMING_BLOCK_BYTES
     source = _Source(load, n_checkpoints, labels)
-    fit = _fit_in_memory if in_memory else _fit_streaming
-    return fit(source, n_components, chunk_size, block_bytes)
+    if in_memory:
+        return _fit_in_memory(source, n_components, chunk_size)
+    return _fit_streaming(source, n_components, chunk_size, block_bytes or STREAMING_BLOCK_BYTES)
 
 
 def fit_trajectory_pca(
@@ -259,12 +259,11 @@ def _add_gram(gram: np.ndarray, block: np.ndarray, mean: np.ndarray, work: np.nd
 class _Projector:
     """Writes ``components[:, a:b] = weights @ X_c[:, a:b]`` block by block and tracks what the checks need."""
 
-    def __init__(self, weights: np.ndarray, n: int, chunk_size: int) -> None:
+    def __init__(self, weights: np.ndarray, components: np.ndarray, chunk_size: int) -> None:
         k, n_checkpoints = weights.shape
         self.weights = weights
         self.chunk_size = chunk_size
-        # np.empty leaves the pages untouched, so memory grows only as blocks are written.
-        self.components = np.empty((k, n), dtype=np.float32)
+        self.components = components
         self.work = np.empty((n_checkpoints, chunk_size), dtype=np.float64)
         self.out = np.empty((k, chunk_size), dtype=np.float64)
         self.row_gram = np.zeros((k, k), dtype=np.float64)
@@ -332,41 +331,62 @@ def _result(
     )
 
 
-def _fit_in_memory(source: _Source, n_components: int, chunk_size: int, block_bytes: int) -> TrajectoryPCA:
+def _fit_in_memory(source: _Source, n_components: int, chunk_size: int) -> TrajectoryPCA:
     count = source.count
     first = source.get(0, None, check_finite=True)
     n = first.size
-    spans = _spans(n, _block_width(count, chunk_size, block_bytes))
-    blocks: list[np.ndarray | None] = [np.empty((count, b - a), dtype=np.float32) for a, b in spans]
-    for i in range(count):
-        vector = first if i == 0 else source.get(i, n, check_finite=True)
-        first = None
-        for block, (a, b) in zip(blocks, spans, strict=True):
-            block[i] = vector[a:b]
-        del vector
+    storage, trajectory = _anonymous_matrix(count, n)
+    trajectory[0] = first
+    del first
+    with ThreadPoolExecutor(max_workers=1) as reader:
+        # One load ahead: the next file is read (and checked) while this one is copied in.
+        pending = reader.submit(source.get, 1, n, check_finite=True) if count > 1 else None
+        for i in range(1, count):
+            vector = pending.result()
+            pending = reader.submit(source.get, i + 1, n, check_finite=True) if i + 1 < count else None
+            trajectory[i] = vector
+            del vector
 
     mean = np.empty(n, dtype=np.float64)
     gram = np.zeros((count, count), dtype=np.float64)
     work = np.empty((count, chunk_size), dtype=np.float64)
-    for block, (a, _) in zip(blocks, spans, strict=True):
-        for c, d in _spans(block.shape[1], chunk_size):
-            chunk = work[:, : d - c]
-            chunk[...] = block[:, c:d]
-            # Sums rows in order, like the streaming mode's running sum, so both modes get the same mean.
-            column_mean = np.add.reduce(chunk, axis=0)
-            column_mean /= count
-            mean[a + c : a + d] = column_mean
-            chunk -= column_mean
-            gram += chunk @ chunk.T
+    for c, d in _spans(n, chunk_size):
+        chunk = work[:, : d - c]
+        chunk[...] = trajectory[:, c:d]
+        # Sums rows in order, like the streaming mode's running sum, so both modes get the same mean.
+        column_mean = np.add.reduce(chunk, axis=0)
+        column_mean /= count
+        mean[c:d] = column_mean
+        chunk -= column_mean
+        gram += chunk @ chunk.T
 
     eigenvalues, vectors, total = _eigen(gram, n_components, n)
-    projector = _Projector((vectors / np.sqrt(eigenvalues)).T.copy(), n, chunk_size)
-    for j, (a, _) in enumerate(spans):
-        block, blocks[j] = blocks[j], None
-        projector.project(block, mean[a : a + block.shape[1]], a)
-        del block
+    # P overwrites the trajectory's first k rows: each chunk of columns is copied to float64 before its
+    # components are written, and later chunks lie in other columns, so nothing is read after it is overwritten.
+    projector = _Projector((vectors / np.sqrt(eigenvalues)).T.copy(), trajectory[:n_components], chunk_size)
+    projector.project(trajectory, mean, 0)
     components, error = projector.finish()
+    _release_from(storage, components.nbytes)
     return _result(eigenvalues, total, components, mean, count, error)
+
+
+def _anonymous_matrix(rows: int, columns: int) -> tuple[mmap.mmap, np.ndarray]:
+    """A (rows, columns) float32 matrix in its own anonymous mapping, and that mapping (see ``_release_from``).
+
+    Transparent huge pages, where the kernel offers them on request, make the first touch of gigabytes several
+    times faster than 4 KiB pages (numpy asks for them on its own large arrays in the same way).
+    """
+    storage = mmap.mmap(-1, rows * columns * 4)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        storage.madvise(mmap.MADV_HUGEPAGE)
+    return storage, np.frombuffer(storage, dtype=np.float32).reshape(rows, columns)
+
+
+def _release_from(storage: mmap.mmap, keep: int) -> None:
+    """Give the pages of ``storage`` after its first ``keep`` bytes back to the OS (they read as zeros after)."""
+    start = -(-keep // mmap.PAGESIZE) * mmap.PAGESIZE
+    if start < len(storage):
+        storage.madvise(mmap.MADV_DONTNEED, start, len(storage) - start)
 
 
 def _fit_streaming(source: _Source, n_components: int, chunk_size: int, block_bytes: int) -> TrajectoryPCA:
@@ -403,7 +423,9 @@ def _fit_streaming(source: _Source, n_components: int, chunk_size: int, block_by
     del work
 
     eigenvalues, vectors, total = _eigen(gram, n_components, n)
-    projector = _Projector((vectors / np.sqrt(eigenvalues)).T.copy(), n, chunk_size)
+    projector = _Projector(
+        (vectors / np.sqrt(eigenvalues)).T.copy(), np.empty((n_components, n), np.float32), chunk_size
+    )
     for a, b in spans:
         projector.project(gather(a, b), mean[a:b], a)
     components, error = projector.finish()
