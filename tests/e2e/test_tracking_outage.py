@@ -10,28 +10,19 @@ import time
 import mlflow
 import yaml
 
+from tests.e2e.test_resume import EPOCHS, resume_params
 from tests.support.processes import Watched
-from tests.support.projects import TINY_PARAMS, make_project
+from tests.support.projects import make_project
 from tests.support.servers import free_port, mlflow_server
 from tests.support.trees import write_image_tree
 
-EPOCHS = 4
 WINDOW_S = 3
 PASSWORD = "s3cret-tracking-pw"  # in the tracking URI: reaches no line the run prints
 
 
 def outage_params(tree) -> dict:
-    return {
-        **TINY_PARAMS,
-        "data": {**TINY_PARAMS["data"], "root": str(tree)},
-        "baseline": {
-            **TINY_PARAMS["baseline"],
-            "epochs": EPOCHS,
-            "eval_interval": 1,
-            "checkpoint": {"every_epochs": 1, "keep_last": 2},
-        },
-        "tracking": {"server_retry_window_s": WINDOW_S},
-    }
+    """The resume test's baseline (a checkpoint every epoch), with a short retry window for the tracking server."""
+    return {**resume_params(tree), "tracking": {"server_retry_window_s": WINDOW_S}}
 
 
 def test_a_tracking_server_lost_mid_run_is_one_error_line_and_the_rerun_recovers(tmp_path):
