@@ -6,6 +6,7 @@ any work."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import warnings
 
@@ -125,9 +126,14 @@ def test_tuned_study_records_every_trial_and_trains_the_best_on_fresh_seeds(tmp_
     # one more trial, of the best's values: its training is read back from the result file, and like every trial
     # it has its child run (tagged reused, linking the run that trained it); so has the fresh seed, read back too
     optuna.load_study(storage=storage, study_name="study/baseline").enqueue_trial({"lr.peak": best.params["lr.peak"]})
-    run_pipeline("study", tiny_params(tree, tuned(storage, trials=3)), project)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = run_pipeline("study", tiny_params(tree, tuned(storage, trials=3)), project)
     trials = optuna.load_study(study_name="study/baseline", storage=storage).trials
     assert [trial.state.name for trial in trials] == ["FAIL", "FAIL", "COMPLETE", "COMPLETE"]
+    # two completed trials of one score: no importances to draw, and no Optuna warning saying they would be equal
+    assert trials[2].value == trials[3].value and again["study.tuning_importance_plots"] == {}
+    assert not [w.message for w in caught if f"{os.sep}optuna{os.sep}" in w.filename]
     every = client.search_runs([experiment], "tags.trial != ''")
     assert sorted(int(child.data.tags["trial"]) for child in every) == [1, 2, 3]  # a child run per trial it ran
     found = client.search_runs([experiment], "tags.reused = 'true'")

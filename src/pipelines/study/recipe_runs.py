@@ -203,7 +203,7 @@ class _Kept(MemoryDataset):
     """A dataset one training writes and another reads: each training is a run of its own, and Kedro's runner
     releases a dataset after its last reader in that run."""
 
-    def _release(self) -> None:
+    def release(self) -> None:
         pass  # released with the catalog, once the recipe's run is over
 
 

@@ -281,8 +281,8 @@ CHOICE_COLUMNS = [
 
 def tuning_figures(results: Sequence[str], *, tuning: TuningParams) -> tuple[dict[str, Figure], dict[str, Figure]]:
     """Optuna's optimization history and parameter importances of each tuned training's study (``results``: their
-    result rows), as ``<result>.png`` figures; importances need two completed trials (a training with fewer has
-    none, and the log says so)."""
+    result rows), as ``<result>.png`` figures; importances need completed trials of two different values (a training
+    without has none, and the log says so)."""
     histories, importances = {}, {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
@@ -291,10 +291,14 @@ def tuning_figures(results: Sequence[str], *, tuning: TuningParams) -> tuple[dic
             histories[f"{result}.png"] = _titled(
                 optuna.visualization.matplotlib.plot_optimization_history(study), f"{result}: objective by trial"
             )
-            complete = sum(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
-            if complete < 2:
+            values = {t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+            if len(values) < 2:
+                # Optuna's importances compare the best trials with the rest: with one value there is no rest
                 logger.info(
-                    "tuning %s: no parameter importances (%d completed trial; they need 2 or more)", result, complete
+                    "tuning %s: no parameter importances (the completed trials score %s; they need two different "
+                    "values)",
+                    result,
+                    f"{values.pop():.6g} each" if values else "nothing",
                 )
                 continue
             importances[f"{result}.png"] = _titled(
@@ -356,8 +360,8 @@ class RetryDeadTrial:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ExperimentalWarning)
             self._retry(study, trial)
+            retried = len(RetryHeartbeatStaleTrialCallback.retry_history(trial)) < self._max_retry
         self._tracking.fail_runs(trial.user_attrs.get(RUN_IDS_ATTR, []), error=DEAD_TRIAL_ERROR)
-        retried = len(trial.system_attrs.get("retry_history", [])) < self._max_retry
         logger.warning(
             "tuning: trial %d of %s stopped with its process (%s on %s); %s",
             trial.number,
