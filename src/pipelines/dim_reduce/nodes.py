@@ -151,15 +151,8 @@ def compare_runs(**reports: dict) -> pd.DataFrame:
     tracking.log_metrics(
         {
             f"{RECIPE}/{row}_minus_{reference}_top1": reports[row]["top1"] - reports[reference]["top1"]
-            for row, reference in _paired_trainings()
+            for row, reference in recipe_specs()[RECIPE].paired_trainings
         }
     )
     return table
 
-
-def _paired_trainings() -> list[tuple[str, str]]:
-    """(training, the training it is compared against), by their namespaces under dim_reduce, from the recipe's
-    result rows."""
-    results = recipe_specs()[RECIPE].results
-    training = {row.name: row.section.removeprefix(f"{RECIPE}.") for row in results}
-    return [(training[row.name], training[reference]) for row in results for reference in row.paired_with]

@@ -24,7 +24,7 @@ STAGE1_CHECKPOINT = f"{NAMESPACE}.stage1.final_checkpoint"
 _SPEC = recipe_specs()[NAMESPACE]
 TRAININGS = (
     *(name for name, _ in _SPEC.other_trainings),
-    *(row.section.removeprefix(f"{NAMESPACE}.") for row in _SPEC.results),
+    *_SPEC.result_trainings.values(),
 )
 
 

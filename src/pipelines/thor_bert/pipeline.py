@@ -26,7 +26,7 @@ from .nodes import (
 NAMESPACE = "thor_bert"
 # The trainings, each a namespace of its own under thor_bert: where the recipe's result rows train
 # (``thor_bert.thor``, ``thor_bert.control``)
-TRAININGS = tuple(row.section.removeprefix(f"{NAMESPACE}.") for row in recipe_specs()[NAMESPACE].results)
+TRAININGS = tuple(recipe_specs()[NAMESPACE].result_trainings.values())
 # The datasets each stage reads from the stages before it, by their names in the stage's template
 SHARED = {
     "train_documents": f"{NAMESPACE}.corpus.train_documents",

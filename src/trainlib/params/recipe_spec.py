@@ -125,6 +125,18 @@ class RecipeSpec:
         """The module whose ``create_pipeline`` makes its pipeline."""
         return self.pipeline_module or f"pipelines.{self.pipeline_name}.pipeline"
 
+    @property
+    def result_trainings(self) -> dict[str, str]:
+        """Each result row's training, as its namespace under the recipe's section (dim_reduce's ``stage2`` row
+        trains in ``dim_reduce.stage2``: ``stage2``)."""
+        return {row.name: row.section.removeprefix(f"{self.section}.") for row in self.results}
+
+    @property
+    def paired_trainings(self) -> tuple[tuple[str, str], ...]:
+        """(training, the training it is compared against), by their namespaces under the recipe's section."""
+        training = self.result_trainings
+        return tuple((training[row.name], training[other]) for row in self.results for other in row.paired_with)
+
 
 class RecipeRegistryError(ValueError):
     """Two recipe specifications with one name, or an entry point that is not a specification."""
