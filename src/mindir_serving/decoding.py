@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import weakref
 from dataclasses import dataclass
 from functools import cache
 from multiprocessing.connection import Connection
@@ -100,6 +101,8 @@ class ImageDecoder:
         self._child: tuple[subprocess.Popen, Connection, Connection] | None = None
         self._folder = tempfile.mkdtemp(prefix="mindir-decode-")
         self._stderr_path = os.path.join(self._folder, "stderr.txt")
+        # a served model's decoder is never closed: its folder goes when the decoder does, or at the latest on exit
+        self._remove_folder = weakref.finalize(self, shutil.rmtree, self._folder, ignore_errors=True)
 
     def decode(self, image: bytes) -> Decoded:
         reason = refused_before_decoding(image) or pillow_problem(image, self.max_pixels)
@@ -129,7 +132,7 @@ class ImageDecoder:
     def close(self) -> None:
         with self._lock:
             self._stop(kill=False)
-        shutil.rmtree(self._folder, ignore_errors=True)
+        self._remove_folder()
 
     def __enter__(self) -> ImageDecoder:
         return self

@@ -5,6 +5,7 @@ reach the image they concern, and Hypothesis fuzzes mutated JPEG, PNG, GIF, WebP
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +63,17 @@ def test_a_decoder_that_dies_or_hangs_costs_its_child_only(decoder):
         decoded = impatient.decode_in_child((BAD_IMAGES / "hangs_cut_inside.jpg").read_bytes())
         assert decoded.error == "corrupt JPEG: not decoded within 1 s"
         assert impatient.decode(good).error == ""
+
+
+def test_a_decoder_left_unclosed_takes_its_folder_with_it():
+    """A served model's decoder is never closed: when it goes, its folder (the child's standard error) goes too."""
+    unclosed = ImageDecoder(IMAGE_SIZE, RATIO, timeout_s=5)
+    assert unclosed.decode(SEEDS["jpeg"]).error == ""
+    folder = Path(unclosed._folder)
+    assert (folder / "stderr.txt").is_file()
+    del unclosed
+    gc.collect()
+    assert not folder.exists()
 
 
 def test_a_libjpeg_warning_is_attributed_to_its_image(decoder):
