@@ -12,25 +12,19 @@ import pytest
 from pipelines.dim_reduce.pipeline import create_pipeline
 from tests.support.csv_files import CSV_REL
 from tests.support.processes import kill_kedro_in_epoch
-from tests.support.projects import DIM_REDUCE_PARAMS, TINY_PARAMS, kedro, make_project, runs
+from tests.support.projects import (
+    DIM_REDUCE_PARAMS,
+    RESUMABLE_EPOCHS,
+    TINY_PARAMS,
+    kedro,
+    make_project,
+    resumable_params,
+    runs,
+)
 from tests.support.trees import write_image_tree
 from trainlib.engine.checkpoint import load_checkpoint
 
-EPOCHS = 6
 CHECKPOINTS = "data/06_models/baseline/epochs"
-
-
-def resume_params(tree) -> dict:
-    return {
-        **TINY_PARAMS,
-        "data": {**TINY_PARAMS["data"], "root": str(tree)},
-        "baseline": {
-            **TINY_PARAMS["baseline"],
-            "epochs": EPOCHS,
-            "eval_interval": 1,
-            "checkpoint": {"every_epochs": 1, "keep_last": 2},
-        },
-    }
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +34,8 @@ def tree(tmp_path_factory):
 
 
 def test_killed_run_resumes_and_matches_an_uninterrupted_one(tmp_path, tree):
-    killed = make_project(tmp_path / "killed", resume_params(tree))
-    kill_kedro_in_epoch(killed, "baseline", 3, EPOCHS)
+    killed = make_project(tmp_path / "killed", resumable_params(tree))
+    kill_kedro_in_epoch(killed, "baseline", 3, RESUMABLE_EPOCHS)
     assert not (killed / "data/06_models/baseline/final.ckpt").exists()
     # a kill during a save may leave a temporary (ours or MindSpore's): never a checkpoint, and the rerun removes it
     saved = sorted(p.name for p in (killed / CHECKPOINTS).glob("epoch_*.ckpt"))
@@ -54,10 +48,10 @@ def test_killed_run_resumes_and_matches_an_uninterrupted_one(tmp_path, tree):
     output = rerun.stdout + rerun.stderr
     resumed_epoch = int(saved[-1][len("epoch_") : -len(".ckpt")])
     assert f"Resuming from {killed / CHECKPOINTS / saved[-1]}" in output.replace("\n", "") or "Resuming from" in output
-    assert f"(epoch {resumed_epoch} of {EPOCHS})" in output
-    assert f"epoch {resumed_epoch + 1}/{EPOCHS} step" in output and "epoch 1/6 step" not in output
+    assert f"(epoch {resumed_epoch} of {RESUMABLE_EPOCHS})" in output
+    assert f"epoch {resumed_epoch + 1}/{RESUMABLE_EPOCHS} step" in output and "epoch 1/6 step" not in output
 
-    straight = make_project(tmp_path / "straight", resume_params(tree))
+    straight = make_project(tmp_path / "straight", resumable_params(tree))
     result = kedro(straight, "run", "--pipelines=baseline")
     assert result.returncode == 0, result.stderr[-3000:]
     resumed = load_checkpoint(killed / "data/06_models/baseline/final.ckpt").network_params()
@@ -78,7 +72,7 @@ def test_killed_run_resumes_and_matches_an_uninterrupted_one(tmp_path, tree):
     def series(run, key: str) -> dict[int, tuple[float, int]]:
         return {m.step: (m.value, m.timestamp) for m in client.get_metric_history(run.info.run_id, key)}
 
-    epochs = list(range(1, EPOCHS + 1))
+    epochs = list(range(1, RESUMABLE_EPOCHS + 1))
     for key in ("val/top1", "train/loss", "train/epoch_time_s", "train/lr"):
         resumed_series, killed_series = series(finished, key), series(first, key)
         assert sorted(resumed_series) == epochs, key

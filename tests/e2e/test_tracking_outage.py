@@ -10,9 +10,8 @@ import time
 import mlflow
 import yaml
 
-from tests.e2e.test_resume import EPOCHS, resume_params
 from tests.support.processes import Watched
-from tests.support.projects import make_project
+from tests.support.projects import RESUMABLE_EPOCHS, make_project, resumable_params
 from tests.support.servers import free_port, mlflow_server
 from tests.support.trees import write_image_tree
 
@@ -22,7 +21,7 @@ PASSWORD = "s3cret-tracking-pw"  # in the tracking URI: reaches no line the run 
 
 def outage_params(tree) -> dict:
     """The resume test's baseline (a checkpoint every epoch), with a short retry window for the tracking server."""
-    return {**resume_params(tree), "tracking": {"server_retry_window_s": WINDOW_S}}
+    return {**resumable_params(tree), "tracking": {"server_retry_window_s": WINDOW_S}}
 
 
 def test_a_tracking_server_lost_mid_run_is_one_error_line_and_the_rerun_recovers(tmp_path):
@@ -36,7 +35,9 @@ def test_a_tracking_server_lost_mid_run_is_one_error_line_and_the_rerun_recovers
 
     with mlflow_server(store, tmp_path / "server-1.log", artifacts, port=port):
         run = Watched.kedro_run(project, "--pipelines=baseline")
-        run.wait_for(f"epoch 2/{EPOCHS} step")  # epoch 1's checkpoint and metrics are on disk and on the server
+        run.wait_for(
+            f"epoch 2/{RESUMABLE_EPOCHS} step"
+        )  # epoch 1's checkpoint and metrics are on disk and on the server
     lost = time.monotonic()  # the server is stopped here (its process group ended)
     status = run.finish(timeout=600)
     took = time.monotonic() - lost
@@ -60,7 +61,7 @@ def test_a_tracking_server_lost_mid_run_is_one_error_line_and_the_rerun_recovers
         client = mlflow.MlflowClient(tracking_uri=url)
         experiment = client.get_experiment_by_name("resnet-recipes")
         found = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
-    assert "Resuming from" in rerun.output and f"epoch 1/{EPOCHS} step" not in rerun.output
+    assert "Resuming from" in rerun.output and f"epoch 1/{RESUMABLE_EPOCHS} step" not in rerun.output
     assert PASSWORD not in rerun.output
     kedro_runs = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
     statuses = [(r.info.run_name, r.info.status) for r in found]

@@ -37,6 +37,24 @@ TINY_PARAMS = {
 }
 
 
+RESUMABLE_EPOCHS = 6  # of the baseline runs killed or cut off mid-training
+
+
+def resumable_params(tree) -> dict:
+    """``TINY_PARAMS`` on ``tree`` for ``RESUMABLE_EPOCHS`` epochs, evaluated and checkpointed each epoch: a run cut
+    off mid-training leaves an epoch to resume from."""
+    return {
+        **TINY_PARAMS,
+        "data": {**TINY_PARAMS["data"], "root": str(tree)},
+        "baseline": {
+            **TINY_PARAMS["baseline"],
+            "epochs": RESUMABLE_EPOCHS,
+            "eval_interval": 1,
+            "checkpoint": {"every_epochs": 1, "keep_last": 2},
+        },
+    }
+
+
 def make_project(root: Path, params: dict) -> Path:
     """A copy of this project's configuration in ``root``, with ``params`` as conf/local overrides."""
     root.mkdir(parents=True, exist_ok=True)
