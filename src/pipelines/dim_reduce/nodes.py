@@ -155,4 +155,3 @@ def compare_runs(**reports: dict) -> pd.DataFrame:
         }
     )
     return table
-
