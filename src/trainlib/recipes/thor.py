@@ -124,21 +124,13 @@ class MindsporeThorStep(ModelTrainStep):
     def __init__(self, net, loss_fn, optimizer, lr_per_step, damping, thor: ThorParams):
         from trainlib.optim.thor.mindspore_thor import create_thor_model
 
-        options = thor.mindspore_builtin
         super().__init__(
-            lambda: create_thor_model(
-                net,
-                loss_fn,
-                optimizer,
-                loss_scale=thor.loss_scale,
-                amp_level=options.amp_level,
-                keep_batchnorm_fp32=options.keep_batchnorm_fp32,
-            ),
+            lambda: create_thor_model(net, loss_fn, optimizer, thor),
             net,
             optimizer,
             lr_per_step,
             thor.loss_scale,
-            options.dataset_sink_mode,
+            thor.mindspore_builtin.dataset_sink_mode,
         )
         self.damping = np.asarray(damping)
 
@@ -248,17 +240,7 @@ class ThorStepFactory(classifier.ImageStepFactory):
         if thor.implementation == "mindspore_builtin":
             from trainlib.optim.thor.mindspore_thor import create_thor_optimizer
 
-            optimizer = create_thor_optimizer(
-                net,
-                lr_per_step,
-                damping,
-                momentum=thor.momentum,
-                weight_decay=thor.weight_decay,
-                loss_scale=thor.loss_scale,
-                batch_size=thor.batch_size,
-                frequency=thor.frequency,
-                split_indices=thor.split_indices,
-            )
+            optimizer = create_thor_optimizer(net, lr_per_step, damping, thor)
             return MindsporeThorStep(net, loss_fn, optimizer, lr_per_step, damping, thor)
         return trainlib_thor_step(net, loss_fn, thor, lr_per_step, damping, rank_size=context.distributed.worker_num)
 

@@ -37,31 +37,29 @@ from trainlib.optim.thor.mindspore_thor import (
     restore_thor_state,
 )
 from trainlib.params import ParameterError, validate_parameters
-from trainlib.recipes.thor import THOR_DAMPING, ThorFigures
+from trainlib.recipes.thor import THOR_DAMPING, MindsporeThorStep, ThorFigures
 
 CLASSES = 3
 STEPS = 6
 
 
+LR = np.linspace(0.1, 0.01, STEPS).astype(np.float32)
+DAMPING = np.linspace(0.03, 0.02, STEPS).astype(np.float32)
+
+
+def thor_section(frequency: int = 3):
+    """gpu's THOR section (amp O2) at a batch of 4 with one allreduce group."""
+    return validate_parameters(
+        with_thor(load_config("gpu"), implementation="mindspore_builtin", batch_size=4, frequency=frequency),
+        parameter_sources(CONF, "gpu", None),
+    ).thor.model_copy(update={"split_indices": []})  # ResNet-50's split, [26, 53], is past this network's layers
+
+
 def thor_for(net, frequency: int = 3):
     """The (ModelThor, nn.thor) pair, built as ``recipes.thor`` builds them."""
-    lr = np.linspace(0.1, 0.01, STEPS).astype(np.float32)
-    damping = np.linspace(0.03, 0.02, STEPS).astype(np.float32)
-    optimizer = create_thor_optimizer(
-        net,
-        lr,
-        damping,
-        momentum=0.9,
-        weight_decay=5e-4,
-        loss_scale=128,
-        batch_size=4,
-        frequency=frequency,
-        split_indices=[],
-    )
-    model = create_thor_model(
-        net, CrossEntropySmooth(CLASSES, 0.1), optimizer, loss_scale=128, amp_level="O2", keep_batchnorm_fp32=False
-    )
-    return model, optimizer
+    thor = thor_section(frequency)
+    optimizer = create_thor_optimizer(net, LR, DAMPING, thor)
+    return create_thor_model(net, CrossEntropySmooth(CLASSES, 0.1), optimizer, thor), optimizer
 
 
 def plain_net():
@@ -88,6 +86,19 @@ def test_nn_thor_and_model_thor_are_built_for_our_network_without_changing_its_w
     decays = dict(zip((p.name for p in optimizer.parameters), optimizer.decay_flags, strict=True))
     assert decays["layers.0.conv1.weight"] and decays["fc.weight"]
     assert not decays["fc.bias"] and not decays["stem.1.gamma"] and not decays["stem.1.beta"]
+
+
+def test_the_recipes_step_builds_model_thor_from_the_section():
+    """``recipes.thor``'s step for ``implementation: mindspore_builtin``: the section's sink mode, and ``ModelThor``
+    built when the engine prepares the step (training itself needs Ascend or GPU)."""
+    from mindspore.train.train_thor.model_thor import ModelThor
+
+    net, thor = plain_net(), thor_section()
+    optimizer = create_thor_optimizer(net, LR, DAMPING, thor)
+    step = MindsporeThorStep(net, CrossEntropySmooth(CLASSES, 0.1), optimizer, LR, DAMPING, thor)
+    assert step.sink_mode is thor.mindspore_builtin.dataset_sink_mode
+    step.prepare()
+    assert isinstance(step.model, ModelThor)
 
 
 def test_state_fits_the_plain_network_and_round_trips_into_a_fresh_optimizer():

@@ -20,13 +20,14 @@ optimizer and converting the model work on CPU, which is what the tests here che
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import mindspore as ms
 import numpy as np
 
 from trainlib.engine.checkpoint import OPTIMIZER_PREFIX, Checkpoint
 from trainlib.optim.momentum import decays_unless_norm_or_bias
+from trainlib.params.thor import ThorParams
 
 # the last name part of the buffers Conv2dThor / DenseThor add to the network; optimizer state, not weights
 STATISTICS_NAMES = ("matrix_a_cov", "matrix_g_cov", "a_normalizer", "g_normalizer", "matrix_a", "matrix_g")
@@ -36,23 +37,13 @@ def _decays(param) -> bool:
     return decays_unless_norm_or_bias(param.name)
 
 
-def create_thor_optimizer(
-    net,
-    lr_per_step: np.ndarray,
-    damping: np.ndarray,
-    *,
-    momentum: float,
-    weight_decay: float,
-    loss_scale: float,
-    batch_size: int,
-    frequency: int,
-    split_indices: Sequence[int],
-):
-    """``nn.thor`` for ``net``, which it converts in place (``Conv2dThor``/``DenseThor``, same weight names).
+def create_thor_optimizer(net, lr_per_step: np.ndarray, damping: np.ndarray, thor: ThorParams):
+    """``nn.thor`` for ``net``, which it converts in place (``Conv2dThor``/``DenseThor``, same weight names), with
+    ``thor``'s momentum, weight decay, loss scale, batch size, frequency and ``split_indices`` (empty: MindSpore's
+    default, all A/G layers in one allreduce group).
 
     Weight decay skips BatchNorm gamma/beta and biases (``optim.momentum.decays_unless_norm_or_bias``), as the
     baseline's Momentum does.
-    An empty ``split_indices`` is MindSpore's default (all A/G layers in one allreduce group).
     """
     from mindspore import nn
 
@@ -60,40 +51,33 @@ def create_thor_optimizer(
         net,
         ms.Tensor(np.asarray(lr_per_step, np.float32)),
         ms.Tensor(np.asarray(damping, np.float32)),
-        float(momentum),
-        float(weight_decay),
-        float(loss_scale),
-        int(batch_size),
+        float(thor.momentum),
+        float(thor.weight_decay),
+        float(thor.loss_scale),
+        int(thor.batch_size),
         decay_filter=_decays,
-        split_indices=list(split_indices) or None,
-        frequency=int(frequency),
+        split_indices=list(thor.split_indices) or None,
+        frequency=int(thor.frequency),
     )
 
 
-def create_thor_model(
-    net,
-    loss_fn,
-    optimizer,
-    *,
-    loss_scale: float,
-    amp_level: str,
-    keep_batchnorm_fp32: bool,
-):
+def create_thor_model(net, loss_fn, optimizer, thor: ThorParams):
     """The ``ModelThor`` that trains the converted ``net`` with its ``nn.thor`` ``optimizer``, as the tutorial builds
-    it: a ``Model`` with a fixed loss scale (no overflow skipping), converted by ``ConvertModelUtils``."""
+    it: a ``Model`` with ``thor``'s fixed loss scale (no overflow skipping) and ``thor.mindspore_builtin``'s amp
+    options, converted by ``ConvertModelUtils``."""
     from mindspore import amp
     from mindspore.train import Model
     from mindspore.train.train_thor import ConvertModelUtils
 
-    loss_scale_manager = amp.FixedLossScaleManager(float(loss_scale), drop_overflow_update=False)
+    loss_scale_manager = amp.FixedLossScaleManager(float(thor.loss_scale), drop_overflow_update=False)
     # the same training set-up for the Model and for its THOR conversion, as the tutorial passes it twice
     setup = {
         "loss_fn": loss_fn,
         "optimizer": optimizer,
         "loss_scale_manager": loss_scale_manager,
         "metrics": {"acc"},
-        "amp_level": amp_level,
-        "keep_batchnorm_fp32": keep_batchnorm_fp32,
+        "amp_level": thor.mindspore_builtin.amp_level,
+        "keep_batchnorm_fp32": thor.mindspore_builtin.keep_batchnorm_fp32,
     }
     return ConvertModelUtils().convert_to_thor_model(model=Model(net, **setup), network=net, **setup)
 
