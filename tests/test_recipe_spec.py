@@ -31,9 +31,7 @@ NOT_YET_DERIVED = {
     ("trainlib/params/root.py", "SharedParameters"),  # its cross-section rules name sections
     ("trainlib/params/study.py", "StudyParams"),
     ("trainlib/recipes/language_model.py", "compare_trainings"),
-    ("trainlib/report/compare.py", "other_sources"),
     ("trainlib/report/compare.py", "study_trainings"),
-    ("trainlib/report/compare.py", "unequal_budgets"),
     ("trainlib/report/differences.py", "single_run_differences"),
 }
 # the same words, other meanings: mindspore.boost's algorithm names, and THOR's schedule shape
@@ -107,6 +105,16 @@ def test_the_colour_families_are_the_ones_the_runs_had():
         "stage1": "#bab0ac",
         "lars": "#edc948",
     }
+
+
+def test_the_reports_reference_is_the_recipe_declared_so():
+    """The baseline, declared ``reference``, wherever it stands among the recipes; without it, the first."""
+    from trainlib.params.recipe_spec import reference_among
+
+    assert [name for name, spec in recipe_specs().items() if spec.reference] == ["baseline"]
+    assert reference_among(["thor", "lars", "baseline"]) == "baseline"
+    assert reference_among(["thor", "lars"]) == "thor"
+    assert reference_among([]) is None
 
 
 def test_a_registry_entry_that_is_not_a_specification_is_named():

@@ -37,5 +37,6 @@ RECIPES = (
         report=ReportRuns(("baseline", "__default__")),  # the default pipeline is the baseline's
         trainer="trainlib.recipes.momentum:train_baseline",
         takes_boost=True,
+        reference=True,
     ),
 )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import entry_points
@@ -113,6 +113,8 @@ class RecipeSpec:
     # its section's rule under runtime.fast_dev_run (``fast_dev_run.Rule``); None: ``fast_dev_run.training_budget``
     # for a section of one training
     rehearsal: Rule | None = None
+    # the recipe a report compares the others against when it is among them (the Momentum baseline)
+    reference: bool = False
     doc: str = field(default="", compare=False)
 
     @property
@@ -199,6 +201,15 @@ def template_trainers() -> dict[type, RecipeSpec]:
         if spec.trainer:
             found.setdefault(spec.parameters, spec)
     return found
+
+
+def reference_among(recipes: Iterable[str]) -> str | None:
+    """The recipe the others among ``recipes`` are compared against: the one declared ``reference`` when it is
+    there, else the first (``None``: no recipe)."""
+    recipes = list(recipes)
+    specs = recipe_specs()
+    declared = [name for name in recipes if name in specs and specs[name].reference]
+    return (declared or recipes or [None])[0]
 
 
 def result_rows() -> dict[str, tuple[str, ...]]:

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from trainlib.metrics import EPOCH_KEYS, FINAL_KEYS, TRAIN_EPOCH_TIME_S, TRAIN_IMAGES_PER_S
-from trainlib.params.recipe_spec import RESULT_KEY, result_named
+from trainlib.params.recipe_spec import RESULT_KEY, reference_among, result_named
 from trainlib.params.renames import RENAMED_KEYS
 from trainlib.readable import counted
 from trainlib.report.differences import newest_study_run
@@ -177,14 +177,14 @@ def setting_differences(settings: Mapping[str, Mapping[str, str | None]]) -> dic
 
 
 def unequal_budgets(table: pd.DataFrame, settings: Mapping[str, Mapping[str, str | None]]) -> dict[str, str]:
-    """Per recipe with a run, why its run is not compared side by side with the reference's (the baseline's, else
-    the first recipe's with a run): other epochs, or other data or network settings; empty when the budgets are
-    equal."""
+    """Per recipe with a run, why its run is not compared side by side with the reference's (``reference_among``:
+    the baseline's, else the first recipe's with a run): other epochs, or other data or network settings; empty
+    when the budgets are equal."""
     rows = table[table["run_status"] != "missing"].set_index("recipe")
     recipes = [recipe for recipe in rows.index if recipe in settings]
     if not recipes:
         return {}
-    reference = "baseline" if "baseline" in recipes else recipes[0]
+    reference = reference_among(recipes)
     reasons = {}
     for recipe in recipes:
         gaps = []
@@ -418,11 +418,11 @@ def study_means(reader: RunReader, study: RunRecord, result: str, seeds: int) ->
 
 
 def other_sources(sources: Mapping[str, str]) -> dict[str, str]:
-    """Per recipe reported from another source than the reference's (the baseline's, else the first recipe's): why
-    it is not compared side by side. A study's means and a single run are not a pair."""
+    """Per recipe reported from another source than the reference's (``reference_among``: the baseline's, else the
+    first recipe's): why it is not compared side by side. A study's means and a single run are not a pair."""
     if not sources:
         return {}
-    reference = "baseline" if "baseline" in sources else next(iter(sources))
+    reference = reference_among(sources)
     return {
         recipe: (
             f"from {source}, {reference} from {sources[reference]}: not a pair; "
