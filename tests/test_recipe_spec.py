@@ -31,7 +31,6 @@ NOT_YET_DERIVED = {
     ("trainlib/params/root.py", "SharedParameters"),  # its cross-section rules name sections
     ("trainlib/params/study.py", "StudyParams"),
     ("trainlib/recipes/language_model.py", "compare_trainings"),
-    ("trainlib/report/compare.py", "study_trainings"),
     ("trainlib/report/differences.py", "single_run_differences"),
 }
 # the same words, other meanings: mindspore.boost's algorithm names, and THOR's schedule shape

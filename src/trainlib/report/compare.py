@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from trainlib.metrics import EPOCH_KEYS, FINAL_KEYS, TRAIN_EPOCH_TIME_S, TRAIN_IMAGES_PER_S
-from trainlib.params.recipe_spec import RESULT_KEY, reference_among, result_named
+from trainlib.params.recipe_spec import RESULT_KEY, recipe_specs, reference_among, result_named
 from trainlib.params.renames import RENAMED_KEYS
 from trainlib.readable import counted
 from trainlib.report.differences import newest_study_run
@@ -204,9 +204,9 @@ def study_trainings(reader: RunReader, study: RunRecord) -> dict[str, dict[int, 
     """The finished training runs behind ``study``'s results, by their ``recipe`` tag, seed and result row:
     ``{"dim_reduce": {0: {"stage1": ..., "stage2": ..., "control": ...}}}``. Read from its ``runs.csv`` (each
     result's MLflow run), not from its child runs: a resumed study reads a result trained by an earlier, killed
-    run, whose run is that run's child; and a tuning's trials are not results. dim_reduce's stage 1, which gives no
-    result row, is the run of the same ``study_key``. A study of before the rename names the result row ``recipe``
-    in its runs.csv: read as ``result`` (``recipe_spec.result_named``)."""
+    run, whose run is that run's child; and a tuning's trials are not results. A recipe's other trainings, which give
+    no result row (dim_reduce's stage 1), are the runs of the same ``study_key``. A study of before the rename names
+    the result row ``recipe`` in its runs.csv: read as ``result`` (``recipe_spec.result_named``)."""
     table = reader.artifact_csv(study["run_id"], STUDY_RUNS_ARTIFACT)
     table = None if table is None else result_named(table)
     found: dict[str, dict[int, dict[str, RunRecord]]] = {}
@@ -218,12 +218,14 @@ def study_trainings(reader: RunReader, study: RunRecord) -> dict[str, dict[int, 
         result = getattr(row, RESULT_KEY)
         by_result = found.setdefault(tags.get("recipe", result), {}).setdefault(int(row.seed), {})
         by_result[result] = run
-        if "stage1" not in by_result and tags.get("recipe") == "dim_reduce" and "study_key" in tags:
-            stage1 = reader.search(
-                f"tags.study_key = '{tags['study_key']}' and tags.result = 'stage1' and attributes.status = 'FINISHED'"
-            )
-            if stage1:
-                by_result["stage1"] = stage1[0]
+        spec = recipe_specs().get(tags.get("recipe", ""))
+        for other, _ in spec.other_trainings if spec is not None and "study_key" in tags else ():
+            if other not in by_result:
+                runs = reader.search(
+                    f"tags.study_key = '{tags['study_key']}' and tags.result = '{other}' "
+                    "and attributes.status = 'FINISHED'"
+                )
+                by_result.update({other: runs[0]} if runs else {})
     return found
 
 
