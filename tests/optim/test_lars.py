@@ -6,11 +6,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from trainlib.optim.lars import LARS, create_lars
+from trainlib.params import LarsSettings
 
 MOMENTUM, WEIGHT_DECAY, ETA = 0.9, 5e-2, 0.02  # large decay and eta so that both visibly change the ratio
 LRS = np.array([0.5, 1.5, 1.0, 0.25], np.float32)  # a changing lr: the lr sits inside the momentum buffer
+
+
+def settings(*, epsilon: float = 0.0, loss_scale: float = 1.0) -> LarsSettings:
+    """The ``lars`` section's optimizer keys at this file's values."""
+    return LarsSettings(
+        momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, trust_coefficient=ETA, epsilon=epsilon, loss_scale=loss_scale
+    )
 
 
 def reference_step(weights, grads, moments, lr, adapted, *, eta=ETA, weight_decay=WEIGHT_DECAY, epsilon=0.0):
@@ -74,7 +83,7 @@ def random_grads(net, steps, seed=1):
 
 
 def test_excludes_batchnorm_and_bias_by_name(tiny):
-    optimizer = create_lars(tiny, LRS, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, eta=ETA)
+    optimizer = create_lars(tiny, LRS, settings())
     flags = dict(zip([p.name for p in optimizer._parameters], optimizer.adapt_flags, strict=True))
     assert flags == {"dense.weight": True, "dense.bias": False, "bn.gamma": False, "bn.beta": False}
 
@@ -82,7 +91,7 @@ def test_excludes_batchnorm_and_bias_by_name(tiny):
 def test_steps_match_the_closed_form(tiny):
     start = values(tiny)
     grads = random_grads(tiny, len(LRS))
-    optimizer = create_lars(tiny, LRS, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, eta=ETA)
+    optimizer = create_lars(tiny, LRS, settings())
     run_steps(tiny, optimizer, grads)
 
     adapted = {name: name == "dense.weight" for name in start}
@@ -104,7 +113,7 @@ def test_excluded_parameters_take_plain_momentum_without_decay(tiny):
     ``lr * trust * wd * w`` with trust 1 (its gradient norm is 0)."""
     start = values(tiny)
     zero = [{name: np.zeros_like(w) for name, w in start.items()}] * 2
-    optimizer = create_lars(tiny, LRS, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, eta=ETA)
+    optimizer = create_lars(tiny, LRS, settings())
     run_steps(tiny, optimizer, zero)
     after = values(tiny)
     for name in ("dense.bias", "bn.gamma", "bn.beta"):
@@ -118,7 +127,7 @@ def test_excluded_parameters_take_plain_momentum_without_decay(tiny):
 def test_excluded_parameters_follow_momentum_of_the_raw_gradient(tiny):
     start = values(tiny)
     grads = random_grads(tiny, 3, seed=2)
-    optimizer = create_lars(tiny, LRS[:3], momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, eta=ETA)
+    optimizer = create_lars(tiny, LRS[:3], settings())
     run_steps(tiny, optimizer, grads)
     after = values(tiny)
     for name in ("dense.bias", "bn.gamma", "bn.beta"):
@@ -135,7 +144,7 @@ def test_zero_weight_norm_gives_trust_one_and_no_nan(tiny, mindspore_cpu):
     weight.set_data(mindspore_cpu.Tensor(np.zeros(weight.shape, np.float32)))
     start = values(tiny)
     grads = random_grads(tiny, 1, seed=3)
-    optimizer = create_lars(tiny, LRS[:1], momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, eta=ETA)
+    optimizer = create_lars(tiny, LRS[:1], settings())
     run_steps(tiny, optimizer, grads)
     after = values(tiny)
     assert all(np.isfinite(v).all() for v in after.values())
@@ -148,7 +157,7 @@ def test_zero_gradient_and_zero_weight_move_nothing(tiny, mindspore_cpu):
     weight = next(p for p in tiny.trainable_params() if p.name == "dense.weight")
     weight.set_data(mindspore_cpu.Tensor(np.zeros(weight.shape, np.float32)))
     zero = [{p.name: np.zeros(p.shape) for p in tiny.trainable_params()}]
-    optimizer = create_lars(tiny, LRS[:1], momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, eta=ETA)
+    optimizer = create_lars(tiny, LRS[:1], settings())
     run_steps(tiny, optimizer, zero)
     np.testing.assert_array_equal(weight.asnumpy(), 0.0)
 
@@ -158,15 +167,7 @@ def test_epsilon_and_a_custom_exclusion(tiny):
     start = values(tiny)
     grads = random_grads(tiny, 2, seed=4)
     adapts = {"dense.weight", "dense.bias"}
-    optimizer = LARS(
-        tiny.trainable_params(),
-        LRS[:2],
-        momentum=MOMENTUM,
-        weight_decay=WEIGHT_DECAY,
-        eta=ETA,
-        epsilon=0.5,
-        adapts=adapts.__contains__,
-    )
+    optimizer = LARS(tiny.trainable_params(), LRS[:2], settings(epsilon=0.5), adapts=adapts.__contains__)
     run_steps(tiny, optimizer, grads)
     expected, _ = reference_steps(start, grads, {name: name in adapts for name in start}, epsilon=0.5)
     after = values(tiny)
@@ -198,7 +199,7 @@ def test_loss_scaled_train_step_matches_the_closed_form(tiny, mindspore_cpu):
     start = values(tiny)
     grads = {p.name: g.asnumpy().astype(np.float64) for p, g in zip(weights, grad_fn(x), strict=True)}
 
-    optimizer = create_lars(tiny, LRS[:1], momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, eta=ETA, loss_scale=loss_scale)
+    optimizer = create_lars(tiny, LRS[:1], settings(loss_scale=loss_scale))
     step = nn.TrainOneStepCell(with_loss, optimizer, sens=loss_scale)
     step(x)
     expected, _ = reference_steps(start, [grads], {name: name == "dense.weight" for name in start})
@@ -209,6 +210,6 @@ def test_loss_scaled_train_step_matches_the_closed_form(tiny, mindspore_cpu):
 
 def test_rejects_group_params_and_negative_values(tiny):
     with pytest.raises(TypeError, match="list of Parameters"):
-        LARS([{"params": tiny.trainable_params()}], 0.1)
-    with pytest.raises(ValueError, match="eta must be at least 0"):
-        LARS(tiny.trainable_params(), 0.1, eta=-1.0)
+        LARS([{"params": tiny.trainable_params()}], 0.1, settings())
+    with pytest.raises(ValidationError, match="trust_coefficient"):  # validated once, before LARS sees them
+        LarsSettings(momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, trust_coefficient=-1.0, epsilon=0.0, loss_scale=1.0)

@@ -28,7 +28,7 @@ mlperf_lars_optimizer.py`` (``MLPERF_LARSOptimizer``, commit 91cf88b7, the Tenso
 ``skip_list=['batch_normalization', 'bias', 'bn']``: skipped variables take neither the trust ratio nor the decay,
 and the loss then carries no L2 term. ``epsilon`` defaults to 0.0 as in ``MLPERF_LARSOptimizer`` and the reference's
 ``--lars_epsilon=0`` (TF2's ``LARSOptimizer`` replaces a 0.0 by Keras' 1e-7, ``epsilon or
-backend_config.epsilon()``; pass ``epsilon=1e-7`` for that one). Its schedule, a linear warm-up then polynomial
+backend_config.epsilon()``; set ``epsilon: 1e-7`` for that one). Its schedule, a linear warm-up then polynomial
 decay of power 2, is ``trainlib.optim.schedules.mlperf_polynomial_schedule``.
 """
 
@@ -41,6 +41,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from trainlib.optim.momentum import decays_unless_norm_or_bias
+from trainlib.params import LarsSettings
 
 _lars_update = ops.MultitypeFuncGraph("lars_update")
 
@@ -75,14 +76,13 @@ class LARS(nn.Optimizer):
         params: the parameters to train, a list of ``Parameter`` (``net.trainable_params()``); no group dicts: the
             exclusions come from ``adapts``, and a group's own weight decay would contradict it.
         learning_rate: a float, or one value per step (numpy array or 1-D tensor), as for ``nn.Momentum``.
-        momentum: heavy-ball momentum (MLPerf: 0.9).
-        weight_decay: L2 weight decay of the adapted parameters, also in the trust ratio's denominator.
-        eta: the trust coefficient (MLPerf's ``eeta``, 0.001).
-        epsilon: added to the trust ratio's denominator (MLPerf's ``lars_epsilon``, 0).
+        settings: the recipe's section (``params.LarsSettings``, validated): heavy-ball ``momentum`` (MLPerf: 0.9);
+            ``weight_decay``, the L2 weight decay of the adapted parameters, also in the trust ratio's denominator;
+            ``trust_coefficient`` (``eta`` above, MLPerf's ``eeta``, 0.001); ``epsilon``, added to the trust ratio's
+            denominator (MLPerf's ``lars_epsilon``, 0); ``loss_scale``, the factor the gradients arrive multiplied
+            by (divided out before the norms, which it would otherwise change).
         adapts: ``adapts(name)`` True: the parameter takes the trust ratio and the weight decay; False: plain
             momentum (default: every name without ``beta``, ``gamma`` or ``bias``).
-        loss_scale: the factor the gradients arrive multiplied by (divided out before the norms, which it would
-            otherwise change).
 
     Inputs: the gradients, a tuple in the order of ``params``. Output: a tuple of True.
     """
@@ -91,26 +91,19 @@ class LARS(nn.Optimizer):
         self,
         params: Iterable[Parameter],
         learning_rate: float | np.ndarray | Tensor,
+        settings: LarsSettings,
         *,
-        momentum: float = 0.9,
-        weight_decay: float = 1e-4,
-        eta: float = 0.001,
-        epsilon: float = 0.0,
         adapts: Callable[[str], bool] = decays_unless_norm_or_bias,
-        loss_scale: float = 1.0,
     ):
         params = list(params)
         if not params or not all(isinstance(param, Parameter) for param in params):
             raise TypeError("LARS takes a non-empty list of Parameters (net.trainable_params()), not group dicts")
-        for name, value in (("momentum", momentum), ("weight_decay", weight_decay), ("eta", eta), ("epsilon", epsilon)):
-            if not value >= 0.0:
-                raise ValueError(f"LARS: {name} must be at least 0, got {value}")
         # the base class's own weight decay stays 0: LARS decays inside its update, on the adapted parameters only
-        super().__init__(learning_rate, params, weight_decay=0.0, loss_scale=float(loss_scale))
-        self.momentum = Parameter(Tensor(float(momentum), ms.float32), name="momentum")
-        self.eta = float(eta)
-        self.lars_weight_decay = float(weight_decay)
-        self.epsilon = float(epsilon)
+        super().__init__(learning_rate, params, weight_decay=0.0, loss_scale=float(settings.loss_scale))
+        self.momentum = Parameter(Tensor(float(settings.momentum), ms.float32), name="momentum")
+        self.eta = float(settings.trust_coefficient)
+        self.lars_weight_decay = float(settings.weight_decay)
+        self.epsilon = float(settings.epsilon)
         self.adapt_flags = tuple(bool(adapts(param.name)) for param in self._parameters)
         # named as nn.Momentum names them, so a checkpoint's optimizer state has the same keys for either optimizer
         self.moments = self._parameters.clone(prefix="moments", init="zeros")
@@ -140,24 +133,11 @@ class LARS(nn.Optimizer):
 def create_lars(
     net: nn.Cell,
     lr_per_step: np.ndarray,
+    settings: LarsSettings,
     *,
-    momentum: float,
-    weight_decay: float,
-    eta: float,
-    epsilon: float = 0.0,
-    loss_scale: float = 1.0,
     adapts: Callable[[str], bool] = decays_unless_norm_or_bias,
 ) -> LARS:
-    """``LARS`` over ``net``'s trainable parameters, the factory beside ``momentum.create_momentum``: BatchNorm
-    parameters and biases excluded from the trust ratio and the decay by default; gradients arrive multiplied by
-    ``loss_scale``."""
-    return LARS(
-        net.trainable_params(),
-        lr_per_step,
-        momentum=momentum,
-        weight_decay=weight_decay,
-        eta=eta,
-        epsilon=epsilon,
-        adapts=adapts,
-        loss_scale=loss_scale,
-    )
+    """``LARS`` over ``net``'s trainable parameters with the recipe's ``settings`` (``params.LarsSettings``: the
+    ``lars`` section itself), the factory beside ``momentum.create_momentum``: BatchNorm parameters and biases
+    excluded from the trust ratio and the decay by default; gradients arrive multiplied by ``settings.loss_scale``."""
+    return LARS(net.trainable_params(), lr_per_step, settings, adapts=adapts)

@@ -66,7 +66,7 @@ from trainlib.params.dim_reduce import (
     TrajectoryParams,
 )
 from trainlib.params.errors import CrossKeyProblems, ParameterError
-from trainlib.params.lars import LarsParams
+from trainlib.params.lars import LarsParams, LarsSettings
 from trainlib.params.migrate import MigrateParams, MigrationParity
 from trainlib.params.numbers import Fraction, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt
 from trainlib.params.predict import PredictParams
@@ -142,6 +142,7 @@ __all__ = [
     "ModelParams",
     "NetworkParams",
     "LarsParams",
+    "LarsSettings",
     "MomentumTraining",
     "NetworkName",
     "NonNegativeFloat",

@@ -20,16 +20,7 @@ class LarsStepFactory(MomentumStepFactory):
     training: LarsParams
 
     def create_optimizer(self, net, lr_per_step):
-        lars = self.training
-        return create_lars(
-            net,
-            lr_per_step,
-            momentum=lars.momentum,
-            weight_decay=lars.weight_decay,
-            eta=lars.trust_coefficient,
-            epsilon=lars.epsilon,
-            loss_scale=lars.loss_scale,
-        )
+        return create_lars(net, lr_per_step, self.training)  # the section is LARS's settings
 
 
 def train_lars(
