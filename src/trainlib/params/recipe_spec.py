@@ -94,7 +94,9 @@ class RecipeSpec:
     Momentum baseline's mindspore.boost options); ``pipeline_module`` is where its Kedro pipeline's
     ``create_pipeline`` is (empty: ``pipelines.<pipeline>.pipeline``; a package of its own names its module).
     ``rehearsal``: how ``runtime.fast_dev_run`` shrinks its section, when a section of one training's budget
-    (``fast_dev_run.training_budget``) is not enough (THOR's implementation and frequency, dim_reduce's stages)."""
+    (``fast_dev_run.training_budget``) is not enough (THOR's implementation and frequency, dim_reduce's stages).
+    ``reference``: the recipe a report compares the others against when it is among them (``reference_among``: the
+    Momentum baseline, the one recipe that declares it)."""
 
     name: str
     section: str
@@ -113,7 +115,6 @@ class RecipeSpec:
     # its section's rule under runtime.fast_dev_run (``fast_dev_run.Rule``); None: ``fast_dev_run.training_budget``
     # for a section of one training
     rehearsal: Rule | None = None
-    # the recipe a report compares the others against when it is among them (the Momentum baseline)
     reference: bool = False
     doc: str = field(default="", compare=False)
 
