@@ -8,7 +8,7 @@ from typing import Literal
 from trainlib.fast_dev_run import Plan, training_budget
 from trainlib.params.base import ImageRecipe
 from trainlib.params.baseline import MomentumTraining
-from trainlib.params.choices import AdasumExchange, Implementation
+from trainlib.params.choices import BUILTIN_ADASUM_MIN_DEVICES, AdasumExchange, Implementation
 from trainlib.params.numbers import PositiveInt
 from trainlib.params.recipe_spec import ADASUM, ALL_REDUCE, RecipeSpec, ReportRuns, ResultRow
 
@@ -29,6 +29,23 @@ def _rehearse(section: Mapping, plan: Plan) -> dict:
     return {**training_budget(section, plan), "implementation": "trainlib"}
 
 
+def _runnable(parameters) -> list[tuple[str, str]]:
+    """mindspore.boost's Adasum needs Ascend servers of 8 devices, two of them at least."""
+    device_target, workers = parameters.runtime.device_target, parameters.distributed.worker_num
+    if parameters.adasum.implementation == "mindspore_builtin" and (
+        device_target != "Ascend" or workers < BUILTIN_ADASUM_MIN_DEVICES
+    ):
+        return [
+            (
+                "adasum.implementation",
+                "is mindspore_builtin (mindspore.boost's Adasum), which MindSpore runs on Ascend with "
+                f"{BUILTIN_ADASUM_MIN_DEVICES} devices or more (Send/Receive between 8-device servers); this run "
+                f"has {workers} {device_target} worker(s): use trainlib",
+            )
+        ]
+    return []
+
+
 RECIPES = (
     RecipeSpec(
         "adasum",
@@ -43,5 +60,6 @@ RECIPES = (
         trainer="trainlib.recipes.momentum:train_adasum",
         report=ReportRuns(("adasum",)),
         rehearsal=_rehearse,
+        cross_section_problems=_runnable,
     ),
 )

@@ -127,12 +127,39 @@ def _rehearse(section: Mapping, plan: Plan) -> dict:
     return values
 
 
+NAME = "dim_reduce"  # the recipe, its section and its pipeline
+
+
+def _runnable(parameters) -> list[tuple[str, str]]:
+    """mindspore.boost's DimReduce: evaluated only at its epochs' ends, in one process of its own."""
+    problems = []
+    implementation = parameters.dim_reduce.stage2.implementation
+    if NAME in parameters.study.recipes and implementation != "trainlib":
+        problems.append(
+            (
+                "dim_reduce.stage2.implementation",
+                "is mindspore_builtin, but study.recipes has dim_reduce, whose stage 2 the study evaluates every "
+                "study.eval_every_steps steps: use trainlib (or take dim_reduce out of study.recipes)",
+            )
+        )
+    if implementation == "mindspore_builtin" and (workers := parameters.distributed.worker_num) > 1:
+        problems.append(
+            (
+                "dim_reduce.stage2.implementation",
+                "is mindspore_builtin (mindspore.boost's DimReduce), which runs in one process of its own, outside "
+                f"msrun; with distributed.worker_num {workers} use trainlib (P-BFGS averages gradients and losses "
+                "across the ranks)",
+            )
+        )
+    return problems
+
+
 # DimReduce: stage 1, the PCA of its trajectory, then P-BFGS stage 2 against the Momentum control from the same stage-1
 # checkpoint (the control evaluates as stage 2 does; neither is tuned: the control has no schedule of its own)
 RECIPES = (
     RecipeSpec(
-        "dim_reduce",
-        "dim_reduce",
+        NAME,
+        NAME,
         DimReduceParams,
         (
             ResultRow("stage2", "dim_reduce.stage2", ("control",), budgeted=("eval_every_steps",), colour=SUBSPACE),
@@ -140,7 +167,8 @@ RECIPES = (
         ),
         colour=SUBSPACE,
         other_trainings=(("stage1", WARM_START),),
-        report=ReportRuns(("dim_reduce",), ("stage1", "stage2"), ("control",)),
+        report=ReportRuns((NAME,), ("stage1", "stage2"), ("control",)),
         rehearsal=_rehearse,
+        cross_section_problems=_runnable,
     ),
 )

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from trainlib.fast_dev_run import Rehearsals, Rule
 
@@ -96,7 +96,9 @@ class RecipeSpec:
     ``rehearsal``: how ``runtime.fast_dev_run`` shrinks its section, when a section of one training's budget
     (``fast_dev_run.training_budget``) is not enough (THOR's implementation and frequency, dim_reduce's stages).
     ``reference``: the recipe a report compares the others against when it is among them (``reference_among``: the
-    Momentum baseline, the one recipe that declares it)."""
+    Momentum baseline, the one recipe that declares it). ``cross_section_problems``: ``function(parameters)``, the
+    ``(key, problem)`` pairs its section cannot run with given the whole configuration (an implementation on this
+    device target, its place in the study), which ``validate_parameters`` raises with the others' before any work."""
 
     name: str
     section: str
@@ -116,6 +118,7 @@ class RecipeSpec:
     # for a section of one training
     rehearsal: Rule | None = None
     reference: bool = False
+    cross_section_problems: Callable[[Any], list[tuple[str, str]]] | None = None
     doc: str = field(default="", compare=False)
 
     @property

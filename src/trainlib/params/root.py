@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError, create_model, model_validator
 
 from trainlib.params.base import CheckpointParams, Section
-from trainlib.params.choices import BUILTIN_ADASUM_MIN_DEVICES, GRAD_CENTRALIZATION_TARGETS
+from trainlib.params.choices import GRAD_CENTRALIZATION_TARGETS
 from trainlib.params.common import (
     BoostParams,
     DataParams,
@@ -49,18 +49,10 @@ class SharedParameters(Section):
     @model_validator(mode="after")
     def _runnable_on_this_target(self) -> SharedParameters:
         problems = []
-        device_target, workers = self.runtime.device_target, self.distributed.worker_num
-        if self.adasum.implementation == "mindspore_builtin" and (
-            device_target != "Ascend" or workers < BUILTIN_ADASUM_MIN_DEVICES
-        ):
-            problems.append(
-                (
-                    "adasum.implementation",
-                    "is mindspore_builtin (mindspore.boost's Adasum), which MindSpore runs on Ascend with "
-                    f"{BUILTIN_ADASUM_MIN_DEVICES} devices or more (Send/Receive between 8-device servers); this run "
-                    f"has {workers} {device_target} worker(s): use trainlib",
-                )
-            )
+        device_target = self.runtime.device_target
+        # each recipe's own rules (a section shared by two recipes, thor's, brings its rule once)
+        for rule in dict.fromkeys(spec.cross_section_problems for spec in recipe_specs().values()):
+            problems += rule(self) if rule is not None else []
         if self.boost.less_bn and self.runtime.mode != "graph":
             problems.append(
                 (
@@ -81,31 +73,6 @@ class SharedParameters(Section):
                     f"{', '.join(GRAD_CENTRALIZATION_TARGETS)}); use auto (off there) or off",
                 )
             )
-        if self.thor.implementation == "mindspore_builtin" and device_target == "CPU":
-            problems.append(
-                (
-                    "thor.implementation",
-                    "is mindspore_builtin, whose kernels (ThorIm2Col, CholeskyTrsm, UpdateThorGradient) exist only "
-                    "on Ascend and GPU, but runtime.device_target is CPU; use thor.implementation: trainlib (this "
-                    "project's THOR, every backend), or run on Ascend/GPU (--env=ascend, --env=gpu)",
-                )
-            )
-        if self.thor_bert.control.optimizer == "lamb" and device_target == "CPU":
-            problems.append(
-                (
-                    "thor_bert.control.optimizer",
-                    "is lamb, whose kernel MindSpore has only on Ascend and GPU, but runtime.device_target is CPU; use "
-                    "adamweightdecay (the script's other first-order choice) on CPU",
-                )
-            )
-        if "dim_reduce" in self.study.recipes and self.dim_reduce.stage2.implementation != "trainlib":
-            problems.append(
-                (
-                    "dim_reduce.stage2.implementation",
-                    "is mindspore_builtin, but study.recipes has dim_reduce, whose stage 2 the study evaluates every "
-                    "study.eval_every_steps steps: use trainlib (or take dim_reduce out of study.recipes)",
-                )
-            )
         if self.distributed.nodes > 1:
             sections = dict(checkpointed_sections(self))
             problems += [
@@ -118,15 +85,6 @@ class SharedParameters(Section):
                 for name, section in sections.items()
                 if section.checkpoint.keep_last < 2
             ]
-        if self.dim_reduce.stage2.implementation == "mindspore_builtin" and workers > 1:
-            problems.append(
-                (
-                    "dim_reduce.stage2.implementation",
-                    "is mindspore_builtin (mindspore.boost's DimReduce), which runs in one process of its own, outside "
-                    f"msrun; with distributed.worker_num {workers} use trainlib (P-BFGS averages gradients and losses "
-                    "across the ranks)",
-                )
-            )
         CrossKeyProblems.raise_if_any(problems)
         return self
 

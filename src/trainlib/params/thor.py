@@ -123,6 +123,20 @@ def _rehearse(section: Mapping, plan: Plan) -> dict:
     }
 
 
+def _runnable(parameters) -> list[tuple[str, str]]:
+    """MindSpore's nn.thor has its kernels on Ascend and GPU only."""
+    if parameters.thor.implementation == "mindspore_builtin" and parameters.runtime.device_target == "CPU":
+        return [
+            (
+                "thor.implementation",
+                "is mindspore_builtin, whose kernels (ThorIm2Col, CholeskyTrsm, UpdateThorGradient) exist only "
+                "on Ascend and GPU, but runtime.device_target is CPU; use thor.implementation: trainlib (this "
+                "project's THOR, every backend), or run on Ascend/GPU (--env=ascend, --env=gpu)",
+            )
+        ]
+    return []
+
+
 # THOR, compared with the baseline and with its own recipe without the preconditioner (thor.precondition false)
 RECIPES = (
     RecipeSpec(
@@ -143,6 +157,7 @@ RECIPES = (
         report=ReportRuns(("thor",)),
         trainer="trainlib.recipes.thor:train_thor",
         rehearsal=_rehearse,
+        cross_section_problems=_runnable,
     ),
     RecipeSpec(
         "thor_first_order",
@@ -159,5 +174,6 @@ RECIPES = (
         ),
         colour=WITHOUT_PRECONDITIONER,
         pipeline="thor",  # the thor pipeline with thor.precondition false
+        cross_section_problems=_runnable,
     ),
 )

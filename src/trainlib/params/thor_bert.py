@@ -163,6 +163,19 @@ def _rehearse(section: Mapping, plan: Plan) -> dict:
     return values
 
 
+def _runnable(parameters) -> list[tuple[str, str]]:
+    """MindSpore's Lamb has its kernel on Ascend and GPU only."""
+    if parameters.thor_bert.control.optimizer == "lamb" and parameters.runtime.device_target == "CPU":
+        return [
+            (
+                "thor_bert.control.optimizer",
+                "is lamb, whose kernel MindSpore has only on Ascend and GPU, but runtime.device_target is CPU; use "
+                "adamweightdecay (the script's other first-order choice) on CPU",
+            )
+        ]
+    return []
+
+
 RECIPES = (
     RecipeSpec(
         "thor_bert",
@@ -182,5 +195,6 @@ RECIPES = (
         task="masked_lm",
         colour=SECOND_ORDER,
         rehearsal=_rehearse,
+        cross_section_problems=_runnable,
     ),
 )
