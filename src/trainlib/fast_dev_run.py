@@ -5,8 +5,9 @@ substitutions that make every node of every training pipeline run in minutes on 
 network, image size, optimizer and its settings, schedule shape, boost options, loss scale, mixed precision,
 evaluation and checkpointing. What it changes is the budget and the place: device target CPU, as many msrun
 workers as the machine takes (at least 2 where the environment has several, a power of two for Adasum) on one
-node, a local image tree, a few images per class, 2 images per worker and step, one or two epochs, the cross-key
-rules satisfied (dim_reduce's trajectory, PCA components and epochs), and every file it writes under
+node, a local image tree, a few images per class, 2 images per worker and step, one epoch, 4 images an evaluation
+and an exported model's batch, the cross-key rules satisfied (dim_reduce's trajectory, PCA components and epochs),
+and every file it writes under
 ``data/fast_dev_run/<env>/`` (``relocated``: checkpoint folders here, the catalog's files in ``pipelines.hooks``),
 so that a real run's checkpoints and results are never touched or resumed.
 
@@ -36,7 +37,7 @@ STEPS_PER_EPOCH = 3  # at least: THOR's second-order and reuse steps both run, d
 # One second-order step an epoch, the others reusing its inverses: both of THOR's graphs compile and run, and the
 # second-order step, 44 s of gpu's ResNet-50 on 2 CPU cores, runs once
 THOR_FREQUENCY = STEPS_PER_EPOCH
-EVAL_IMAGES = 4  # data.step_eval_images and the evaluation batch
+EVAL_IMAGES = 4  # data.step_eval_images, the evaluation batch and the exported model's fixed batch
 # Memory one msrun worker of a training takes at its peak (GB): THOR's of ResNet-50 measured at 12.8 GB on CPU (about
 # the same at 112 px: its graphs, not the images), the first-order trainings' well below; THOR_MEMORY_GB bounds the
 # workers of a run that may train THOR, so two THOR workers are not started on a machine with less than 26 GB.
@@ -95,16 +96,15 @@ def _data(section: Mapping, plan: Plan) -> dict:
     }
 
 
-def training_budget(section: Mapping, plan: Plan, epochs: int | None = 1) -> dict:
-    """A training's budget: 1 epoch (or ``epochs``), 2 images per worker, evaluated and checkpointed each epoch
-    in a folder of its own."""
+def training_budget(section: Mapping, plan: Plan) -> dict:
+    """A training's budget: 1 epoch, 2 images per worker, evaluated and checkpointed each epoch in a folder of its
+    own."""
     values = {
         "batch_size": BATCH_PER_WORKER,
         "checkpoint.dir": plan.relocated(section["checkpoint"]["dir"]),
         "checkpoint.every_epochs": 1,
+        "epochs": 1,
     }
-    if epochs is not None:
-        values["epochs"] = epochs
     if "eval_interval" in section:
         values["eval_interval"] = 1
     if section.get("eval_every_steps"):
@@ -137,6 +137,12 @@ def _study(section: Mapping, plan: Plan) -> dict:
     }
 
 
+def _model(section: Mapping, plan: Plan) -> dict:
+    # each export runs its MindIR at this batch twice (the load-back probe, MLflow's check of the input example, padded
+    # to it): 16 ResNet-50 images at 224 px each time on CPU; the network and image size stay the environment's
+    return {"export_batch_size": min(section["export_batch_size"], EVAL_IMAGES)}
+
+
 def _tracking(section: Mapping, plan: Plan) -> dict:
     return {"artifact_max_mb": 0}  # checkpoints and reports stay on disk: nothing is stored as a result
 
@@ -147,6 +153,7 @@ SECTION_RULES: dict[str, Rule] = {
     "distributed": _distributed,
     "data": _data,
     "study": _study,
+    "model": _model,
     "tracking": _tracking,
 }
 
