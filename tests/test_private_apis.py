@@ -43,16 +43,16 @@ def _watched_imports(tree: ast.Module) -> tuple[dict[str, str], set[str]]:
 
 def _derived_classes(trees: list[ast.Module]) -> set[str]:
     """The project's classes (by name) that subclass a watched package's class, directly or through each other."""
+    classes = []  # (class, the names its module imports from a watched package)
+    for tree in trees:
+        imported = set(_watched_imports(tree)[0])
+        classes += [(node, imported) for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
     derived: set[str] = set()
     while True:
         found = {
             node.name
-            for tree in trees
-            for node in ast.walk(tree)
-            if isinstance(node, ast.ClassDef)
-            and any(
-                ast.unparse(base).split(".")[0] in (_watched_imports(tree)[0].keys() | derived) for base in node.bases
-            )
+            for node, imported in classes
+            if any(ast.unparse(base).split(".")[0] in imported | derived for base in node.bases)
         }
         if found <= derived:
             return derived

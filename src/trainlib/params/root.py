@@ -51,8 +51,9 @@ class SharedParameters(Section):
         problems = []
         device_target = self.runtime.device_target
         # each recipe's own rules (a section shared by two recipes, thor's, brings its rule once)
-        for rule in dict.fromkeys(spec.cross_section_problems for spec in recipe_specs().values()):
-            problems += rule(self) if rule is not None else []
+        rules = (spec.cross_section_problems for spec in recipe_specs().values() if spec.cross_section_problems)
+        for rule in dict.fromkeys(rules):
+            problems += rule(self)
         if self.boost.less_bn and self.runtime.mode != "graph":
             problems.append(
                 (

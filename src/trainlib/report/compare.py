@@ -219,13 +219,16 @@ def study_trainings(reader: RunReader, study: RunRecord) -> dict[str, dict[int, 
         by_result = found.setdefault(tags.get("recipe", result), {}).setdefault(int(row.seed), {})
         by_result[result] = run
         spec = recipe_specs().get(tags.get("recipe", ""))
-        for other, _ in spec.other_trainings if spec is not None and "study_key" in tags else ():
-            if other not in by_result:
-                runs = reader.search(
+        if spec is None or "study_key" not in tags:
+            continue
+        for other, _ in spec.other_trainings:
+            if other not in by_result and (
+                runs := reader.search(
                     f"tags.study_key = '{tags['study_key']}' and tags.result = '{other}' "
                     "and attributes.status = 'FINISHED'"
                 )
-                by_result.update({other: runs[0]} if runs else {})
+            ):
+                by_result[other] = runs[0]
     return found
 
 
