@@ -18,6 +18,7 @@ import pipelines  # noqa: F401  (sets ONEDNN_MAX_CPU_ISA: must come before any m
 
 # isort: on
 import gc
+import os
 import secrets
 from pathlib import Path
 
@@ -109,6 +110,11 @@ def mindspore_cpu():
     configure_mindspore("CPU", "graph", 0)
     import mindspore as ms
 
+    # xdist's workers share the cores: MindSpore's CPU kernels get their share each (one thread a worker on 2 cores)
+    # instead of a pool the size of the machine in every worker
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        ms.device_context.cpu.op_tuning.threads_num(max(1, (os.cpu_count() or 1) // workers))
     return ms
 
 

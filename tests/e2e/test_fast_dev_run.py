@@ -11,7 +11,7 @@ Processes are shared to keep the slow tier short: per environment one ``kedro ru
 and dim_reduce together (2 msrun workers), one of thor and one of the study (a run that may train THOR starts the
 workers memory takes: ResNet-50's THOR needs about 13 GB a worker; and Kedro 1.7 cannot validate the study's
 ``params:dim_reduce`` and dim_reduce's ``params:dim_reduce.pca`` in one run: "intermediate key 'dim_reduce' is not
-a dictionary"). ascend's and gpu's are marked ``large_memory``: one at a time, beside one other slow test.
+a dictionary"). ascend's and gpu's are marked ``large_memory``: one at a time, beside two other slow tests.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ TOGETHER = ("thor", "study", "baseline,adasum,dim_reduce")
 # thor_bert rehearses each environment's BERT: BERT-base's and BERT-large's THOR exceed this machine's 23 GB
 # (docs/configuration.md#fast_dev_run), so the slow tier rehearses base's
 BERT_ENVS = ("base",)
-# ResNet-50's rehearsals take 11 to 13 GB: one at a time (one xdist group), beside one other slow test
+# ResNet-50's rehearsals take 11 to 13 GB: one at a time (one xdist group), beside two other slow tests
 LARGE_MEMORY_ENVS = ("ascend", "gpu")
 # Their study rehearses the study's nodes on the environment's parameters with the baseline alone: its THOR training
 # is the thor rehearsal's (the same nodes and parameters, ResNet-50's THOR graph compiled again for 1-2 minutes), and
