@@ -171,9 +171,23 @@ class MindSporeTrainer:
         from trainlib.engine.loop import train
 
         if self.loop == "project":
-            train(self.spec, self.dataset, lambda start, steps_per_epoch: self.step)
+            train(self.spec, self.dataset, BuiltStep(self.step))
         else:
             self.model.train(1, self.dataset, dataset_sink_mode=self.loop == "sink")
+
+
+class BuiltStep:
+    """The engine's step factory (``engine.step.StepFactory``) for a step built once: every pass trains the same
+    cells on, so the graph compiles once. No pass is given validation data, so ``evaluate`` is never called."""
+
+    def __init__(self, step) -> None:
+        self.step = step
+
+    def make_step(self, start, steps_per_epoch: int):
+        return self.step
+
+    def evaluate(self, step, dataset) -> dict:
+        raise TypeError("the benchmark's passes train only")
 
 
 def torch_network(network: str, classes: int):
