@@ -214,13 +214,12 @@ def stage_convert(args: argparse.Namespace) -> dict:
 def _image_ops():
     from mindspore.dataset import vision
 
-    from trainlib.data.folder import MEAN, STD
+    from mindir_serving.images import normalise_ops
 
     return [
         vision.RandomCropDecodeResize(224, scale=(0.08, 1.0), ratio=(0.75, 1.333)),
         vision.RandomHorizontalFlip(prob=0.5),
-        vision.Normalize(mean=MEAN, std=STD),
-        vision.HWC2CHW(),
+        *normalise_ops(),
     ]
 
 

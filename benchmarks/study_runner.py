@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from trainlib.params.recipe_spec import result_named
+from trainlib.report.differences import POINTS, in_points
 
 PROJECT = Path(__file__).resolve().parents[1]
 STUDY_OUTPUT = PROJECT / "data/08_reporting/study"
@@ -64,6 +65,9 @@ def interval(mean: float, low: float, high: float, points: bool) -> str:
 def print_outcome(outcome: StudyOutcome) -> None:
     print(f"\nstudy: {outcome.wall_s / 60:.1f} min")
     print(outcome.runs.drop(columns=["mlflow_run_id", "key"]).to_string(index=False, float_format="{:.4f}".format))
-    for _, row in outcome.paired.iterrows():
-        cell = interval(row["mean"], row["ci_low"], row["ci_high"], "difference" in row["measure"])
+    # paired.csv gives accuracy differences in points (unit pt); in_points converts a table written before it did
+    for _, row in in_points(outcome.paired).iterrows():
+        points = row["unit"] == POINTS
+        scale = 0.01 if points else 1.0
+        cell = interval(scale * row["mean"], scale * row["ci_low"], scale * row["ci_high"], points)
         print(f"{row['comparison']}, {row['measure']}: {cell}, n = {row['n']} seeds (95 % t-interval)")
