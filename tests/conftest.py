@@ -27,7 +27,7 @@ import pytest
 from tests.support.trees import write_image_tree
 
 SLOW_FOLDERS = ("e2e", "distributed", "ui")
-# The slow tier runs two tests at a time, grouped by ``xdist_group`` (``--dist loadgroup``): the tests of an
+# The slow tier runs three tests at a time, grouped by ``xdist_group`` (``--dist loadgroup``): the tests of an
 # expensive session set-up share the worker that builds it once, and so do the tests of a module-scoped set-up; the
 # large_memory tests (11-13 GB each) share one group, so no two of them run together
 SHARED_SETUPS = ("recipe_store", "viz_site", "postgres")
